@@ -1,0 +1,1 @@
+// The measurement library: see allocator.hpp and harness.hpp.

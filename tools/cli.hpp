@@ -1,0 +1,32 @@
+// tools/cli.hpp: how subcommands plug into the membudget command-line tool.
+//
+// Each subcommand lives in its own tools/cmd_<name>.cpp and registers itself with a static
+// Registrar; main() (tools/membudget.cpp) builds the CLI11 app from the registry, runs it, and maps
+// membudget::Error to exit codes in one place. A subcommand reports a non-error failure (a job that
+// does not fit, a verify outside tolerance) through set_exit_status().
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace membudget::cli {
+
+struct Command {
+  std::string name;
+  int order;                                  // position in --help
+  std::function<void(CLI::App& parent)> add;  // adds the subcommand and its callback to parent
+};
+
+std::vector<Command>& registry();
+void set_exit_status(int code);
+int exit_status();
+
+struct Registrar {
+  Registrar(std::string name, int order, std::function<void(CLI::App&)> add) {
+    registry().push_back({std::move(name), order, std::move(add)});
+  }
+};
+
+}  // namespace membudget::cli

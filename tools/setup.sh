@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Debian packages membudget needs and builds it into build/. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pkgs="cmake ninja-build g++ libyaml-cpp-dev libcli11-dev doctest-dev libeigen3-dev nlohmann-json3-dev
+      pybind11-dev python3-pybind11 python3-dev python3-pytest libbenchmark-dev clang"
+missing=$(for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+if [ -n "$missing" ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$(nproc)"
