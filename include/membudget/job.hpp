@@ -1,0 +1,100 @@
+// membudget/job.hpp: what is run on the model: a training or serving step and its options.
+//
+// Every option is an enum with one to_string/parse pair; an unknown value is an Error naming the
+// option and listing the accepted values. Defaults reproduce the worked example of this project:
+// a full fine-tune of Llama 3.2 1B at micro-batch 4 × 4096, amp-bf16, AdamW, no recompute, flash
+// attention, full loss.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "membudget/bytes.hpp"
+
+namespace membudget {
+
+enum class Mode { train, infer };
+// fp32: everything fp32. amp-bf16: fp32 params/grads/optimizer, forward under torch.autocast(bf16).
+// bf16: params, grads and optimizer state bf16. bf16-master: bf16 params/grads + fp32 master
+// weights and optimizer state (Megatron / DeepSpeed).
+enum class Precision { fp32, amp_bf16, bf16, bf16_master };
+enum class Optimizer { adamw, sgd, sgd_momentum, adamw_8bit, adafactor, lion };
+enum class Recompute { none, selective, full };
+enum class Attention { flash, math };
+enum class Loss { full, chunked };
+enum class ActivationModel { korthikanti, inventory };
+// Which implementation the inventory describes. torch: Hugging Face transformers 5.x on
+// PyTorch 2.11 (measured, docs/accuracy.md). harness: membudget's own synthetic step.
+enum class Profile { torch, harness };
+enum class DType { fp32, bf16, fp16, fp8, int8, int4 };
+
+const char* to_string(Mode v) noexcept;
+const char* to_string(Precision v) noexcept;
+const char* to_string(Optimizer v) noexcept;
+const char* to_string(Recompute v) noexcept;
+const char* to_string(Attention v) noexcept;
+const char* to_string(Loss v) noexcept;
+const char* to_string(ActivationModel v) noexcept;
+const char* to_string(Profile v) noexcept;
+const char* to_string(DType v) noexcept;
+
+// parse_<enum>(text, option) → value, or Error(invalid_job) "--precision: 'fp64' is not one of
+// fp32, amp-bf16, bf16, bf16-master".
+Mode parse_mode(std::string_view s, std::string_view option = "--mode");
+Precision parse_precision(std::string_view s, std::string_view option = "--precision");
+Optimizer parse_optimizer(std::string_view s, std::string_view option = "--optimizer");
+Recompute parse_recompute(std::string_view s, std::string_view option = "--recompute");
+Attention parse_attention(std::string_view s, std::string_view option = "--attention");
+Loss parse_loss(std::string_view s, std::string_view option = "--loss");
+ActivationModel parse_activation_model(std::string_view s, std::string_view option = "--activations");
+Profile parse_profile(std::string_view s, std::string_view option = "--profile");
+DType parse_dtype(std::string_view s, std::string_view option = "--kv-dtype");
+
+// Bytes of one element; int4 is counted as half a byte by the callers that use it.
+double dtype_bytes(DType d) noexcept;
+
+struct Parallelism {
+  std::uint64_t tensor = 1;     // t: Megatron tensor parallel
+  std::uint64_t pipeline = 1;   // p
+  std::uint64_t data = 1;       // d: data-parallel ranks the ZeRO stage shards over
+  int zero_stage = 0;           // 0: none, 1: optimizer state, 2: + gradients, 3: + parameters
+  bool sequence_parallel = false;
+};
+
+struct Job {
+  Mode mode = Mode::train;
+  std::uint64_t batch = 4;      // micro-batch b
+  std::uint64_t seq = 4096;     // sequence length s
+  Precision precision = Precision::amp_bf16;
+  Optimizer optimizer = Optimizer::adamw;
+  Recompute recompute = Recompute::none;
+  Attention attention = Attention::flash;
+  Loss loss = Loss::full;
+  std::uint64_t loss_chunk = 1024;  // tokens per chunk for --loss chunked
+  ActivationModel activations = ActivationModel::inventory;
+  Profile profile = Profile::torch;
+  Parallelism parallel;
+  // Memory outside the allocator (CUDA context, cuBLAS/cuDNN handles): see docs/model.md.
+  std::optional<bytes_t> overhead;
+  // Serving
+  DType kv_dtype = DType::bf16;
+  DType weights = DType::bf16;       // weight precision when serving
+  std::uint64_t group_size = 128;    // int4/int8 group-wise scales: one fp16 scale per group
+
+  // Throws Error(invalid_job) for zero or absurd sizes and unsupported combinations.
+  void validate() const;
+};
+
+// Cards with the capacity the driver reports (docs/devices.md).
+struct Device {
+  std::string name;
+  bytes_t capacity = 0;
+};
+const std::vector<Device>& known_devices();
+// Case-insensitive; accepts "H100", "h100-80gb", "A100-40GB"… Error(invalid_argument) lists names.
+Device find_device(std::string_view name);
+
+}  // namespace membudget

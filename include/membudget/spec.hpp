@@ -1,0 +1,104 @@
+// membudget/spec.hpp: what a model is, as an immutable value with derived dimensions.
+//
+// A ModelSpec holds the raw hyper-parameters (one field each, with an example value from
+// Llama 3.2 1B) and derives the rest (q_dim(), kv_dim(), parameters()). Optional architecture
+// features (sliding windows, MLA latent caches) are grouped in their own structs. Specs come from
+// our YAML schema (docs/model-spec.md) or a Hugging Face config.json, both through load_model().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "membudget/bytes.hpp"
+
+namespace membudget {
+
+enum class MlpKind {
+  gated_silu,  // SwiGLU: gate, up (h→I), down (I→h); Llama, Mistral, Qwen
+  gated_gelu,  // GeGLU with tanh GeLU; Gemma
+  plain_gelu,  // fc1 (h→I), GeLU, fc2 (I→h); GPT-2 style, the textbook 4h MLP
+};
+enum class NormKind { rmsnorm, layernorm };
+
+const char* to_string(MlpKind k) noexcept;
+const char* to_string(NormKind k) noexcept;
+
+// Sliding-window attention (Mistral: every layer; Gemma 2: every other layer).
+struct SlidingWindow {
+  std::uint64_t window = 0;        // tokens; 0 = no sliding window. Mistral 7B v0.1: 4096
+  std::uint64_t every_nth = 1;     // 1 = all layers; 2 = layers 0, 2, 4, … (Gemma 2)
+  bool enabled() const noexcept { return window > 0; }
+  // Number of layers (of n) that use the window.
+  std::uint64_t windowed_layers(std::uint64_t n) const noexcept {
+    if (!enabled()) return 0;
+    return every_nth <= 1 ? n : (n + every_nth - 1) / every_nth;
+  }
+};
+
+// DeepSeek-style multi-head latent attention: the KV cache holds a latent of kv_lora_rank plus a
+// shared rotary key of qk_rope_head_dim per token and layer.
+struct LatentAttention {
+  std::uint64_t kv_lora_rank = 0;      // DeepSeek-V3: 512
+  std::uint64_t qk_rope_head_dim = 0;  // DeepSeek-V3: 64
+  std::uint64_t q_lora_rank = 0;       // DeepSeek-V3: 1536 (0 = plain q projection)
+  std::uint64_t qk_nope_head_dim = 0;  // DeepSeek-V3: 128
+  std::uint64_t v_head_dim = 0;        // DeepSeek-V3: 128
+  bool enabled() const noexcept { return kv_lora_rank > 0; }
+};
+
+struct Biases {
+  bool qkv = false;   // Qwen2/2.5: true
+  bool o = false;     // attention output projection
+  bool mlp = false;   // GPT-2 style MLPs
+};
+
+struct ParameterCounts {
+  std::uint64_t embedding = 0;   // V·h
+  std::uint64_t per_layer = 0;   // attention + MLP + norms of one decoder layer
+  std::uint64_t layers = 0;      // per_layer · L
+  std::uint64_t final_norm = 0;  // h (RMSNorm) or 2h (LayerNorm)
+  std::uint64_t lm_head = 0;     // V·h when untied, else 0
+  std::uint64_t total = 0;
+  // Number of distinct parameter tensors (the allocator rounds each to 512 B).
+  std::uint64_t tensors = 0;
+  std::uint64_t per_layer_tensors = 0;
+};
+
+struct ModelSpec {
+  std::string name;                   // "llama-3.2-1b"
+  std::string family;                 // "llama", "qwen2", "gemma2", … (informational)
+  std::uint64_t vocab_size = 0;       // 128256
+  std::uint64_t hidden_size = 0;      // 2048
+  std::uint64_t intermediate_size = 0;// 8192
+  std::uint64_t num_layers = 0;       // 16
+  std::uint64_t num_heads = 0;        // 32
+  std::uint64_t num_kv_heads = 0;     // 8 (GQA); = num_heads for MHA; 1 for MQA
+  std::uint64_t head_dim = 0;         // 64
+  bool tied_embeddings = false;       // true for Llama 3.2 1B / 3B
+  MlpKind mlp = MlpKind::gated_silu;
+  NormKind norm = NormKind::rmsnorm;
+  Biases bias;
+  std::uint64_t max_positions = 0;    // 131072
+  std::uint64_t norms_per_layer = 2;  // Gemma 2: 4 (pre/post attention and feed-forward)
+  bool qk_norm = false;               // Qwen3: RMSNorm over head_dim on q and k
+  double final_logit_softcap = 0;     // Gemma 2: 30 (adds elementwise ops over the logits)
+  SlidingWindow sliding;
+  LatentAttention mla;
+
+  std::uint64_t q_dim() const noexcept { return num_heads * head_dim; }
+  std::uint64_t kv_dim() const noexcept { return num_kv_heads * head_dim; }
+  std::uint64_t kv_groups() const noexcept { return num_kv_heads ? num_heads / num_kv_heads : 0; }
+  ParameterCounts parameters() const;
+
+  // Throws Error(invalid_spec) naming the first inconsistent field; `where` prefixes messages.
+  void validate(std::string_view where = {}) const;
+};
+
+// Loads a spec from our YAML schema or a Hugging Face config.json (recognised by its contents,
+// not its extension). Throws Error(invalid_spec / parse / io) naming file, line and field.
+ModelSpec load_model(const std::string& path);
+ModelSpec parse_model_yaml(std::string_view text, const std::string& where = "<yaml>");
+ModelSpec parse_hf_config(std::string_view json_text, const std::string& where = "<config.json>");
+
+}  // namespace membudget
