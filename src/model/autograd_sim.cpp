@@ -1,0 +1,251 @@
+#include "autograd_sim.hpp"
+
+#include <map>
+
+namespace membudget::detail {
+
+TensorId AutogradSim::add(TensorInfo info) {
+  info.rounded = round512(info.bytes);
+  tensors_.push_back(info);
+  return static_cast<TensorId>(tensors_.size() - 1);
+}
+
+void AutogradSim::allocate(TensorId t) {
+  auto& ti = tensors_[t];
+  ti.alive = true;
+  live_ = checked_add(live_, ti.rounded, ti.name);
+  note_peak();
+}
+
+void AutogradSim::note_peak() {
+  if (phases_.empty()) return;
+  auto& p = phases_.back();
+  if (live_ <= p.bytes) return;
+  p.bytes = live_;
+  if (!explain_) return;
+  std::map<std::string, TensorBytes> groups;
+  for (const auto& t : tensors_) {
+    if (!t.alive) continue;
+    auto& g = groups[t.name];
+    if (g.name.empty()) {
+      g.name = t.name;
+      g.op = t.op;
+      g.dtype = t.dtype;
+      g.shape = t.shape;
+      g.term = t.term;
+      g.count = 0;
+    }
+    g.count += 1;
+    g.bytes += t.rounded;
+  }
+  p.live.clear();
+  for (auto& [_, g] : groups) p.live.push_back(std::move(g));
+}
+
+void AutogradSim::release_if_dead(TensorId t) {
+  auto& ti = tensors_[t];
+  if (!ti.alive || ti.holders > 0 || ti.saved > 0) return;
+  ti.alive = false;
+  live_ -= ti.rounded;
+}
+
+TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, const char* op,
+                           const char* dtype, const char* shape, bool requires_grad) {
+  TensorInfo info;
+  info.name = name;
+  info.op = op;
+  info.dtype = dtype;
+  info.shape = shape;
+  info.bytes = bytes;
+  info.term = term;
+  info.requires_grad = requires_grad;
+  info.holders = 1;
+  TensorId id = add(info);
+  allocate(id);
+  return id;
+}
+
+TensorId AutogradSim::param(const char* name, bytes_t bytes, Term term, const char* dtype,
+                            bool requires_grad) {
+  TensorInfo info;
+  info.name = name;
+  info.op = "parameter";
+  info.dtype = dtype;
+  info.bytes = bytes;
+  info.term = term;
+  info.param = true;
+  info.requires_grad = requires_grad;
+  info.holders = 1;
+  TensorId id = add(info);
+  allocate(id);
+  return id;
+}
+
+TensorId AutogradSim::alloc_raw(const char* name, bytes_t bytes, Term term, const char* op,
+                                const char* dtype, const char* shape) {
+  return make(name, bytes, term, op, dtype, shape, false);
+}
+
+void AutogradSim::free_raw(TensorId t) { drop(t); }
+
+void AutogradSim::hold(TensorId t) {
+  if (t != kNone) ++tensors_[t].holders;
+}
+
+void AutogradSim::drop(TensorId t) {
+  if (t == kNone) return;
+  auto& ti = tensors_[t];
+  if (ti.holders > 0) --ti.holders;
+  release_if_dead(t);
+}
+
+void AutogradSim::transient(const char* name, bytes_t bytes, Term term) {
+  if (bytes == 0) return;
+  TensorId t = make(name, bytes, term, name, "", "", false);
+  drop(t);
+}
+
+void AutogradSim::node(const char* op, std::vector<TensorId> inputs, std::vector<TensorId> outputs,
+                       std::vector<TensorId> saved, bytes_t bwd_workspace) {
+  if (replaying()) {
+    bool needs = false;
+    for (TensorId i : inputs)
+      if (i != kNone && tensors_[i].requires_grad) needs = true;
+    if (!needs) return;
+    Node& n = nodes_.at(replay_cursor_++);
+    n.saved = std::move(saved);
+    for (TensorId s : n.saved) ++tensors_[s].saved;
+    return;
+  }
+  bool any_grad = false;
+  for (TensorId i : inputs)
+    if (i != kNone && tensors_[i].requires_grad) any_grad = true;
+  if (!any_grad) return;  // autograd records nothing for ops whose inputs need no grad
+  Node n{op, std::move(inputs), std::move(outputs), {}, bwd_workspace};
+  if (!discard_saves_) {
+    n.saved = std::move(saved);
+    for (TensorId s : n.saved) ++tensors_[s].saved;
+  }
+  nodes_.push_back(std::move(n));
+}
+
+TensorId AutogradSim::grad_of(TensorId t) const {
+  auto it = grads_.find(t);
+  return it == grads_.end() ? kNone : it->second;
+}
+
+void AutogradSim::grad_contribution(TensorId input, const char* op) {
+  const auto& ti = tensors_[input];
+  auto it = grads_.find(input);
+  if (it == grads_.end()) {
+    TensorInfo g;
+    g.name = ti.param ? "parameter gradients (.grad)" : "activation gradients";
+    g.op = op;
+    g.dtype = ti.dtype;
+    g.bytes = ti.param ? static_cast<bytes_t>(static_cast<double>(ti.bytes) * grad_scale_) : ti.bytes;
+    g.term = ti.param ? Term::model_states : Term::activations;
+    g.holders = 1;
+    TensorId gid = add(g);
+    allocate(gid);
+    grads_[input] = gid;
+  } else {
+    // A second contribution is computed into a temporary, then added in place.
+    const bytes_t b = ti.param ? static_cast<bytes_t>(static_cast<double>(ti.bytes) * grad_scale_) : ti.bytes;
+    transient("gradient accumulation temporary", b, ti.param ? Term::model_states : Term::activations);
+  }
+}
+
+void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
+  // d(loss)/d(loss): a one-element tensor.
+  TensorInfo seed;
+  seed.name = "loss gradient";
+  seed.bytes = 4;
+  seed.holders = 1;
+  seed.term = Term::logits_loss;
+  TensorId g = add(seed);
+  allocate(g);
+  grads_[root] = g;
+
+  for (std::size_t k = nodes_.size(); k-- > 0;) {
+    // Entering a checkpointed region from its end: recompute its forward first.
+    if (recompute) {
+      for (const auto& r : regions_) {
+        if (r.end_node == k + 1 && r.end_node > r.first_node) {
+          replay_cursor_ = r.first_node;
+          recompute(*this, ctx, r.index);
+          if (replay_cursor_ != r.end_node)
+            throw Error(ErrorKind::unsupported,
+                        "internal: recompute replay did not match the checkpointed region");
+          replay_cursor_ = kNoReplay;
+        }
+      }
+    }
+    Node& n = nodes_[k];
+    bool active = false;
+    for (TensorId o : n.outputs)
+      if (grads_.count(o)) active = true;
+    if (active) {
+      TensorId ws = kNone;
+      if (n.workspace) ws = make("backward workspace", n.workspace, Term::activations, n.op, "", "", false);
+      for (TensorId i : n.inputs)
+        if (i != kNone && tensors_[i].requires_grad) grad_contribution(i, n.op);
+      drop(ws);
+      for (TensorId o : n.outputs) {
+        auto it = grads_.find(o);
+        if (it == grads_.end()) continue;
+        if (tensors_[o].param) continue;  // .grad of a parameter stays
+        drop(it->second);
+        grads_.erase(it);
+      }
+    }
+    for (TensorId s : n.saved) {
+      --tensors_[s].saved;
+      release_if_dead(s);
+    }
+    n.saved.clear();
+  }
+  // The seed gradient and any gradient left on non-parameter leaves die with the graph.
+  for (auto it = grads_.begin(); it != grads_.end();) {
+    if (!tensors_[it->first].param) {
+      drop(it->second);
+      it = grads_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void AutogradSim::begin_phase(std::string name) {
+  PhasePeak p;
+  p.name = std::move(name);
+  p.bytes = 0;
+  phases_.push_back(std::move(p));
+  note_peak();
+}
+
+std::array<bytes_t, 6> AutogradSim::live_by_term() const {
+  std::array<bytes_t, 6> out{};
+  for (const auto& t : tensors_)
+    if (t.alive) out[static_cast<int>(t.term)] += t.rounded;
+  return out;
+}
+
+std::vector<TensorBytes> AutogradSim::live_groups(Term term) const {
+  std::map<std::string, TensorBytes> groups;
+  for (const auto& t : tensors_) {
+    if (!t.alive || t.term != term) continue;
+    auto& g = groups[t.name];
+    if (g.name.empty()) {
+      g.name = t.name; g.op = t.op; g.dtype = t.dtype; g.shape = t.shape; g.term = t.term; g.count = 0;
+    }
+    g.count += 1;
+    g.bytes += t.rounded;
+  }
+  std::vector<TensorBytes> out;
+  for (auto& [_, g] : groups) out.push_back(std::move(g));
+  return out;
+}
+
+std::vector<PhasePeak> AutogradSim::take_phases() { return std::move(phases_); }
+
+}  // namespace membudget::detail

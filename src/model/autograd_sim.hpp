@@ -1,0 +1,131 @@
+// src/model/autograd_sim.hpp: a byte-level simulation of an eager autograd step.
+//
+// The inventory activation model describes a step the way PyTorch executes it: forward ops create
+// tensors, Python references keep some alive, each op saves some tensors for backward, and the
+// caching allocator's "allocated" counter is the sum of live tensors, each rounded to 512 B. Backward
+// visits the recorded nodes in reverse, allocates the gradients of each node's inputs (and any
+// workspace the kernel needs), frees the gradients of its outputs, and releases the node's saved
+// tensors. Parameter gradients are accumulated into .grad (the first contribution is stolen, later
+// ones are added in place).
+//
+// The simulator knows nothing about transformers: the profile code (inventory_torch.cpp,
+// inventory_harness.cpp) drives it op by op. Phases are marked by the driver; each phase records
+// its peak (and, with explain, the live tensors at that peak, grouped by name).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "membudget/budget.hpp"
+
+namespace membudget::detail {
+
+using TensorId = int;
+inline constexpr TensorId kNone = -1;
+
+struct TensorInfo {
+  const char* name = "";   // template name: "layers.*.mlp.up_out"
+  const char* op = "";     // op that creates it
+  const char* dtype = "";  // "bf16"
+  const char* shape = "";  // "b·s·I"
+  bytes_t bytes = 0;       // logical size (numel × element size)
+  bytes_t rounded = 0;     // what the allocator counts (multiple of 512)
+  Term term = Term::activations;
+  bool param = false;
+  bool requires_grad = false;
+  int holders = 0;  // Python references / autocast cache
+  int saved = 0;    // saved-for-backward references
+  bool alive = false;
+};
+
+class AutogradSim {
+ public:
+  explicit AutogradSim(bool explain) : explain_(explain) {}
+
+  // ---- forward ----
+  // A new tensor held by one Python reference.
+  TensorId make(const char* name, bytes_t bytes, Term term, const char* op, const char* dtype,
+                const char* shape, bool requires_grad);
+  // A parameter (or any tensor already allocated before the step): counted, never freed.
+  TensorId param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad = true);
+  void hold(TensorId t);
+  void drop(TensorId t);
+  // Records a backward node: `inputs` receive gradients (those that require grad), `outputs` send
+  // them, `saved` are kept until the node runs. `bwd_workspace` is transient memory of the
+  // backward kernel beyond the input gradients.
+  void node(const char* op, std::vector<TensorId> inputs, std::vector<TensorId> outputs,
+            std::vector<TensorId> saved, bytes_t bwd_workspace = 0);
+  // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
+  void transient(const char* name, bytes_t bytes, Term term = Term::activations);
+  // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
+  // checkpoint region records [first,last) node indices to be re-run by `recompute`.
+  void set_discard_saves(bool on) { discard_saves_ = on; }
+  std::size_t node_count() const { return nodes_.size(); }
+
+  // ---- backward ----
+  using RecomputeFn = void (*)(AutogradSim&, void* ctx, int region);
+  struct Region {
+    std::size_t first_node, end_node;
+    int index;
+  };
+  void add_recompute_region(std::size_t first_node, std::size_t end_node, int index) {
+    regions_.push_back({first_node, end_node, index});
+  }
+  // Runs backward from `root` (the loss). recompute(sim, ctx, region) must re-create the region's
+  // saved tensors by calling node() again for exactly the region's nodes, in order, while
+  // replaying() is true; those calls attach saved tensors to the existing nodes.
+  void backward(TensorId root, RecomputeFn recompute = nullptr, void* ctx = nullptr);
+  bool replaying() const { return replay_cursor_ != kNoReplay; }
+
+  // Parameter gradients: when accumulate_grads is false (e.g. frozen), nothing is allocated.
+  void set_grad_dtype_bytes(double per_param_byte) { grad_scale_ = per_param_byte; }
+
+  // ---- phases ----
+  void begin_phase(std::string name);
+  std::vector<PhasePeak> take_phases();
+  bytes_t live() const { return live_; }
+  // Explicit allocation outside the tensor model (optimizer temporaries): alloc then free.
+  TensorId alloc_raw(const char* name, bytes_t bytes, Term term, const char* op = "",
+                     const char* dtype = "", const char* shape = "");
+  void free_raw(TensorId t);
+  const TensorInfo& info(TensorId t) const { return tensors_[t]; }
+  TensorId grad_of(TensorId t) const;
+  std::array<bytes_t, 6> live_by_term() const;           // indexed by Term
+  std::vector<TensorBytes> live_groups(Term term) const;  // live tensors of one term, by name
+
+ private:
+  struct Node {
+    const char* op;
+    std::vector<TensorId> inputs, outputs, saved;
+    bytes_t workspace;
+  };
+  static constexpr std::size_t kNoReplay = static_cast<std::size_t>(-1);
+
+  TensorId add(TensorInfo info);
+  void allocate(TensorId t);
+  void release_if_dead(TensorId t);
+  void note_peak();
+  void grad_contribution(TensorId input, const char* op);
+
+  bool explain_;
+  bool discard_saves_ = false;
+  double grad_scale_ = 1.0;
+  std::vector<TensorInfo> tensors_;
+  std::vector<Node> nodes_;
+  std::vector<Region> regions_;
+  std::unordered_map<TensorId, TensorId> grads_;  // tensor → its gradient buffer
+  std::size_t replay_cursor_ = kNoReplay;
+  bytes_t live_ = 0;
+  std::vector<PhasePeak> phases_;
+};
+
+inline bytes_t round512(bytes_t b) {
+  if (b == 0) return 0;
+  return checked_mul((b + 511) / 512, 512, "allocation rounding");
+}
+
+}  // namespace membudget::detail

@@ -1,0 +1,557 @@
+// The inventory model of a Hugging Face transformers 5.x training step on PyTorch 2.11.
+//
+// This drives AutogradSim op by op through what LlamaForCausalLM (and its Mistral / Qwen2 / Qwen3 /
+// Gemma / Phi-3 relatives) executes in eager mode, with the dtype of every tensor that the recipe
+// implies, and the tensors each autograd node saves (tools/torch_saved_tensors.py lists them from a
+// real run; tests/data/torch_saved_tensors_h200.json). Each op below says which framework behaviour
+// it models. Phase names follow tools/torch_profile_step.py.
+#include <algorithm>
+#include <string>
+
+#include "autograd_sim.hpp"
+#include "inventory.hpp"
+
+namespace membudget::detail {
+namespace {
+
+struct Dims {
+  bytes_t b, s, T, h, I, V, qd, kvd, a, kva, hd, L;
+};
+
+struct Recipe {
+  bytes_t param;     // parameter storage bytes
+  bytes_t compute;   // matmul inputs/outputs (autocast target or param dtype)
+  bytes_t resid;     // residual stream dtype (embedding output = param dtype)
+  bool autocast;     // weights and matmul inputs cast per op
+  const char* param_name;
+  const char* compute_name;
+  const char* resid_name;
+};
+
+Recipe recipe_of(Precision p) {
+  switch (p) {
+    case Precision::fp32: return {4, 4, 4, false, "fp32", "fp32", "fp32"};
+    case Precision::amp_bf16: return {4, 2, 4, true, "fp32", "bf16", "fp32"};
+    case Precision::bf16:
+    case Precision::bf16_master: return {2, 2, 2, false, "bf16", "bf16", "bf16"};
+  }
+  return {4, 2, 4, true, "fp32", "bf16", "fp32"};
+}
+
+bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) {
+  return checked_product("activation size", a, b, c, d);
+}
+
+struct LayerParams {
+  TensorId norm1, norm2, norm3, norm4, q, k, v, o, qb, kb, vb, gate, up, down, q_norm, k_norm;
+};
+
+struct Step {
+  const ModelSpec& m;
+  const Job& job;
+  Dims d;
+  Recipe r;
+  AutogradSim& sim;
+  std::vector<LayerParams> layers;
+  TensorId emb = kNone, final_norm = kNone, lm_head = kNone, input_ids = kNone, labels = kNone;
+  TensorId cos = kNone, sin = kNone;
+  // autocast's cache of bf16 weight copies: parameter → copy (valid while autocast is active)
+  std::vector<std::pair<TensorId, TensorId>> cast_cache;
+  bool in_recompute = false;
+  std::vector<TensorId> layer_inputs;  // checkpoint keeps each layer's input
+  std::vector<TensorId> kv_cache;      // DynamicCache entries (use_cache=True while training)
+
+  void drop_kv_cache() {
+    for (TensorId t : kv_cache) sim.drop(t);
+    kv_cache.clear();
+  }
+
+  // Weight as used by a matmul: under autocast a bf16 copy, cached per forward (per recompute).
+  TensorId weight(TensorId w) {
+    if (!r.autocast) return w;
+    for (auto& [p, c] : cast_cache)
+      if (p == w) return c;
+    const auto& wi = sim.info(w);
+    TensorId c = sim.make("autocast cache: bf16 weight copies", wi.bytes / r.param * r.compute,
+                          Term::model_states, "autocast cast", "bf16", "weight", true);
+    sim.node("ToCopyBackward (weight cast)", {w}, {c}, {});
+    cast_cache.push_back({w, c});  // the cache holds it (one holder)
+    return c;
+  }
+  void clear_cast_cache() {
+    for (auto& [p, c] : cast_cache) sim.drop(c);
+    cast_cache.clear();
+  }
+
+  // Activation as used by a matmul: under autocast a fresh bf16 copy (non-leaf casts are not cached).
+  TensorId cast_input(TensorId x, bytes_t elems, const char* name) {
+    if (!r.autocast || sim.info(x).bytes == mul(elems, r.compute)) {
+      sim.hold(x);
+      return x;
+    }
+    TensorId c = sim.make(name, mul(elems, r.compute), Term::activations, "autocast cast (saved by linear)",
+                          r.compute_name, "b·s·in", true);
+    sim.node("ToCopyBackward", {x}, {c}, {});
+    return c;
+  }
+
+  // y = x W^T (+ bias). Linear saves its input and weight (aten::linear → mm; addmm with a bias).
+  TensorId linear(TensorId x, bytes_t in, bytes_t out, TensorId w, TensorId bias, const char* name,
+                  const char* shape) {
+    TensorId xin = cast_input(x, mul(d.T, in), "linear inputs (autocast bf16 copies)");
+    TensorId wc = weight(w);
+    TensorId bc = bias == kNone ? kNone : weight(bias);
+    TensorId y = sim.make(name, mul(d.T, out, r.compute), Term::activations, "linear output",
+                          r.compute_name, shape, true);
+    sim.node("LinearBackward", {xin, wc, bc}, {y}, {xin, wc});
+    sim.drop(xin);
+    return y;
+  }
+
+  // LlamaRMSNorm: hs = x.to(fp32); var = hs.pow(2).mean(-1); hs = hs * rsqrt(var + eps);
+  // return w * hs.to(input_dtype). pow saves hs; mul saves hs and rsqrt; w* saves the cast.
+  TensorId rmsnorm(TensorId x, TensorId w, const char* tag) {
+    const bytes_t Th = mul(d.T, d.h);
+    TensorId hs32 = x;
+    if (r.resid != 4) {
+      hs32 = sim.make("rmsnorm fp32 input copy (saved by pow, mul)", mul(Th, 4), Term::activations,
+                      "x.to(float32)", "fp32", "b·s·h", true);
+      sim.node("ToCopyBackward", {x}, {hs32}, {});
+    } else {
+      sim.hold(hs32);
+    }
+    TensorId sq = sim.make("rmsnorm pow output", mul(Th, 4), Term::activations, "pow", "fp32", "b·s·h", true);
+    sim.node("PowBackward0", {hs32}, {sq}, {hs32}, mul(Th, 4));
+    TensorId var = sim.make("rmsnorm variance", mul(d.T, 4), Term::activations, "mean", "fp32", "b·s", true);
+    sim.node("MeanBackward1", {sq}, {var}, {});
+    sim.drop(sq);
+    TensorId rs = sim.make("rmsnorm rsqrt (saved)", mul(d.T, 4), Term::activations, "rsqrt", "fp32", "b·s", true);
+    sim.node("RsqrtBackward0", {var}, {rs}, {rs});
+    sim.drop(var);
+    TensorId n32 = sim.make(r.resid == 4 ? "rmsnorm normalized (saved by weight mul)" : "rmsnorm normalized fp32",
+                            mul(Th, 4), Term::activations, "hs * rsqrt", "fp32", "b·s·h", true);
+    sim.node("MulBackward0", {hs32, rs}, {n32}, {hs32, rs}, mul(Th, 4));
+    sim.drop(hs32);
+    sim.drop(rs);
+    TensorId nc = n32;
+    if (r.resid != 4) {
+      nc = sim.make("rmsnorm normalized (saved by weight mul)", mul(Th, r.resid), Term::activations,
+                    "to(input_dtype)", r.resid_name, "b·s·h", true);
+      sim.node("ToCopyBackward", {n32}, {nc}, {});
+      sim.drop(n32);
+    }
+    TensorId y = sim.make(tag, mul(Th, r.resid), Term::activations, "weight * hs", r.resid_name, "b·s·h", true);
+    sim.node("MulBackward0", {w, nc}, {y}, {w, nc}, mul(Th, r.resid));
+    sim.drop(nc);
+    return y;
+  }
+
+  void layer(std::size_t i, TensorId x, TensorId* out) {
+    const auto& p = layers[i];
+    const bytes_t Th = mul(d.T, d.h);
+    // residual = hidden_states; hidden_states = input_layernorm(hidden_states)
+    TensorId n1 = rmsnorm(x, p.norm1, "input_layernorm output");
+    TensorId q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd");
+    TensorId k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd");
+    TensorId v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd");
+    sim.drop(n1);
+    if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary
+      TensorId qn = rmsnorm(q, p.q_norm, "q_norm output");
+      sim.drop(q);
+      q = qn;
+      TensorId kn = rmsnorm(k, p.k_norm, "k_norm output");
+      sim.drop(k);
+      k = kn;
+    }
+    // apply_rotary_pos_emb: q*cos + rotate_half(q)*sin; cos/sin carry the residual dtype, so under
+    // autocast the products promote to fp32. mul saves only cos/sin (q's grad needs cos, not q).
+    auto rotary = [&](TensorId t, bytes_t width, const char* name) {
+      const bytes_t rb = std::max<bytes_t>(r.resid, sim.info(t).bytes / mul(d.T, width));
+      TensorId a1 = sim.make("rotary q*cos", mul(d.T, width, rb), Term::activations, "mul", "", "", true);
+      sim.node("MulBackward0", {t, cos}, {a1}, {cos});
+      TensorId neg = sim.make("rotate_half neg", mul(d.T, width / 2, sim.info(t).bytes / mul(d.T, width)),
+                              Term::activations, "neg", "", "", true);
+      sim.node("NegBackward0", {t}, {neg}, {});
+      TensorId rh = sim.make("rotate_half cat", sim.info(t).bytes, Term::activations, "cat", "", "", true);
+      sim.node("CatBackward0", {neg, t}, {rh}, {});
+      sim.drop(neg);
+      TensorId a2 = sim.make("rotary rot*sin", mul(d.T, width, rb), Term::activations, "mul", "", "", true);
+      sim.node("MulBackward0", {rh, sin}, {a2}, {sin});
+      sim.drop(rh);
+      TensorId e = sim.make(name, mul(d.T, width, rb), Term::activations, "add", "", "b·s·n·hd", true);
+      sim.node("AddBackward0", {a1, a2}, {e}, {});
+      sim.drop(a1);
+      sim.drop(a2);
+      return e;
+    };
+    TensorId qe = rotary(q, d.qd, "q after rotary");
+    sim.drop(q);
+    TensorId ke = rotary(k, d.kvd, "k after rotary");
+    sim.drop(k);
+    // LlamaModel creates a DynamicCache when config.use_cache is true, also in training (HF turns
+    // it off only under gradient checkpointing): it holds k after rotary and v until the output dies.
+    if (job.recompute == Recompute::none && !in_recompute) {
+      sim.hold(ke);
+      sim.hold(v);
+      kv_cache.push_back(ke);
+      kv_cache.push_back(v);
+    }
+    TensorId att = attention(qe, ke, v);
+    sim.drop(qe);
+    sim.drop(ke);
+    sim.drop(v);
+    // attn_output.transpose(1, 2).contiguous(): a copy, saved by o_proj
+    TensorId attc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, r.compute),
+                             Term::activations, "contiguous", r.compute_name, "b·s·a·hd", true);
+    sim.node("CloneBackward", {att}, {attc}, {});
+    sim.drop(att);
+    TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h");
+    sim.drop(attc);
+    if (m.norms_per_layer >= 4) {  // Gemma 2: post_attention_layernorm on the branch
+      TensorId on = rmsnorm(o, p.norm3, "post-attention norm output");
+      sim.drop(o);
+      o = on;
+    }
+    TensorId h1 = sim.make("residual stream (saved by the next norm)", mul(Th, r.resid), Term::activations,
+                           "residual add", r.resid_name, "b·s·h", true);
+    sim.node("AddBackward0", {x, o}, {h1}, {});
+    sim.drop(o);
+    TensorId n2 = rmsnorm(h1, p.norm2, "post_attention_layernorm output");
+    // MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
+    const bytes_t TI = mul(d.T, d.I);
+    TensorId g = linear(n2, d.h, d.I, p.gate, kNone, "gate_proj output (saved by act)", "b·s·I");
+    TensorId act = sim.make("activation output (saved by mul)", mul(TI, r.compute), Term::activations,
+                            m.mlp == MlpKind::gated_gelu ? "gelu_tanh" : "silu", r.compute_name, "b·s·I", true);
+    sim.node(m.mlp == MlpKind::gated_gelu ? "GeluBackward0" : "SiluBackward0", {g}, {act}, {g});
+    sim.drop(g);
+    TensorId u = linear(n2, d.h, d.I, p.up, kNone, "up_proj output (saved by mul)", "b·s·I");
+    sim.drop(n2);
+    TensorId prod = sim.make("act*up (saved by down_proj)", mul(TI, r.compute), Term::activations, "mul",
+                             r.compute_name, "b·s·I", true);
+    sim.node("MulBackward0", {act, u}, {prod}, {act, u});
+    sim.drop(act);
+    sim.drop(u);
+    TensorId dn = linear(prod, d.I, d.h, p.down, kNone, "down_proj output", "b·s·h");
+    sim.drop(prod);
+    if (m.norms_per_layer >= 4) {
+      TensorId dnn = rmsnorm(dn, p.norm4, "post-feedforward norm output");
+      sim.drop(dn);
+      dn = dnn;
+    }
+    TensorId h2 = sim.make("residual stream (layer output)", mul(Th, r.resid), Term::activations,
+                           "residual add", r.resid_name, "b·s·h", true);
+    sim.node("AddBackward0", {h1, dn}, {h2}, {});
+    sim.drop(dn);
+    sim.drop(h1);
+    *out = h2;
+  }
+
+  // scaled_dot_product_attention under autocast: q and k (fp32 after rotary) are cast to bf16.
+  // Flash (enable_gqa) saves q, k, v, the output and the fp32 log-sum-exp; math materialises
+  // the b·a·s² scores, softmax output and dropout-free attention weights.
+  TensorId attention(TensorId qe, TensorId ke, TensorId v) {
+    TensorId q = cast_input(qe, d.qd * d.T, "sdpa inputs (bf16 casts of q, k)");
+    TensorId k = cast_input(ke, d.kvd * d.T, "sdpa inputs (bf16 casts of q, k)");
+    TensorId out = sim.make("sdpa output (saved)", mul(d.T, d.qd, r.compute), Term::activations, "sdpa",
+                            r.compute_name, "b·a·s·hd", true);
+    if (job.attention == Attention::flash) {
+      TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, d.a, d.s, 4), Term::activations,
+                              "flash attention", "fp32", "b·a·s", false);
+      // backward: dq accumulator in fp32, and k/v gradients expanded to all query heads under GQA
+      bytes_t ws = mul(d.T, d.qd, 4) + mul(d.b, d.a, d.s, 4);
+      if (d.a != d.kva) ws += mul(d.T, d.qd, r.compute, 2);
+      sim.node("FlashAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
+      sim.drop(lse);
+    } else {
+      // eager_attention_forward: repeat_kv, matmul, softmax(fp32) .to(dtype), dropout(p=0), matmul
+      TensorId kr = k, vr = v;
+      if (d.a != d.kva) {
+        kr = sim.make("repeat_kv keys", mul(d.T, d.qd, r.compute), Term::activations, "repeat_kv",
+                      r.compute_name, "b·a·s·hd", true);
+        sim.node("ExpandBackward", {k}, {kr}, {});
+        vr = sim.make("repeat_kv values", mul(d.T, d.qd, r.compute), Term::activations, "repeat_kv",
+                      r.compute_name, "b·a·s·hd", true);
+        sim.node("ExpandBackward", {v}, {vr}, {});
+      } else {
+        sim.hold(kr);
+        sim.hold(vr);
+      }
+      const bytes_t bas2 = mul(d.b, d.a, d.s, d.s);
+      TensorId sc = sim.make("attention scores", mul(bas2, r.compute), Term::activations, "matmul",
+                             r.compute_name, "b·a·s·s", true);
+      sim.node("BmmBackward", {q, kr}, {sc}, {q, kr});
+      TensorId sm32 = sim.make("softmax output fp32", mul(bas2, 4), Term::activations, "softmax(float32)",
+                               "fp32", "b·a·s·s", true);
+      sim.node("SoftmaxBackward", {sc}, {sm32}, {sm32});
+      sim.drop(sc);
+      TensorId sm = sim.make("attention weights", mul(bas2, r.compute), Term::activations, "to(dtype)",
+                             r.compute_name, "b·a·s·s", true);
+      sim.node("ToCopyBackward", {sm32}, {sm}, {});
+      sim.drop(sm32);
+      TensorId o = sim.make("attention probs @ v", mul(d.T, d.qd, r.compute), Term::activations, "matmul",
+                            r.compute_name, "b·a·s·hd", true);
+      sim.node("BmmBackward", {sm, vr}, {o}, {sm, vr});
+      sim.drop(sm);
+      sim.drop(kr);
+      sim.drop(vr);
+      sim.drop(out);
+      out = o;
+    }
+    sim.drop(q);
+    sim.drop(k);
+    return out;
+  }
+};
+
+}  // namespace
+
+
+namespace {
+
+void recompute_layer(AutogradSim& sim, void* ctx, int region);
+
+struct Runner {
+  Step& st;
+  bool checkpoint;
+};
+
+// Forward of layers, final norm, lm_head and loss. Returns the loss tensor.
+TensorId forward(Step& st, bool checkpoint) {
+  auto& sim = st.sim;
+  const auto& d = st.d;
+  const auto& r = st.r;
+  // inputs_embeds = embed_tokens(input_ids): the embedding saves only the indices.
+  TensorId x = sim.make("embedding output", mul(d.T, d.h, r.param), Term::activations, "embedding",
+                        r.param_name, "b·s·h", true);
+  sim.node("EmbeddingBackward0", {st.emb}, {x}, {st.input_ids});
+  // LlamaRotaryEmbedding: cos and sin in the hidden states' dtype, shared by every layer.
+  st.cos = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
+  st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
+  for (std::size_t i = 0; i < d.L; ++i) {
+    TensorId out = kNone;
+    if (checkpoint) {
+      // torch.utils.checkpoint(use_reentrant=False): saved tensors are dropped; the layer input
+      // (held by the checkpoint frame) is kept; backward re-runs the layer first.
+      const std::size_t first = sim.node_count();
+      sim.set_discard_saves(true);
+      st.layer(i, x, &out);
+      sim.set_discard_saves(false);
+      sim.add_recompute_region(first, sim.node_count(), static_cast<int>(i));
+      st.layer_inputs.push_back(x);  // keep holding x
+    } else {
+      st.layer(i, x, &out);
+      sim.drop(x);
+    }
+    x = out;
+  }
+  TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
+  sim.drop(x);
+  TensorId loss = kNone;
+  const bytes_t TV = mul(d.T, d.V);
+  if (st.job.loss == Loss::full) {
+    TensorId logits = st.linear(hn, d.h, d.V, st.lm_head, kNone, "logits", "b·s·V");
+    sim.drop(hn);
+    // ForCausalLMLoss: logits.float(), then cross_entropy = log_softmax (saves its output) + nll_loss.
+    TensorId l32 = logits;
+    if (r.compute != 4) {
+      l32 = sim.make("logits fp32 upcast (in the loss)", mul(TV, 4), Term::logits_loss, "logits.float()", "fp32", "b·s·V", true);
+      sim.node("ToCopyBackward", {logits}, {l32}, {});
+    } else {
+      sim.hold(l32);
+    }
+    TensorId shift = sim.make("shifted labels", mul(d.T, 8), Term::other, "pad + contiguous", "int64", "b·s", false);
+    TensorId lsm = sim.make("log-softmax output (saved by the loss)", mul(TV, 4), Term::logits_loss, "log_softmax", "fp32", "b·s·V", true);
+    sim.node("LogSoftmaxBackward0", {l32}, {lsm}, {lsm});
+    sim.drop(l32);
+    loss = sim.make("loss", 4, Term::logits_loss, "nll_loss", "fp32", "1", true);
+    sim.node("NllLossBackward0", {lsm}, {loss}, {shift});
+    sim.drop(lsm);
+    sim.drop(shift);
+    sim.drop(logits);  // the output object is dropped once .loss is taken
+  } else {
+    // Chunked (fused linear + cross-entropy, Liger-style): per chunk of c tokens the logits, their
+    // fp32 copy and their gradient exist only inside the forward; the gradients of the hidden states
+    // and of the output weight are computed there and saved for backward.
+    const bytes_t c = std::min<bytes_t>(st.job.loss_chunk, d.T);
+    TensorId gh = sim.make("chunked loss: saved grad of hidden states", mul(d.T, d.h, r.compute), Term::logits_loss,
+                           "fused linear cross-entropy", r.compute_name, "b·s·h", true);
+    TensorId gw = sim.make("chunked loss: saved grad of output weight", mul(d.V, d.h, 4), Term::logits_loss,
+                           "fused linear cross-entropy", "fp32", "V·h", true);
+    TensorId chunk = sim.make("chunked loss: logits of one chunk", mul(c, d.V, r.compute), Term::logits_loss, "chunk", r.compute_name, "c·V", false);
+    TensorId c32 = sim.make("chunked loss: fp32 logits / grad of one chunk", mul(c, d.V, 8), Term::logits_loss, "chunk", "fp32", "c·V", false);
+    sim.drop(c32);
+    sim.drop(chunk);
+    loss = sim.make("loss", 4, Term::logits_loss, "fused linear cross-entropy", "fp32", "1", true);
+    TensorId wc = st.weight(st.lm_head);
+    sim.node("FusedLinearCrossEntropyBackward", {hn, wc}, {loss}, {gh, gw});
+    sim.drop(gh);
+    sim.drop(gw);
+    sim.drop(hn);
+  }
+  // leaving torch.autocast clears its weight cache; saved copies live on in the graph
+  st.clear_cast_cache();
+  if (!checkpoint) {  // checkpointed layers keep cos/sin as inputs until their recompute
+    sim.drop(st.cos);
+    sim.drop(st.sin);
+  }
+  st.drop_kv_cache();
+  return loss;
+}
+
+void recompute_layer(AutogradSim& sim, void* ctx, int region) {
+  Step& st = *static_cast<Step*>(ctx);
+  (void)sim;
+  TensorId out = kNone;
+  // checkpoint restores the autocast state: weights are cast again into a fresh cache
+  st.layer(static_cast<std::size_t>(region), st.layer_inputs[region], &out);
+  st.clear_cast_cache();
+  st.sim.drop(out);
+  st.sim.drop(st.layer_inputs[region]);  // the checkpoint frame releases its input
+}
+
+// Optimizer state bytes and the step's transient bytes, for `params` parameters of `pb` bytes.
+struct OptimizerCost {
+  bytes_t state = 0;      // persistent
+  bytes_t master = 0;     // fp32 master copy
+  bytes_t transient = 0;  // temporaries at the peak of optimizer.step()
+};
+
+OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params, bytes_t pb) {
+  OptimizerCost c;
+  const bytes_t n = params;
+  const bool master = job.precision == Precision::bf16_master;
+  const bytes_t sb = master ? 4 : pb;  // torch.optim state follows the parameter dtype
+  if (master) c.master = mul(n, 4);
+  switch (job.optimizer) {
+    case Optimizer::adamw:
+      // exp_avg, exp_avg_sq; _multi_tensor_adamw allocates sqrt(exp_avg_sq) for all params at once
+      c.state = mul(n, sb, 2);
+      c.transient = mul(n, sb);
+      break;
+    case Optimizer::sgd: c.state = 0; c.transient = 0; break;
+    case Optimizer::sgd_momentum: c.state = mul(n, sb); c.transient = 0; break;
+    case Optimizer::lion:
+      // exp_avg; the update sign(lerp(m, g)) is a temporary of parameter size
+      c.state = mul(n, sb);
+      c.transient = mul(n, sb);
+      break;
+    case Optimizer::adamw_8bit:
+      // bitsandbytes: two uint8 moments + one fp32 absmax per 256-value block each; fused kernel
+      c.state = mul(n, 2) + mul((n + 255) / 256, 8);
+      c.transient = 0;
+      break;
+    case Optimizer::adafactor: {
+      // torch.optim.Adafactor: factored second moment (row and column fp32 vectors) for matrices,
+      // full for vectors; no first moment. The update allocates one parameter-sized temporary for
+      // the largest tensor at a time.
+      const bytes_t h = m.hidden_size, I = m.intermediate_size, V = m.vocab_size;
+      bytes_t rows_cols = mul(m.num_layers, (h + m.q_dim()) + 2 * (h + m.kv_dim()) + (m.q_dim() + h) + 3 * (h + I));
+      rows_cols += (V + h) * (m.tied_embeddings ? 1 : 2);
+      c.state = mul(rows_cols, sb);
+      c.transient = mul(std::max(mul(V, h), mul(h, I)), 4, 2);
+      break;
+    }
+  }
+  if (master) c.transient += mul(n, 4);  // fp32 copy of the bf16 gradients
+  return c;
+}
+
+}  // namespace
+
+TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain) {
+  TorchStepResult res;
+  const std::uint64_t n_params = m.parameters().total;
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool steady = pass == 1;
+    AutogradSim sim(explain);
+    Step st{m, job, {}, recipe_of(job.precision), sim, {}};
+    auto& d = st.d;
+    d.b = job.batch; d.s = job.seq; d.T = mul(job.batch, job.seq);
+    d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.vocab_size;
+    d.qd = m.q_dim(); d.kvd = m.kv_dim(); d.a = m.num_heads; d.kva = m.num_kv_heads;
+    d.hd = m.head_dim; d.L = m.num_layers;
+    const Recipe& r = st.r;
+
+    auto P = [&](bytes_t n) { return sim.param("parameters", mul(n, r.param), Term::model_states, r.param_name); };
+    st.emb = P(mul(d.V, d.h));
+    st.layers.resize(d.L);
+    for (auto& lp : st.layers) {
+      lp.norm1 = P(d.h);
+      lp.norm2 = P(d.h);
+      if (m.norms_per_layer >= 4) { lp.norm3 = P(d.h); lp.norm4 = P(d.h); }
+      lp.q = P(mul(d.h, d.qd)); lp.k = P(mul(d.h, d.kvd)); lp.v = P(mul(d.h, d.kvd)); lp.o = P(mul(d.qd, d.h));
+      lp.qb = m.bias.qkv ? P(d.qd) : kNone;
+      lp.kb = m.bias.qkv ? P(d.kvd) : kNone;
+      lp.vb = m.bias.qkv ? P(d.kvd) : kNone;
+      lp.gate = P(mul(d.h, d.I)); lp.up = P(mul(d.h, d.I)); lp.down = P(mul(d.I, d.h));
+      if (m.qk_norm) { lp.q_norm = P(d.hd); lp.k_norm = P(d.hd); }
+    }
+    st.final_norm = P(d.h);
+    st.lm_head = m.tied_embeddings ? st.emb : P(mul(d.V, d.h));
+    const bytes_t weights = sim.live();
+    st.input_ids = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
+    st.labels = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
+    const OptimizerCost oc = optimizer_cost(job, m, n_params, r.param);
+    TensorId state = kNone, master = kNone;
+    if (steady) {
+      state = sim.alloc_raw("optimizer state", oc.state, Term::model_states, "optimizer", "", "");
+      master = sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, "optimizer", "fp32", "");
+    }
+    sim.begin_phase("floor");
+    const bytes_t floor = sim.live();
+    sim.begin_phase("forward_peak");
+    const bool ckpt = job.recompute == Recompute::full;
+    TensorId loss = forward(st, ckpt);
+    if (steady) {
+      const auto by_term = sim.live_by_term();
+      res.after_forward_activations = by_term[static_cast<int>(Term::activations)];
+      res.after_forward_logits = by_term[static_cast<int>(Term::logits_loss)];
+      res.after_forward_autocast = by_term[static_cast<int>(Term::model_states)] - weights - oc.state - oc.master;
+      res.saved = sim.live_groups(Term::activations);
+      res.saved_logits = sim.live_groups(Term::logits_loss);
+    }
+    sim.begin_phase("backward_peak");
+    sim.backward(loss, ckpt ? recompute_layer : nullptr, &st);
+    sim.drop(loss);
+    if (ckpt) {
+      sim.drop(st.cos);
+      sim.drop(st.sin);
+    }
+    bytes_t grads = 0;
+    std::vector<TensorId> grad_ids;
+    for (TensorId p = 0; p < st.input_ids; ++p) {
+      if (!sim.info(p).param) continue;
+      TensorId g = sim.grad_of(p);
+      if (g != kNone) { grad_ids.push_back(g); grads += sim.info(g).rounded; }
+    }
+    sim.begin_phase("optimizer_peak");
+    if (!steady) {  // torch.optim creates its state lazily in the first step()
+      state = sim.alloc_raw("optimizer state", oc.state, Term::model_states, "optimizer", "", "");
+      master = sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, "optimizer", "fp32", "");
+    }
+    TensorId tmp = sim.alloc_raw("optimizer temporaries", oc.transient, Term::model_states, "optimizer.step", "", "");
+    sim.drop(tmp);
+    for (TensorId g : grad_ids) sim.drop(g);  // zero_grad(set_to_none=True)
+    (void)master;
+    auto phases = sim.take_phases();
+    phases.erase(phases.begin());  // "floor" phase holds just the floor; keep it below
+    std::vector<PhasePeak> out;
+    PhasePeak fl;
+    fl.name = "floor";
+    fl.bytes = floor;
+    out.push_back(fl);
+    for (auto& p : phases) out.push_back(std::move(p));
+    if (steady) {
+      res.steady = std::move(out);
+      res.weights = weights;
+      res.gradients = grads;
+      res.optimizer_state = oc.state;
+      res.master = oc.master;
+    } else {
+      res.step0 = std::move(out);
+    }
+  }
+  return res;
+}
+
+}  // namespace membudget::detail

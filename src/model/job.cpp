@@ -1,0 +1,187 @@
+// Job options: names, parsing, validation, and the device table.
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <string>
+#include <utility>
+
+#include "membudget/job.hpp"
+
+namespace membudget {
+namespace {
+
+template <typename E, std::size_t N>
+using NameTable = std::array<std::pair<E, const char*>, N>;
+
+constexpr NameTable<Mode, 2> kModes{{{Mode::train, "train"}, {Mode::infer, "infer"}}};
+constexpr NameTable<Precision, 4> kPrecisions{{{Precision::fp32, "fp32"},
+                                               {Precision::amp_bf16, "amp-bf16"},
+                                               {Precision::bf16, "bf16"},
+                                               {Precision::bf16_master, "bf16-master"}}};
+constexpr NameTable<Optimizer, 6> kOptimizers{{{Optimizer::adamw, "adamw"},
+                                               {Optimizer::sgd, "sgd"},
+                                               {Optimizer::sgd_momentum, "sgd-momentum"},
+                                               {Optimizer::adamw_8bit, "adamw-8bit"},
+                                               {Optimizer::adafactor, "adafactor"},
+                                               {Optimizer::lion, "lion"}}};
+constexpr NameTable<Recompute, 3> kRecomputes{
+    {{Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"}}};
+constexpr NameTable<Attention, 2> kAttentions{{{Attention::flash, "flash"}, {Attention::math, "math"}}};
+constexpr NameTable<Loss, 2> kLosses{{{Loss::full, "full"}, {Loss::chunked, "chunked"}}};
+constexpr NameTable<ActivationModel, 2> kActivationModels{
+    {{ActivationModel::korthikanti, "korthikanti"}, {ActivationModel::inventory, "inventory"}}};
+constexpr NameTable<Profile, 2> kProfiles{{{Profile::torch, "torch"}, {Profile::harness, "harness"}}};
+constexpr NameTable<DType, 6> kDTypes{{{DType::fp32, "fp32"},
+                                       {DType::bf16, "bf16"},
+                                       {DType::fp16, "fp16"},
+                                       {DType::fp8, "fp8"},
+                                       {DType::int8, "int8"},
+                                       {DType::int4, "int4"}}};
+
+template <typename E, std::size_t N>
+const char* name_of(const NameTable<E, N>& table, E value) noexcept {
+  for (const auto& [v, n] : table)
+    if (v == value) return n;
+  return "?";
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
+}
+
+template <typename E, std::size_t N>
+E parse_in(const NameTable<E, N>& table, std::string_view text, std::string_view option) {
+  const std::string key = lower(text);
+  for (const auto& [v, n] : table)
+    if (key == n) return v;
+  std::string accepted;
+  for (const auto& [v, n] : table) accepted += (accepted.empty() ? "" : ", ") + std::string(n);
+  throw Error(ErrorKind::invalid_job, std::string(option) + ": '" + std::string(text) +
+                                          "' is not one of " + accepted);
+}
+
+}  // namespace
+
+const char* to_string(Mode v) noexcept { return name_of(kModes, v); }
+const char* to_string(Precision v) noexcept { return name_of(kPrecisions, v); }
+const char* to_string(Optimizer v) noexcept { return name_of(kOptimizers, v); }
+const char* to_string(Recompute v) noexcept { return name_of(kRecomputes, v); }
+const char* to_string(Attention v) noexcept { return name_of(kAttentions, v); }
+const char* to_string(Loss v) noexcept { return name_of(kLosses, v); }
+const char* to_string(ActivationModel v) noexcept { return name_of(kActivationModels, v); }
+const char* to_string(Profile v) noexcept { return name_of(kProfiles, v); }
+const char* to_string(DType v) noexcept { return name_of(kDTypes, v); }
+
+Mode parse_mode(std::string_view s, std::string_view o) { return parse_in(kModes, s, o); }
+Precision parse_precision(std::string_view s, std::string_view o) { return parse_in(kPrecisions, s, o); }
+Optimizer parse_optimizer(std::string_view s, std::string_view o) { return parse_in(kOptimizers, s, o); }
+Recompute parse_recompute(std::string_view s, std::string_view o) { return parse_in(kRecomputes, s, o); }
+Attention parse_attention(std::string_view s, std::string_view o) { return parse_in(kAttentions, s, o); }
+Loss parse_loss(std::string_view s, std::string_view o) { return parse_in(kLosses, s, o); }
+ActivationModel parse_activation_model(std::string_view s, std::string_view o) {
+  return parse_in(kActivationModels, s, o);
+}
+Profile parse_profile(std::string_view s, std::string_view o) {
+  if (lower(s) == "hf" || lower(s) == "transformers") return Profile::torch;
+  return parse_in(kProfiles, s, o);
+}
+DType parse_dtype(std::string_view s, std::string_view o) {
+  const std::string k = lower(s);
+  if (k == "bfloat16") return DType::bf16;
+  if (k == "float16" || k == "half") return DType::fp16;
+  if (k == "float32") return DType::fp32;
+  if (k == "fp8-e4m3" || k == "fp8-e5m2") return DType::fp8;
+  return parse_in(kDTypes, s, o);
+}
+
+double dtype_bytes(DType d) noexcept {
+  switch (d) {
+    case DType::fp32: return 4;
+    case DType::bf16:
+    case DType::fp16: return 2;
+    case DType::fp8:
+    case DType::int8: return 1;
+    case DType::int4: return 0.5;
+  }
+  return 2;
+}
+
+void Job::validate() const {
+  auto bad = [](const char* field, const std::string& what) {
+    return Error(ErrorKind::invalid_job, std::string(field) + ": " + what);
+  };
+  constexpr std::uint64_t kMaxTokens = 1ull << 32;  // 4 G tokens in one micro-batch is absurd
+  if (batch == 0) throw bad("--batch", "must be at least 1");
+  if (seq == 0) throw bad("--seq", "must be at least 1");
+  if (batch > kMaxTokens || seq > kMaxTokens)
+    throw bad(batch > kMaxTokens ? "--batch" : "--seq", "is absurdly large (limit 2^32)");
+  if (batch * seq > kMaxTokens)
+    throw bad("--batch × --seq", std::to_string(batch) + " × " + std::to_string(seq) +
+                                     " tokens per micro-batch is absurdly large (limit 2^32)");
+  if (loss == Loss::chunked && loss_chunk == 0) throw bad("--loss-chunk", "must be at least 1");
+  if (parallel.tensor == 0 || parallel.pipeline == 0 || parallel.data == 0)
+    throw bad("parallelism", "tensor, pipeline and data sizes must be at least 1");
+  if (parallel.zero_stage < 0 || parallel.zero_stage > 3)
+    throw bad("--zero", "ZeRO stage must be 0, 1, 2 or 3");
+  if (group_size == 0) throw bad("--group-size", "must be at least 1");
+  if (mode == Mode::infer && precision == Precision::fp32 && weights != DType::fp32) {
+    // serving precision is chosen by --weights; nothing to reject
+  }
+  if (profile == Profile::harness) {
+    if (mode != Mode::train)
+      throw Error(ErrorKind::unsupported, "--profile harness: only --mode train is modelled");
+    if (precision == Precision::bf16_master)
+      throw Error(ErrorKind::unsupported,
+                  "--profile harness: the harness implements fp32, amp-bf16 and bf16 recipes");
+    if (optimizer != Optimizer::adamw)
+      throw Error(ErrorKind::unsupported, "--profile harness: the harness implements AdamW only");
+    if (recompute == Recompute::selective)
+      throw Error(ErrorKind::unsupported,
+                  "--profile harness: the harness implements --recompute none and full");
+    if (attention != Attention::flash)
+      throw Error(ErrorKind::unsupported, "--profile harness: the harness implements flash attention only");
+  }
+}
+
+// Capacities as the driver reports them (nvidia-smi "MiB" total; rocm-smi for MI300X).
+// docs/devices.md lists the sources.
+const std::vector<Device>& known_devices() {
+  static const std::vector<Device> devices = {
+      {"H200", 143771ull * MiB},      {"H100-80GB", 81559ull * MiB},  {"H100-NVL", 95830ull * MiB},
+      {"A100-80GB", 81920ull * MiB},  {"A100-40GB", 40960ull * MiB},  {"L40S", 46068ull * MiB},
+      {"L4", 23034ull * MiB},         {"A10G", 23028ull * MiB},       {"RTX-4090", 24564ull * MiB},
+      {"RTX-3090", 24576ull * MiB},   {"B200", 183359ull * MiB},      {"MI300X", 196288ull * MiB},
+      {"V100-32GB", 32768ull * MiB},  {"V100-16GB", 16384ull * MiB},  {"T4", 15360ull * MiB},
+  };
+  return devices;
+}
+
+Device find_device(std::string_view name) {
+  auto norm = [](std::string_view s) {
+    std::string out;
+    for (char c : s)
+      if (std::isalnum(static_cast<unsigned char>(c)))
+        out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+  };
+  const std::string key = norm(name);
+  for (const auto& d : known_devices())
+    if (norm(d.name) == key) return d;
+  // Short forms: "H100" → H100-80GB, "A100" → A100-80GB, "4090" → RTX-4090.
+  const std::pair<const char*, const char*> aliases[] = {
+      {"h100", "H100-80GB"}, {"h10080g", "H100-80GB"}, {"a100", "A100-80GB"}, {"a10080g", "A100-80GB"},
+      {"a10040g", "A100-40GB"}, {"4090", "RTX-4090"}, {"rtx4090", "RTX-4090"}, {"3090", "RTX-3090"},
+      {"h200141gb", "H200"}, {"b200192gb", "B200"}, {"mi300", "MI300X"}, {"v100", "V100-32GB"}};
+  for (const auto& [alias, target] : aliases)
+    if (key == alias) return find_device(target);
+  std::string names;
+  for (const auto& d : known_devices()) names += (names.empty() ? "" : ", ") + d.name;
+  throw Error(ErrorKind::invalid_argument, "--device: unknown card '" + std::string(name) +
+                                               "' (known: " + names +
+                                               "; or give --device-memory 80GiB)");
+}
+
+}  // namespace membudget

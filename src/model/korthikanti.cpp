@@ -1,0 +1,83 @@
+// The textbook activation model: Korthikanti et al. 2022, "Reducing Activation Recomputation in
+// Large Transformer Models" (arXiv 2205.05198), §4 and Table 2, per layer, 16-bit activations,
+// 1-byte dropout masks, no tensor/sequence parallelism (t = 1).
+#include <algorithm>
+
+#include "korthikanti.hpp"
+
+namespace membudget::detail {
+namespace {
+bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) {
+  return checked_product("korthikanti activation size", a, b, c, d);
+}
+}  // namespace
+
+ActivationsBreakdown korthikanti(const ModelSpec& m, const Job& job) {
+  const bytes_t s = job.seq, b = job.batch, h = m.hidden_size, I = m.intermediate_size, a = m.num_heads;
+  const bytes_t sb = mul(s, b);
+  const bytes_t qd = m.q_dim(), kvd = m.kv_dim();
+  ActivationsBreakdown out;
+  out.layers = m.num_layers;
+  auto add = [&](const char* name, const char* shape, bytes_t bytes, const char* dtype = "16-bit") {
+    out.layer_tensors.push_back({name, "Korthikanti §4.1", dtype, shape, 1, bytes, Term::activations});
+    out.per_layer = checked_add(out.per_layer, bytes, "korthikanti per-layer total");
+  };
+  if (job.recompute == Recompute::full) {
+    // Full recompute keeps only each layer's input ("2sbh" in 16-bit; 4sbh when the residual
+    // stream is fp32, as under amp-bf16 and fp32 recipes).
+    const bytes_t resid = job.precision == Precision::bf16 || job.precision == Precision::bf16_master ? 2 : 4;
+    add("layer input (full recompute)", "s·b·h", mul(sb, h, resid), resid == 2 ? "16-bit" : "fp32");
+    return out;
+  }
+  // Attention block: 11sbh + 5as²b, with K and V at kv width under GQA.
+  add("QKV input (LayerNorm output)", "2sbh", mul(sb, h, 2));
+  add("Q for QKᵀ", "2sb·q", mul(sb, qd, 2));
+  add("K for QKᵀ", "2sb·kv", mul(sb, kvd, 2));
+  add("V", "2sb·kv", mul(sb, kvd, 2));
+  add("output-projection input", "2sb·q", mul(sb, qd, 2));
+  add("attention dropout mask", "sbh", mul(sb, h), "uint8");
+  const bool fused = job.attention == Attention::flash;
+  if (!fused && job.recompute != Recompute::selective) {
+    add("softmax output", "2as²b", mul(a, s, s, b) * 2);
+    add("softmax dropout mask", "as²b", mul(a, s, s, b), "uint8");
+    add("dropout output", "2as²b", mul(a, s, s, b) * 2);
+  } else if (fused) {
+    add("softmax log-sum-exp (fused attention)", "4asb", mul(a, sb, 4), "fp32");
+  }
+  // MLP: 19sbh for the 4h GeLU MLP; a gated MLP keeps gate, up, activation and product at width I.
+  add("MLP input (LayerNorm output)", "2sbh", mul(sb, h, 2));
+  if (m.mlp == MlpKind::plain_gelu) {
+    add("GeLU input (fc1 output)", "2sbI", mul(sb, I, 2));
+    add("fc2 input (GeLU output)", "2sbI", mul(sb, I, 2));
+  } else {
+    add("gate projection output", "2sbI", mul(sb, I, 2));
+    add("up projection output", "2sbI", mul(sb, I, 2));
+    add("activation output", "2sbI", mul(sb, I, 2));
+    add("down projection input (product)", "2sbI", mul(sb, I, 2));
+  }
+  add("MLP dropout mask", "sbh", mul(sb, h), "uint8");
+  // Norm inputs: 2sbh each.
+  add("norm inputs", "2sbh × norms", mul(sb, h, 2, m.norms_per_layer));
+  return out;
+}
+
+LogitsLossBreakdown logits_breakdown(const ModelSpec& m, const Job& job) {
+  LogitsLossBreakdown l;
+  const bytes_t T = mul(job.batch, job.seq), V = m.vocab_size;
+  const bytes_t compute = job.precision == Precision::fp32 ? 4 : 2;
+  if (job.loss == Loss::chunked) {
+    const bytes_t c = std::min<bytes_t>(job.loss_chunk, T);
+    l.logits = mul(c, V, compute);
+    l.upcast = compute == 4 ? 0 : mul(c, V, 4);
+    l.loss_saved = 0;
+    l.logits_grad = mul(c, V, 4);
+    return l;
+  }
+  l.logits = mul(T, V, compute);
+  l.upcast = compute == 4 ? 0 : mul(T, V, 4);
+  l.loss_saved = mul(T, V, 4);
+  l.logits_grad = mul(T, V, 4);
+  return l;
+}
+
+}  // namespace membudget::detail

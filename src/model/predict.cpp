@@ -1,0 +1,114 @@
+// predict(): assembles the five terms and the phase peaks.
+#include <algorithm>
+
+#include "inventory.hpp"
+#include "korthikanti.hpp"
+#include "membudget/budget.hpp"
+
+namespace membudget {
+
+const char* to_string(Term t) noexcept {
+  switch (t) {
+    case Term::model_states: return "model_states";
+    case Term::activations: return "activations";
+    case Term::logits_loss: return "logits_loss";
+    case Term::kv_cache: return "kv_cache";
+    case Term::overhead: return "overhead";
+    case Term::other: return "other";
+  }
+  return "other";
+}
+
+const PhasePeak* Budget::find_phase(std::string_view name) const {
+  for (const auto& p : phases)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+bytes_t Budget::phase(std::string_view name) const {
+  const PhasePeak* p = find_phase(name);
+  return p ? p->bytes : 0;
+}
+
+bytes_t default_overhead(Profile profile) {
+  // CUDA context, cuBLAS handle and kernels outside the allocator: PyTorch 2.11 with CUDA 13 on an
+  // H200 (docs/model.md); the harness loads no PyTorch kernels, so its context is smaller.
+  return profile == Profile::harness ? 560 * MiB : 767 * MiB;
+}
+
+Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& options) {
+  model.validate();
+  job.validate();
+  if (job.seq > model.max_positions)
+    throw Error(ErrorKind::invalid_job, "--seq: " + std::to_string(job.seq) + " exceeds the model's max_positions (" +
+                                            std::to_string(model.max_positions) + ")");
+  if (job.parallel.tensor != 1 || job.parallel.pipeline != 1)
+    throw Error(ErrorKind::unsupported,
+                "tensor and pipeline parallelism are not modelled by the inventory yet (use --activations korthikanti "
+                "for the textbook figure)");
+  Budget b;
+  b.model = model;
+  b.job = job;
+  b.parameters = model.parameters();
+  b.terms.overhead = job.overhead.value_or(default_overhead(job.profile));
+
+  if (job.mode == Mode::infer) {
+    detail::predict_infer(b, options);
+  } else if (job.profile == Profile::harness) {
+    detail::predict_harness(b, options);
+  } else {
+    detail::TorchStepResult r = detail::simulate_torch_train(model, job, options.explain);
+    b.states.weights = r.weights;
+    b.states.gradients = r.gradients;
+    b.states.optimizer = r.optimizer_state;
+    b.states.master = r.master;
+    b.autocast_cache = r.after_forward_autocast;
+    b.activations.layers = model.num_layers;
+    b.activations.layer_tensors = r.saved;
+    b.activations.other_tensors = {};
+    b.logits = detail::logits_breakdown(model, job);
+    b.phases = std::move(r.steady);
+    b.step0 = std::move(r.step0);
+    if (job.activations == ActivationModel::inventory) {
+      b.activations.other = 0;
+      b.activations.per_layer = r.after_forward_activations / std::max<std::uint64_t>(1, model.num_layers);
+      b.activations.other = r.after_forward_activations - b.activations.per_layer * model.num_layers;
+    } else {
+      b.activations = detail::korthikanti(model, job);
+    }
+  }
+  b.terms.model_states = b.states.total();
+  b.terms.activations = b.activations.total();
+  b.terms.logits_loss = b.logits.total();
+  // The peak and where it is.
+  for (const auto& p : b.phases)
+    if (p.bytes > b.peak) {
+      b.peak = p.bytes;
+      b.peak_phase = p.name;
+    }
+  for (const auto& p : b.step0)
+    if (p.bytes > b.peak) {
+      b.peak = p.bytes;
+      b.peak_phase = "step0." + p.name;
+    }
+  if (!options.explain) {
+    for (auto& p : b.phases) p.live.clear();
+    for (auto& p : b.step0) p.live.clear();
+  }
+  return b;
+}
+
+Fit check_fit(const Budget& budget, const Device& device, double headroom) {
+  if (!(headroom >= 0.0 && headroom < 1.0))
+    throw Error(ErrorKind::invalid_argument, "--headroom: must be in [0, 1), e.g. 0.05 for 5%");
+  if (device.capacity == 0) throw Error(ErrorKind::invalid_argument, "--device-memory: capacity must be positive");
+  Fit f;
+  f.device = device;
+  f.capacity = device.capacity;
+  f.headroom = headroom;
+  f.required = checked_add(budget.peak, budget.terms.overhead, "peak + overhead");
+  f.fits = static_cast<double>(f.required) <= static_cast<double>(device.capacity) * (1.0 - headroom);
+  return f;
+}
+
+}  // namespace membudget

@@ -1,0 +1,249 @@
+// Rendering a Budget. Computing is kept apart from printing: nothing here changes a number.
+#include "membudget/report.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace membudget {
+namespace {
+
+using nlohmann::ordered_json;
+
+ordered_json tensors_json(const std::vector<TensorBytes>& ts) {
+  ordered_json a = ordered_json::array();
+  for (const auto& t : ts)
+    a.push_back({{"name", t.name}, {"op", t.op}, {"dtype", t.dtype}, {"shape", t.shape},
+                 {"count", t.count}, {"bytes", t.bytes}, {"term", to_string(t.term)}});
+  return a;
+}
+
+ordered_json phases_json(const std::vector<PhasePeak>& phases) {
+  ordered_json o = ordered_json::object();
+  for (const auto& p : phases) o[p.name] = p.bytes;
+  return o;
+}
+
+ordered_json job_json(const Job& j) {
+  ordered_json o = {{"mode", to_string(j.mode)},
+                    {"batch", j.batch},
+                    {"seq", j.seq},
+                    {"precision", to_string(j.precision)},
+                    {"optimizer", to_string(j.optimizer)},
+                    {"recompute", to_string(j.recompute)},
+                    {"attention", to_string(j.attention)},
+                    {"loss", to_string(j.loss)},
+                    {"activations", to_string(j.activations)},
+                    {"profile", to_string(j.profile)}};
+  if (j.loss == Loss::chunked) o["loss_chunk"] = j.loss_chunk;
+  if (j.mode == Mode::infer) {
+    o["weights"] = to_string(j.weights);
+    o["kv_dtype"] = to_string(j.kv_dtype);
+    if (j.weights == DType::int4 || j.weights == DType::int8) o["group_size"] = j.group_size;
+  }
+  return o;
+}
+
+std::vector<TensorBytes> top_tensors(const PhasePeak* p, std::size_t n) {
+  if (!p) return {};
+  std::vector<TensorBytes> v = p->live;
+  std::sort(v.begin(), v.end(), [](const TensorBytes& a, const TensorBytes& b) { return a.bytes > b.bytes; });
+  if (v.size() > n) v.resize(n);
+  return v;
+}
+
+const PhasePeak* peak_phase(const Budget& b) {
+  std::string_view name = b.peak_phase;
+  if (name.rfind("step0.", 0) == 0) {
+    name.remove_prefix(6);
+    for (const auto& p : b.step0)
+      if (p.name == name) return &p;
+    return nullptr;
+  }
+  return b.find_phase(name);
+}
+
+std::string gb(bytes_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(v) / 1e9);
+  return buf;
+}
+
+std::string bar(bytes_t v, bytes_t max, int width = 30) {
+  if (max == 0) return "";
+  int n = static_cast<int>(static_cast<double>(v) / static_cast<double>(max) * width + 0.5);
+  std::string s;
+  for (int i = 0; i < n; ++i) s += "█";
+  return s;
+}
+
+std::string pad(std::string s, std::size_t w) {
+  // pad by display columns (UTF-8 continuation bytes do not count)
+  std::size_t cols = 0;
+  for (unsigned char c : s)
+    if ((c & 0xC0) != 0x80) ++cols;
+  if (cols < w) s.append(w - cols, ' ');
+  return s;
+}
+
+std::string rpad(std::string s, std::size_t w) {
+  if (s.size() < w) s.insert(0, w - s.size(), ' ');
+  return s;
+}
+
+}  // namespace
+
+Format parse_format(std::string_view s) {
+  if (s == "table") return Format::table;
+  if (s == "json") return Format::json;
+  if (s == "csv") return Format::csv;
+  if (s == "markdown" || s == "md") return Format::markdown;
+  throw Error(ErrorKind::invalid_argument,
+              "--format: '" + std::string(s) + "' is not one of table, json, csv, markdown");
+}
+
+std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool explain, int indent) {
+  ordered_json j;
+  j["model"] = {{"name", b.model.name}, {"parameters", b.parameters.total}};
+  j["job"] = job_json(b.job);
+  j["terms"] = {{"model_states", b.terms.model_states},
+                {"activations", b.terms.activations},
+                {"logits_loss", b.terms.logits_loss},
+                {"kv_cache", b.terms.kv_cache},
+                {"overhead", b.terms.overhead}};
+  ordered_json br;
+  br["model_states"] = {{"weights", b.states.weights},
+                        {"gradients", b.states.gradients},
+                        {"master", b.states.master},
+                        {"optimizer", b.states.optimizer}};
+  br["activations"] = {{"model", to_string(b.job.activations)},
+                       {"per_layer", b.activations.per_layer},
+                       {"layers", b.activations.layers},
+                       {"other", b.activations.other},
+                       {"tensors", tensors_json(b.activations.layer_tensors)}};
+  br["logits_loss"] = {{"logits", b.logits.logits},
+                       {"upcast", b.logits.upcast},
+                       {"loss_saved", b.logits.loss_saved},
+                       {"logits_grad", b.logits.logits_grad}};
+  br["autocast_cache"] = b.autocast_cache;
+  j["breakdown"] = br;
+  j["phases"] = phases_json(b.phases);
+  if (!b.step0.empty()) j["step0"] = phases_json(b.step0);
+  j["peak"] = b.peak;
+  j["peak_phase"] = b.peak_phase;
+  if (explain) {
+    ordered_json ex = ordered_json::object();
+    for (const auto& p : b.phases) ex[p.name] = tensors_json(p.live);
+    for (const auto& p : b.step0) ex["step0." + p.name] = tensors_json(p.live);
+    j["explain"] = ex;
+  }
+  if (fit) {
+    j["device"] = {{"name", fit->device.name},
+                   {"capacity", fit->capacity},
+                   {"required", fit->required},
+                   {"headroom", fit->headroom},
+                   {"fits", fit->fits}};
+  }
+  return j.dump(indent);
+}
+
+std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportOptions& o) {
+  std::ostringstream out;
+  switch (o.format) {
+    case Format::json: return to_json_string(b, fit, o.explain) + "\n";
+    case Format::csv: {
+      out << "section,name,bytes\n";
+      out << "terms,model_states," << b.terms.model_states << "\n";
+      out << "terms,activations," << b.terms.activations << "\n";
+      out << "terms,logits_loss," << b.terms.logits_loss << "\n";
+      out << "terms,kv_cache," << b.terms.kv_cache << "\n";
+      out << "terms,overhead," << b.terms.overhead << "\n";
+      for (const auto& p : b.phases) out << "phases," << p.name << "," << p.bytes << "\n";
+      for (const auto& p : b.step0) out << "step0," << p.name << "," << p.bytes << "\n";
+      out << "peak," << b.peak_phase << "," << b.peak << "\n";
+      if (fit) out << "device," << fit->device.name << "," << fit->required << "\n";
+      return out.str();
+    }
+    case Format::markdown: {
+      out << "## " << b.model.name << " — " << to_string(b.job.mode) << ", batch " << b.job.batch << " × seq "
+          << b.job.seq << ", " << to_string(b.job.precision) << "\n\n";
+      out << "| term | bytes | size |\n|---|---:|---:|\n";
+      const std::pair<const char*, bytes_t> terms[] = {{"model states", b.terms.model_states},
+                                                       {"activations", b.terms.activations},
+                                                       {"logits and loss", b.terms.logits_loss},
+                                                       {"KV cache", b.terms.kv_cache},
+                                                       {"overhead", b.terms.overhead}};
+      for (const auto& [n, v] : terms) out << "| " << n << " | " << v << " | " << format_bytes(v) << " |\n";
+      out << "\n| phase | bytes | size |\n|---|---:|---:|\n";
+      for (const auto& p : b.phases) out << "| " << p.name << " | " << p.bytes << " | " << format_bytes(p.bytes) << " |\n";
+      for (const auto& p : b.step0)
+        out << "| step0." << p.name << " | " << p.bytes << " | " << format_bytes(p.bytes) << " |\n";
+      out << "\nPeak: **" << format_bytes(b.peak) << "** in `" << b.peak_phase << "`.\n";
+      if (fit)
+        out << "\n" << (fit->fits ? "Fits" : "Does not fit") << " " << fit->device.name << " ("
+            << format_bytes(fit->required) << " required of " << format_bytes(fit->capacity) << ", "
+            << static_cast<int>(fit->headroom * 100 + 0.5) << "% headroom).\n";
+      return out.str();
+    }
+    case Format::table: break;
+  }
+  // A readable table.
+  out << b.model.name << " · " << (b.parameters.total / 1e9 >= 1 ? "" : "") << static_cast<double>(b.parameters.total) / 1e9
+      << "B parameters · " << to_string(b.job.mode) << " · batch " << b.job.batch << " × seq " << b.job.seq << " · "
+      << to_string(b.job.precision);
+  if (b.job.mode == Mode::train)
+    out << " · " << to_string(b.job.optimizer) << " · recompute " << to_string(b.job.recompute) << " · "
+        << to_string(b.job.attention) << " attention · " << to_string(b.job.loss) << " loss";
+  out << "\n\nTerms\n";
+  const std::pair<const char*, bytes_t> terms[] = {{"model states", b.terms.model_states},
+                                                   {"activations", b.terms.activations},
+                                                   {"logits and loss", b.terms.logits_loss},
+                                                   {"KV cache", b.terms.kv_cache},
+                                                   {"overhead", b.terms.overhead}};
+  bytes_t tmax = 0;
+  for (const auto& [n, v] : terms) tmax = std::max(tmax, v);
+  for (const auto& [n, v] : terms)
+    out << "  " << pad(n, 17) << rpad(format_bytes(v), 11) << "  " << bar(v, tmax) << "\n";
+  if (b.job.mode == Mode::train) {
+    out << "    weights " << format_bytes(b.states.weights) << ", gradients " << format_bytes(b.states.gradients)
+        << ", master " << format_bytes(b.states.master) << ", optimizer " << format_bytes(b.states.optimizer) << "\n";
+    out << "    activations (" << to_string(b.job.activations) << "): " << format_bytes(b.activations.per_layer)
+        << " per layer × " << b.activations.layers << " layers";
+    if (b.activations.other) out << " + " << format_bytes(b.activations.other) << " outside the layers";
+    out << "\n";
+  }
+  out << "\nPhases (max_memory_allocated)\n";
+  bytes_t pmax = b.peak;
+  for (const auto& p : b.phases)
+    out << "  " << pad(p.name, 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
+        << (("step0." + p.name) != b.peak_phase && p.name == b.peak_phase ? "  ← peak" : "") << "\n";
+  if (!b.step0.empty()) {
+    out << "  step 0 (no optimizer state yet)\n";
+    for (const auto& p : b.step0)
+      out << "  " << pad("  " + p.name, 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
+          << ("step0." + p.name == b.peak_phase ? "  ← peak" : "") << "\n";
+  }
+  out << "\nPeak " << format_bytes(b.peak) << " in " << b.peak_phase;
+  auto top = top_tensors(peak_phase(b), o.top);
+  if (!top.empty()) {
+    out << ", made of:\n";
+    for (const auto& t : top) {
+      out << "  " << rpad(format_bytes(t.bytes), 11) << "  " << t.name;
+      if (t.count > 1) out << " ×" << t.count;
+      if (t.dtype[0]) out << " (" << t.dtype << ")";
+      out << "\n";
+    }
+  } else {
+    out << "\n";
+  }
+  if (fit) {
+    out << "\n" << (fit->fits ? "FITS " : "DOES NOT FIT ") << fit->device.name << ": needs "
+        << format_bytes(fit->required) << " (peak + " << format_bytes(b.terms.overhead)
+        << " outside the allocator) of " << format_bytes(fit->capacity) << " with "
+        << static_cast<int>(fit->headroom * 100 + 0.5) << "% headroom\n";
+  }
+  return out.str();
+}
+
+}  // namespace membudget

@@ -1,0 +1,32 @@
+// membudget predict MODEL [job flags]: the budget, the phase peaks and the device verdict.
+#include <iostream>
+
+#include "cli.hpp"
+#include "job_flags.hpp"
+
+namespace membudget::cli {
+namespace {
+
+Registrar reg("predict", 10, [](CLI::App& app) {
+  auto flags = std::make_shared<JobFlags>();
+  CLI::App* cmd = app.add_subcommand("predict", "predict the memory of a training or serving step");
+  flags->add(cmd);
+  cmd->callback([flags] {
+    const ModelSpec spec = flags->model();
+    const Job job = flags->job(spec);
+    const Format format = parse_format(flags->format);
+    PredictOptions po;
+    po.explain = flags->explain || format == Format::table;
+    const Budget budget = predict(spec, job, po);
+    std::optional<Fit> fit;
+    if (auto dev = flags->device_choice()) fit = check_fit(budget, *dev, flags->headroom);
+    ReportOptions ro;
+    ro.format = format;
+    ro.explain = flags->explain;
+    std::cout << render(budget, fit, ro);
+    if (fit && !fit->fits) set_exit_status(1);
+  });
+});
+
+}  // namespace
+}  // namespace membudget::cli

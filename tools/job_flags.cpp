@@ -1,0 +1,77 @@
+#include "job_flags.hpp"
+
+#include <cctype>
+
+#include "membudget/job_yaml.hpp"
+
+namespace membudget::cli {
+namespace {
+std::uint64_t parse_count(const std::string& text, const char* option) {
+  if (text.empty() || text.size() > 19)
+    throw Error(ErrorKind::invalid_job, std::string(option) + ": '" + text + "' is not a positive integer");
+  for (char c : text)
+    if (!std::isdigit(static_cast<unsigned char>(c)))
+      throw Error(ErrorKind::invalid_job, std::string(option) + ": '" + text + "' is not a positive integer");
+  return std::stoull(text);
+}
+}  // namespace
+
+void JobFlags::add(CLI::App* cmd, bool with_batch_seq) {
+  cmd->add_option("model", model_path, "model spec: our YAML (configs/*.yaml) or a Hugging Face config.json")
+      ->required();
+  if (with_batch_seq) {
+    cmd->add_option("--batch,-b", batch, "micro-batch size (default 4)");
+    cmd->add_option("--seq,-s", seq, "sequence length in tokens (default 4096)");
+  }
+  cmd->add_option("--mode", mode, "train | infer");
+  cmd->add_option("--precision", precision, "fp32 | amp-bf16 (default) | bf16 | bf16-master");
+  cmd->add_option("--optimizer", optimizer, "adamw (default) | sgd | sgd-momentum | adamw-8bit | adafactor | lion");
+  cmd->add_option("--recompute", recompute, "none (default) | selective | full");
+  cmd->add_option("--attention", attention, "flash (default) | math");
+  cmd->add_option("--loss", loss, "full (default) | chunked");
+  cmd->add_option("--loss-chunk", loss_chunk, "tokens per chunk for --loss chunked (default 1024)");
+  cmd->add_option("--activations", activations, "inventory (default) | korthikanti");
+  cmd->add_option("--profile", profile, "torch (default: transformers 5 on PyTorch 2.11) | harness");
+  cmd->add_option("--overhead", overhead, "memory outside the allocator, e.g. 800MiB (default: docs/model.md)");
+  cmd->add_option("--kv-dtype", kv_dtype, "KV cache dtype when serving: bf16 | fp16 | fp8 | int8");
+  cmd->add_option("--weights", weights, "weight precision when serving: bf16 | fp16 | fp8 | int8 | int4");
+  cmd->add_option("--group-size", group_size, "group size of int4/int8 weight scales (default 128)");
+  cmd->add_option("--device", device, "card: H100, H200, A100-40GB, A100-80GB, L40S, RTX-4090, B200, MI300X, …");
+  cmd->add_option("--device-memory", device_memory, "card capacity instead of --device, e.g. 80GiB");
+  cmd->add_option("--headroom", headroom, "fraction of the card kept free (default 0.05)");
+  cmd->add_option("--format", format, "table (default) | json | csv | markdown");
+  cmd->add_flag("--explain", explain, "list the tensors live at each phase peak");
+}
+
+ModelSpec JobFlags::model() const { return load_model(model_path); }
+
+Job JobFlags::job(const ModelSpec&) const {
+  Job j = load_job_section(model_path, Job{});
+  if (!batch.empty()) j.batch = parse_count(batch, "--batch");
+  if (!seq.empty()) j.seq = parse_count(seq, "--seq");
+  if (!mode.empty()) j.mode = parse_mode(mode);
+  if (!precision.empty()) j.precision = parse_precision(precision);
+  if (!optimizer.empty()) j.optimizer = parse_optimizer(optimizer);
+  if (!recompute.empty()) j.recompute = parse_recompute(recompute);
+  if (!attention.empty()) j.attention = parse_attention(attention);
+  if (!loss.empty()) j.loss = parse_loss(loss);
+  if (!loss_chunk.empty()) j.loss_chunk = parse_count(loss_chunk, "--loss-chunk");
+  if (!activations.empty()) j.activations = parse_activation_model(activations);
+  if (!profile.empty()) j.profile = parse_profile(profile);
+  if (!overhead.empty()) j.overhead = parse_bytes(overhead, "--overhead");
+  if (!kv_dtype.empty()) j.kv_dtype = parse_dtype(kv_dtype, "--kv-dtype");
+  if (!weights.empty()) j.weights = parse_dtype(weights, "--weights");
+  if (!group_size.empty()) j.group_size = parse_count(group_size, "--group-size");
+  j.validate();
+  return j;
+}
+
+std::optional<Device> JobFlags::device_choice() const {
+  if (!device.empty() && !device_memory.empty())
+    throw Error(ErrorKind::invalid_argument, "--device and --device-memory: give one, not both");
+  if (!device_memory.empty()) return Device{"custom (" + device_memory + ")", parse_bytes(device_memory, "--device-memory")};
+  if (!device.empty()) return find_device(device);
+  return std::nullopt;
+}
+
+}  // namespace membudget::cli

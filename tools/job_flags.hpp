@@ -1,0 +1,30 @@
+// tools/job_flags.hpp: the job flags shared by predict, verify, max-batch, sweep, advise, serve.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+
+#include "membudget/budget.hpp"
+#include "membudget/report.hpp"
+
+namespace membudget::cli {
+
+struct JobFlags {
+  std::string model_path;
+  std::string batch, seq, mode, precision, optimizer, recompute, attention, loss, loss_chunk, activations, profile;
+  std::string overhead, kv_dtype, weights, group_size;
+  std::string device, device_memory;
+  double headroom = 0.05;
+  std::string format = "table";
+  bool explain = false;
+
+  // Adds the model argument and every job flag to `cmd`.
+  void add(CLI::App* cmd, bool with_batch_seq = true);
+  // The model spec and the job: YAML `job:` section first, then the flags that were given.
+  ModelSpec model() const;
+  Job job(const ModelSpec& spec) const;
+  std::optional<Device> device_choice() const;
+};
+
+}  // namespace membudget::cli
