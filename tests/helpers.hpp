@@ -1,0 +1,66 @@
+// Shared fixtures for the tests.
+#pragma once
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include "membudget/spec.hpp"
+
+namespace test {
+
+inline std::string source_path(const std::string& rel) { return std::string(MEMBUDGET_SOURCE_DIR) + "/" + rel; }
+
+// A toy MHA model with a plain 4h GeLU MLP: the textbook layer of Korthikanti et al.
+inline membudget::ModelSpec toy_textbook(std::uint64_t h = 64, std::uint64_t heads = 4) {
+  membudget::ModelSpec m;
+  m.name = "toy-textbook";
+  m.vocab_size = 512;
+  m.hidden_size = h;
+  m.intermediate_size = 4 * h;
+  m.num_layers = 2;
+  m.num_heads = heads;
+  m.num_kv_heads = heads;
+  m.head_dim = h / heads;
+  m.mlp = membudget::MlpKind::plain_gelu;
+  m.norm = membudget::NormKind::layernorm;
+  m.max_positions = 1 << 20;
+  return m;
+}
+
+// A toy Llama: GQA, SwiGLU, RMSNorm.
+inline membudget::ModelSpec toy_llama() {
+  membudget::ModelSpec m;
+  m.name = "toy-llama";
+  m.vocab_size = 1024;
+  m.hidden_size = 128;
+  m.intermediate_size = 384;
+  m.num_layers = 3;
+  m.num_heads = 8;
+  m.num_kv_heads = 2;
+  m.head_dim = 16;
+  m.tied_embeddings = true;
+  m.max_positions = 1 << 20;
+  return m;
+}
+
+struct RunResult {
+  int exit_code;
+  std::string out;
+};
+
+// Runs the built CLI with arguments (a shell string) and captures stdout and stderr.
+inline RunResult run_cli(const std::string& args) {
+  std::string cmd = std::string(MEMBUDGET_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  RunResult r{-1, ""};
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  std::size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace test
