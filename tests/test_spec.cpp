@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <random>
 #include <string>
 
 #include "membudget/spec.hpp"
@@ -562,7 +564,8 @@ TEST_CASE("validate") {
 }
 
 TEST_CASE("load_model: files, names and content sniffing") {
-  const fs::path dir = fs::temp_directory_path() / "membudget_test_spec";
+  const fs::path dir =
+      fs::temp_directory_path() / ("membudget_test_spec_" + std::to_string(std::random_device{}()));
   fs::create_directories(dir / "Some-Model");
   {
     std::ofstream(dir / "Some-Model" / "config.json") << "\n  " << R"({"model_type": "llama",
@@ -586,4 +589,17 @@ TEST_CASE("load_model: files, names and content sniffing") {
   CHECK(contains(e, missing));
   CHECK(e.exit_code() == 5);
   fs::remove_all(dir);
+}
+
+TEST_CASE("the full example in docs/model-spec.md parses to Gemma 2 9B") {
+  std::ifstream in(kSource + "/docs/model-spec.md");
+  REQUIRE(in);
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto begin = doc.find("```yaml\n");
+  REQUIRE(begin != std::string::npos);
+  const auto end = doc.find("```", begin + 8);
+  REQUIRE(end != std::string::npos);
+  const ModelSpec s = parse_model_yaml(doc.substr(begin + 8, end - begin - 8), "docs/model-spec.md");
+  check_same_architecture(s, load_model(config("gemma-2-9b")));
+  CHECK(s.parameters().total == 9'241'705'984ull);
 }
