@@ -1,0 +1,788 @@
+// spec.cpp: ModelSpec derived counts, validation, and the two loaders (our YAML schema and a
+// Hugging Face config.json). The YAML schema is documented in docs/model-spec.md.
+
+#include "membudget/spec.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+namespace membudget {
+
+const char* to_string(MlpKind k) noexcept {
+  switch (k) {
+    case MlpKind::gated_silu: return "gated_silu";
+    case MlpKind::gated_gelu: return "gated_gelu";
+    case MlpKind::plain_gelu: return "plain_gelu";
+  }
+  return "unknown";
+}
+
+const char* to_string(NormKind k) noexcept {
+  switch (k) {
+    case NormKind::rmsnorm: return "rmsnorm";
+    case NormKind::layernorm: return "layernorm";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// Sanity limits: far above any published model, low enough that a typo (an extra digit or two)
+// or a garbage value is caught before it turns into a meaningless byte count.
+constexpr std::uint64_t kMaxDim = 1ull << 24;        // any width, vocabulary or head count
+constexpr std::uint64_t kMaxLayers = 4096;
+constexpr std::uint64_t kMaxPositions = 1ull << 30;  // context length, sliding window
+
+struct Problem {
+  ErrorKind kind;
+  std::string field;
+  std::string what;
+};
+
+std::optional<Problem> find_problem(const ModelSpec& s) {
+  auto invalid = [](std::string field, std::string what) {
+    return Problem{ErrorKind::invalid_spec, std::move(field), std::move(what)};
+  };
+  const std::pair<const char*, std::uint64_t> required[] = {
+      {"vocab_size", s.vocab_size},     {"hidden_size", s.hidden_size},
+      {"intermediate_size", s.intermediate_size}, {"num_layers", s.num_layers},
+      {"num_heads", s.num_heads},       {"num_kv_heads", s.num_kv_heads},
+      {"head_dim", s.head_dim},         {"max_positions", s.max_positions},
+  };
+  for (const auto& [name, v] : required)
+    if (v == 0) return invalid(name, "must be > 0; set it to the model's value");
+
+  const std::pair<const char*, std::uint64_t> dims[] = {
+      {"vocab_size", s.vocab_size}, {"hidden_size", s.hidden_size},
+      {"intermediate_size", s.intermediate_size}, {"num_heads", s.num_heads},
+      {"num_kv_heads", s.num_kv_heads}, {"head_dim", s.head_dim},
+  };
+  for (const auto& [name, v] : dims)
+    if (v > kMaxDim)
+      return invalid(name, std::to_string(v) + " exceeds the limit of " + std::to_string(kMaxDim) +
+                               "; check the value for a typo");
+  if (s.num_layers > kMaxLayers)
+    return invalid("num_layers", std::to_string(s.num_layers) + " exceeds the limit of " +
+                                     std::to_string(kMaxLayers) + "; check the value for a typo");
+  if (s.max_positions > kMaxPositions)
+    return invalid("max_positions", std::to_string(s.max_positions) +
+                                        " exceeds the limit of " + std::to_string(kMaxPositions) +
+                                        "; check the value for a typo");
+  if (s.num_kv_heads > s.num_heads || s.num_heads % s.num_kv_heads != 0)
+    return invalid("num_kv_heads", "num_heads " + std::to_string(s.num_heads) +
+                                       " is not divisible by num_kv_heads " +
+                                       std::to_string(s.num_kv_heads) +
+                                       "; use a divisor of num_heads (num_heads for multi-head "
+                                       "attention, 1 for multi-query)");
+  if (s.norms_per_layer < 1 || s.norms_per_layer > 4)
+    return invalid("norms_per_layer", "must be between 1 and 4 (got " +
+                                          std::to_string(s.norms_per_layer) +
+                                          "); 2 for Llama-style layers, 4 for Gemma 2");
+  if (!std::isfinite(s.final_logit_softcap) || s.final_logit_softcap < 0)
+    return invalid("final_logit_softcap", "must be a finite number >= 0 (0 = no soft-capping)");
+
+  if (s.sliding.enabled()) {
+    if (s.sliding.window > kMaxPositions)
+      return invalid("sliding_window.window",
+                     std::to_string(s.sliding.window) + " exceeds the limit of " +
+                         std::to_string(kMaxPositions) + "; check the value for a typo");
+    if (s.sliding.every_nth < 1 || s.sliding.every_nth > kMaxLayers)
+      return invalid("sliding_window.every_nth",
+                     "must be between 1 and " + std::to_string(kMaxLayers) +
+                         " (1 = every layer, 2 = every other layer)");
+  }
+
+  const auto& m = s.mla;
+  const bool any_mla = m.kv_lora_rank || m.qk_rope_head_dim || m.q_lora_rank ||
+                       m.qk_nope_head_dim || m.v_head_dim;
+  if (any_mla) {
+    if (!m.enabled())
+      return invalid("mla.kv_lora_rank", "must be > 0 when other mla fields are set");
+    const std::pair<const char*, std::uint64_t> mla_dims[] = {
+        {"mla.kv_lora_rank", m.kv_lora_rank},         {"mla.qk_rope_head_dim", m.qk_rope_head_dim},
+        {"mla.qk_nope_head_dim", m.qk_nope_head_dim}, {"mla.v_head_dim", m.v_head_dim},
+    };
+    for (const auto& [name, v] : mla_dims) {
+      if (v == 0) return invalid(name, "must be > 0 for multi-head latent attention");
+      if (v > kMaxDim)
+        return invalid(name, std::to_string(v) + " exceeds the limit of " +
+                                 std::to_string(kMaxDim) + "; check the value for a typo");
+    }
+    if (m.q_lora_rank > kMaxDim)
+      return invalid("mla.q_lora_rank", std::to_string(m.q_lora_rank) +
+                                            " exceeds the limit of " + std::to_string(kMaxDim) +
+                                            "; check the value for a typo");
+    if (s.head_dim != m.qk_nope_head_dim + m.qk_rope_head_dim)
+      return invalid("head_dim", "with mla, head_dim is the query/key head dimension and must "
+                                 "equal mla.qk_nope_head_dim + mla.qk_rope_head_dim (" +
+                                     std::to_string(m.qk_nope_head_dim + m.qk_rope_head_dim) +
+                                     "); got " + std::to_string(s.head_dim));
+    if (s.bias.qkv)
+      return Problem{ErrorKind::unsupported, "bias.qkv",
+                     "projection biases are not supported with mla; set bias.qkv: false"};
+    if (s.qk_norm)
+      return Problem{ErrorKind::unsupported, "qk_norm",
+                     "qk_norm is not supported with mla; set qk_norm: false"};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void ModelSpec::validate(std::string_view where) const {
+  if (auto p = find_problem(*this)) throw Error::field(p->kind, std::string(where), p->field, p->what);
+}
+
+ParameterCounts ModelSpec::parameters() const {
+  auto mul = [](std::uint64_t a, std::uint64_t b, const char* what) {
+    return checked_mul(a, b, std::string("parameters: ") + what);
+  };
+  auto add = [](std::uint64_t a, std::uint64_t b, const char* what) {
+    return checked_add(a, b, std::string("parameters: ") + what);
+  };
+  const std::uint64_t h = hidden_size;
+  const std::uint64_t norm_factor = norm == NormKind::layernorm ? 2 : 1;  // weight (+ bias)
+
+  ParameterCounts c;
+  c.embedding = mul(vocab_size, h, "embedding (vocab_size x hidden_size)");
+  c.final_norm = mul(norm_factor, h, "final norm (hidden_size)");
+  c.lm_head = tied_embeddings ? 0 : c.embedding;
+
+  std::uint64_t layer = 0;
+  std::uint64_t tensors = 0;
+  if (mla.enabled()) {
+    const std::uint64_t qk_head = add(mla.qk_nope_head_dim, mla.qk_rope_head_dim,
+                                      "mla.qk_nope_head_dim + mla.qk_rope_head_dim");
+    const std::uint64_t q_out = mul(num_heads, qk_head, "mla query width (num_heads x qk head)");
+    if (mla.q_lora_rank > 0) {
+      layer = add(layer, mul(h, mla.q_lora_rank, "mla q_a (hidden_size x q_lora_rank)"), "mla q_a");
+      layer = add(layer, mul(norm_factor, mla.q_lora_rank, "mla q_a_norm (q_lora_rank)"),
+                  "mla q_a_norm");
+      layer = add(layer, mul(mla.q_lora_rank, q_out, "mla q_b (q_lora_rank x num_heads x qk head)"),
+                  "mla q_b");
+      tensors += 2 + norm_factor;
+    } else {
+      layer = add(layer, mul(h, q_out, "mla q (hidden_size x num_heads x qk head)"), "mla q");
+      tensors += 1;
+    }
+    const std::uint64_t kv_a_out = add(mla.kv_lora_rank, mla.qk_rope_head_dim,
+                                       "mla kv_lora_rank + qk_rope_head_dim");
+    layer = add(layer, mul(h, kv_a_out, "mla kv_a (hidden_size x (kv_lora_rank + rope))"),
+                "mla kv_a");
+    layer = add(layer, mul(norm_factor, mla.kv_lora_rank, "mla kv_a_norm (kv_lora_rank)"),
+                "mla kv_a_norm");
+    const std::uint64_t kv_b_head = add(mla.qk_nope_head_dim, mla.v_head_dim,
+                                        "mla qk_nope_head_dim + v_head_dim");
+    layer = add(layer,
+                mul(mla.kv_lora_rank, mul(num_heads, kv_b_head, "mla kv_b width"),
+                    "mla kv_b (kv_lora_rank x num_heads x (nope + v_head_dim))"),
+                "mla kv_b");
+    layer = add(layer,
+                mul(mul(num_heads, mla.v_head_dim, "mla o width (num_heads x v_head_dim)"), h,
+                    "mla o (num_heads x v_head_dim x hidden_size)"),
+                "mla o");
+    tensors += 2 + norm_factor + 1;  // kv_a, kv_b, kv_a_norm, o
+    if (bias.o) {
+      layer = add(layer, h, "o bias");
+      tensors += 1;
+    }
+  } else {
+    const std::uint64_t qd = mul(num_heads, head_dim, "q_dim (num_heads x head_dim)");
+    const std::uint64_t kvd = mul(num_kv_heads, head_dim, "kv_dim (num_kv_heads x head_dim)");
+    layer = add(layer, mul(h, qd, "q projection (hidden_size x q_dim)"), "q projection");
+    layer = add(layer, mul(2, mul(h, kvd, "k/v projection (hidden_size x kv_dim)"), "k and v"),
+                "k and v projections");
+    layer = add(layer, mul(qd, h, "o projection (q_dim x hidden_size)"), "o projection");
+    tensors += 4;
+    if (bias.qkv) {
+      layer = add(layer, add(qd, mul(2, kvd, "k/v bias"), "qkv bias"), "qkv bias");
+      tensors += 3;
+    }
+    if (bias.o) {
+      layer = add(layer, h, "o bias");
+      tensors += 1;
+    }
+    if (qk_norm) {
+      layer = add(layer, mul(2, head_dim, "qk_norm (2 x head_dim)"), "qk_norm");
+      tensors += 2;
+    }
+  }
+
+  const bool gated = mlp != MlpKind::plain_gelu;
+  const std::uint64_t mlp_mats = gated ? 3 : 2;
+  layer = add(layer,
+              mul(mlp_mats, mul(h, intermediate_size, "mlp (hidden_size x intermediate_size)"),
+                  "mlp weights"),
+              "mlp weights");
+  tensors += mlp_mats;
+  if (bias.mlp) {
+    // gated: gate and up biases (I each) + down bias (h); plain: fc1 (I) + fc2 (h).
+    layer = add(layer, add(mul(mlp_mats - 1, intermediate_size, "mlp bias"), h, "mlp bias"),
+                "mlp bias");
+    tensors += mlp_mats;
+  }
+  layer = add(layer, mul(norms_per_layer, mul(norm_factor, h, "norm"), "norms (norms_per_layer)"),
+              "norms");
+  tensors += norms_per_layer * norm_factor;
+
+  c.per_layer = layer;
+  c.per_layer_tensors = tensors;
+  c.layers = mul(layer, num_layers, "layers (per layer x num_layers)");
+  c.total = add(add(add(c.embedding, c.layers, "total"), c.final_norm, "total"), c.lm_head, "total");
+  c.tensors = add(mul(tensors, num_layers, "tensors"),
+                  1 + norm_factor + (tied_embeddings ? 0 : 1), "tensors");
+  return c;
+}
+
+// ------------------------------------------------------------------------------------------------
+// YAML (our schema)
+// ------------------------------------------------------------------------------------------------
+
+namespace {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string join(const std::vector<std::string_view>& v) {
+  std::string out;
+  for (auto s : v) {
+    if (!out.empty()) out += ", ";
+    out += s;
+  }
+  return out;
+}
+
+class YamlReader {
+ public:
+  explicit YamlReader(std::string where) : where_(std::move(where)) {}
+
+  struct Entry {
+    YAML::Mark mark;
+    YAML::Node value;
+  };
+  using Entries = std::map<std::string, Entry, std::less<>>;
+
+  std::string at(const YAML::Mark& m) const {
+    if (m.is_null() || m.line < 0) return where_;
+    return where_ + ":" + std::to_string(m.line + 1);
+  }
+
+  // The entries of a mapping (prefix "" for the top level, "bias." etc. for nested ones),
+  // rejecting duplicate and unknown keys; keys in `ignored` are skipped.
+  Entries mapping(const YAML::Node& node, const std::string& prefix,
+                  const std::vector<std::string_view>& known,
+                  const std::vector<std::string_view>& ignored = {}) {
+    Entries out;
+    for (const auto& kv : node) {
+      const YAML::Node k = kv.first;
+      if (!k.IsScalar())
+        throw Error(ErrorKind::invalid_spec,
+                    at(k.Mark()) + ": " + (prefix.empty() ? "top level" : prefix) +
+                        ": keys must be plain names");
+      const std::string key = k.Scalar();
+      if (std::find(ignored.begin(), ignored.end(), key) != ignored.end()) continue;
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        std::string what = "unknown key";
+        std::string_view best;
+        std::size_t best_d = 3;  // suggest only close matches
+        for (auto cand : known) {
+          std::size_t d = edit_distance(key, cand);
+          if (d < best_d) best_d = d, best = cand;
+        }
+        if (!best.empty()) what += "; did you mean '" + std::string(best) + "'?";
+        what += " (known keys: " + join(known) + ")";
+        throw Error::field(ErrorKind::invalid_spec, at(k.Mark()), prefix + key, what);
+      }
+      if (out.count(key))
+        throw Error::field(ErrorKind::invalid_spec, at(k.Mark()), prefix + key,
+                           "duplicate key; give each key once");
+      out.emplace(key, Entry{k.Mark(), kv.second});
+      lines_[prefix + key] = k.Mark();
+    }
+    return out;
+  }
+
+  static const Entry* find(const Entries& e, std::string_view key) {
+    auto it = e.find(key);
+    if (it == e.end() || it->second.value.IsNull()) return nullptr;
+    return &it->second;
+  }
+
+  Error field_error(const Entry& e, const std::string& field, const std::string& what,
+                    ErrorKind kind = ErrorKind::invalid_spec) const {
+    return Error::field(kind, at(e.mark), field, what);
+  }
+
+  std::string describe(const YAML::Node& n) const {
+    if (n.IsSequence()) return "a sequence";
+    if (n.IsMap()) return "a mapping";
+    if (n.Tag() == "!") return "the quoted string \"" + n.Scalar() + "\"";
+    return "'" + n.Scalar() + "'";
+  }
+
+  bool plain_scalar(const YAML::Node& n) const { return n.IsScalar() && n.Tag() != "!"; }
+
+  std::optional<std::uint64_t> opt_uint(const Entries& e, std::string_view key,
+                                        const std::string& field) const {
+    const Entry* en = find(e, key);
+    if (!en) return std::nullopt;
+    const YAML::Node& n = en->value;
+    if (!plain_scalar(n))
+      throw field_error(*en, field, "expected a non-negative integer, got " + describe(n));
+    const std::string& s = n.Scalar();
+    if (!s.empty() && s[0] == '-')
+      throw field_error(*en, field, "must not be negative (got " + s + ")");
+    if (s.empty() || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      char* end = nullptr;
+      errno = 0;
+      std::strtod(s.c_str(), &end);
+      if (!s.empty() && end && *end == '\0')
+        throw field_error(*en, field, "must be a whole number (got " + s + ")");
+      throw field_error(*en, field, "expected a non-negative integer, got " + describe(n));
+    }
+    std::uint64_t v = 0;
+    for (char c : s) {
+      if (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, std::uint64_t(c - '0'), &v))
+        throw field_error(*en, field, s + " does not fit in 64 bits; check the value",
+                          ErrorKind::overflow);
+    }
+    return v;
+  }
+
+  std::uint64_t req_uint(const Entries& e, std::string_view key) const {
+    auto v = opt_uint(e, key, std::string(key));
+    if (!v)
+      throw Error(ErrorKind::invalid_spec, where_ + ": field '" + std::string(key) +
+                                               "' is missing; add '" + std::string(key) +
+                                               ": <integer>'");
+    return *v;
+  }
+
+  std::optional<bool> opt_bool(const Entries& e, std::string_view key,
+                               const std::string& field) const {
+    const Entry* en = find(e, key);
+    if (!en) return std::nullopt;
+    const YAML::Node& n = en->value;
+    if (plain_scalar(n)) {
+      const std::string& s = n.Scalar();
+      if (s == "true" || s == "True" || s == "TRUE") return true;
+      if (s == "false" || s == "False" || s == "FALSE") return false;
+    }
+    throw field_error(*en, field, "expected true or false, got " + describe(n));
+  }
+
+  std::optional<double> opt_double(const Entries& e, std::string_view key,
+                                   const std::string& field) const {
+    const Entry* en = find(e, key);
+    if (!en) return std::nullopt;
+    const YAML::Node& n = en->value;
+    if (plain_scalar(n)) {
+      const std::string& s = n.Scalar();
+      char* end = nullptr;
+      double v = std::strtod(s.c_str(), &end);
+      if (!s.empty() && end && *end == '\0' && std::isfinite(v)) {
+        if (v < 0) throw field_error(*en, field, "must not be negative (got " + s + ")");
+        return v;
+      }
+    }
+    throw field_error(*en, field, "expected a number, got " + describe(n));
+  }
+
+  std::optional<std::string> opt_string(const Entries& e, std::string_view key,
+                                        const std::string& field) const {
+    const Entry* en = find(e, key);
+    if (!en) return std::nullopt;
+    if (!en->value.IsScalar())
+      throw field_error(*en, field, "expected a string, got " + describe(en->value));
+    return en->value.Scalar();
+  }
+
+  // A nested mapping (or nullopt if absent / null).
+  std::optional<YAML::Node> opt_map(const Entries& e, std::string_view key,
+                                    const std::string& field) const {
+    const Entry* en = find(e, key);
+    if (!en) return std::nullopt;
+    if (!en->value.IsMap())
+      throw field_error(*en, field, "expected a mapping (key: value lines), got " +
+                                        describe(en->value));
+    return en->value;
+  }
+
+  std::string line_of(const std::string& field) const {
+    auto it = lines_.find(field);
+    return it == lines_.end() ? where_ : at(it->second);
+  }
+
+  const std::string& where() const { return where_; }
+
+ private:
+  std::string where_;
+  std::map<std::string, YAML::Mark> lines_;
+};
+
+template <typename Enum>
+Enum parse_enum(const YamlReader& r, const YamlReader::Entries& e, std::string_view key,
+                Enum fallback, std::initializer_list<std::pair<std::string_view, Enum>> values) {
+  auto s = r.opt_string(e, key, std::string(key));
+  if (!s) return fallback;
+  std::vector<std::string_view> names;
+  for (const auto& [name, v] : values) {
+    if (*s == name) return v;
+    names.push_back(name);
+  }
+  throw r.field_error(*YamlReader::find(e, key), std::string(key),
+                      "'" + *s + "' is not one of " + join(names));
+}
+
+}  // namespace
+
+ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    std::string loc = where;
+    if (!e.mark.is_null())
+      loc += ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
+    throw Error(ErrorKind::parse, loc + ": malformed YAML: " + e.msg);
+  }
+  if (!root.IsMap())
+    throw Error(ErrorKind::invalid_spec,
+                where + ": expected a mapping of model fields (name, hidden_size, …) at the top "
+                        "level; see docs/model-spec.md");
+
+  YamlReader r(where);
+  const auto top = r.mapping(
+      root, "",
+      {"name", "family", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+       "num_heads", "num_kv_heads", "head_dim", "tied_embeddings", "mlp", "norm", "bias",
+       "max_positions", "norms_per_layer", "qk_norm", "final_logit_softcap", "sliding_window",
+       "mla"},
+      {"job"});
+
+  ModelSpec s;
+  s.name = r.opt_string(top, "name", "name").value_or("");
+  s.family = r.opt_string(top, "family", "family").value_or("");
+  s.vocab_size = r.req_uint(top, "vocab_size");
+  s.hidden_size = r.req_uint(top, "hidden_size");
+  s.intermediate_size = r.req_uint(top, "intermediate_size");
+  s.num_layers = r.req_uint(top, "num_layers");
+  s.num_heads = r.req_uint(top, "num_heads");
+  s.num_kv_heads = r.req_uint(top, "num_kv_heads");
+  s.max_positions = r.req_uint(top, "max_positions");
+  s.tied_embeddings = r.opt_bool(top, "tied_embeddings", "tied_embeddings").value_or(false);
+  s.mlp = parse_enum(r, top, "mlp", MlpKind::gated_silu,
+                     {{"gated_silu", MlpKind::gated_silu},
+                      {"gated_gelu", MlpKind::gated_gelu},
+                      {"plain_gelu", MlpKind::plain_gelu}});
+  s.norm = parse_enum(r, top, "norm", NormKind::rmsnorm,
+                      {{"rmsnorm", NormKind::rmsnorm}, {"layernorm", NormKind::layernorm}});
+  if (auto b = r.opt_map(top, "bias", "bias")) {
+    const auto e = r.mapping(*b, "bias.", {"qkv", "o", "mlp"});
+    s.bias.qkv = r.opt_bool(e, "qkv", "bias.qkv").value_or(false);
+    s.bias.o = r.opt_bool(e, "o", "bias.o").value_or(false);
+    s.bias.mlp = r.opt_bool(e, "mlp", "bias.mlp").value_or(false);
+  }
+  s.norms_per_layer = r.opt_uint(top, "norms_per_layer", "norms_per_layer").value_or(2);
+  s.qk_norm = r.opt_bool(top, "qk_norm", "qk_norm").value_or(false);
+  s.final_logit_softcap = r.opt_double(top, "final_logit_softcap", "final_logit_softcap").value_or(0);
+  if (auto w = r.opt_map(top, "sliding_window", "sliding_window")) {
+    const auto e = r.mapping(*w, "sliding_window.", {"window", "every_nth"});
+    auto window = r.opt_uint(e, "window", "sliding_window.window");
+    if (!window)
+      throw Error(ErrorKind::invalid_spec,
+                  r.line_of("sliding_window") +
+                      ": sliding_window.window: missing; give the window in tokens, or remove "
+                      "sliding_window");
+    s.sliding.window = *window;
+    s.sliding.every_nth = r.opt_uint(e, "every_nth", "sliding_window.every_nth").value_or(1);
+  }
+  if (auto m = r.opt_map(top, "mla", "mla")) {
+    const auto e = r.mapping(
+        *m, "mla.",
+        {"kv_lora_rank", "qk_rope_head_dim", "q_lora_rank", "qk_nope_head_dim", "v_head_dim"});
+    s.mla.kv_lora_rank = r.opt_uint(e, "kv_lora_rank", "mla.kv_lora_rank").value_or(0);
+    s.mla.qk_rope_head_dim = r.opt_uint(e, "qk_rope_head_dim", "mla.qk_rope_head_dim").value_or(0);
+    s.mla.q_lora_rank = r.opt_uint(e, "q_lora_rank", "mla.q_lora_rank").value_or(0);
+    s.mla.qk_nope_head_dim = r.opt_uint(e, "qk_nope_head_dim", "mla.qk_nope_head_dim").value_or(0);
+    s.mla.v_head_dim = r.opt_uint(e, "v_head_dim", "mla.v_head_dim").value_or(0);
+  }
+  if (auto hd = r.opt_uint(top, "head_dim", "head_dim")) {
+    s.head_dim = *hd;
+  } else if (s.mla.enabled()) {
+    s.head_dim = s.mla.qk_nope_head_dim + s.mla.qk_rope_head_dim;
+  } else if (s.num_heads > 0) {
+    if (s.hidden_size % s.num_heads != 0)
+      throw Error(ErrorKind::invalid_spec,
+                  r.line_of("num_heads") + ": head_dim: hidden_size " +
+                      std::to_string(s.hidden_size) + " is not divisible by num_heads " +
+                      std::to_string(s.num_heads) + "; set head_dim explicitly");
+    s.head_dim = s.hidden_size / s.num_heads;
+  }
+
+  if (auto p = find_problem(s)) throw Error::field(p->kind, r.line_of(p->field), p->field, p->what);
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Hugging Face config.json
+// ------------------------------------------------------------------------------------------------
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kSupportedTypes =
+    "llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, deepseek_v2, deepseek_v3";
+
+class JsonReader {
+ public:
+  JsonReader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
+
+  const json* find(std::string_view key) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  Error error(std::string_view key, const std::string& what,
+              ErrorKind kind = ErrorKind::invalid_spec) const {
+    return Error::field(kind, where_, std::string(key), what);
+  }
+
+  std::optional<std::uint64_t> opt_uint(std::string_view key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (v->is_number_unsigned()) return v->get<std::uint64_t>();
+    if (v->is_number_integer())
+      throw error(key, "must not be negative (got " + v->dump() + ")");
+    if (v->is_number_float()) throw error(key, "must be a whole number (got " + v->dump() + ")");
+    throw error(key, "expected a non-negative integer, got " + v->dump());
+  }
+
+  std::uint64_t req_uint(std::string_view key) const {
+    auto v = opt_uint(key);
+    if (!v)
+      throw Error(ErrorKind::invalid_spec,
+                  where_ + ": field '" + std::string(key) + "' is missing from the config");
+    return *v;
+  }
+
+  std::optional<bool> opt_bool(std::string_view key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) throw error(key, "expected true or false, got " + v->dump());
+    return v->get<bool>();
+  }
+
+  std::optional<double> opt_double(std::string_view key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) throw error(key, "expected a number, got " + v->dump());
+    double d = v->get<double>();
+    if (!std::isfinite(d) || d < 0) throw error(key, "must be a finite number >= 0");
+    return d;
+  }
+
+  std::optional<std::string> opt_string(std::string_view key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) throw error(key, "expected a string, got " + v->dump());
+    return v->get<std::string>();
+  }
+
+ private:
+  const json& j_;
+  std::string where_;
+};
+
+MlpKind mlp_from_activation(const JsonReader& r, const std::string& family) {
+  std::string key = "hidden_activation";
+  auto act = r.opt_string(key);
+  if (!act) act = r.opt_string(key = "hidden_act");
+  if (!act) {
+    // The transformers config classes' own defaults for an absent activation.
+    return (family == "gemma" || family == "gemma2") ? MlpKind::gated_gelu : MlpKind::gated_silu;
+  }
+  if (*act == "silu" || *act == "swish") return MlpKind::gated_silu;
+  if (*act == "gelu" || *act == "gelu_pytorch_tanh" || *act == "gelu_new" ||
+      *act == "gelu_fast" || *act == "gelu_python")
+    return MlpKind::gated_gelu;
+  throw r.error(key, "activation '" + *act + "' is not supported (supported: silu, gelu, "
+                     "gelu_pytorch_tanh)", ErrorKind::unsupported);
+}
+
+}  // namespace
+
+ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    std::size_t line = 1, col = 1;
+    const std::size_t end = std::min<std::size_t>(e.byte ? e.byte - 1 : 0, json_text.size());
+    for (std::size_t i = 0; i < end; ++i) {
+      if (json_text[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    throw Error(ErrorKind::parse, where + ":" + std::to_string(line) + ":" + std::to_string(col) +
+                                      ": malformed JSON: " + e.what());
+  }
+  if (!j.is_object())
+    throw Error(ErrorKind::parse, where + ": expected a JSON object (a Hugging Face config.json)");
+
+  JsonReader r(j, where);
+  auto type = r.opt_string("model_type");
+  if (!type)
+    throw Error(ErrorKind::invalid_spec,
+                where + ": field 'model_type' is missing; is this a Hugging Face config.json?");
+  const std::string& t = *type;
+
+  // Mixture-of-experts models: this version models dense MLPs only.
+  static const char* const moe_types[] = {"mixtral", "qwen2_moe", "qwen3_moe", "phimoe", "olmoe",
+                                          "dbrx",    "jamba",     "granitemoe", "llama4"};
+  bool moe = std::find(std::begin(moe_types), std::end(moe_types), t) != std::end(moe_types);
+  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+    const json* v = r.find(key);
+    if (v && v->is_number() && v->get<double>() > 0) moe = true;
+  }
+  if (moe)
+    throw Error(ErrorKind::unsupported,
+                where + ": model_type '" + t +
+                    "' is a mixture-of-experts model; MoE is not supported (supported: " +
+                    kSupportedTypes + ", dense only)");
+
+  const bool llama = t == "llama", mistral = t == "mistral", qwen2 = t == "qwen2",
+             qwen3 = t == "qwen3", gemma = t == "gemma", gemma2 = t == "gemma2", phi3 = t == "phi3",
+             deepseek = t == "deepseek_v2" || t == "deepseek_v3";
+  if (!(llama || mistral || qwen2 || qwen3 || gemma || gemma2 || phi3 || deepseek))
+    throw Error(ErrorKind::unsupported, where + ": model_type '" + t +
+                                            "' is not supported (supported: " + kSupportedTypes +
+                                            "); write a YAML spec instead (docs/model-spec.md)");
+
+  ModelSpec s;
+  s.name = r.opt_string("_name_or_path").value_or("");
+  s.family = t;
+  s.vocab_size = r.req_uint("vocab_size");
+  s.hidden_size = r.req_uint("hidden_size");
+  s.intermediate_size = r.req_uint("intermediate_size");
+  s.num_layers = r.req_uint("num_hidden_layers");
+  s.num_heads = r.req_uint("num_attention_heads");
+  s.num_kv_heads = r.opt_uint("num_key_value_heads").value_or(s.num_heads);
+  s.max_positions = r.req_uint("max_position_embeddings");
+  s.tied_embeddings = r.opt_bool("tie_word_embeddings").value_or(gemma || gemma2);
+  s.mlp = mlp_from_activation(r, t);
+  s.norm = NormKind::rmsnorm;
+
+  const bool attention_bias = r.opt_bool("attention_bias").value_or(false);
+  if (qwen2) {
+    s.bias.qkv = true;  // Qwen2 always has q/k/v biases and no o bias
+  } else if (llama || qwen3 || gemma || gemma2) {
+    s.bias.qkv = s.bias.o = attention_bias;  // attention_bias applies to q, k, v and o
+  } else if (deepseek && attention_bias) {
+    throw r.error("attention_bias", "projection biases are not supported with mla",
+                  ErrorKind::unsupported);
+  }
+  if (llama) s.bias.mlp = r.opt_bool("mlp_bias").value_or(false);
+
+  if (deepseek) {
+    s.mla.kv_lora_rank = r.req_uint("kv_lora_rank");
+    s.mla.qk_rope_head_dim = r.req_uint("qk_rope_head_dim");
+    s.mla.qk_nope_head_dim = r.req_uint("qk_nope_head_dim");
+    s.mla.v_head_dim = r.req_uint("v_head_dim");
+    s.mla.q_lora_rank = r.opt_uint("q_lora_rank").value_or(0);
+    // transformers sets head_dim to the rotary part; ours is the full query/key head.
+    s.head_dim = s.mla.qk_nope_head_dim + s.mla.qk_rope_head_dim;
+  } else if (auto hd = r.opt_uint("head_dim")) {
+    s.head_dim = *hd;
+  } else if (s.num_heads > 0) {
+    if (s.hidden_size % s.num_heads != 0)
+      throw r.error("head_dim", "missing, and hidden_size " + std::to_string(s.hidden_size) +
+                                    " is not divisible by num_attention_heads " +
+                                    std::to_string(s.num_heads));
+    s.head_dim = s.hidden_size / s.num_heads;
+  }
+
+  if (gemma2) {
+    s.norms_per_layer = 4;
+    s.final_logit_softcap = r.opt_double("final_logit_softcapping").value_or(0);
+    if (auto w = r.opt_uint("sliding_window"); w && *w > 0) {
+      s.sliding.window = *w;
+      s.sliding.every_nth = 2;
+    }
+  } else if (mistral || phi3) {
+    if (auto w = r.opt_uint("sliding_window"); w && *w > 0) s.sliding.window = *w;
+  } else if (qwen2 || qwen3) {
+    if (r.opt_bool("use_sliding_window").value_or(false)) {
+      auto w = r.opt_uint("sliding_window");
+      if (!w || *w == 0)
+        throw r.error("sliding_window", "use_sliding_window is true but no window is given");
+      const std::uint64_t max_window_layers = r.opt_uint("max_window_layers").value_or(0);
+      if (max_window_layers == 0) {
+        s.sliding.window = *w;
+      } else if (max_window_layers < s.num_layers) {
+        throw r.error("max_window_layers",
+                      "a sliding window on only some layers (max_window_layers " +
+                          std::to_string(max_window_layers) + " of " +
+                          std::to_string(s.num_layers) + ") is not supported",
+                      ErrorKind::unsupported);
+      }
+      // max_window_layers >= num_layers: no layer uses the window.
+    }
+  }
+  if (qwen3) s.qk_norm = true;
+
+  if (auto p = find_problem(s)) throw Error::field(p->kind, where, p->field, p->what);
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Files
+// ------------------------------------------------------------------------------------------------
+
+ModelSpec load_model(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw Error(ErrorKind::io, "cannot read model spec '" + path + "': " + std::strerror(errno));
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad())
+    throw Error(ErrorKind::io, "cannot read model spec '" + path + "': read failed");
+  const std::string text = buf.str();
+
+  const auto first = text.find_first_not_of(" \t\r\n");
+  const bool is_json = first != std::string::npos && text[first] == '{';
+  ModelSpec s = is_json ? parse_hf_config(text, path) : parse_model_yaml(text, path);
+  if (s.name.empty()) {
+    std::filesystem::path p(path);
+    std::string stem = p.stem().string();
+    // A Hugging Face checkout is a directory holding config.json: its name is the model's.
+    if (stem == "config" && p.has_parent_path() && !p.parent_path().filename().empty())
+      stem = p.parent_path().filename().string();
+    s.name = stem;
+  }
+  return s;
+}
+
+}  // namespace membudget
