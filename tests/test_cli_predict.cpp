@@ -1,0 +1,106 @@
+// The command line: predict's output contract and its errors.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "helpers.hpp"
+
+namespace {
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::string path = "/tmp/membudget_test_" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+}  // namespace
+
+TEST_CASE("predict --format json keeps the contract's keys, all sizes integer bytes") {
+  auto r = test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") +
+                         " --format json --device H100");
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["model"]["name"] == "llama-3.2-1b");
+  CHECK(j["model"]["parameters"] == 1235814400);
+  for (const char* k : {"model_states", "activations", "logits_loss", "kv_cache", "overhead"})
+    CHECK(j["terms"][k].is_number_unsigned());
+  for (const char* k : {"floor", "forward_peak", "backward_peak", "optimizer_peak"}) {
+    CHECK(j["phases"][k].is_number_unsigned());
+    CHECK(j["step0"][k].is_number_unsigned());
+  }
+  CHECK(j["peak"].is_number_unsigned());
+  CHECK(j["peak_phase"].is_string());
+  CHECK(j["job"]["batch"] == 4);
+  CHECK(j["job"]["seq"] == 4096);
+  CHECK(j["job"]["precision"] == "amp-bf16");
+  for (const char* k : {"name", "capacity", "required", "headroom", "fits"}) CHECK(j["device"].contains(k));
+  CHECK(j["device"]["required"].get<std::uint64_t>() ==
+        j["peak"].get<std::uint64_t>() + j["terms"]["overhead"].get<std::uint64_t>());
+}
+
+TEST_CASE("flags override the YAML job section") {
+  auto a = nlohmann::json::parse(
+      test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --format json").out);
+  auto b = nlohmann::json::parse(
+      test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --format json --batch 2").out);
+  CHECK(b["job"]["batch"] == 2);
+  CHECK(b["peak"].get<std::uint64_t>() < a["peak"].get<std::uint64_t>());
+}
+
+TEST_CASE("a job that does not fit exits 1; the table names the peak") {
+  auto r = test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --device RTX-4090");
+  CHECK(r.exit_code == 1);
+  CHECK(r.out.find("DOES NOT FIT") != std::string::npos);
+  CHECK(r.out.find("Peak") != std::string::npos);
+  auto csv = test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --format csv");
+  CHECK(csv.exit_code == 0);
+  CHECK(csv.out.find("phases,backward_peak,") != std::string::npos);
+  auto md = test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --format markdown");
+  CHECK(md.out.find("| phase | bytes | size |") != std::string::npos);
+}
+
+TEST_CASE("bad inputs: clear errors and exit code 2, never a crash") {
+  const std::string cfg = test::source_path("configs/llama-3.2-1b.yaml");
+  struct Case {
+    std::string args;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {"predict " + cfg + " --precision fp64", "--precision"},
+      {"predict " + cfg + " --optimizer adam9", "--optimizer"},
+      {"predict " + cfg + " --batch -3", "--batch"},
+      {"predict " + cfg + " --batch 0", "--batch"},
+      {"predict " + cfg + " --seq 99999999999999999999", "--seq"},
+      {"predict " + cfg + " --device-memory eighty", "--device-memory"},
+      {"predict " + cfg + " --device Z80", "--device"},
+      {"predict " + cfg + " --format yaml", "--format"},
+      {"predict " + write_temp("bad.yaml", "name: x\nhidden_size: [1, 2\n"), "bad.yaml"},
+      {"predict " + write_temp("neg.yaml", "name: x\nvocab_size: 100\nhidden_size: -64\n"), "hidden_size"},
+      {"predict " + write_temp("badjob.yaml",
+                               "name: t\nvocab_size: 256\nhidden_size: 64\nintermediate_size: 160\nnum_layers: 2\n"
+                               "num_heads: 4\nnum_kv_heads: 2\nmax_positions: 512\njob:\n  batch: 2\n  precisoin: bf16\n"),
+       "precisoin"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    auto r = test::run_cli(c.args);
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.find(c.expect) != std::string::npos);
+    CHECK(r.out.find("internal error") == std::string::npos);
+  }
+  // A file that cannot be read is an I/O error: exit 5.
+  auto missing = test::run_cli("predict /nonexistent/model.yaml");
+  CHECK(missing.exit_code == 5);
+  CHECK(missing.out.find("/nonexistent/model.yaml") != std::string::npos);
+  // An unknown subcommand option is CLI11's error, still exit 2.
+  CHECK(test::run_cli("predict " + cfg + " --frobnicate").exit_code == 2);
+}
+
+TEST_CASE("a Hugging Face config.json predicts the same as our YAML") {
+  auto a = nlohmann::json::parse(
+      test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --format json --batch 1 --seq 512").out);
+  auto b = nlohmann::json::parse(
+      test::run_cli("predict " + test::source_path("tests/data/hf/llama-3.2-1b.json") + " --format json --batch 1 --seq 512").out);
+  CHECK(a["phases"] == b["phases"]);
+  CHECK(a["model"]["parameters"] == b["model"]["parameters"]);
+}
