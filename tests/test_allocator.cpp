@@ -357,3 +357,21 @@ TEST_CASE("expandable segments reuse freed space in the middle without a new pag
   a.deallocate(p3);
   a.deallocate(p4);
 }
+
+TEST_CASE("expandable segments: the retry unmaps free pages of the other pool, then OOM") {
+  auto raw = make_host_memory(20 * MiB);
+  CA a(*raw, AllocatorOptions{true, false});
+  void* s = a.allocate(1000);  // a 2 MiB small page
+  a.deallocate(s);
+  void* p = a.allocate(5 * MiB);  // a 20 MiB page does not fit beside it: unmap, retry
+  auto st = a.stats();
+  CHECK(st.num_alloc_retries == 1);
+  CHECK(st.reserved.current == i64(CA::kLargeBuffer));
+  CHECK(st.num_segments == 1);
+  CHECK_THROWS_AS(a.allocate(30 * MiB), Error);  // needs one more 20 MiB page
+  st = a.stats();
+  CHECK(st.num_alloc_retries == 2);
+  CHECK(st.num_ooms == 1);
+  CHECK(st.reserved.current == i64(CA::kLargeBuffer));
+  a.deallocate(p);
+}

@@ -95,7 +95,7 @@ void PickleWriter::floating(double v) {
 
 void PickleWriter::string(std::string_view s) {
   before_value();
-  auto it = memo_.find(std::string(s));
+  auto it = memo_.find(s);  // heterogeneous lookup: no copy for a repeat
   if (it != memo_.end()) {
     if (it->second < 256) {
       put_u8('h');  // BINGET

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -56,7 +57,11 @@ class PickleWriter {
 
   std::string out_;
   std::vector<Open> open_;
-  std::unordered_map<std::string, std::uint32_t> memo_;
+  struct Hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, std::uint32_t, Hash, std::equal_to<>> memo_;
   std::uint32_t next_memo_ = 0;
 };
 
