@@ -1,0 +1,16 @@
+// membudget/membudget.hpp: the umbrella header of the membudget library.
+//
+//   #include <membudget/membudget.hpp>
+//   auto spec = membudget::load_model("configs/llama-3.2-1b.yaml");
+//   membudget::Job job;                      // micro-batch 4 × 4096, amp-bf16, AdamW
+//   auto budget = membudget::predict(spec, job);
+//   auto fit = membudget::check_fit(budget, membudget::find_device("H100"));
+#pragma once
+
+#include "membudget/budget.hpp"
+#include "membudget/bytes.hpp"
+#include "membudget/error.hpp"
+#include "membudget/job.hpp"
+#include "membudget/job_yaml.hpp"
+#include "membudget/report.hpp"
+#include "membudget/spec.hpp"
