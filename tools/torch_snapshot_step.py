@@ -6,7 +6,8 @@
                  Written in several recording variants (context/stacks), each with a JSON
                  sidecar holding the allocator readings at every phase, so a test can check
                  a snapshot replay against memory_allocated()/max_memory_allocated().
-  --what large   the same recipe on a bigger config (a benchmark input of ~5-15 MB).
+  --what large   the same recipe on a bigger config (hidden 1024, vocab 32000, --large-layers
+                 layers, --large-steps steps): a benchmark input of ~5-15 MB.
   --what oom     real torch.cuda.OutOfMemoryError texts: a 200 GiB request, a request into
                  a device filled and fragmented by the caching allocator, and a request over a
                  per-process memory fraction.
@@ -153,12 +154,12 @@ def do_small(outdir):
     return out
 
 
-def do_large(outdir, max_entries):
+def do_large(outdir, max_entries, layers, steps, contexts):
     out = []
-    out.append(snapshot_variant(outdir, "large_ctx_all_py", LARGE_LLAMA, 4, 512, 2, "all", "python",
-                                max_entries))
-    out.append(snapshot_variant(outdir, "large_ctx_alloc_py", LARGE_LLAMA, 4, 512, 2, "alloc", "python",
-                                max_entries))
+    cfgd = dict(LARGE_LLAMA, num_hidden_layers=layers)
+    for ctx in contexts:
+        stem = "large_L%d_s%d_ctx_%s_py" % (layers, steps, ctx)
+        out.append(snapshot_variant(outdir, stem, cfgd, 4, 512, steps, ctx, "python", max_entries))
     return out
 
 
@@ -243,7 +244,11 @@ def main(argv=None):
                                             "message texts (see module docstring).",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--what", default="small,large,oom", help="comma list of small, large, oom")
-    p.add_argument("--large-max-entries", type=int, default=200000)
+    p.add_argument("--large-max-entries", type=int, default=1000000)
+    p.add_argument("--large-layers", type=int, default=32,
+                   help="decoder layers of the large config (hidden 1024, vocab 32000)")
+    p.add_argument("--large-steps", type=int, default=5)
+    p.add_argument("--large-contexts", default="all", help="comma list of context= values")
     p.add_argument("--outdir", required=True)
     args = p.parse_args(argv)
     os.makedirs(args.outdir, exist_ok=True)
@@ -254,7 +259,8 @@ def main(argv=None):
             if w == "small":
                 summary["small"] = do_small(args.outdir)
             elif w == "large":
-                summary["large"] = do_large(args.outdir, args.large_max_entries)
+                summary["large"] = do_large(args.outdir, args.large_max_entries, args.large_layers,
+                                            args.large_steps, args.large_contexts.split(","))
             elif w == "oom":
                 summary["oom"] = do_oom(args.outdir)
             else:
