@@ -8,7 +8,6 @@ cd "$(dirname "$0")/.."
 O=${OUT:-$PWD/gt_out}
 mkdir -p "$O"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>&1
-python3 -c "import torch,transformers,accelerate;print('torch',torch.__version__,'cuda',torch.version.cuda,'transformers',transformers.__version__,'accelerate',accelerate.__version__)"
 t0=$(date +%s)
 timeout 45 python3 tools/torch_profile_step.py --matrix tools/matrices/train_smoke.json --output "$O/train_smoke.json"
 echo "== train smoke rc=$? t=$(( $(date +%s)-t0 ))s"
@@ -18,7 +17,7 @@ timeout 35 python3 tools/torch_saved_tensors.py --output "$O/torch_saved_tensors
 echo "== saved rc=$? t=$(( $(date +%s)-t0 ))s"
 S=/tmp/gt_snapshots
 rm -rf "$S"; mkdir -p "$S"
-timeout 30 python3 tools/torch_snapshot_step.py --what small,oom,large --outdir "$S"
+timeout 30 python3 tools/torch_snapshot_step.py --what small,oom,large --large-layers 8 --large-steps 2 --large-contexts all,alloc --outdir "$S"
 echo "== snapshot rc=$? t=$(( $(date +%s)-t0 ))s"
 ls -la "$S"
 tar czf "$O/snap_small.tgz" -C "$S" $(cd "$S" && ls | grep -v '^large_.*pickle$')
