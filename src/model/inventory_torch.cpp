@@ -14,6 +14,8 @@
 namespace membudget::detail {
 namespace {
 
+constexpr bytes_t kCublasWorkspace = 32 * MiB;
+
 struct Dims {
   bytes_t b, s, T, h, I, V, qd, kvd, a, kva, hd, L;
 };
@@ -200,11 +202,9 @@ struct Step {
     sim.drop(qe);
     sim.drop(ke);
     sim.drop(v);
-    // attn_output.transpose(1, 2).contiguous(): a copy, saved by o_proj
-    TensorId attc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, r.compute),
-                             Term::activations, "contiguous", r.compute_name, "b·s·a·hd", true);
-    sim.node("CloneBackward", {att}, {attc}, {});
-    sim.drop(att);
+    // attn_output.transpose(1, 2).contiguous(): the fused kernels (cuDNN / flash) already write
+    // the output as b·s·a·hd, so this is a view that o_proj saves; the math paths copy (above).
+    TensorId attc = att;
     TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h");
     sim.drop(attc);
     if (m.norms_per_layer >= 4) {  // Gemma 2: post_attention_layernorm on the branch
@@ -246,15 +246,17 @@ struct Step {
     *out = h2;
   }
 
-  // scaled_dot_product_attention under autocast: q and k (fp32 after rotary) are cast to bf16.
-  // Flash (enable_gqa) saves q, k, v, the output and the fp32 log-sum-exp; math materialises
-  // the b·a·s² scores, softmax output and dropout-free attention weights.
+  // scaled_dot_product_attention. Flash/cuDNN need 16-bit inputs: with GQA (enable_gqa) in fp32 no
+  // fused kernel applies and PyTorch falls back to its math implementation. Under autocast q and k
+  // (fp32 after rotary) are cast to bf16.
   TensorId attention(TensorId qe, TensorId ke, TensorId v) {
     TensorId q = cast_input(qe, d.qd * d.T, "sdpa inputs (bf16 casts of q, k)");
     TensorId k = cast_input(ke, d.kvd * d.T, "sdpa inputs (bf16 casts of q, k)");
-    TensorId out = sim.make("sdpa output (saved)", mul(d.T, d.qd, r.compute), Term::activations, "sdpa",
-                            r.compute_name, "b·a·s·hd", true);
-    if (job.attention == Attention::flash) {
+    TensorId out = kNone;
+    if (job.attention == Attention::flash && r.compute != 4) {
+      // cuDNN / flash: saves q, k, v (not repeated), the output and the fp32 log-sum-exp
+      out = sim.make("sdpa output (saved)", mul(d.T, d.qd, r.compute), Term::activations, "sdpa",
+                     r.compute_name, "b·s·a·hd", true);
       TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, d.a, d.s, 4), Term::activations,
                               "flash attention", "fp32", "b·a·s", false);
       // backward: dq accumulator in fp32, and k/v gradients expanded to all query heads under GQA
@@ -262,44 +264,107 @@ struct Step {
       if (d.a != d.kva) ws += mul(d.T, d.qd, r.compute, 2);
       sim.node("FlashAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
       sim.drop(lse);
+    } else if (job.attention == Attention::flash) {
+      out = sdpa_math(q, k, v);
     } else {
-      // eager_attention_forward: repeat_kv, matmul, softmax(fp32) .to(dtype), dropout(p=0), matmul
-      TensorId kr = k, vr = v;
-      if (d.a != d.kva) {
-        kr = sim.make("repeat_kv keys", mul(d.T, d.qd, r.compute), Term::activations, "repeat_kv",
-                      r.compute_name, "b·a·s·hd", true);
-        sim.node("ExpandBackward", {k}, {kr}, {});
-        vr = sim.make("repeat_kv values", mul(d.T, d.qd, r.compute), Term::activations, "repeat_kv",
-                      r.compute_name, "b·a·s·hd", true);
-        sim.node("ExpandBackward", {v}, {vr}, {});
-      } else {
-        sim.hold(kr);
-        sim.hold(vr);
-      }
-      const bytes_t bas2 = mul(d.b, d.a, d.s, d.s);
-      TensorId sc = sim.make("attention scores", mul(bas2, r.compute), Term::activations, "matmul",
-                             r.compute_name, "b·a·s·s", true);
-      sim.node("BmmBackward", {q, kr}, {sc}, {q, kr});
-      TensorId sm32 = sim.make("softmax output fp32", mul(bas2, 4), Term::activations, "softmax(float32)",
-                               "fp32", "b·a·s·s", true);
-      sim.node("SoftmaxBackward", {sc}, {sm32}, {sm32});
-      sim.drop(sc);
-      TensorId sm = sim.make("attention weights", mul(bas2, r.compute), Term::activations, "to(dtype)",
-                             r.compute_name, "b·a·s·s", true);
-      sim.node("ToCopyBackward", {sm32}, {sm}, {});
-      sim.drop(sm32);
-      TensorId o = sim.make("attention probs @ v", mul(d.T, d.qd, r.compute), Term::activations, "matmul",
-                            r.compute_name, "b·a·s·hd", true);
-      sim.node("BmmBackward", {sm, vr}, {o}, {sm, vr});
-      sim.drop(sm);
-      sim.drop(kr);
-      sim.drop(vr);
-      sim.drop(out);
-      out = o;
+      out = eager(q, k, v);
     }
     sim.drop(q);
     sim.drop(k);
     return out;
+  }
+
+  // at::_scaled_dot_product_attention_math: q·√scale, k repeated (enable_gqa) then ·√scale, a
+  // causal mask materialised as s² floats, softmax (saves its result), then @ v (repeated).
+  TensorId sdpa_math(TensorId q, TensorId k, TensorId v) {
+    const bytes_t e = r.compute;
+    const bytes_t bas2 = mul(d.b, d.a, d.s, d.s);
+    TensorId qs = sim.make("sdpa math: scaled q (saved)", mul(d.T, d.qd, e), Term::activations, "mul", "", "b·a·s·hd", true);
+    sim.node("MulBackward1", {q}, {qs}, {});
+    TensorId kr = k, vr = v;
+    if (d.a != d.kva) {
+      kr = sim.make("sdpa math: repeated k", mul(d.T, d.qd, e), Term::activations, "repeat_interleave", "", "b·a·s·hd", true);
+      sim.node("RepeatInterleaveBackward", {k}, {kr}, {});
+      vr = sim.make("sdpa math: repeated v (saved)", mul(d.T, d.qd, e), Term::activations, "repeat_interleave", "", "b·a·s·hd", true);
+      sim.node("RepeatInterleaveBackward", {v}, {vr}, {});
+    } else {
+      sim.hold(kr);
+      sim.hold(vr);
+    }
+    TensorId ks = sim.make("sdpa math: scaled k (saved)", mul(d.T, d.qd, e), Term::activations, "mul", "", "b·a·s·hd", true);
+    sim.node("MulBackward1", {kr}, {ks}, {});
+    sim.drop(kr);
+    TensorId mask = sim.make("sdpa math: causal mask", mul(d.s, d.s, 1 + e), Term::activations, "tril + where", "", "s·s", false);
+    TensorId sc = sim.make("sdpa math: scores", mul(bas2, e), Term::activations, "matmul", "", "b·a·s·s", true);
+    sim.node("BmmBackward", {qs, ks}, {sc}, {qs, ks});
+    sim.drop(qs);
+    sim.drop(ks);
+    TensorId sm = sim.make("sdpa math: softmax output (saved)", mul(bas2, e), Term::activations, "softmax", "", "b·a·s·s", true);
+    sim.node("SoftmaxBackward", {sc}, {sm}, {sm});
+    sim.drop(sc);
+    sim.drop(mask);
+    TensorId o = sim.make("sdpa output", mul(d.T, d.qd, e), Term::activations, "matmul", "", "b·a·s·hd", true);
+    sim.node("BmmBackward", {sm, vr}, {o}, {sm, vr});
+    sim.drop(sm);
+    sim.drop(vr);
+    // the math output is b·a·s·hd: HF's transpose(1, 2).contiguous() copies it for o_proj
+    TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, e), Term::activations,
+                           "contiguous", "", "b·s·a·hd", true);
+    sim.node("CloneBackward", {o}, {oc}, {});
+    sim.drop(o);
+    return oc;
+  }
+
+  // transformers' eager_attention_forward: repeat_kv, q @ kᵀ, · scaling (a copy), + causal mask (in
+  // the residual dtype, so fp32 under autocast), softmax in fp32 (saves its result), .to(dtype)
+  // (saved by the second matmul), @ v, then transpose(1, 2).contiguous() (a copy).
+  TensorId eager(TensorId q, TensorId k, TensorId v) {
+    const bytes_t e = r.compute;
+    const bytes_t bas2 = mul(d.b, d.a, d.s, d.s);
+    TensorId kr = k, vr = v;
+    if (d.a != d.kva) {
+      kr = sim.make("repeat_kv keys", mul(d.T, d.qd, e), Term::activations, "repeat_kv", r.compute_name, "b·a·s·hd", true);
+      sim.node("ExpandBackward", {k}, {kr}, {});
+      vr = sim.make("repeat_kv values", mul(d.T, d.qd, e), Term::activations, "repeat_kv", r.compute_name, "b·a·s·hd", true);
+      sim.node("ExpandBackward", {v}, {vr}, {});
+    } else {
+      sim.hold(kr);
+      sim.hold(vr);
+    }
+    TensorId mask = sim.make("causal mask (4-D, residual dtype)", mul(d.b, d.s, d.s, r.resid), Term::activations,
+                             "create_causal_mask", r.resid_name, "b·1·s·s", false);
+    TensorId sc = sim.make("attention scores", mul(bas2, e), Term::activations, "matmul", r.compute_name, "b·a·s·s", true);
+    sim.node("BmmBackward", {q, kr}, {sc}, {q, kr});
+    TensorId scl = sim.make("attention scores × scaling", mul(bas2, e), Term::activations, "mul", r.compute_name, "b·a·s·s", true);
+    sim.node("MulBackward1", {sc}, {scl}, {});
+    sim.drop(sc);
+    const bytes_t mb = std::max(e, r.resid);
+    TensorId msk = sim.make("attention scores + mask", mul(bas2, mb), Term::activations, "add", "", "b·a·s·s", true);
+    sim.node("AddBackward0", {scl}, {msk}, {});
+    sim.drop(scl);
+    sim.drop(mask);
+    TensorId sm32 = sim.make("softmax output fp32 (saved)", mul(bas2, 4), Term::activations, "softmax(float32)", "fp32",
+                             "b·a·s·s", true);
+    sim.node("SoftmaxBackward", {msk}, {sm32}, {sm32});
+    sim.drop(msk);
+    TensorId sm = sm32;
+    if (e != 4) {
+      sm = sim.make("attention weights (saved by @ v)", mul(bas2, e), Term::activations, "to(dtype)", r.compute_name,
+                    "b·a·s·s", true);
+      sim.node("ToCopyBackward", {sm32}, {sm}, {});
+      sim.drop(sm32);
+    }
+    TensorId o = sim.make("attention probs @ v", mul(d.T, d.qd, e), Term::activations, "matmul", r.compute_name,
+                          "b·a·s·hd", true);
+    sim.node("BmmBackward", {sm, vr}, {o}, {sm, vr});
+    sim.drop(sm);
+    sim.drop(kr);
+    sim.drop(vr);
+    TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, e), Term::activations,
+                           "contiguous", r.compute_name, "b·s·a·hd", true);
+    sim.node("CloneBackward", {o}, {oc}, {});
+    sim.drop(o);
+    return oc;
   }
 };
 
@@ -344,8 +409,11 @@ TensorId forward(Step& st, bool checkpoint) {
     }
     x = out;
   }
+  // LlamaModel returns the final norm output as last_hidden_state: the CausalLM forward holds it
+  // (and the DynamicCache) until it returns, i.e. through the loss.
   TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
   sim.drop(x);
+  sim.hold(hn);
   TensorId loss = kNone;
   const bytes_t TV = mul(d.T, d.V);
   if (st.job.loss == Loss::full) {
@@ -395,6 +463,7 @@ TensorId forward(Step& st, bool checkpoint) {
     sim.drop(st.sin);
   }
   st.drop_kv_cache();
+  sim.drop(hn);
   return loss;
 }
 
@@ -497,9 +566,18 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
       state = sim.alloc_raw("optimizer state", oc.state, Term::model_states, "optimizer", "", "");
       master = sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, "optimizer", "fp32", "");
     }
+    // cuBLAS workspace, one per handle: the forward thread's appears at the first matmul of step 0,
+    // the autograd thread's at the first matmul of its backward; both stay (32 MiB each on Hopper,
+    // CUBLAS_WORKSPACE_CONFIG :4096:8).
+    if (steady) {
+      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, "cublas");
+      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, "cublas");
+    }
     sim.begin_phase("floor");
     const bytes_t floor = sim.live();
     sim.begin_phase("forward_peak");
+    if (!steady)
+      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, "cublas");
     const bool ckpt = job.recompute == Recompute::full;
     TensorId loss = forward(st, ckpt);
     if (steady) {
@@ -511,6 +589,8 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
       res.saved_logits = sim.live_groups(Term::logits_loss);
     }
     sim.begin_phase("backward_peak");
+    if (!steady)
+      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, "cublas");
     sim.backward(loss, ckpt ? recompute_layer : nullptr, &st);
     sim.drop(loss);
     if (ckpt) {

@@ -39,9 +39,6 @@ bytes_t default_overhead(Profile profile) {
 Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& options) {
   model.validate();
   job.validate();
-  if (job.seq > model.max_positions)
-    throw Error(ErrorKind::invalid_job, "--seq: " + std::to_string(job.seq) + " exceeds the model's max_positions (" +
-                                            std::to_string(model.max_positions) + ")");
   if (job.parallel.tensor != 1 || job.parallel.pipeline != 1)
     throw Error(ErrorKind::unsupported,
                 "tensor and pipeline parallelism are not modelled by the inventory yet (use --activations korthikanti "

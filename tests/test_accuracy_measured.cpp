@@ -1,0 +1,56 @@
+// Every committed PyTorch measurement (tests/data/torch_train_h200.json, measured on an H200 with
+// tools/torch_profile_step.py) against the inventory prediction: each steady-state phase within 3%.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "helpers.hpp"
+#include "membudget/budget.hpp"
+
+using namespace membudget;
+
+TEST_CASE("inventory predictions land within 3% of measured PyTorch steps, phase by phase") {
+  std::ifstream in(test::source_path("tests/data/torch_train_h200.json"));
+  REQUIRE(in.good());
+  const auto data = nlohmann::json::parse(in);
+  int cases = 0;
+  double worst = 0;
+  std::string worst_case;
+  for (const auto& c : data["cases"]) {
+    if (c["status"] != "ok") continue;
+    const auto& j = c["job"];
+    const ModelSpec m = load_model(test::source_path(j["config"].get<std::string>()));
+    Job job;
+    job.batch = j["batch"].get<std::uint64_t>();
+    job.seq = j["seq"].get<std::uint64_t>();
+    job.precision = parse_precision(j["precision"].get<std::string>());
+    job.optimizer = parse_optimizer(j["optimizer"].get<std::string>());
+    job.recompute = parse_recompute(j["recompute"].get<std::string>());
+    job.attention = parse_attention(j["attention"].get<std::string>());
+    const Budget b = predict(m, job);
+    // the last measured step (step ≥ 2: steady state)
+    nlohmann::json steady;
+    for (const auto& s : c["steps"])
+      if (s["step"].get<int>() >= 2) steady = s;
+    REQUIRE(!steady.is_null());
+    for (const char* phase : {"floor", "forward_peak", "backward_peak", "optimizer_peak"}) {
+      const double measured = steady[phase].get<double>();
+      const double predicted = static_cast<double>(b.phase(phase));
+      const double err = (predicted - measured) / measured;
+      CAPTURE(c["name"].get<std::string>());
+      CAPTURE(phase);
+      CAPTURE(measured);
+      CAPTURE(predicted);
+      CHECK(std::fabs(err) <= 0.03);
+      if (std::fabs(err) > std::fabs(worst)) {
+        worst = err;
+        worst_case = c["name"].get<std::string>() + " " + phase;
+      }
+    }
+    ++cases;
+  }
+  CHECK(cases >= 50);
+  MESSAGE("worst steady-state error " << worst * 100 << "% (" << worst_case << ") over " << cases << " cases");
+}
