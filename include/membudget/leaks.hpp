@@ -7,12 +7,13 @@
 // appended to a list, a growing cache) adds about the same amount every step, from some step on.
 //
 // Rule (detect_leak):
-//   d_i = a_{i+1} - a_i. noise = 1.4826 * MAD(d) (a robust standard deviation of the steps).
-//   A step "grows" when d_i > max(min_growth, 3 * noise); min_growth defaults to 512 bytes, the
-//   allocator's rounding unit: a leaked tensor adds at least that much.
+//   d_i = a_{i+1} - a_i. noise = a robust standard deviation of the d_i, estimated from the
+//   second differences (1.4826 * MAD / sqrt(3)), which a clean staircase does not inflate however
+//   long its flat prefix. A step "grows" when d_i >= min_growth and d_i > 3 * noise; min_growth
+//   defaults to 512 bytes, the allocator's rounding unit: a leaked tensor adds at least that much.
 //   leak  <=> the last min_run (default 3) or more steps all grow, and the last value exceeds
-//             every value before the run (a new high-water mark, so a sawtooth that returns to
-//             earlier heights is not a leak).
+//             every value before the run by a growing amount (a new high-water mark, so a
+//             sawtooth that returns to earlier heights is not a leak).
 //   The run's leading steps larger than 3x the run's median are a one-time jump (optimizer
 //   state), not part of the staircase, and are trimmed from it.
 //   start_step: the step the staircase starts from (its first growing step is start_step ->
@@ -21,7 +22,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <iosfwd>
 #include <optional>
 #include <span>
 #include <string>
