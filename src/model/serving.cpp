@@ -289,9 +289,16 @@ void load_weights(AutogradSim& sim, const ModelSpec& m, const Job& job) {
       P(mul(m.mla.kv_lora_rank, ub, nf));
     }
   }
-  // LlamaRotaryEmbedding.inv_freq (fp32 buffer)
-  P(mul(m.mla.enabled() ? m.mla.qk_rope_head_dim / 2 : m.head_dim / 2, 4), "fp32");
+  // LlamaRotaryEmbedding buffers: inv_freq and original_inv_freq (fp32)
+  const bytes_t rot_half = m.mla.enabled() ? m.mla.qk_rope_head_dim / 2 : m.head_dim / 2;
+  P(mul(rot_half, 4), "fp32");
+  P(mul(rot_half, 4), "fp32");
 }
+
+// cuBLAS workspace: PyTorch allocates it through the caching allocator on the first matmul of a
+// handle and keeps it (CUBLAS_WORKSPACE_CONFIG default ":4096:8" on Hopper and later: 32 MiB;
+// tests/data/torch_prefill_h200.json shows it appear during the first prefill of the process).
+constexpr bytes_t kCublasWorkspace = 32 * MiB;
 
 }  // namespace
 
@@ -320,6 +327,7 @@ void predict_infer(Budget& bud, const PredictOptions& options) {
   }
   w.kv_e = kv_dtype_bytes(job.kv_dtype);
 
+  sim.make("cuBLAS workspace", kCublasWorkspace, Term::other, "first matmul", "", "32 MiB", false);
   TensorId ids = sim.make("input_ids", mul(w.T, 8), Term::other, "prompt", "int64", "b·s", false);
   const bytes_t floor = sim.live();
   sim.begin_phase("prefill_peak");
