@@ -190,8 +190,12 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
   }
   // A readable table.
   out << b.model.name << " · " << (b.parameters.total / 1e9 >= 1 ? "" : "") << static_cast<double>(b.parameters.total) / 1e9
-      << "B parameters · " << to_string(b.job.mode) << " · batch " << b.job.batch << " × seq " << b.job.seq << " · "
-      << to_string(b.job.precision);
+      << "B parameters · " << to_string(b.job.mode) << " · batch " << b.job.batch << " × seq " << b.job.seq << " · ";
+  if (b.job.mode == Mode::infer)
+    out << "weights " << to_string(b.job.weights) << " · KV " << to_string(b.job.kv_dtype)
+        << " · HF prefill with logits_to_keep=1, then one decode step";
+  else
+    out << to_string(b.job.precision);
   if (b.job.mode == Mode::train)
     out << " · " << to_string(b.job.optimizer) << " · recompute " << to_string(b.job.recompute) << " · "
         << to_string(b.job.attention) << " attention · " << to_string(b.job.loss) << " loss";
@@ -212,6 +216,11 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
         << " per layer × " << b.activations.layers << " layers";
     if (b.activations.other) out << " + " << format_bytes(b.activations.other) << " outside the layers";
     out << "\n";
+  }
+  if (b.job.mode == Mode::infer) {
+    out << "    weights " << format_bytes(b.states.weights) << " (" << to_string(b.job.weights) << "); KV cache "
+        << b.terms.kv_cache << " B for " << b.job.batch << " × " << b.job.seq << " tokens; activations: "
+        << format_bytes(b.activations.other) << " transient at the prefill peak\n";
   }
   out << "\nPhases (max_memory_allocated)\n";
   bytes_t pmax = b.peak;

@@ -1,11 +1,369 @@
-// Serving budget (mode infer): filled in by the serving model.
+// Serving budget (mode infer): a Hugging Face transformers 5.x prefill and one decode step.
+//
+// The walk below follows what LlamaForCausalLM (and its Qwen2 / Mistral / Gemma relatives) executes
+// under torch.inference_mode() for
+//     out  = model(input_ids, use_cache=True, logits_to_keep=1)                      # prefill
+//     out2 = model(next_ids, past_key_values=out.past_key_values, use_cache=True,
+//                  logits_to_keep=1)                                                # one decode step
+// (tools/torch_profile_prefill.py measures exactly that). Nothing is saved for backward, so a tensor
+// lives while a Python reference holds it; the allocator counts each tensor rounded up to 512 B.
+// Phases: floor (weights and the prompt ids), prefill_peak, decode_peak (with the prefill's output,
+// i.e. its cache and logits, still held, as generate() does).
+#include <algorithm>
+
+#include "autograd_sim.hpp"
 #include "korthikanti.hpp"
+#include "membudget/serving.hpp"
 
 namespace membudget::detail {
-void predict_infer(Budget&, const PredictOptions&) {
-  throw Error(ErrorKind::unsupported, "--mode infer: not implemented yet");
+namespace {
+
+bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) { return checked_product("serving tensor size", a, b, c, d); }
+std::uint64_t cdiv(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+
+// Framework behaviours the walk depends on (transformers 5.x, PyTorch 2.11, sdpa on an H200).
+struct Mechanisms {
+  // DynamicLayer.update: the first update concatenates onto an empty tensor (a copy) rather than
+  // keeping the given key/value states.
+  bool cache_copy_on_first_update = true;
+  // Flash SDPA returns its output in (b, s, heads, head_dim) memory order, so
+  // attn_output.transpose(1, 2).contiguous() is free.
+  bool sdpa_output_copy = false;
+};
+
+struct Walk {
+  const ModelSpec& m;
+  const Job& job;
+  AutogradSim& sim;
+  Mechanisms mech;
+  bytes_t b = 0, s = 0, T = 0;        // batch, tokens per sequence in this forward, b·s
+  bytes_t h = 0, I = 0, V = 0, hd = 0;
+  bytes_t qd = 0, kvd = 0, vd = 0;    // query, key and value widths (MLA: latent widths)
+  bytes_t e = 2;                      // activation element bytes (bf16 / fp16)
+  bytes_t kv_e = 2;                   // KV cache element bytes
+
+  TensorId act(const char* name, bytes_t bytes, const char* op, const char* dtype, const char* shape,
+               Term term = Term::activations) {
+    return sim.make(name, bytes, term, op, dtype, shape, false);
+  }
+
+  // LlamaRMSNorm: x.to(fp32); pow(2).mean(-1); x * rsqrt(var + eps); weight * x.to(dtype).
+  TensorId rmsnorm(TensorId x, bytes_t rows, bytes_t width, const char* tag) {
+    const bytes_t n = mul(rows, width);
+    TensorId x32 = act("rmsnorm fp32 copy", mul(n, 4), "x.to(float32)", "fp32", "T·w");
+    TensorId sq = act("rmsnorm pow", mul(n, 4), "pow(2)", "fp32", "T·w");
+    TensorId var = act("rmsnorm variance", mul(rows, 4), "mean", "fp32", "T");
+    sim.drop(sq);
+    TensorId ve = act("rmsnorm variance + eps", mul(rows, 4), "add", "fp32", "T");
+    TensorId rs = act("rmsnorm rsqrt", mul(rows, 4), "rsqrt", "fp32", "T");
+    sim.drop(ve);
+    TensorId n32 = act("rmsnorm normalized fp32", mul(n, 4), "x * rsqrt", "fp32", "T·w");
+    sim.drop(rs);
+    sim.drop(x32);
+    TensorId c = act("rmsnorm cast", mul(n, e), "to(dtype)", "bf16", "T·w");
+    TensorId y = act(tag, mul(n, e), "weight * x", "bf16", "T·w");
+    sim.drop(c);
+    sim.drop(n32);
+    sim.drop(var);
+    (void)x;
+    return y;
+  }
+
+  TensorId linear(bytes_t rows, bytes_t out, const char* name) {
+    return act(name, mul(rows, out, e), "linear", "bf16", "T·out");
+  }
+
+  // apply_rotary_pos_emb on one tensor: (t * cos) + (rotate_half(t) * sin).
+  TensorId rotary(bytes_t rows, bytes_t width, const char* name) {
+    const bytes_t n = mul(rows, width, e);
+    TensorId a = act("rotary t*cos", n, "mul", "bf16", "T·w");
+    TensorId neg = act("rotate_half neg", mul(rows, width / 2, e), "neg", "bf16", "T·w/2");
+    TensorId rh = act("rotate_half cat", n, "cat", "bf16", "T·w");
+    sim.drop(neg);
+    TensorId bsin = act("rotary rot*sin", n, "mul", "bf16", "T·w");
+    sim.drop(rh);
+    TensorId out = act(name, n, "add", "bf16", "T·w");
+    sim.drop(a);
+    sim.drop(bsin);
+    return out;
+  }
+
+  // Tokens a layer keeps for a sequence of `ctx` tokens.
+  bytes_t held(std::size_t layer, bytes_t ctx) const {
+    const bool windowed = m.sliding.enabled() && (m.sliding.every_nth <= 1 || layer % m.sliding.every_nth == 0);
+    return windowed ? std::min<bytes_t>(ctx, m.sliding.window) : ctx;
+  }
+
+  // One decoder layer. `cache` holds this layer's [k, v] (in/out); `past` is the cached length.
+  TensorId layer(std::size_t i, TensorId x, std::vector<TensorId>& cache, bytes_t past) {
+    const bytes_t rows = T;
+    TensorId n1 = rmsnorm(x, rows, h, "input_layernorm output");
+    TensorId q = linear(rows, qd, "q_proj output");
+    TensorId k = linear(rows, kvd, "k_proj output");
+    TensorId v = linear(rows, vd, "v_proj output");
+    if (m.qk_norm) {
+      TensorId qn = rmsnorm(q, rows * m.num_heads, hd, "q_norm output");
+      sim.drop(q);
+      q = qn;
+      TensorId kn = rmsnorm(k, rows * m.num_kv_heads, hd, "k_norm output");
+      sim.drop(k);
+      k = kn;
+    }
+    TensorId qe = rotary(rows, qd, "query after rotary");
+    TensorId ke = rotary(rows, m.mla.enabled() ? m.mla.qk_rope_head_dim : kvd, "key after rotary");
+    sim.drop(q);  // query_states, key_states = apply_rotary_pos_emb(...)
+    sim.drop(k);
+    // past_key_values.update(key_states, value_states, layer_idx)
+    const bytes_t kv_row_k = m.mla.enabled() ? m.mla.kv_lora_rank + m.mla.qk_rope_head_dim : kvd;
+    const bytes_t kv_row_v = m.mla.enabled() ? 0 : kvd;
+    if (cache.empty()) {
+      const bytes_t keep = held(i, s);
+      if (mech.cache_copy_on_first_update || keep < s) {
+        cache.push_back(act("KV cache (keys)", mul(b, keep, kv_row_k, kv_e), "torch.cat", "bf16", "b·kv·s·hd", Term::kv_cache));
+        if (kv_row_v)
+          cache.push_back(act("KV cache (values)", mul(b, keep, kv_row_v, kv_e), "torch.cat", "bf16", "b·kv·s·hd", Term::kv_cache));
+        sim.drop(ke);
+        sim.drop(v);
+      } else {
+        cache.push_back(ke);
+        cache.push_back(v);
+      }
+    } else {
+      // decode: torch.cat([old, new]) per tensor; the old one dies when the layer attribute is replaced
+      for (std::size_t c = 0; c < cache.size(); ++c) {
+        const bytes_t row = c == 0 ? kv_row_k : kv_row_v;
+        TensorId grown = act(c == 0 ? "KV cache (keys)" : "KV cache (values)", mul(b, held(i, past + s), row, kv_e),
+                             "torch.cat", "bf16", "b·kv·(S+1)·hd", Term::kv_cache);
+        sim.drop(cache[c]);
+        cache[c] = grown;
+      }
+      sim.drop(ke);
+      sim.drop(v);
+    }
+    // scaled_dot_product_attention (flash, enable_gqa): output and the fp32 log-sum-exp
+    const bytes_t attn_w = m.mla.enabled() ? m.num_heads * m.mla.v_head_dim : qd;
+    TensorId lse = act("sdpa log-sum-exp", mul(b, m.num_heads, s, 4), "flash attention", "fp32", "b·a·s");
+    TensorId ao = act("sdpa output", mul(rows, attn_w, e), "sdpa", "bf16", "b·s·a·hd");
+    sim.drop(lse);
+    if (mech.sdpa_output_copy) {
+      TensorId c = act("sdpa output (contiguous)", mul(rows, attn_w, e), "contiguous", "bf16", "b·s·a·hd");
+      sim.drop(ao);
+      ao = c;
+    }
+    TensorId o = linear(rows, h, "o_proj output");
+    sim.drop(ao);
+    sim.drop(qe);  // attention forward returns
+    sim.drop(n1);  // hidden_states, _ = self.self_attn(...)
+    if (m.norms_per_layer >= 4) {
+      TensorId on = rmsnorm(o, rows, h, "post_attention_layernorm output");
+      sim.drop(o);
+      o = on;
+    }
+    TensorId h1 = act("residual stream (after attention)", mul(rows, h, e), "residual add", "bf16", "T·h");
+    sim.drop(o);
+    TensorId n2 = rmsnorm(h1, rows, h, "post_attention_layernorm output");
+    TensorId d;
+    if (m.mlp == MlpKind::plain_gelu) {
+      TensorId f1 = linear(rows, I, "fc1 output");
+      TensorId a = act("mlp activation", mul(rows, I, e), "gelu", "bf16", "T·I");
+      sim.drop(f1);
+      d = linear(rows, h, "mlp output");
+      sim.drop(a);
+    } else {
+      // down_proj(act_fn(gate_proj(x)) * up_proj(x))
+      TensorId g = linear(rows, I, "gate_proj output");
+      TensorId a = act("mlp activation", mul(rows, I, e), "silu/gelu", "bf16", "T·I");
+      sim.drop(g);
+      TensorId u = linear(rows, I, "up_proj output");
+      TensorId p = act("mlp act * up", mul(rows, I, e), "mul", "bf16", "T·I");
+      sim.drop(a);
+      sim.drop(u);
+      d = linear(rows, h, "down_proj output");
+      sim.drop(p);
+    }
+    sim.drop(n2);
+    if (m.norms_per_layer >= 4) {
+      TensorId dn = rmsnorm(d, rows, h, "post_feedforward_layernorm output");
+      sim.drop(d);
+      d = dn;
+    }
+    TensorId h2 = act("residual stream (layer output)", mul(rows, h, e), "residual add", "bf16", "T·h");
+    sim.drop(d);
+    sim.drop(h1);
+    return h2;
+  }
+
+  // One forward over `s` new tokens per sequence after `past` cached ones. Returns the logits.
+  TensorId forward(std::vector<std::vector<TensorId>>& cache, bytes_t past) {
+    // cache_position = arange(past, past + s); position_ids = cache_position.unsqueeze(0)
+    TensorId pos = act("cache_position", mul(s, 8), "arange", "int64", "s", Term::other);
+    // inputs_embeds = embed_tokens(input_ids): held by LlamaModel.forward until it returns
+    TensorId emb = act("embedding output (inputs_embeds)", mul(T, h, e), "embedding", "bf16", "b·s·h");
+    // LlamaRotaryEmbedding: fp32 freqs for position_ids (batch 1), cos and sin cast to bf16
+    const bytes_t rot = m.mla.enabled() ? m.mla.qk_rope_head_dim : hd;
+    TensorId pf = act("rotary positions fp32", mul(s, 4), "float", "fp32", "1·s", Term::other);
+    TensorId fr = act("rotary freqs", mul(s, rot / 2, 4), "matmul", "fp32", "1·s·hd/2", Term::other);
+    TensorId em = act("rotary emb", mul(s, rot, 4), "cat", "fp32", "1·s·hd", Term::other);
+    sim.drop(fr);
+    TensorId c1 = act("rotary cos fp32", mul(s, rot, 4), "cos", "fp32", "1·s·hd", Term::other);
+    TensorId c2 = act("rotary cos × scaling", mul(s, rot, 4), "mul", "fp32", "1·s·hd", Term::other);
+    sim.drop(c1);
+    TensorId s1 = act("rotary sin fp32", mul(s, rot, 4), "sin", "fp32", "1·s·hd", Term::other);
+    TensorId s2 = act("rotary sin × scaling", mul(s, rot, 4), "mul", "fp32", "1·s·hd", Term::other);
+    sim.drop(s1);
+    TensorId cos = act("rotary cos/sin", mul(s, rot, e), "to(dtype)", "bf16", "1·s·hd", Term::other);
+    TensorId sin = act("rotary cos/sin", mul(s, rot, e), "to(dtype)", "bf16", "1·s·hd", Term::other);
+    sim.drop(c2);
+    sim.drop(s2);
+    sim.drop(em);
+    sim.drop(pf);
+    TensorId x = emb;
+    sim.hold(emb);
+    if (m.family == "gemma" || m.family == "gemma2") {  // hidden_states = inputs_embeds * normalizer
+      sim.drop(emb);
+      x = act("embedding × sqrt(h)", mul(T, h, e), "mul", "bf16", "b·s·h");
+    }
+    for (std::size_t i = 0; i < m.num_layers; ++i) {
+      TensorId out = layer(i, x, cache[i], past);
+      sim.drop(x);  // hidden_states = decoder_layer(hidden_states, ...)
+      x = out;
+    }
+    TensorId hn = rmsnorm(x, T, h, "final norm output");
+    sim.drop(x);
+    // logits_to_keep=1: lm_head(hidden_states[:, -1:, :])
+    TensorId last = act("last position (contiguous)", mul(b, h, e), "slice", "bf16", "b·1·h");
+    TensorId logits = act("logits (last position)", mul(b, V, e), "lm_head", "bf16", "b·1·V", Term::logits_loss);
+    sim.drop(last);
+    if (m.final_logit_softcap > 0) {  // logits / cap; tanh; * cap
+      sim.transient("logit softcap temporaries", mul(b, V, e, 2), Term::logits_loss);
+    }
+    sim.drop(hn);
+    sim.drop(emb);
+    sim.drop(cos);
+    sim.drop(sin);
+    sim.drop(pos);
+    return logits;
+  }
+};
+
+// Parameter tensors in their storage dtype, one allocation each.
+void load_weights(AutogradSim& sim, const ModelSpec& m, const Job& job) {
+  const bytes_t h = m.hidden_size;
+  auto P = [&](bytes_t bytes, const char* dtype = "bf16") {
+    if (bytes) sim.param("weights", bytes, Term::model_states, dtype, false);
+  };
+  const bytes_t ub = job.weights == DType::fp32 ? 4 : 2;  // unquantized tensors
+  const bytes_t nf = m.norm == NormKind::layernorm ? 2 : 1;
+  P(mul(m.vocab_size, h, ub));  // embed_tokens
+  if (!m.tied_embeddings) P(mul(m.vocab_size, h, ub));
+  for (int i = 0; i < static_cast<int>(nf); ++i) P(mul(h, ub));  // final norm
+  const std::uint64_t g = job.group_size;
+  for (const auto& l : linear_layers(m)) {
+    for (std::uint64_t c = 0; c < l.count; ++c) {
+      const bytes_t K = l.in, N = l.out;
+      switch (job.weights) {
+        case DType::fp32: P(mul(K, N, 4), "fp32"); break;
+        case DType::bf16:
+        case DType::fp16: P(mul(K, N, 2)); break;
+        case DType::fp8: P(mul(K, N), "fp8"); P(4, "fp32"); break;
+        case DType::int8: P(mul(K, N), "int8"); P(mul(cdiv(K, g), N, 2), "fp16"); break;
+        case DType::int4:
+          P(mul(cdiv(K, 8), N, 4), "int32");
+          P(mul(cdiv(K, g), N, 2), "fp16");
+          P(mul(cdiv(K, g), cdiv(N, 8), 4), "int32");
+          break;
+      }
+    }
+  }
+  for (std::uint64_t l = 0; l < m.num_layers; ++l) {
+    for (std::uint64_t n = 0; n < m.norms_per_layer * nf; ++n) P(mul(h, ub));
+    if (m.bias.qkv) { P(mul(m.q_dim(), ub)); P(mul(m.kv_dim(), ub)); P(mul(m.kv_dim(), ub)); }
+    if (m.bias.o) P(mul(h, ub));
+    if (m.bias.mlp) {
+      P(mul(m.intermediate_size, ub));
+      P(mul(h, ub));
+    }
+    if (m.qk_norm) { P(mul(m.head_dim, ub)); P(mul(m.head_dim, ub)); }
+    if (m.mla.enabled()) {
+      if (m.mla.q_lora_rank) P(mul(m.mla.q_lora_rank, ub, nf));
+      P(mul(m.mla.kv_lora_rank, ub, nf));
+    }
+  }
+  // LlamaRotaryEmbedding buffers: inv_freq and original_inv_freq (fp32)
+  const bytes_t rot_half = m.mla.enabled() ? m.mla.qk_rope_head_dim / 2 : m.head_dim / 2;
+  P(mul(rot_half, 4), "fp32");
+  P(mul(rot_half, 4), "fp32");
 }
+
+// cuBLAS workspace: PyTorch allocates it through the caching allocator on the first matmul of a
+// handle and keeps it (CUBLAS_WORKSPACE_CONFIG default ":4096:8" on Hopper and later: 32 MiB;
+// tests/data/torch_prefill_h200.json shows it appear during the first prefill of the process).
+constexpr bytes_t kCublasWorkspace = 32 * MiB;
+
+}  // namespace
+
+void predict_infer(Budget& bud, const PredictOptions& options) {
+  const ModelSpec& m = bud.model;
+  const Job& job = bud.job;
+  AutogradSim sim(options.explain);
+  load_weights(sim, m, job);
+  const bytes_t weights = sim.live();
+  Walk w{m, job, sim, {}};
+  w.b = job.batch;
+  w.s = job.seq;
+  w.T = mul(job.batch, job.seq);
+  w.h = m.hidden_size;
+  w.I = m.intermediate_size;
+  w.V = m.vocab_size;
+  w.hd = m.head_dim;
+  if (m.mla.enabled()) {
+    w.qd = m.num_heads * (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim);
+    w.kvd = m.mla.kv_lora_rank + m.mla.qk_rope_head_dim;  // kv_a_proj_with_mqa output
+    w.vd = 0;
+  } else {
+    w.qd = m.q_dim();
+    w.kvd = m.kv_dim();
+    w.vd = m.kv_dim();
+  }
+  w.kv_e = kv_dtype_bytes(job.kv_dtype);
+
+  sim.make("cuBLAS workspace", kCublasWorkspace, Term::other, "first matmul", "", "32 MiB", false);
+  TensorId ids = sim.make("input_ids", mul(w.T, 8), Term::other, "prompt", "int64", "b·s", false);
+  const bytes_t floor = sim.live();
+  sim.begin_phase("prefill_peak");
+  std::vector<std::vector<TensorId>> cache(m.num_layers);
+  TensorId logits = w.forward(cache, 0);
+  // decode: next token ids from the last logits; the prefill output (cache, logits) stays held
+  TensorId next = sim.make("next token ids", mul(w.b, 8), Term::other, "argmax", "int64", "b·1", false);
+  sim.begin_phase("decode_peak");
+  const bytes_t prompt = w.s;
+  w.s = 1;
+  w.T = w.b;
+  TensorId logits2 = w.forward(cache, prompt);
+  auto phases = sim.take_phases();
+  (void)logits;
+  (void)logits2;
+  (void)next;
+  (void)ids;
+
+  bud.states.weights = weights;
+  bud.terms.kv_cache = kv_cache_bytes(m, job.kv_dtype, job.batch, job.seq);
+  bud.logits.logits = mul(job.batch, m.vocab_size, 2);
+  bud.activations.layers = 0;
+  PhasePeak fl;
+  fl.name = "floor";
+  fl.bytes = floor;
+  bud.phases.clear();
+  bud.phases.push_back(fl);
+  for (auto& p : phases) bud.phases.push_back(std::move(p));
+  // activations: the prefill peak beyond weights, ids and the full KV cache
+  const bytes_t pre = bud.phase("prefill_peak");
+  const bytes_t above = pre > floor ? pre - floor : 0;
+  bud.activations.other = above > bud.terms.kv_cache ? above - bud.terms.kv_cache : 0;
+}
+
 void predict_harness(Budget&, const PredictOptions&) {
   throw Error(ErrorKind::unsupported, "--profile harness: not implemented yet");
 }
+
 }  // namespace membudget::detail

@@ -1,0 +1,271 @@
+// vLLM's KV pool (include/membudget/serving.hpp, docs/serving.md §3).
+//
+// The arithmetic follows vLLM v1: gpu_worker.determine_available_memory (requested memory minus
+// weights, the profiling run's torch peak increase and the non-torch growth),
+// kv_cache_utils.get_kv_cache_groups / get_num_blocks / _report_kv_cache_config /
+// get_max_concurrency_for_kv_cache_config / _check_enough_kv_cache_memory, and the
+// max_memory_usage_bytes of FullAttentionSpec, SlidingWindowSpec and MLAAttentionSpec.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
+#include "membudget/error.hpp"
+#include "membudget/serving.hpp"
+
+namespace membudget {
+namespace {
+
+std::uint64_t cdiv(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+
+std::string commas(std::uint64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  return s;
+}
+
+bytes_t round512(bytes_t b) { return b == 0 ? 0 : (b + 511) / 512 * 512; }
+
+// What one layer of a group needs for one request of `len` tokens (spec.max_memory_usage_bytes).
+bytes_t usage_per_layer(const KvGroup& g, bytes_t page, std::uint64_t block, std::uint64_t len,
+                        std::uint64_t batched) {
+  if (g.kind == "sliding") {
+    const std::uint64_t tokens = std::min(g.window - 1 + batched, len);
+    return checked_mul(cdiv(tokens, block) + 1, page, "sliding-window KV usage");
+  }
+  return checked_mul(cdiv(len, block), page, "KV usage");
+}
+
+std::uint64_t blocks_per_request(const ServePlan& p, std::uint64_t len) {
+  std::uint64_t blocks = 0;
+  for (const auto& g : p.groups)
+    blocks += cdiv(usage_per_layer(g, p.page_size, p.block_size, len, p.max_num_batched_tokens), p.page_size);
+  return blocks;
+}
+
+bytes_t needed_bytes(const ServePlan& p, std::uint64_t len) {
+  return checked_product("KV bytes of one request", p.group_size, p.page_size, blocks_per_request(p, len));
+}
+
+const char* kConserving = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.";
+
+}  // namespace
+
+std::string vllm_gib(bytes_t b) {
+  const double g = std::round(static_cast<double>(b) / static_cast<double>(GiB) * 100.0) / 100.0;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f", g);
+  std::string s = buf;
+  if (s.size() >= 2 && s.back() == '0' && s[s.size() - 2] != '.') s.pop_back();  // "10.00" → "10.0"
+  return s;
+}
+
+std::string ServePlan::kv_cache_size_line() const { return "GPU KV cache size: " + commas(kv_tokens) + " tokens"; }
+
+std::string ServePlan::concurrency_line() const {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2fx", max_concurrency);
+  return "Maximum concurrency for " + commas(max_model_len) + " tokens per request: " + buf;
+}
+
+bytes_t vllm_profile_activation_peak(const ModelSpec& m, std::uint64_t T, std::uint64_t seqs) {
+  // A vLLM decoder layer in bf16 with fused kernels: the hidden states and the residual live across
+  // layers (fused add-RMSNorm and rotary work in place); attention holds the fused qkv output and
+  // the attention output; the MLP holds the fused gate_up output and the activation.
+  const bytes_t e = 2, h = m.hidden_size, I = m.intermediate_size;
+  bytes_t qkv_width, attn_width;
+  if (m.mla.enabled()) {
+    const auto& a = m.mla;
+    qkv_width = m.num_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.kv_lora_rank + a.qk_rope_head_dim;
+    attn_width = m.num_heads * a.v_head_dim;
+  } else {
+    qkv_width = m.q_dim() + 2 * m.kv_dim();
+    attn_width = m.q_dim();
+  }
+  const bytes_t stream = 2 * round512(checked_product("profile hidden states", T, h, e));
+  const bytes_t attn = round512(checked_product("profile qkv", T, qkv_width, e)) +
+                       round512(checked_product("profile attention output", T, attn_width, e));
+  const bool gated = m.mlp != MlpKind::plain_gelu;
+  const bytes_t mlp = round512(checked_product("profile gate_up", T, gated ? 2 * I : I, e)) +
+                      round512(checked_product("profile activation", T, I, e));
+  const bytes_t forward = stream + std::max(attn, mlp);
+  // The dummy sampler run: bf16 logits, their fp32 copy, the top-k/top-p sort (fp32 values and
+  // int64 indices), the softmax, the mask and the scattered result: 27 bytes per logit.
+  const std::uint64_t rows = std::min(seqs, T);
+  const bytes_t sampler = round512(checked_product("profile hidden states", T, h, e)) +
+                          checked_product("profile sampler", rows, m.vocab_size, 27);
+  return std::max(forward, sampler);
+}
+
+ServePlan plan_serving(const ModelSpec& m, const ServeOptions& o) {
+  m.validate();
+  auto bad = [](const std::string& what) { return Error(ErrorKind::invalid_argument, what); };
+  if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0))
+    throw bad("--gpu-memory-utilization: must be in (0, 1], e.g. 0.9 (got " +
+              std::to_string(o.gpu_memory_utilization) + ")");
+  if (o.total_memory == 0) throw bad("--device: the card's capacity must be positive");
+  if (o.block_size == 0) throw bad("--block-size: must be at least 1 (vLLM uses 16)");
+  ServePlan p;
+  p.total_memory = o.total_memory;
+  p.gpu_memory_utilization = o.gpu_memory_utilization;
+  p.block_size = o.block_size;
+  p.kv_dtype = o.kv_dtype;
+  p.weights_dtype = o.weights;
+  p.max_model_len = o.max_model_len.value_or(m.max_positions);
+  if (p.max_model_len == 0) throw bad("--max-model-len: must be at least 1");
+  if (p.max_model_len > m.max_positions)
+    throw bad("--max-model-len: " + std::to_string(p.max_model_len) +
+              " is greater than the model's maximum context (max_positions " + std::to_string(m.max_positions) +
+              "); vLLM refuses it as 'User-specified max_model_len (" + std::to_string(p.max_model_len) +
+              ") is greater than the derived max_model_len'");
+  // vLLM's defaults for `vllm serve` (EngineArgs.get_batch_defaults): large cards that are not an
+  // A100 get 8192 batched tokens and 1024 sequences, the rest 2048 and 256.
+  std::string lname;
+  for (char c : o.device_name) lname += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool big = o.total_memory >= 70 * GiB && lname.find("a100") == std::string::npos;
+  p.max_num_batched_tokens = o.max_num_batched_tokens.value_or(big ? 8192 : 2048);
+  p.max_num_seqs = o.max_num_seqs.value_or(big ? 1024 : 256);
+  if (p.max_num_batched_tokens == 0) throw bad("--max-num-batched-tokens: must be at least 1");
+  if (p.max_num_seqs == 0) throw bad("--max-num-seqs: must be at least 1");
+
+  p.requested = static_cast<bytes_t>(static_cast<double>(o.total_memory) * o.gpu_memory_utilization);
+  p.weights = serving_weight_bytes(m, o.weights, o.group_size);
+  p.activation_peak = vllm_profile_activation_peak(m, p.max_num_batched_tokens, p.max_num_seqs);
+  p.non_torch = o.non_torch.value_or(128 * MiB);
+  p.cudagraph = o.cudagraph;
+  p.non_kv = checked_add(checked_add(p.weights, p.activation_peak, "non-KV memory"),
+                         checked_add(p.non_torch, p.cudagraph, "non-KV memory"), "non-KV memory");
+  p.available = static_cast<std::int64_t>(p.requested) - static_cast<std::int64_t>(p.non_kv);
+
+  // Page of one block in one layer: 2 × block × kv_heads × head_size × bytes (MLA: one latent).
+  p.page_size = checked_mul(o.block_size, kv_bytes_per_token_layer(m, o.kv_dtype), "KV page size");
+  const std::uint64_t L = m.num_layers;
+  const std::uint64_t W = m.sliding.windowed_layers(L), F = L - W;
+  if (W == 0 || F == 0) {
+    KvGroup g{W ? "sliding" : "full", L, W ? m.sliding.window : 0, 0};
+    p.groups.push_back(g);
+    p.group_size = L;
+  } else {
+    // Hybrid: groups of equal layer counts (kv_cache_utils._get_kv_cache_groups_uniform_page_size).
+    std::uint64_t gs = std::min(F, W);
+    const std::uint64_t mx = std::max(F, W);
+    if (static_cast<double>(mx) < static_cast<double>(gs) * 1.5) gs = mx;
+    for (std::uint64_t i = 0; i < cdiv(F, gs); ++i) p.groups.push_back({"full", gs, 0, 0});
+    for (std::uint64_t i = 0; i < cdiv(W, gs); ++i) p.groups.push_back({"sliding", gs, m.sliding.window, 0});
+    p.group_size = gs;
+  }
+  for (auto& g : p.groups)
+    g.max_usage_per_layer = usage_per_layer(g, p.page_size, p.block_size, p.max_model_len, p.max_num_batched_tokens);
+
+  p.blocks_per_request = blocks_per_request(p, p.max_model_len);
+  p.needed_one_request = needed_bytes(p, p.max_model_len);
+  if (p.available > 0) {
+    p.num_blocks = static_cast<std::uint64_t>(p.available) / p.page_size / p.group_size;
+    p.pool_bytes = checked_product("KV pool bytes", p.num_blocks, p.page_size, p.group_size);
+    p.kv_tokens = p.num_blocks / p.groups.size() * p.block_size;
+    p.max_concurrency = static_cast<double>(p.num_blocks) / static_cast<double>(p.blocks_per_request);
+  }
+  if (p.available <= 0) {
+    p.error = std::string("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+                          "when initializing the engine. ") + kConserving;
+  } else if (p.needed_one_request > static_cast<bytes_t>(p.available)) {
+    // estimate_max_model_len: binary search over [1, max_model_len]
+    const auto avail = static_cast<bytes_t>(p.available);
+    std::uint64_t lo = 1, hi = p.max_model_len, best = 0;
+    if (needed_bytes(p, 1) <= avail) {
+      best = 1;
+      while (lo <= hi) {
+        const std::uint64_t mid = lo + (hi - lo) / 2;
+        if (needed_bytes(p, mid) <= avail) {
+          best = mid;
+          lo = mid + 1;
+        } else {
+          hi = mid - 1;
+        }
+      }
+    }
+    p.estimated_max_model_len = best;
+    std::string est;
+    if (best > 0)
+      est = "Based on the available memory, the estimated maximum model length is " + std::to_string(best) + ". ";
+    p.error = "To serve at least one request with the models's max seq len (" + std::to_string(p.max_model_len) +
+              "), (" + vllm_gib(p.needed_one_request) +
+              " GiB KV cache is needed, which is larger than the available KV cache memory (" +
+              vllm_gib(avail) + " GiB). " + est +
+              "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. " +
+              kConserving;
+  } else {
+    p.fits_one_request = true;
+  }
+  return p;
+}
+
+void require_one_request(const ServePlan& plan) {
+  if (!plan.fits_one_request) throw Error(ErrorKind::out_of_memory, "vLLM would refuse to start: ValueError: " + plan.error);
+}
+
+Traffic parse_traffic(const std::string& text) {
+  auto bad = [&] {
+    return Error(ErrorKind::invalid_argument, "--traffic: '" + text +
+                                                  "' is not CONCURRENCYxCONTEXT (e.g. 64x2048) or "
+                                                  "CONCURRENCY:MEAN:MAX (e.g. 64:2048:8192)");
+  };
+  std::vector<std::uint64_t> nums;
+  std::string cur;
+  char sep = 0;
+  for (char c : text + "\n") {
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      cur += c;
+      continue;
+    }
+    if (cur.empty() || cur.size() > 12) throw bad();
+    nums.push_back(std::stoull(cur));
+    cur.clear();
+    if (c == '\n') break;
+    if (c != 'x' && c != ':') throw bad();
+    if (sep && sep != c) throw bad();
+    sep = c;
+  }
+  Traffic t;
+  if (sep == 'x' && nums.size() == 2) {
+    t = {nums[0], nums[1], nums[1]};
+  } else if (sep == ':' && (nums.size() == 2 || nums.size() == 3)) {
+    t = {nums[0], nums[1], nums.size() == 3 ? nums[2] : nums[1]};
+  } else {
+    throw bad();
+  }
+  if (t.concurrency == 0 || t.mean_context == 0) throw Error(ErrorKind::invalid_argument, "--traffic: concurrency and context must be at least 1");
+  if (t.max_context < t.mean_context)
+    throw Error(ErrorKind::invalid_argument, "--traffic: the max context is below the mean context");
+  return t;
+}
+
+TrafficFit fit_traffic(const ModelSpec&, const ServePlan& p, const Traffic& t) {
+  TrafficFit f;
+  f.traffic = t;
+  const std::uint64_t per_mean = blocks_per_request(p, t.mean_context);
+  f.blocks_max_request = blocks_per_request(p, t.max_context);
+  f.blocks_needed = checked_mul(t.concurrency, per_mean, "traffic blocks");
+  const bytes_t block_bytes = checked_mul(p.page_size, p.group_size, "block bytes");
+  f.bytes_needed = checked_mul(f.blocks_needed, block_bytes, "traffic bytes");
+  if (t.max_context > p.max_model_len) {
+    f.reason = "the longest request (" + commas(t.max_context) + " tokens) exceeds max_model_len (" +
+               commas(p.max_model_len) + ")";
+  } else if (!p.fits_one_request) {
+    f.reason = "vLLM would not start: " + p.error;
+  } else if (f.blocks_needed > p.num_blocks) {
+    f.reason = commas(t.concurrency) + " requests of " + commas(t.mean_context) + " tokens need " +
+               commas(f.blocks_needed) + " blocks; the pool has " + commas(p.num_blocks);
+  } else {
+    f.fits = true;
+  }
+  f.oversize = f.blocks_needed ? static_cast<double>(p.num_blocks) / static_cast<double>(f.blocks_needed) : 0.0;
+  if (f.fits) f.excess_bytes = (p.num_blocks - f.blocks_needed) * block_bytes;
+  // The smallest utilization whose pool holds the traffic and one request of max_model_len.
+  const std::uint64_t blocks = std::max(f.blocks_needed, p.blocks_per_request);
+  const double need = static_cast<double>(p.non_kv) + static_cast<double>(blocks) * static_cast<double>(block_bytes);
+  f.suggested_utilization = std::ceil(need / static_cast<double>(p.total_memory) * 100.0) / 100.0;
+  return f;
+}
+
+}  // namespace membudget

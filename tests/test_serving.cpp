@@ -1,0 +1,289 @@
+// Serving: KV cache bytes, quantized weights, vLLM's pool, traffic, errors, and the serve command.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "helpers.hpp"
+#include "membudget/budget.hpp"
+#include "membudget/error.hpp"
+#include "membudget/serving.hpp"
+
+using namespace membudget;
+
+namespace {
+ModelSpec cfg(const std::string& rel) { return load_model(test::source_path(rel)); }
+}  // namespace
+
+TEST_CASE("KV cache: Llama 3.1 8B in bf16 is 131,072 bytes per token") {
+  const ModelSpec m = cfg("configs/llama-3.1-8b.yaml");
+  CHECK(kv_bytes_per_token(m, DType::bf16) == 131072);
+  CHECK(kv_bytes_per_token(m, DType::fp16) == 131072);
+  CHECK(kv_bytes_per_token(m, DType::fp8) == 65536);  // fp8 halves it
+  CHECK(kv_bytes_per_token(m, DType::int8) == 65536);
+  CHECK(kv_cache_bytes(m, DType::bf16, 4, 4096) == 4ull * 4096 * 131072);
+  CHECK(kv_bytes_per_token(cfg("tests/data/hf/llama-3.1-8b.json"), DType::bf16) == 131072);
+}
+
+TEST_CASE("KV cache: MHA, GQA and MQA differ only in kv_heads") {
+  ModelSpec m = test::toy_llama();  // 3 layers, 8 heads of 16
+  m.num_kv_heads = 8;               // MHA
+  CHECK(kv_bytes_per_token(m, DType::bf16) == 2ull * 3 * 8 * 16 * 2);
+  m.num_kv_heads = 2;  // GQA
+  CHECK(kv_bytes_per_token(m, DType::bf16) == 2ull * 3 * 2 * 16 * 2);
+  m.num_kv_heads = 1;  // MQA
+  CHECK(kv_bytes_per_token(m, DType::bf16) == 2ull * 3 * 1 * 16 * 2);
+  CHECK(kv_bytes_per_token(m, DType::fp8) == 2ull * 3 * 1 * 16 * 1);
+  CHECK_THROWS_AS(kv_bytes_per_token(m, DType::int4), Error);
+}
+
+TEST_CASE("KV cache: an MLA spec caches the latent and the rotary key, without the factor 2") {
+  const ModelSpec m = cfg("tests/data/hf/tiny-mla.json");  // kv_lora_rank 32, rope 8, 2 layers
+  REQUIRE(m.mla.enabled());
+  CHECK(kv_bytes_per_token_layer(m, DType::bf16) == (32 + 8) * 2);
+  CHECK(kv_bytes_per_token(m, DType::bf16) == 2 * (32 + 8) * 2);
+  CHECK(kv_bytes_per_token(m, DType::fp8) == 2 * (32 + 8));
+}
+
+TEST_CASE("KV cache: Mistral's sliding window caps a sequence at 4096 tokens") {
+  const ModelSpec m = cfg("configs/mistral-7b.yaml");
+  const bytes_t per = kv_bytes_per_token(m, DType::bf16);
+  CHECK(per == 2ull * 32 * 8 * 128 * 2);
+  CHECK(kv_bytes_per_sequence(m, DType::bf16, 1000) == 1000 * per);
+  CHECK(kv_bytes_per_sequence(m, DType::bf16, 4096) == 4096 * per);
+  CHECK(kv_bytes_per_sequence(m, DType::bf16, 32768) == 4096 * per);
+}
+
+TEST_CASE("KV cache: Gemma 2 windows every other layer") {
+  const ModelSpec m = cfg("configs/gemma-2-9b.yaml");  // 42 layers, 21 windowed at 4096
+  const bytes_t layer = 2ull * 8 * 256 * 2;
+  CHECK(kv_bytes_per_token_layer(m, DType::bf16) == layer);
+  CHECK(kv_bytes_per_sequence(m, DType::bf16, 2048) == 42 * 2048 * layer);
+  CHECK(kv_bytes_per_sequence(m, DType::bf16, 8192) == (21 * 8192 + 21 * 4096) * layer);
+}
+
+TEST_CASE("weights: bf16, fp8, int8 and int4 with group-wise scales, exact on a toy spec") {
+  // toy llama: h 128, I 384, 3 layers, q 128, kv 32, vocab 1024, tied
+  const ModelSpec m = test::toy_llama();
+  const std::uint64_t P = m.parameters().total;
+  CHECK(serving_weight_bytes(m, DType::bf16) == 2 * P);
+  // linear layers per decoder layer: q 128×128, k 128×32, v 128×32, o 128×128, gate/up 128×384, down 384×128
+  const std::uint64_t lin = 3 * (128 * 128 + 2 * 128 * 32 + 128 * 128 + 3 * 128 * 384);
+  const std::uint64_t rest = P - lin;  // embedding, norms
+  CHECK(rest == 1024 * 128 + 3 * 2 * 128 + 128);
+  CHECK(serving_weight_bytes(m, DType::fp8) == lin + 3 * 7 * 4 + 2 * rest);
+  // int8, group 128: one fp16 scale per 128 inputs per output
+  const std::uint64_t scales8 = 3 * 2 * (1 * 128 + 1 * 32 + 1 * 32 + 1 * 128 + 1 * 384 + 1 * 384 + 3 * 128);
+  CHECK(serving_weight_bytes(m, DType::int8, 128) == lin + scales8 + 2 * rest);
+  // int4, group 64: qweight K/8·N int32, scales ceil(K/64)·N fp16, qzeros ceil(K/64)·ceil(N/8) int32
+  auto q4 = [](std::uint64_t K, std::uint64_t N) {
+    return (K / 8) * N * 4 + ((K + 63) / 64) * N * 2 + ((K + 63) / 64) * ((N + 7) / 8) * 4;
+  };
+  const std::uint64_t int4 = 3 * (q4(128, 128) + 2 * q4(128, 32) + q4(128, 128) + 2 * q4(128, 384) + q4(384, 128));
+  CHECK(serving_weight_bytes(m, DType::int4, 64) == int4 + 2 * rest);
+  // by hand for q_proj: 16·128·4 = 8192 B of weights (0.5 B/param), 2·128·2 = 512 B of scales, 2·16·4 = 128 B of zeros
+  CHECK(q4(128, 128) == 8192 + 512 + 128);
+  const WeightBytes w = serving_weights(m, DType::int4, 64);
+  CHECK(w.quantized_params == lin);
+  CHECK(w.quantized == lin / 2);
+}
+
+TEST_CASE("vLLM pool arithmetic on a hand-checkable toy") {
+  // toy llama: page = 2 × 16 × 2 × 16 × 2 = 2048 B per layer; 3 layers → 6144 B per block
+  const ModelSpec m = test::toy_llama();
+  ServeOptions o;
+  o.total_memory = 100 * MiB;
+  o.gpu_memory_utilization = 0.5;
+  o.max_model_len = 1000;
+  o.max_num_batched_tokens = 256;
+  o.max_num_seqs = 4;
+  o.non_torch = 1 * MiB;
+  const ServePlan p = plan_serving(m, o);
+  CHECK(p.requested == 50 * MiB);
+  CHECK(p.weights == 2 * m.parameters().total);
+  CHECK(p.page_size == 2048);
+  CHECK(p.group_size == 3);
+  CHECK(p.non_kv == p.weights + p.activation_peak + 1 * MiB);
+  CHECK(p.available == static_cast<std::int64_t>(50 * MiB - p.non_kv));
+  CHECK(p.num_blocks == static_cast<std::uint64_t>(p.available) / 2048 / 3);
+  CHECK(p.kv_tokens == p.num_blocks * 16);
+  CHECK(p.blocks_per_request == 63);  // cdiv(1000, 16)
+  CHECK(p.max_concurrency == doctest::Approx(static_cast<double>(p.num_blocks) / 63));
+  CHECK(p.needed_one_request == 63ull * 3 * 2048);
+  CHECK(p.fits_one_request);
+  CHECK(p.kv_cache_size_line() == "GPU KV cache size: " + [&] {
+          std::string s = std::to_string(p.kv_tokens);
+          for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+          return s;
+        }() + " tokens");
+  CHECK(p.concurrency_line().rfind("Maximum concurrency for 1,000 tokens per request: ", 0) == 0);
+  // profiling peak: 256 tokens; the sampler over 4 rows of 1024 logits at 27 B
+  CHECK(p.activation_peak == vllm_profile_activation_peak(m, 256, 4));
+}
+
+TEST_CASE("vLLM pool: Llama 3.1 8B on an H100 at max_model_len 8192") {
+  const ModelSpec m = cfg("configs/llama-3.1-8b.yaml");
+  ServeOptions o;
+  o.total_memory = find_device("H100").capacity;
+  o.device_name = "H100-80GB";
+  o.max_model_len = 8192;
+  const ServePlan p = plan_serving(m, o);
+  CHECK(p.max_num_batched_tokens == 8192);  // ≥ 70 GiB and not an A100
+  CHECK(p.max_num_seqs == 1024);
+  CHECK(p.page_size == 2ull * 16 * 8 * 128 * 2);
+  CHECK(p.num_blocks == static_cast<std::uint64_t>(p.available) / p.page_size / 32);
+  CHECK(p.kv_tokens == p.num_blocks * 16);
+  CHECK(p.blocks_per_request == 512);
+  o.device_name = "A100-80GB";
+  CHECK(plan_serving(m, o).max_num_batched_tokens == 2048);
+}
+
+TEST_CASE("vLLM pool: hybrid sliding-window groups (Gemma 2)") {
+  const ModelSpec m = cfg("configs/gemma-2-9b.yaml");
+  ServeOptions o;
+  o.total_memory = 80 * GiB;
+  o.max_num_batched_tokens = 2048;
+  const ServePlan p = plan_serving(m, o);
+  REQUIRE(p.groups.size() == 2);
+  CHECK(p.group_size == 21);
+  CHECK(p.kv_tokens == p.num_blocks / 2 * 16);
+  // full: cdiv(8192, 16) = 512 blocks; sliding: cdiv(min(4095 + 2048, 8192), 16) + 1 = 385
+  CHECK(p.blocks_per_request == 512 + 385);
+}
+
+TEST_CASE("vLLM pool: bad inputs and a pool too small for one request") {
+  const ModelSpec m = cfg("configs/llama-3.1-8b.yaml");
+  ServeOptions o;
+  o.total_memory = find_device("L4").capacity;
+  o.gpu_memory_utilization = 0;
+  CHECK_THROWS_WITH_AS(plan_serving(m, o), doctest::Contains("--gpu-memory-utilization"), Error);
+  o.gpu_memory_utilization = 1.5;
+  CHECK_THROWS_WITH_AS(plan_serving(m, o), doctest::Contains("(0, 1]"), Error);
+  o.gpu_memory_utilization = 0.9;
+  o.max_model_len = 200000;
+  CHECK_THROWS_WITH_AS(plan_serving(m, o), doctest::Contains("max_positions 131072"), Error);
+  o.max_model_len.reset();
+  const ServePlan p = plan_serving(m, o);  // 131072 tokens need 16 GiB; an L4 has ~4 GiB left
+  CHECK_FALSE(p.fits_one_request);
+  CHECK(p.error.rfind("To serve at least one request with the models's max seq len (131072), (16.0 GiB KV cache is "
+                      "needed, which is larger than the available KV cache memory (",
+                      0) == 0);
+  CHECK(p.error.find("Based on the available memory, the estimated maximum model length is ") != std::string::npos);
+  CHECK(p.error.find("Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+                     "engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.") !=
+        std::string::npos);
+  // the estimate is the longest max_model_len whose blocks fit
+  ServeOptions o2 = o;
+  o2.max_model_len = p.estimated_max_model_len;
+  CHECK(plan_serving(m, o2).fits_one_request);
+  o2.max_model_len = p.estimated_max_model_len + 16;
+  CHECK_FALSE(plan_serving(m, o2).fits_one_request);
+  CHECK_THROWS_AS(require_one_request(p), Error);
+  // no memory left at all
+  o.gpu_memory_utilization = 0.5;
+  const ServePlan none = plan_serving(m, o);
+  CHECK(none.error.rfind("No available memory for the cache blocks.", 0) == 0);
+}
+
+TEST_CASE("vllm_gib prints like Python's round(x, 2)") {
+  CHECK(vllm_gib(16 * GiB) == "16.0");
+  CHECK(vllm_gib(GiB + GiB / 4) == "1.25");
+  CHECK(vllm_gib(GiB / 5) == "0.2");
+}
+
+TEST_CASE("traffic: fits, by how much, and when it does not") {
+  const ModelSpec m = cfg("configs/llama-3.1-8b.yaml");
+  ServeOptions o;
+  o.total_memory = find_device("H100").capacity;
+  o.max_model_len = 16384;
+  const ServePlan p = plan_serving(m, o);
+  const Traffic t = parse_traffic("64:2048:8192");
+  CHECK(t.concurrency == 64);
+  CHECK(t.mean_context == 2048);
+  CHECK(t.max_context == 8192);
+  const TrafficFit f = fit_traffic(m, p, t);
+  CHECK(f.fits);
+  CHECK(f.blocks_needed == 64 * 128);
+  CHECK(f.bytes_needed == 64ull * 2048 * 131072);
+  CHECK(f.oversize == doctest::Approx(static_cast<double>(p.num_blocks) / (64 * 128)));
+  CHECK(f.excess_bytes == (p.num_blocks - 64 * 128) * p.page_size * 32);
+  CHECK(f.suggested_utilization < 0.9);
+  const TrafficFit big = fit_traffic(m, p, parse_traffic("4096x4096"));
+  CHECK_FALSE(big.fits);
+  CHECK(big.reason.find("blocks") != std::string::npos);
+  CHECK_FALSE(fit_traffic(m, p, parse_traffic("1x32768")).fits);  // beyond max_model_len
+  CHECK_THROWS_AS(parse_traffic("64"), Error);
+  CHECK_THROWS_AS(parse_traffic("0x10"), Error);
+  CHECK_THROWS_AS(parse_traffic("4:100:50"), Error);
+}
+
+TEST_CASE("predict --mode infer: phases, exact KV, weights by dtype") {
+  const ModelSpec m = cfg("configs/llama-3.1-8b.yaml");
+  Job j;
+  j.mode = Mode::infer;
+  j.batch = 2;
+  j.seq = 1024;
+  const Budget b = predict(m, j);
+  CHECK(b.terms.kv_cache == 2ull * 1024 * 131072);
+  REQUIRE(b.find_phase("floor"));
+  REQUIRE(b.find_phase("prefill_peak"));
+  REQUIRE(b.find_phase("decode_peak"));
+  CHECK(b.phase("prefill_peak") > b.phase("floor") + b.terms.kv_cache);
+  CHECK(b.phase("decode_peak") > b.phase("floor") + b.terms.kv_cache);
+  CHECK(b.peak_phase == "prefill_peak");
+  CHECK(b.states.gradients == 0);
+  CHECK(b.states.optimizer == 0);
+  j.weights = DType::int4;
+  const Budget q = predict(m, j);
+  CHECK(q.states.weights < b.states.weights * 4 / 10);  // embedding and lm_head stay bf16
+  j.weights = DType::bf16;
+  j.kv_dtype = DType::fp8;
+  CHECK(predict(m, j).terms.kv_cache == 1024ull * 131072);
+}
+
+TEST_CASE("CLI: serve prints vLLM's phrases, JSON, and vLLM's error") {
+  const std::string model = test::source_path("configs/llama-3.1-8b.yaml");
+  auto r = test::run_cli("serve " + model + " --device H100 --max-model-len 8192");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("GPU KV cache size: ") != std::string::npos);
+  CHECK(r.out.find("Maximum concurrency for 8,192 tokens per request: ") != std::string::npos);
+
+  r = test::run_cli("serve " + model + " --device H100 --max-model-len 8192 --format json --traffic 32x4096");
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["pool"]["kv_bytes_per_token"] == 131072);
+  CHECK(j["pool"]["kv_tokens"].get<std::uint64_t>() == j["pool"]["num_blocks"].get<std::uint64_t>() * 16);
+  CHECK(j["fits_one_request"] == true);
+  CHECK(j["traffic"]["fits"] == true);
+  CHECK(j["log"][0].get<std::string>().rfind("GPU KV cache size: ", 0) == 0);
+
+  r = test::run_cli("serve " + model + " --device L4");
+  CHECK(r.exit_code == 3);
+  CHECK(r.out.find("To serve at least one request with the models's max seq len (131072)") != std::string::npos);
+
+  r = test::run_cli("serve " + model + " --device H100 --gpu-memory-utilization 1.5");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("--gpu-memory-utilization") != std::string::npos);
+  r = test::run_cli("serve " + model + " --device H100 --gpu-memory-utilization 0");
+  CHECK(r.exit_code == 2);
+  r = test::run_cli("serve " + model + " --device H100 --max-model-len 262144");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("max_model_len") != std::string::npos);
+  r = test::run_cli("serve " + model + " --device H100 --max-model-len 8192 --traffic 100000x8192");
+  CHECK(r.exit_code == 1);
+  CHECK(r.out.find("DOES NOT FIT") != std::string::npos);
+}
+
+TEST_CASE("CLI: predict --mode infer keeps the JSON keys") {
+  const std::string model = test::source_path("configs/llama-3.2-1b.yaml");
+  auto r = test::run_cli("predict " + model + " --mode infer --batch 2 --seq 512 --format json");
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["phases"].contains("floor"));
+  CHECK(j["phases"].contains("prefill_peak"));
+  CHECK(j["phases"].contains("decode_peak"));
+  CHECK(j["terms"]["kv_cache"] == 2 * 512 * 32768);
+  r = test::run_cli("predict " + model + " --mode infer --batch 2 --seq 512");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("prefill_peak") != std::string::npos);
+  CHECK(r.out.find("KV cache") != std::string::npos);
+}
