@@ -18,6 +18,21 @@
 //
 // Optional expandable-segments mode maps pages into one growing segment per pool (2 MiB pages for
 // the small pool, 20 MiB for the large), so freed space is reused without fragmentation.
+//   Choices made here (PyTorch's own bookkeeping is finer): each pool reserves one virtual address
+//   range (RawMemory::reserve_range, sized to the capacity) and maps a growing prefix of it. A miss
+//   maps just enough whole pages after the last block (merging with a free tail block); blocks split
+//   whenever the remainder is >= 512 B in both pools, as PyTorch does in this mode. Freed pages stay
+//   mapped (reserved) until empty_cache() or the OOM retry unmaps the whole free pages at the tail.
+//   inactive_split is not counted for expandable segments (PyTorch excludes them too), and such a
+//   segment counts in num_segments while it has pages mapped.
+//
+// Constants (c10's names): kMinBlockSize 512, kSmallSize 1 MiB, kSmallBuffer 2 MiB, kMinLargeAlloc
+// 10 MiB, kLargeBuffer 20 MiB, kRoundLarge 2 MiB. max_split_size is unlimited (PyTorch's default),
+// so every cached block >= the request is eligible and get_free_block's oversize rules never fire.
+//
+// The OOM message follows PyTorch >= 2.1: "Tried to allocate" prints the size asked of the raw
+// memory (the segment size, c10's alloc_size; the pages to map in expandable mode), then membudget
+// appends the request itself and the tensor's tag.
 //
 // Statistics mirror torch.cuda.memory_stats(): allocated, reserved, active, inactive_split and
 // requested bytes, each with current and peak; reset_peak_stats() sets every peak to current.
@@ -44,9 +59,20 @@ class RawMemory {
   virtual bytes_t capacity() const = 0;
   virtual bytes_t free_bytes() const = 0;
   virtual std::string name() const = 0;
+
+  // Virtual-memory mapping for expandable segments (cuMemAddressReserve / cuMemMap on a GPU,
+  // mmap / mprotect on the host). Defaults say "not supported": reserve_range returns nullptr.
+  // reserve_range only reserves addresses; map_range makes [ptr, ptr+bytes) usable and counts it
+  // against the capacity (false when exhausted); unmap_range returns it.
+  virtual void* reserve_range(std::size_t bytes);
+  virtual void release_range(void* base, std::size_t bytes);
+  virtual bool map_range(void* ptr, std::size_t bytes);
+  virtual void unmap_range(void* ptr, std::size_t bytes);
 };
 
 // Host memory with an optional simulated capacity, so tests can drive retries and OOM.
+// Allocations are real (512-byte aligned); raw_alloc / map_range fail once capacity bytes are in use.
+// capacity 0 means unlimited: capacity() then reports the machine's physical memory.
 std::unique_ptr<RawMemory> make_host_memory(bytes_t capacity);
 
 struct Stat {
@@ -87,8 +113,36 @@ struct TraceEvent {
   AllocTag tag;
 };
 
+// The segment and block state, for the snapshot (torch.cuda.memory._snapshot()["segments"]).
+struct BlockInfo {
+  enum class State { active_allocated, inactive };
+  std::uint64_t address = 0;
+  std::uint64_t size = 0;
+  std::uint64_t requested_size = 0;  // 0 for a free block
+  State state = State::inactive;
+  AllocTag tag;  // the tensor that holds (active) or last held the block
+};
+
+struct SegmentInfo {
+  std::uint64_t address = 0;
+  std::uint64_t total_size = 0;  // mapped bytes for an expandable segment
+  std::uint64_t allocated_size = 0;
+  std::uint64_t active_size = 0;
+  std::uint64_t requested_size = 0;
+  bool small = false;  // segment_type "small" / "large"
+  bool expandable = false;
+  std::vector<BlockInfo> blocks;  // in address order, covering the segment
+};
+
 class CachingAllocator {
  public:
+  static constexpr std::size_t kMinBlockSize = 512;             // every block is a multiple of this
+  static constexpr std::size_t kSmallSize = 1048576;            // largest small-pool request
+  static constexpr std::size_t kSmallBuffer = 2097152;          // small-pool segment (page)
+  static constexpr std::size_t kMinLargeAlloc = 10485760;       // below: one kLargeBuffer segment
+  static constexpr std::size_t kLargeBuffer = 20971520;         // large-pool segment (page)
+  static constexpr std::size_t kRoundLarge = 2097152;           // larger segments round up to this
+
   explicit CachingAllocator(RawMemory& raw, AllocatorOptions options = {});
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
@@ -105,6 +159,11 @@ class CachingAllocator {
   // Rounding rules, exposed so tests compute expectations with the allocator's own functions.
   static std::size_t round_size(std::size_t bytes);
   static std::size_t segment_size(std::size_t rounded);
+  static bool is_small(std::size_t rounded) { return rounded <= kSmallSize; }
+
+  // Segments in address order with their blocks (for write_snapshot and for tests).
+  std::vector<SegmentInfo> segments() const;
+  const AllocatorOptions& options() const;
 
   const std::vector<TraceEvent>& history() const;
   RawMemory& raw() const;

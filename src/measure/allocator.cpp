@@ -1,0 +1,458 @@
+// The caching allocator: PyTorch's native CUDA caching allocator policy, one stream, one device.
+// The policy and its worked numbers are in allocator.hpp; this file follows c10's structure
+// (get_free_block, alloc_block, release_cached_blocks, free_block) so the two can be compared.
+#include "measure/allocator.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "membudget/error.hpp"
+
+namespace membudget::measure {
+
+namespace {
+
+struct Segment;
+
+struct Block {
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;  // the caller's size while allocated
+  bool allocated = false;
+  Block* prev = nullptr;  // neighbours inside the same segment
+  Block* next = nullptr;
+  Segment* seg = nullptr;
+  AllocTag tag;
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+struct Segment {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;          // bytes held from the raw memory (mapped bytes if expandable)
+  std::size_t virtual_size = 0;  // reserved address range (expandable only)
+  bool small = false;
+  bool expandable = false;
+  Block* head = nullptr;
+
+  Block* tail() const {
+    Block* b = head;
+    while (b && b->next) b = b->next;
+    return b;
+  }
+};
+
+// Best fit: smallest block that is large enough, ties broken by the lower address.
+struct BySizeThenAddress {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->size != b->size) return a->size < b->size;
+    return a->addr < b->addr;
+  }
+};
+
+struct Pool {
+  bool small;
+  std::set<Block*, BySizeThenAddress> free_blocks;
+  Segment* expandable = nullptr;  // the pool's one growing segment in expandable mode
+};
+
+void update(Stat& s, std::int64_t delta) {
+  s.current += delta;
+  s.peak = std::max(s.peak, s.current);
+}
+
+std::int64_t as_i64(std::size_t v) { return static_cast<std::int64_t>(v); }
+
+std::size_t round_up(std::size_t v, std::size_t unit) { return (v + unit - 1) / unit * unit; }
+
+std::string describe(const AllocTag& tag) {
+  if (tag.tensor.empty() && tag.op.empty() && tag.phase.empty()) return "an untagged tensor";
+  std::string s = "tensor '" + (tag.tensor.empty() ? std::string("?") : tag.tensor) + "'";
+  if (!tag.op.empty() || !tag.phase.empty()) {
+    s += " (";
+    if (!tag.op.empty()) s += "op " + tag.op;
+    if (!tag.op.empty() && !tag.phase.empty()) s += ", ";
+    if (!tag.phase.empty()) s += "phase " + tag.phase;
+    s += ")";
+  }
+  return s;
+}
+
+}  // namespace
+
+struct CachingAllocator::Impl {
+  RawMemory& raw;
+  AllocatorOptions options;
+  AllocatorStats stats;
+  Pool small_pool{true, {}, nullptr};
+  Pool large_pool{false, {}, nullptr};
+  std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by base address
+  std::unordered_map<std::uintptr_t, Block*> active;             // live blocks by address
+  std::vector<TraceEvent> history;
+  std::uint64_t last_time_us = 0;
+
+  Impl(RawMemory& r, AllocatorOptions o) : raw(r), options(o) {}
+
+  ~Impl() {
+    for (auto& [base, seg] : segments) {
+      Block* b = seg->head;
+      while (b) {
+        Block* next = b->next;
+        delete b;
+        b = next;
+      }
+      if (seg->expandable) {
+        if (seg->size) raw.unmap_range(reinterpret_cast<void*>(seg->base), seg->size);
+        raw.release_range(reinterpret_cast<void*>(seg->base), seg->virtual_size);
+      } else {
+        raw.raw_free(reinterpret_cast<void*>(seg->base), seg->size);
+      }
+    }
+  }
+
+  Pool& pool_for(std::size_t rounded) { return CachingAllocator::is_small(rounded) ? small_pool : large_pool; }
+  Pool& pool_of(const Segment& seg) { return seg.small ? small_pool : large_pool; }
+
+  std::size_t page_size(const Pool& pool) const { return pool.small ? kSmallBuffer : kLargeBuffer; }
+
+  std::uint64_t now_us() {
+    auto t = std::chrono::duration_cast<std::chrono::microseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+                 .count();
+    last_time_us = std::max(last_time_us, static_cast<std::uint64_t>(t));
+    return last_time_us;
+  }
+
+  void record(TraceEvent::Action action, std::uint64_t addr, std::uint64_t size, const AllocTag& tag = {}) {
+    if (!options.record_history) return;
+    history.push_back(TraceEvent{action, addr, size, now_us(), tag});
+  }
+
+  // c10 get_free_block: smallest cached block >= size in the pool. With max_split_size unlimited
+  // neither oversize rule applies, so the lower bound is the answer.
+  Block* get_free_block(Pool& pool, std::size_t size) {
+    Block key;
+    key.size = size;
+    key.addr = 0;
+    auto it = pool.free_blocks.lower_bound(&key);
+    if (it == pool.free_blocks.end()) return nullptr;
+    Block* b = *it;
+    pool.free_blocks.erase(it);
+    return b;
+  }
+
+  // c10 alloc_block: a new segment from the raw memory (or more pages in expandable mode).
+  // `asked` receives the bytes requested from the raw memory, for the OOM message.
+  Block* alloc_block(Pool& pool, std::size_t size, bool is_retry, std::size_t& asked) {
+    if (is_retry) stats.num_alloc_retries += 1;
+    if (options.expandable_segments) return grow_expandable(pool, size, asked);
+    std::size_t bytes = CachingAllocator::segment_size(size);
+    asked = bytes;
+    void* p = raw.raw_alloc(bytes);
+    if (!p) return nullptr;
+    auto seg = std::make_unique<Segment>();
+    seg->base = reinterpret_cast<std::uintptr_t>(p);
+    seg->size = bytes;
+    seg->small = pool.small;
+    auto* b = new Block;
+    b->addr = seg->base;
+    b->size = bytes;
+    b->seg = seg.get();
+    seg->head = b;
+    segments.emplace(seg->base, std::move(seg));
+    update(stats.reserved, as_i64(bytes));
+    stats.num_segments += 1;
+    record(TraceEvent::Action::segment_alloc, b->addr, bytes);
+    return b;
+  }
+
+  // Maps just enough whole pages after the segment's last block; a free last block is extended
+  // rather than left as a separate piece. The returned block is out of the free set.
+  Block* grow_expandable(Pool& pool, std::size_t size, std::size_t& asked) {
+    const std::size_t page = page_size(pool);
+    Segment* seg = pool.expandable;
+    if (!seg) {
+      std::size_t virtual_size = round_up(std::max<std::size_t>(raw.capacity(), page), page);
+      void* base = raw.reserve_range(virtual_size);
+      if (!base)
+        throw Error(ErrorKind::unsupported,
+                    "expandable segments: the raw memory '" + raw.name() +
+                        "' cannot reserve and map address ranges; run without expandable segments");
+      auto owned = std::make_unique<Segment>();
+      owned->base = reinterpret_cast<std::uintptr_t>(base);
+      owned->virtual_size = virtual_size;
+      owned->small = pool.small;
+      owned->expandable = true;
+      seg = owned.get();
+      segments.emplace(seg->base, std::move(owned));
+      pool.expandable = seg;
+    }
+    Block* last = seg->tail();
+    std::size_t have = (last && !last->allocated) ? last->size : 0;
+    std::size_t bytes = round_up(size - have, page);
+    asked = bytes;
+    if (bytes > seg->virtual_size - seg->size) return nullptr;
+    std::uintptr_t at = seg->base + seg->size;
+    if (!raw.map_range(reinterpret_cast<void*>(at), bytes)) return nullptr;
+    record(TraceEvent::Action::segment_map, at, bytes);
+    update(stats.reserved, as_i64(bytes));
+    if (seg->size == 0) stats.num_segments += 1;
+    seg->size += bytes;
+    if (have) {
+      pool.free_blocks.erase(last);
+      last->size += bytes;
+      return last;
+    }
+    auto* b = new Block;
+    b->addr = at;
+    b->size = bytes;
+    b->seg = seg;
+    b->prev = last;
+    if (last)
+      last->next = b;
+    else
+      seg->head = b;
+    return b;
+  }
+
+  // c10 release_cached_blocks: return every segment that is one free block; in expandable mode,
+  // unmap the whole free pages at the end of each pool's segment.
+  void release_cached_blocks() {
+    for (Pool* pool : {&large_pool, &small_pool}) {
+      std::vector<Block*> whole;
+      for (Block* b : pool->free_blocks)
+        if (!b->is_split() && !b->seg->expandable) whole.push_back(b);
+      for (Block* b : whole) release_segment(*pool, b);
+      if (pool->expandable) unmap_free_tail(*pool, *pool->expandable);
+    }
+  }
+
+  void release_segment(Pool& pool, Block* b) {
+    pool.free_blocks.erase(b);
+    Segment* seg = b->seg;
+    record(TraceEvent::Action::segment_free, seg->base, seg->size);
+    raw.raw_free(reinterpret_cast<void*>(seg->base), seg->size);
+    update(stats.reserved, -as_i64(seg->size));
+    stats.num_segments -= 1;
+    delete b;
+    segments.erase(seg->base);
+  }
+
+  void unmap_free_tail(Pool& pool, Segment& seg) {
+    Block* last = seg.tail();
+    if (!last || last->allocated) return;
+    const std::size_t page = page_size(pool);
+    std::uintptr_t cut = seg.base + round_up(last->addr - seg.base, page);
+    std::uintptr_t end = seg.base + seg.size;
+    if (cut >= end) return;
+    std::size_t bytes = end - cut;
+    pool.free_blocks.erase(last);
+    if (cut == last->addr) {
+      if (last->prev)
+        last->prev->next = nullptr;
+      else
+        seg.head = nullptr;
+      delete last;
+    } else {
+      last->size = cut - last->addr;
+      pool.free_blocks.insert(last);
+    }
+    raw.unmap_range(reinterpret_cast<void*>(cut), bytes);
+    record(TraceEvent::Action::segment_unmap, cut, bytes);
+    update(stats.reserved, -as_i64(bytes));
+    seg.size -= bytes;
+    if (seg.size == 0) stats.num_segments -= 1;
+  }
+
+  [[noreturn]] void out_of_memory(std::size_t requested, std::size_t rounded, std::size_t asked,
+                                  const AllocTag& tag) {
+    stats.num_ooms += 1;
+    bytes_t device_free = raw.free_bytes();
+    record(TraceEvent::Action::oom, device_free, asked, tag);
+    auto allocated = static_cast<bytes_t>(stats.allocated.current);
+    auto reserved = static_cast<bytes_t>(stats.reserved.current);
+    std::string msg = raw.name() + " out of memory. Tried to allocate " + format_bytes(asked) +
+                      ". Device has a total capacity of " + format_bytes(raw.capacity()) +
+                      " of which " + format_bytes(device_free) +
+                      " is free. Of the allocated memory " + format_bytes(allocated) +
+                      " is allocated by the harness, and " + format_bytes(reserved - allocated) +
+                      " is reserved but unallocated. The request was " + format_bytes(requested) +
+                      " (" + std::to_string(requested) + " B, rounded to " + std::to_string(rounded) +
+                      " B) for " + describe(tag) + ".";
+    throw Error(ErrorKind::out_of_memory, msg);
+  }
+
+  void* allocate(std::size_t bytes, const AllocTag& tag) {
+    if (bytes == 0) return nullptr;  // as c10: a zero-byte allocation has no block
+    if (bytes > (std::size_t{1} << 62))
+      throw Error(ErrorKind::invalid_argument,
+                  "allocate: " + std::to_string(bytes) + " bytes for " + describe(tag) + " is absurd");
+    const std::size_t size = CachingAllocator::round_size(bytes);
+    Pool& pool = pool_for(size);
+
+    Block* b = get_free_block(pool, size);
+    if (!b) {
+      std::size_t asked = 0;
+      b = alloc_block(pool, size, false, asked);
+      if (!b) {
+        // The OOM path in full: give every cached whole segment back, then try once more.
+        release_cached_blocks();
+        b = alloc_block(pool, size, true, asked);
+      }
+      if (!b) out_of_memory(bytes, size, asked, tag);
+    }
+
+    const bool expandable = b->seg->expandable;
+    const bool already_split = b->is_split();
+    const std::size_t remaining = b->size - size;
+    const bool split = (pool.small || expandable) ? remaining >= kMinBlockSize : remaining > kSmallSize;
+    if (split) {
+      auto* rest = new Block;
+      rest->addr = b->addr + size;
+      rest->size = remaining;
+      rest->seg = b->seg;
+      rest->prev = b;
+      rest->next = b->next;
+      if (b->next) b->next->prev = rest;
+      b->next = rest;
+      b->size = size;
+      pool.free_blocks.insert(rest);
+      if (!expandable) {
+        if (already_split)
+          update(stats.inactive_split, -as_i64(size));  // an inactive split block shrinks
+        else
+          update(stats.inactive_split, as_i64(remaining));  // a new inactive split block
+      }
+    } else if (already_split && !expandable) {
+      update(stats.inactive_split, -as_i64(b->size));  // an inactive split block becomes active
+    }
+
+    b->allocated = true;
+    b->requested = bytes;
+    b->tag = tag;
+    active.emplace(b->addr, b);
+    update(stats.allocated, as_i64(b->size));
+    update(stats.active, as_i64(b->size));
+    update(stats.requested, as_i64(bytes));
+    record(TraceEvent::Action::alloc, b->addr, bytes, tag);
+    return reinterpret_cast<void*>(b->addr);
+  }
+
+  void deallocate(void* ptr) {
+    if (!ptr) return;
+    auto it = active.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == active.end())
+      throw Error(ErrorKind::invalid_argument,
+                  "deallocate: the pointer was not returned by this allocator or is already free");
+    Block* b = it->second;
+    active.erase(it);
+    b->allocated = false;
+    update(stats.allocated, -as_i64(b->size));
+    record(TraceEvent::Action::free_requested, b->addr, b->requested, b->tag);
+    record(TraceEvent::Action::free_completed, b->addr, b->requested, b->tag);
+    free_block(b);
+  }
+
+  // c10 free_block: merge with free neighbours, then account the inactive split bytes.
+  void free_block(Block* b) {
+    Pool& pool = pool_of(*b->seg);
+    const std::size_t original_size = b->size;
+    const std::size_t requested = b->requested;
+    std::int64_t split_change = 0;
+    for (Block* candidate : {b->prev, b->next}) {
+      if (!candidate || candidate->allocated) continue;
+      pool.free_blocks.erase(candidate);
+      if (candidate == b->prev) {
+        b->addr = candidate->addr;
+        b->prev = candidate->prev;
+        if (b->prev)
+          b->prev->next = b;
+        else
+          b->seg->head = b;
+      } else {
+        b->next = candidate->next;
+        if (b->next) b->next->prev = b;
+      }
+      b->size += candidate->size;
+      split_change -= as_i64(candidate->size);
+      delete candidate;
+    }
+    b->requested = 0;
+    pool.free_blocks.insert(b);
+    if (b->is_split()) split_change += as_i64(b->size);
+    if (!b->seg->expandable) update(stats.inactive_split, split_change);
+    update(stats.active, -as_i64(original_size));
+    update(stats.requested, -as_i64(requested));
+  }
+
+  std::vector<SegmentInfo> snapshot_segments() const {
+    std::vector<SegmentInfo> out;
+    for (const auto& [base, seg] : segments) {
+      if (seg->size == 0) continue;
+      SegmentInfo info;
+      info.address = seg->base;
+      info.total_size = seg->size;
+      info.small = seg->small;
+      info.expandable = seg->expandable;
+      for (Block* b = seg->head; b; b = b->next) {
+        BlockInfo bi;
+        bi.address = b->addr;
+        bi.size = b->size;
+        bi.requested_size = b->allocated ? b->requested : 0;
+        bi.state = b->allocated ? BlockInfo::State::active_allocated : BlockInfo::State::inactive;
+        bi.tag = b->tag;
+        if (b->allocated) {
+          info.allocated_size += b->size;
+          info.active_size += b->size;
+          info.requested_size += b->requested;
+        }
+        info.blocks.push_back(std::move(bi));
+      }
+      out.push_back(std::move(info));
+    }
+    return out;
+  }
+};
+
+CachingAllocator::CachingAllocator(RawMemory& raw, AllocatorOptions options)
+    : impl_(std::make_unique<Impl>(raw, options)) {}
+
+CachingAllocator::~CachingAllocator() = default;
+
+void* CachingAllocator::allocate(std::size_t bytes, const AllocTag& tag) { return impl_->allocate(bytes, tag); }
+
+void CachingAllocator::deallocate(void* ptr) { impl_->deallocate(ptr); }
+
+AllocatorStats CachingAllocator::stats() const { return impl_->stats; }
+
+void CachingAllocator::reset_peak_stats() {
+  for (Stat* s : {&impl_->stats.allocated, &impl_->stats.reserved, &impl_->stats.active,
+                  &impl_->stats.inactive_split, &impl_->stats.requested})
+    s->peak = s->current;
+}
+
+void CachingAllocator::empty_cache() { impl_->release_cached_blocks(); }
+
+std::size_t CachingAllocator::round_size(std::size_t bytes) {
+  if (bytes < kMinBlockSize) return kMinBlockSize;
+  return round_up(bytes, kMinBlockSize);
+}
+
+std::size_t CachingAllocator::segment_size(std::size_t rounded) {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return round_up(rounded, kRoundLarge);
+}
+
+std::vector<SegmentInfo> CachingAllocator::segments() const { return impl_->snapshot_segments(); }
+
+const AllocatorOptions& CachingAllocator::options() const { return impl_->options; }
+
+const std::vector<TraceEvent>& CachingAllocator::history() const { return impl_->history; }
+
+RawMemory& CachingAllocator::raw() const { return impl_->raw; }
+
+}  // namespace membudget::measure
