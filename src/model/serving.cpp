@@ -5,7 +5,4 @@ namespace membudget::detail {
 void predict_infer(Budget&, const PredictOptions&) {
   throw Error(ErrorKind::unsupported, "--mode infer: not implemented yet");
 }
-void predict_harness(Budget&, const PredictOptions&) {
-  throw Error(ErrorKind::unsupported, "--profile harness: not implemented yet");
-}
 }  // namespace membudget::detail
