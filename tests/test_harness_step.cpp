@@ -61,7 +61,7 @@ TEST_CASE("recompute and chunked loss change memory, not numerics") {
 }
 
 TEST_CASE("verify: measured phase peaks equal the harness prediction within 1%") {
-  for (const char* cfg : {"tiny-llama", "tiny-llama-untied", "tiny-qwen"})
+  for (const char* cfg : {"tiny-llama", "tiny-llama-untied", "tiny-qwen", "tiny-llama-mha"})
     for (Precision p : {Precision::fp32, Precision::amp_bf16, Precision::bf16})
       for (Recompute r : {Recompute::none, Recompute::full})
         for (Loss l : {Loss::full, Loss::chunked}) {
