@@ -362,8 +362,4 @@ void predict_infer(Budget& bud, const PredictOptions& options) {
   bud.activations.other = above > bud.terms.kv_cache ? above - bud.terms.kv_cache : 0;
 }
 
-void predict_harness(Budget&, const PredictOptions&) {
-  throw Error(ErrorKind::unsupported, "--profile harness: not implemented yet");
-}
-
 }  // namespace membudget::detail

@@ -1,0 +1,362 @@
+// The inventory of membudget's own synthetic step (profile "harness"), walked from its design.
+//
+// This follows docs/harness.md ("The step, allocation by allocation"), not the harness's buffer
+// table (src/measure/harness_table.hpp): the two are written separately so that `membudget verify`
+// compares two readings of one design and catches either being wrong. Every allocation is rounded
+// as the caching allocator rounds it (512 B), and the walk keeps the live sum and each phase's peak.
+//
+// Recipes: fp32 (everything fp32); amp-bf16 (fp32 parameters, gradients and moments; bf16
+// activations; a bf16 copy of every parameter made at the start of forward and freed at the end
+// of backward); bf16 (everything bf16). Statistics (rmsnorm rstd, attention lse and delta, per-token
+// losses) are fp32, token ids int32.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "autograd_sim.hpp"
+#include "korthikanti.hpp"
+
+namespace membudget::detail {
+namespace {
+
+void reject(const std::string& what) { throw Error(ErrorKind::unsupported, "--profile harness: " + what); }
+
+void check_supported(const ModelSpec& m, const Job& job) {
+  if (m.mlp != MlpKind::gated_silu) reject("the harness step has a SwiGLU MLP (mlp: gated_silu)");
+  if (m.norm != NormKind::rmsnorm || m.norms_per_layer != 2) reject("the harness step has two RMSNorms per layer");
+  if (m.qk_norm || m.final_logit_softcap != 0 || m.sliding.enabled() || m.mla.enabled())
+    reject("qk_norm, logit soft-capping, sliding windows and MLA are not in the harness step");
+  if (job.optimizer != Optimizer::adamw) reject("the harness step uses AdamW");
+  if (job.recompute == Recompute::selective) reject("--recompute selective: the harness step has none and full");
+  if (job.attention != Attention::flash) reject("--attention math: the harness step has flash-style attention");
+  if (job.precision == Precision::bf16_master) reject("--precision bf16-master: the harness step has fp32, amp-bf16, bf16");
+  if (job.parallel.data != 1 || job.parallel.zero_stage != 0) reject("the harness step runs on one device");
+}
+
+struct Bytes {
+  bytes_t param, grad, moment, act;
+  bool copies;
+};
+
+Bytes bytes_of(Precision p) {
+  switch (p) {
+    case Precision::fp32: return {4, 4, 4, 4, false};
+    case Precision::amp_bf16: return {4, 4, 4, 2, true};
+    default: return {2, 2, 2, 2, false};
+  }
+}
+
+// Live bytes, the current phase's peak and (with explain) what is live there, by name.
+class Walk {
+ public:
+  explicit Walk(bool explain) : explain_(explain) {}
+
+  void add(const std::string& name, bytes_t logical, Term term) {
+    const bytes_t b = round512(logical);
+    live_ = checked_add(live_, b, name);
+    if (explain_) {
+      auto [it, fresh] = groups_.try_emplace(name);
+      auto& e = it->second;
+      if (fresh) {
+        e.name = name;
+        e.op = "harness";
+        e.count = 0;
+      }
+      e.term = term;
+      e.count += 1;
+      e.bytes += b;
+    }
+    if (!phases_.empty() && live_ > phases_.back().bytes) {
+      phases_.back().bytes = live_;
+      if (explain_) {
+        phases_.back().live.clear();
+        for (const auto& [_, g] : groups_)
+          if (g.count) phases_.back().live.push_back(g);
+      }
+    }
+  }
+  void sub(const std::string& name, bytes_t logical) {
+    const bytes_t b = round512(logical);
+    live_ -= b;
+    if (explain_) {
+      auto& e = groups_[name];
+      e.count -= 1;
+      e.bytes -= b;
+    }
+  }
+  void phase(const std::string& name) {
+    PhasePeak p;
+    p.name = name;
+    p.bytes = live_;
+    if (explain_)
+      for (const auto& [_, g] : groups_)
+        if (g.count) p.live.push_back(g);
+    phases_.push_back(std::move(p));
+  }
+  bytes_t live() const { return live_; }
+  std::vector<PhasePeak> take() { return std::move(phases_); }
+
+ private:
+  bool explain_;
+  bytes_t live_ = 0;
+  std::map<std::string, TensorBytes> groups_;
+  std::vector<PhasePeak> phases_;
+};
+
+struct Step {
+  const ModelSpec& m;
+  const Job& job;
+  Bytes by;
+  bytes_t B, S, T, h, I, V, a, qd, kvd, L, c;
+  std::vector<bytes_t> params;  // element counts of the parameter tensors
+  bool full_recompute;
+
+  bytes_t Th() const { return T * h; }
+  bytes_t TI() const { return T * I; }
+
+  // The tensors of one layer's forward, in the order the layer makes them; `until_act` is the
+  // recompute pass, which stops once silu(gate)·up exists.
+  void layer_forward(Walk& w, bool until_act) const {
+    const bytes_t C = by.act;
+    w.add("layers.*.ln1", Th() * C, Term::activations);
+    w.add("layers.*.ln1_rstd", T * 4, Term::activations);
+    w.add("layers.*.q", T * qd * C, Term::activations);
+    w.add("layers.*.k", T * kvd * C, Term::activations);
+    w.add("layers.*.v", T * kvd * C, Term::activations);
+    w.add("layers.*.att", T * qd * C, Term::activations);
+    w.add("layers.*.lse", B * a * S * 4, Term::activations);
+    w.add("layers.*.attproj", Th() * C, Term::activations);
+    w.add("layers.*.res1", Th() * C, Term::activations);
+    w.sub("layers.*.attproj", Th() * C);
+    w.add("layers.*.ln2", Th() * C, Term::activations);
+    w.add("layers.*.ln2_rstd", T * 4, Term::activations);
+    w.add("layers.*.gate", TI() * C, Term::activations);
+    w.add("layers.*.up", TI() * C, Term::activations);
+    w.add("layers.*.act", TI() * C, Term::activations);
+    if (until_act) return;
+    w.add("layers.*.mlpout", Th() * C, Term::activations);
+    w.add("residual stream x", Th() * C, Term::activations);
+    w.sub("layers.*.mlpout", Th() * C);
+    if (full_recompute) drop_layer_saved(w);
+  }
+
+  void drop_layer_saved(Walk& w) const {
+    const bytes_t C = by.act;
+    w.sub("layers.*.ln1", Th() * C);
+    w.sub("layers.*.ln1_rstd", T * 4);
+    w.sub("layers.*.q", T * qd * C);
+    w.sub("layers.*.k", T * kvd * C);
+    w.sub("layers.*.v", T * kvd * C);
+    w.sub("layers.*.att", T * qd * C);
+    w.sub("layers.*.lse", B * a * S * 4);
+    w.sub("layers.*.res1", Th() * C);
+    w.sub("layers.*.ln2", Th() * C);
+    w.sub("layers.*.ln2_rstd", T * 4);
+    w.sub("layers.*.gate", TI() * C);
+    w.sub("layers.*.up", TI() * C);
+    w.sub("layers.*.act", TI() * C);
+  }
+
+  void forward(Walk& w) const {
+    const bytes_t C = by.act;
+    if (by.copies)
+      for (bytes_t n : params) w.add("bf16 weight copies", n * 2, Term::model_states);
+    w.add("residual stream x", Th() * C, Term::activations);  // embedding output
+    for (bytes_t l = 0; l < L; ++l) layer_forward(w, false);
+    w.add("final norm output", Th() * C, Term::activations);
+    w.add("final norm rstd", T * 4, Term::activations);
+    w.add("per-token losses", T * 4, Term::logits_loss);
+    if (job.loss == Loss::full) {
+      w.add("logits", T * V * C, Term::logits_loss);
+    } else {
+      w.add("logits of one chunk", c * V * C, Term::logits_loss);
+      w.sub("logits of one chunk", c * V * C);
+    }
+    w.sub("per-token losses", T * 4);
+  }
+
+  void layer_backward(Walk& w) const {
+    const bytes_t C = by.act;
+    if (full_recompute) layer_forward(w, true);
+    // MLP
+    w.add("dact", TI() * C, Term::activations);
+    w.sub("layers.*.act", TI() * C);
+    w.add("dgate, dup", TI() * C, Term::activations);
+    w.add("dgate, dup", TI() * C, Term::activations);
+    w.sub("dact", TI() * C);
+    w.sub("layers.*.gate", TI() * C);
+    w.sub("layers.*.up", TI() * C);
+    w.add("dln", Th() * C, Term::activations);
+    w.sub("dgate, dup", TI() * C);
+    w.sub("dgate, dup", TI() * C);
+    w.sub("layers.*.ln2", Th() * C);
+    w.sub("dln", Th() * C);
+    w.sub("layers.*.res1", Th() * C);
+    w.sub("layers.*.ln2_rstd", T * 4);
+    // attention
+    w.add("datt", T * qd * C, Term::activations);
+    w.add("dq, dk, dv", T * qd * C, Term::activations);
+    w.add("dq, dk, dv", T * kvd * C, Term::activations);
+    w.add("dq, dk, dv", T * kvd * C, Term::activations);
+    w.add("attention delta", B * a * S * 4, Term::activations);
+    w.sub("attention delta", B * a * S * 4);
+    w.sub("datt", T * qd * C);
+    w.sub("layers.*.att", T * qd * C);
+    w.sub("layers.*.lse", B * a * S * 4);
+    w.sub("layers.*.q", T * qd * C);
+    w.sub("layers.*.k", T * kvd * C);
+    w.sub("layers.*.v", T * kvd * C);
+    w.add("dln", Th() * C, Term::activations);
+    w.sub("dq, dk, dv", T * qd * C);
+    w.sub("dq, dk, dv", T * kvd * C);
+    w.sub("dq, dk, dv", T * kvd * C);
+    w.sub("layers.*.ln1", Th() * C);
+    w.sub("dln", Th() * C);
+    w.sub("layers.*.ln1_rstd", T * 4);
+    w.sub("residual stream x", Th() * C);
+  }
+
+  void backward(Walk& w, bool first) const {
+    const bytes_t C = by.act;
+    if (first)
+      for (bytes_t n : params) w.add("parameter gradients", n * by.grad, Term::model_states);
+    if (job.loss == Loss::full) {
+      w.add("dln", Th() * C, Term::activations);  // the logits' gradient overwrites the logits
+      w.sub("logits", T * V * C);
+    } else {
+      w.add("dln", Th() * C, Term::activations);
+      w.add("logits of one chunk", c * V * C, Term::logits_loss);  // recomputed, then its gradient in place
+      w.sub("logits of one chunk", c * V * C);
+    }
+    w.sub("final norm output", Th() * C);
+    w.add("dres (residual gradient)", Th() * C, Term::activations);
+    w.sub("dln", Th() * C);
+    w.sub("final norm rstd", T * 4);
+    w.sub("residual stream x", Th() * C);
+    for (bytes_t l = 0; l < L; ++l) layer_backward(w);
+    w.sub("dres (residual gradient)", Th() * C);
+    if (by.copies)
+      for (bytes_t n : params) w.sub("bf16 weight copies", n * 2);
+  }
+
+  bytes_t sum(bytes_t per_elem) const {
+    bytes_t s = 0;
+    for (bytes_t n : params) s = checked_add(s, round512(checked_mul(n, per_elem, "parameter bytes")), "parameters");
+    return s;
+  }
+};
+
+std::vector<bytes_t> parameter_tensors(const ModelSpec& m) {
+  const bytes_t h = m.hidden_size, I = m.intermediate_size, V = m.vocab_size, qd = m.q_dim(), kvd = m.kv_dim();
+  std::vector<bytes_t> p{V * h};
+  for (bytes_t l = 0; l < m.num_layers; ++l) {
+    p.push_back(h);  // input norm
+    p.push_back(qd * h);
+    if (m.bias.qkv) p.push_back(qd);
+    p.push_back(kvd * h);
+    if (m.bias.qkv) p.push_back(kvd);
+    p.push_back(kvd * h);
+    if (m.bias.qkv) p.push_back(kvd);
+    p.push_back(h * qd);
+    if (m.bias.o) p.push_back(h);
+    p.push_back(h);  // post-attention norm
+    for (int i = 0; i < 2; ++i) {  // gate, up
+      p.push_back(I * h);
+      if (m.bias.mlp) p.push_back(I);
+    }
+    p.push_back(h * I);
+    if (m.bias.mlp) p.push_back(h);
+  }
+  p.push_back(h);  // final norm
+  if (!m.tied_embeddings) p.push_back(V * h);
+  return p;
+}
+
+}  // namespace
+
+void predict_harness(Budget& b, const PredictOptions& options) {
+  const ModelSpec& m = b.model;
+  const Job& job = b.job;
+  check_supported(m, job);
+  Step st{m, job, bytes_of(job.precision), job.batch, job.seq, 0, m.hidden_size, m.intermediate_size,
+          m.vocab_size, m.num_heads, m.q_dim(), m.kv_dim(), m.num_layers, 0, parameter_tensors(m),
+          job.recompute == Recompute::full};
+  st.T = checked_mul(job.batch, job.seq, "tokens");
+  st.c = std::min<bytes_t>(job.loss_chunk, st.T);
+  // guard every product the walk forms against overflow once, at its largest
+  checked_product("harness logits", st.T, std::max(st.V, st.I), 4);
+
+  const bytes_t weights = st.sum(st.by.param), grads = st.sum(st.by.grad), moments = 2 * st.sum(st.by.moment);
+
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool first = pass == 0;
+    Walk w(options.explain);
+    for (bytes_t n : st.params) w.add("parameters", n * st.by.param, Term::model_states);
+    if (!first) {
+      for (bytes_t n : st.params) w.add("parameter gradients", n * st.by.grad, Term::model_states);
+      for (bytes_t n : st.params) {
+        w.add("adamw moments", n * st.by.moment, Term::model_states);
+        w.add("adamw moments", n * st.by.moment, Term::model_states);
+      }
+    }
+    w.add("tokens, targets", st.T * 4, Term::other);
+    w.add("tokens, targets", st.T * 4, Term::other);
+    w.phase("floor");
+    w.phase("forward_peak");
+    st.forward(w);
+    if (!first) {
+      // what the forward leaves for backward, by term
+      const bytes_t C = st.by.act;
+      bytes_t per_layer = 0;
+      std::vector<TensorBytes> lt;
+      auto row = [&](const char* name, const char* shape, const char* dtype, bytes_t bytes) {
+        lt.push_back({name, "harness", dtype, shape, 1, round512(bytes), Term::activations});
+        per_layer += round512(bytes);
+      };
+      const char* an = C == 4 ? "fp32" : "bf16";
+      row("layers.*.x (layer output)", "T·h", an, st.Th() * C);
+      if (!st.full_recompute) {
+        row("layers.*.ln1", "T·h", an, st.Th() * C);
+        row("layers.*.ln1_rstd", "T", "fp32", st.T * 4);
+        row("layers.*.q", "T·a·hd", an, st.T * st.qd * C);
+        row("layers.*.k", "T·kv·hd", an, st.T * st.kvd * C);
+        row("layers.*.v", "T·kv·hd", an, st.T * st.kvd * C);
+        row("layers.*.att", "T·a·hd", an, st.T * st.qd * C);
+        row("layers.*.lse", "B·a·S", "fp32", st.B * st.a * st.S * 4);
+        row("layers.*.res1", "T·h", an, st.Th() * C);
+        row("layers.*.ln2", "T·h", an, st.Th() * C);
+        row("layers.*.ln2_rstd", "T", "fp32", st.T * 4);
+        row("layers.*.gate", "T·I", an, st.TI() * C);
+        row("layers.*.up", "T·I", an, st.TI() * C);
+        row("layers.*.act", "T·I", an, st.TI() * C);
+      }
+      b.activations.per_layer = per_layer;
+      b.activations.layers = st.L;
+      b.activations.layer_tensors = std::move(lt);
+      const bytes_t x0 = round512(st.Th() * C), lnf = round512(st.Th() * C), rstd = round512(st.T * 4);
+      b.activations.other = x0 + lnf + rstd;
+      b.activations.other_tensors = {{"embedding output (x[0])", "embedding", an, "T·h", 1, x0, Term::activations},
+                                     {"final norm output and rstd", "rmsnorm", an, "T·h + T", 1, lnf + rstd, Term::activations}};
+      b.logits = {};
+      b.logits.logits = round512((job.loss == Loss::full ? st.T : st.c) * st.V * C);
+    }
+    w.phase("backward_peak");
+    st.backward(w, first);
+    w.phase("optimizer_peak");
+    if (first)
+      for (bytes_t n : st.params) {
+        w.add("adamw moments", n * st.by.moment, Term::model_states);
+        w.add("adamw moments", n * st.by.moment, Term::model_states);
+      }
+    // floor (nothing is allocated between it and the forward), forward, backward, optimizer peaks
+    (first ? b.step0 : b.phases) = w.take();
+  }
+  b.states.weights = weights;
+  b.states.gradients = grads;
+  b.states.optimizer = moments;
+  b.states.master = 0;
+  b.autocast_cache = st.by.copies ? st.sum(2) : 0;
+}
+
+}  // namespace membudget::detail
