@@ -19,6 +19,12 @@ void AutogradSim::allocate(TensorId t) {
 
 void AutogradSim::note_peak() {
   if (phases_.empty()) return;
+  auto& sp = section_peaks_.back();
+  if (section_ >= 0) {
+    const auto si = static_cast<std::size_t>(section_);
+    if (si >= sp.size()) sp.resize(si + 1, 0);
+    if (live_ > sp[si]) sp[si] = live_;
+  }
   auto& p = phases_.back();
   if (live_ <= p.bytes) return;
   p.bytes = live_;
@@ -121,7 +127,7 @@ void AutogradSim::node(const char* op, std::vector<TensorId> inputs, std::vector
   for (TensorId i : inputs)
     if (i != kNone && tensors_[i].requires_grad) any_grad = true;
   if (!any_grad) return;  // autograd records nothing for ops whose inputs need no grad
-  Node n{op, std::move(inputs), std::move(outputs), {}, bwd_workspace};
+  Node n{op, std::move(inputs), std::move(outputs), {}, bwd_workspace, section_};
   if (!discard_saves_) {
     n.saved = std::move(saved);
     for (TensorId s : n.saved) ++tensors_[s].saved;
@@ -172,6 +178,7 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
       for (const auto& r : regions_) {
         if (r.end_node == k + 1 && r.end_node > r.first_node) {
           replay_cursor_ = r.first_node;
+          section_ = nodes_[r.first_node].section;
           recompute(*this, ctx, r.index);
           if (replay_cursor_ != r.end_node)
             throw Error(ErrorKind::unsupported,
@@ -181,6 +188,7 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
       }
     }
     Node& n = nodes_[k];
+    section_ = n.section;
     bool active = false;
     for (TensorId o : n.outputs)
       if (grads_.count(o)) active = true;
@@ -220,6 +228,7 @@ void AutogradSim::begin_phase(std::string name) {
   p.name = std::move(name);
   p.bytes = 0;
   phases_.push_back(std::move(p));
+  section_peaks_.emplace_back();
   note_peak();
 }
 

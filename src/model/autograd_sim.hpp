@@ -64,6 +64,14 @@ class AutogradSim {
   // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
   // checkpoint region records [first,last) node indices to be re-run by `recompute`.
   void set_discard_saves(bool on) { discard_saves_ = on; }
+  // Sections (used by the fast path, src/model/fast_step.cpp): the driver tags the forward with
+  // section ids (0: before the layers, 1 + i: layer i, L + 1: after the layers). Nodes remember the
+  // section they were recorded in; backward (and recompute) runs each node in its section. Each
+  // phase keeps the largest live value seen in each section (section_peaks()).
+  void set_section(int s) { section_ = s; }
+  int section() const { return section_; }
+  // [phase][section] → largest live bytes at an allocation (or phase start) in that section.
+  const std::vector<std::vector<bytes_t>>& section_peaks() const { return section_peaks_; }
   std::size_t node_count() const { return nodes_.size(); }
 
   // ---- backward ----
@@ -102,6 +110,7 @@ class AutogradSim {
     const char* op;
     std::vector<TensorId> inputs, outputs, saved;
     bytes_t workspace;
+    int section;
   };
   static constexpr std::size_t kNoReplay = static_cast<std::size_t>(-1);
 
@@ -121,6 +130,8 @@ class AutogradSim {
   std::size_t replay_cursor_ = kNoReplay;
   bytes_t live_ = 0;
   std::vector<PhasePeak> phases_;
+  int section_ = 0;
+  std::vector<std::vector<bytes_t>> section_peaks_;
 };
 
 inline bytes_t round512(bytes_t b) {
