@@ -7,6 +7,7 @@ namespace membudget::detail {
 TensorId AutogradSim::add(TensorInfo info) {
   info.rounded = round512(info.bytes);
   tensors_.push_back(info);
+  grads_.push_back(kNone);
   return static_cast<TensorId>(tensors_.size() - 1);
 }
 
@@ -111,15 +112,16 @@ void AutogradSim::transient(const char* name, bytes_t bytes, Term term) {
   drop(t);
 }
 
-void AutogradSim::node(const char* op, std::vector<TensorId> inputs, std::vector<TensorId> outputs,
-                       std::vector<TensorId> saved, bytes_t bwd_workspace) {
+void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
+                       std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved,
+                       bytes_t bwd_workspace) {
   if (replaying()) {
     bool needs = false;
     for (TensorId i : inputs)
       if (i != kNone && tensors_[i].requires_grad) needs = true;
     if (!needs) return;
     Node& n = nodes_.at(replay_cursor_++);
-    n.saved = std::move(saved);
+    n.saved = Ids(saved);
     for (TensorId s : n.saved) ++tensors_[s].saved;
     return;
   }
@@ -127,23 +129,21 @@ void AutogradSim::node(const char* op, std::vector<TensorId> inputs, std::vector
   for (TensorId i : inputs)
     if (i != kNone && tensors_[i].requires_grad) any_grad = true;
   if (!any_grad) return;  // autograd records nothing for ops whose inputs need no grad
-  Node n{op, std::move(inputs), std::move(outputs), {}, bwd_workspace, section_};
+  Node n{op, Ids(inputs), Ids(outputs), {}, bwd_workspace, section_};
   if (!discard_saves_) {
-    n.saved = std::move(saved);
+    n.saved = Ids(saved);
     for (TensorId s : n.saved) ++tensors_[s].saved;
   }
-  nodes_.push_back(std::move(n));
+  nodes_.push_back(n);
 }
 
 TensorId AutogradSim::grad_of(TensorId t) const {
-  auto it = grads_.find(t);
-  return it == grads_.end() ? kNone : it->second;
+  return t >= 0 && static_cast<std::size_t>(t) < grads_.size() ? grads_[t] : kNone;
 }
 
 void AutogradSim::grad_contribution(TensorId input, const char* op) {
   const auto& ti = tensors_[input];
-  auto it = grads_.find(input);
-  if (it == grads_.end()) {
+  if (grads_[input] == kNone) {
     TensorInfo g;
     g.name = ti.param ? "parameter gradients (.grad)" : "activation gradients";
     g.op = op;
@@ -172,6 +172,7 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
   allocate(g);
   grads_[root] = g;
 
+  std::vector<TensorId> grad_holders{root};  // tensors that have been given a gradient
   for (std::size_t k = nodes_.size(); k-- > 0;) {
     // Entering a checkpointed region from its end: recompute its forward first.
     if (recompute) {
@@ -191,34 +192,34 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
     section_ = n.section;
     bool active = false;
     for (TensorId o : n.outputs)
-      if (grads_.count(o)) active = true;
+      if (grads_[o] != kNone) active = true;
     if (active) {
       TensorId ws = kNone;
       if (n.workspace) ws = make("backward workspace", n.workspace, Term::activations, n.op, "", "", false);
       for (TensorId i : n.inputs)
-        if (i != kNone && tensors_[i].requires_grad) grad_contribution(i, n.op);
+        if (i != kNone && tensors_[i].requires_grad) {
+          if (grads_[i] == kNone) grad_holders.push_back(i);
+          grad_contribution(i, n.op);
+        }
       drop(ws);
       for (TensorId o : n.outputs) {
-        auto it = grads_.find(o);
-        if (it == grads_.end()) continue;
+        if (grads_[o] == kNone) continue;
         if (tensors_[o].param) continue;  // .grad of a parameter stays
-        drop(it->second);
-        grads_.erase(it);
+        drop(grads_[o]);
+        grads_[o] = kNone;
       }
     }
     for (TensorId s : n.saved) {
       --tensors_[s].saved;
       release_if_dead(s);
     }
-    n.saved.clear();
+    n.saved = Ids();
   }
   // The seed gradient and any gradient left on non-parameter leaves die with the graph.
-  for (auto it = grads_.begin(); it != grads_.end();) {
-    if (!tensors_[it->first].param) {
-      drop(it->second);
-      it = grads_.erase(it);
-    } else {
-      ++it;
+  for (TensorId t : grad_holders) {
+    if (grads_[t] != kNone && !tensors_[t].param) {
+      drop(grads_[t]);
+      grads_[t] = kNone;
     }
   }
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -44,7 +45,11 @@ struct TensorInfo {
 
 class AutogradSim {
  public:
-  explicit AutogradSim(bool explain) : explain_(explain) {}
+  explicit AutogradSim(bool explain) : explain_(explain) {
+    tensors_.reserve(1024);
+    grads_.reserve(1024);
+    nodes_.reserve(1024);
+  }
 
   // ---- forward ----
   // A new tensor held by one Python reference.
@@ -57,8 +62,8 @@ class AutogradSim {
   // Records a backward node: `inputs` receive gradients (those that require grad), `outputs` send
   // them, `saved` are kept until the node runs. `bwd_workspace` is transient memory of the
   // backward kernel beyond the input gradients.
-  void node(const char* op, std::vector<TensorId> inputs, std::vector<TensorId> outputs,
-            std::vector<TensorId> saved, bytes_t bwd_workspace = 0);
+  void node(const char* op, std::initializer_list<TensorId> inputs, std::initializer_list<TensorId> outputs,
+            std::initializer_list<TensorId> saved, bytes_t bwd_workspace = 0);
   // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
   void transient(const char* name, bytes_t bytes, Term term = Term::activations);
   // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
@@ -106,9 +111,21 @@ class AutogradSim {
   std::vector<TensorBytes> live_groups(Term term) const;  // live tensors of one term, by name
 
  private:
+  // A node's tensor lists, stored inline (no allocation per node).
+  struct Ids {
+    std::array<TensorId, 6> v{};
+    std::uint8_t n = 0;
+    Ids() = default;
+    Ids(std::initializer_list<TensorId> l) {
+      if (l.size() > v.size()) throw Error(ErrorKind::unsupported, "internal: autograd node with too many tensors");
+      for (TensorId t : l) v[n++] = t;
+    }
+    const TensorId* begin() const { return v.data(); }
+    const TensorId* end() const { return v.data() + n; }
+  };
   struct Node {
     const char* op;
-    std::vector<TensorId> inputs, outputs, saved;
+    Ids inputs, outputs, saved;
     bytes_t workspace;
     int section;
   };
@@ -126,7 +143,7 @@ class AutogradSim {
   std::vector<TensorInfo> tensors_;
   std::vector<Node> nodes_;
   std::vector<Region> regions_;
-  std::unordered_map<TensorId, TensorId> grads_;  // tensor → its gradient buffer
+  std::vector<TensorId> grads_;  // tensor → its gradient buffer (kNone: none)
   std::size_t replay_cursor_ = kNoReplay;
   bytes_t live_ = 0;
   std::vector<PhasePeak> phases_;
