@@ -121,6 +121,11 @@ struct SweepPoint {
 std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const SweepGrid& grid,
                               const std::optional<Device>& device = std::nullopt, double headroom = 0.05);
 
+// Sets one job option by its command-line name ("batch", "seq", "precision", "recompute",
+// "loss-chunk" or "loss_chunk", …; docs/api.md lists them) from text. Throws Error(invalid_job) for
+// a bad value and Error(invalid_argument) for an unknown key. The C ABI and the Python module use it.
+void set_job_option(Job& job, std::string_view key, std::string_view value);
+
 // The estimate as JSON (integer bytes), the same keys as docs/api.md lists.
 std::string to_json(const Estimate& e, int indent = -1);
 

@@ -298,6 +298,38 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
   return out;
 }
 
+void set_job_option(Job& j, std::string_view key, std::string_view value) {
+  std::string k(key);
+  for (char& c : k)
+    if (c == '_') c = '-';
+  const std::string v(value);
+  auto count = [&](const char* opt) {
+    if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)
+      throw Error(ErrorKind::invalid_job, std::string(opt) + ": '" + v + "' is not a positive integer");
+    return static_cast<std::uint64_t>(std::stoull(v));
+  };
+  if (k == "batch") j.batch = count("--batch");
+  else if (k == "seq") j.seq = count("--seq");
+  else if (k == "mode") j.mode = parse_mode(v);
+  else if (k == "precision") j.precision = parse_precision(v);
+  else if (k == "optimizer") j.optimizer = parse_optimizer(v);
+  else if (k == "recompute") j.recompute = parse_recompute(v);
+  else if (k == "attention") j.attention = parse_attention(v);
+  else if (k == "loss") j.loss = parse_loss(v);
+  else if (k == "loss-chunk") j.loss_chunk = count("--loss-chunk");
+  else if (k == "activations") j.activations = parse_activation_model(v);
+  else if (k == "profile") j.profile = parse_profile(v);
+  else if (k == "overhead") j.overhead = parse_bytes(v, "--overhead");
+  else if (k == "kv-dtype") j.kv_dtype = parse_dtype(v, "--kv-dtype");
+  else if (k == "weights") j.weights = parse_dtype(v, "--weights");
+  else if (k == "group-size") j.group_size = count("--group-size");
+  else
+    throw Error(ErrorKind::invalid_argument,
+                "unknown job option '" + std::string(key) +
+                    "' (batch, seq, mode, precision, optimizer, recompute, attention, loss, loss-chunk, activations, "
+                    "profile, overhead, kv-dtype, weights, group-size)");
+}
+
 std::string to_json(const Estimate& e, int indent) {
   nlohmann::ordered_json o;
   o["peak"] = e.peak;

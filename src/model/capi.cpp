@@ -152,29 +152,7 @@ mb_status mb_job_set(mb_job* job, const char* key, const char* value) {
     need(job, "job");
     need(key, "key");
     need(value, "value");
-    const std::string k = key, v = value;
-    Job& j = job->job;
-    auto count = [&](const char* opt) {
-      if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)
-        throw Error(ErrorKind::invalid_job, std::string(opt) + ": '" + v + "' is not a positive integer");
-      return static_cast<std::uint64_t>(std::stoull(v));
-    };
-    if (k == "batch") j.batch = count("--batch");
-    else if (k == "seq") j.seq = count("--seq");
-    else if (k == "mode") j.mode = parse_mode(v);
-    else if (k == "precision") j.precision = parse_precision(v);
-    else if (k == "optimizer") j.optimizer = parse_optimizer(v);
-    else if (k == "recompute") j.recompute = parse_recompute(v);
-    else if (k == "attention") j.attention = parse_attention(v);
-    else if (k == "loss") j.loss = parse_loss(v);
-    else if (k == "loss-chunk") j.loss_chunk = count("--loss-chunk");
-    else if (k == "activations") j.activations = parse_activation_model(v);
-    else if (k == "profile") j.profile = parse_profile(v);
-    else if (k == "overhead") j.overhead = parse_bytes(v, "--overhead");
-    else if (k == "kv-dtype") j.kv_dtype = parse_dtype(v, "--kv-dtype");
-    else if (k == "weights") j.weights = parse_dtype(v, "--weights");
-    else if (k == "group-size") j.group_size = count("--group-size");
-    else throw Error(ErrorKind::invalid_argument, "mb_job_set: unknown key '" + k + "'");
+    set_job_option(job->job, key, value);
   });
 }
 
