@@ -50,6 +50,8 @@ struct Estimate {
 // predict(model, job) reduced to an Estimate; memoized per thread. Throws Error for bad input.
 Estimate estimate(const ModelSpec& model, const Job& job);
 Estimate summarize(const Budget& budget);
+// Empties this thread's memo table (benchmarks of the uncached path; memory control).
+void clear_estimate_cache() noexcept;
 
 // The largest number of bytes the card may hold: capacity · (1 − headroom). Throws
 // Error(invalid_argument) for a headroom outside [0, 1) or a zero capacity.

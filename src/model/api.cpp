@@ -107,6 +107,8 @@ Estimate estimate(const ModelSpec& model, const Job& job) {
   return e;
 }
 
+void clear_estimate_cache() noexcept { cache().clear(); }
+
 bytes_t usable_bytes(const Device& device, double headroom) {
   if (!(headroom >= 0.0 && headroom < 1.0))
     throw Error(ErrorKind::invalid_argument, "headroom: must be in [0, 1), e.g. 0.05 for 5%");

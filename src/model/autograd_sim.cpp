@@ -15,6 +15,7 @@ void AutogradSim::allocate(TensorId t) {
   auto& ti = tensors_[t];
   ti.alive = true;
   live_ = checked_add(live_, ti.rounded, ti.name);
+  if (explain_) log_.push_back(t);
   note_peak();
 }
 
@@ -29,10 +30,22 @@ void AutogradSim::note_peak() {
   auto& p = phases_.back();
   if (live_ <= p.bytes) return;
   p.bytes = live_;
-  if (!explain_) return;
+  // With explain, remember where in the allocation log the peak is; take_phases() rebuilds the
+  // live set there (rebuilding it at every new peak would be quadratic in the step's size).
+  if (explain_) peak_event_.back() = log_.size();
+}
+
+std::vector<TensorBytes> AutogradSim::groups_at(std::size_t event) const {
+  std::vector<char> alive(tensors_.size(), 0);
+  for (std::size_t k = 0; k < event && k < log_.size(); ++k) {
+    const TensorId t = log_[k];
+    if (t >= 0) alive[t] = 1;
+    else alive[~t] = 0;
+  }
   std::map<std::string, TensorBytes> groups;
-  for (const auto& t : tensors_) {
-    if (!t.alive) continue;
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    if (!alive[i]) continue;
+    const auto& t = tensors_[i];
     auto& g = groups[t.name];
     if (g.name.empty()) {
       g.name = t.name;
@@ -45,8 +58,9 @@ void AutogradSim::note_peak() {
     g.count += 1;
     g.bytes += t.rounded;
   }
-  p.live.clear();
-  for (auto& [_, g] : groups) p.live.push_back(std::move(g));
+  std::vector<TensorBytes> out;
+  for (auto& [_, g] : groups) out.push_back(std::move(g));
+  return out;
 }
 
 void AutogradSim::release_if_dead(TensorId t) {
@@ -54,6 +68,7 @@ void AutogradSim::release_if_dead(TensorId t) {
   if (!ti.alive || ti.holders > 0 || ti.saved > 0) return;
   ti.alive = false;
   live_ -= ti.rounded;
+  if (explain_) log_.push_back(~t);
 }
 
 TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, const char* op,
@@ -230,6 +245,7 @@ void AutogradSim::begin_phase(std::string name) {
   p.bytes = 0;
   phases_.push_back(std::move(p));
   section_peaks_.emplace_back();
+  peak_event_.push_back(log_.size());
   note_peak();
 }
 
@@ -256,6 +272,10 @@ std::vector<TensorBytes> AutogradSim::live_groups(Term term) const {
   return out;
 }
 
-std::vector<PhasePeak> AutogradSim::take_phases() { return std::move(phases_); }
+std::vector<PhasePeak> AutogradSim::take_phases() {
+  if (explain_)
+    for (std::size_t i = 0; i < phases_.size(); ++i) phases_[i].live = groups_at(peak_event_[i]);
+  return std::move(phases_);
+}
 
 }  // namespace membudget::detail

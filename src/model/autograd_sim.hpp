@@ -148,6 +148,9 @@ class AutogradSim {
   bytes_t live_ = 0;
   std::vector<PhasePeak> phases_;
   int section_ = 0;
+  std::vector<TensorId> log_;             // explain: allocations (id) and frees (~id), in order
+  std::vector<std::size_t> peak_event_;   // explain: log position of each phase's peak
+  std::vector<TensorBytes> groups_at(std::size_t event) const;
   std::vector<std::vector<bytes_t>> section_peaks_;
 };
 
