@@ -92,7 +92,11 @@ struct Budget {
 };
 
 struct PredictOptions {
-  bool explain = false;  // keep the live-tensor lists of each phase peak
+  bool explain = false;  // keep the live-tensor lists of each phase peak (implies full_simulation)
+  // Simulate every layer. The default simulates 4-, 5- and 6-layer copies of the model and
+  // extrapolates exactly in the layer count (same numbers, verified on every call; see
+  // docs/api.md); this switch exists for tests and for checking that claim.
+  bool full_simulation = false;
 };
 
 // Throws Error(invalid_spec / invalid_job / unsupported / overflow).

@@ -7,6 +7,7 @@ namespace membudget::detail {
 TensorId AutogradSim::add(TensorInfo info) {
   info.rounded = round512(info.bytes);
   tensors_.push_back(info);
+  grads_.push_back(kNone);
   return static_cast<TensorId>(tensors_.size() - 1);
 }
 
@@ -14,18 +15,37 @@ void AutogradSim::allocate(TensorId t) {
   auto& ti = tensors_[t];
   ti.alive = true;
   live_ = checked_add(live_, ti.rounded, ti.name);
+  if (explain_) log_.push_back(t);
   note_peak();
 }
 
 void AutogradSim::note_peak() {
   if (phases_.empty()) return;
+  auto& sp = section_peaks_.back();
+  if (section_ >= 0) {
+    const auto si = static_cast<std::size_t>(section_);
+    if (si >= sp.size()) sp.resize(si + 1, 0);
+    if (live_ > sp[si]) sp[si] = live_;
+  }
   auto& p = phases_.back();
   if (live_ <= p.bytes) return;
   p.bytes = live_;
-  if (!explain_) return;
+  // With explain, remember where in the allocation log the peak is; take_phases() rebuilds the
+  // live set there (rebuilding it at every new peak would be quadratic in the step's size).
+  if (explain_) peak_event_.back() = log_.size();
+}
+
+std::vector<TensorBytes> AutogradSim::groups_at(std::size_t event) const {
+  std::vector<char> alive(tensors_.size(), 0);
+  for (std::size_t k = 0; k < event && k < log_.size(); ++k) {
+    const TensorId t = log_[k];
+    if (t >= 0) alive[t] = 1;
+    else alive[~t] = 0;
+  }
   std::map<std::string, TensorBytes> groups;
-  for (const auto& t : tensors_) {
-    if (!t.alive) continue;
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    if (!alive[i]) continue;
+    const auto& t = tensors_[i];
     auto& g = groups[t.name];
     if (g.name.empty()) {
       g.name = t.name;
@@ -38,8 +58,9 @@ void AutogradSim::note_peak() {
     g.count += 1;
     g.bytes += t.rounded;
   }
-  p.live.clear();
-  for (auto& [_, g] : groups) p.live.push_back(std::move(g));
+  std::vector<TensorBytes> out;
+  for (auto& [_, g] : groups) out.push_back(std::move(g));
+  return out;
 }
 
 void AutogradSim::release_if_dead(TensorId t) {
@@ -47,6 +68,7 @@ void AutogradSim::release_if_dead(TensorId t) {
   if (!ti.alive || ti.holders > 0 || ti.saved > 0) return;
   ti.alive = false;
   live_ -= ti.rounded;
+  if (explain_) log_.push_back(~t);
 }
 
 TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, const char* op,
@@ -105,15 +127,16 @@ void AutogradSim::transient(const char* name, bytes_t bytes, Term term) {
   drop(t);
 }
 
-void AutogradSim::node(const char* op, std::vector<TensorId> inputs, std::vector<TensorId> outputs,
-                       std::vector<TensorId> saved, bytes_t bwd_workspace) {
+void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
+                       std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved,
+                       bytes_t bwd_workspace) {
   if (replaying()) {
     bool needs = false;
     for (TensorId i : inputs)
       if (i != kNone && tensors_[i].requires_grad) needs = true;
     if (!needs) return;
     Node& n = nodes_.at(replay_cursor_++);
-    n.saved = std::move(saved);
+    n.saved = Ids(saved);
     for (TensorId s : n.saved) ++tensors_[s].saved;
     return;
   }
@@ -121,23 +144,21 @@ void AutogradSim::node(const char* op, std::vector<TensorId> inputs, std::vector
   for (TensorId i : inputs)
     if (i != kNone && tensors_[i].requires_grad) any_grad = true;
   if (!any_grad) return;  // autograd records nothing for ops whose inputs need no grad
-  Node n{op, std::move(inputs), std::move(outputs), {}, bwd_workspace};
+  Node n{op, Ids(inputs), Ids(outputs), {}, bwd_workspace, section_};
   if (!discard_saves_) {
-    n.saved = std::move(saved);
+    n.saved = Ids(saved);
     for (TensorId s : n.saved) ++tensors_[s].saved;
   }
-  nodes_.push_back(std::move(n));
+  nodes_.push_back(n);
 }
 
 TensorId AutogradSim::grad_of(TensorId t) const {
-  auto it = grads_.find(t);
-  return it == grads_.end() ? kNone : it->second;
+  return t >= 0 && static_cast<std::size_t>(t) < grads_.size() ? grads_[t] : kNone;
 }
 
 void AutogradSim::grad_contribution(TensorId input, const char* op) {
   const auto& ti = tensors_[input];
-  auto it = grads_.find(input);
-  if (it == grads_.end()) {
+  if (grads_[input] == kNone) {
     TensorInfo g;
     g.name = ti.param ? "parameter gradients (.grad)" : "activation gradients";
     g.op = op;
@@ -166,12 +187,14 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
   allocate(g);
   grads_[root] = g;
 
+  std::vector<TensorId> grad_holders{root};  // tensors that have been given a gradient
   for (std::size_t k = nodes_.size(); k-- > 0;) {
     // Entering a checkpointed region from its end: recompute its forward first.
     if (recompute) {
       for (const auto& r : regions_) {
         if (r.end_node == k + 1 && r.end_node > r.first_node) {
           replay_cursor_ = r.first_node;
+          section_ = nodes_[r.first_node].section;
           recompute(*this, ctx, r.index);
           if (replay_cursor_ != r.end_node)
             throw Error(ErrorKind::unsupported,
@@ -181,36 +204,37 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
       }
     }
     Node& n = nodes_[k];
+    section_ = n.section;
     bool active = false;
     for (TensorId o : n.outputs)
-      if (grads_.count(o)) active = true;
+      if (grads_[o] != kNone) active = true;
     if (active) {
       TensorId ws = kNone;
       if (n.workspace) ws = make("backward workspace", n.workspace, Term::activations, n.op, "", "", false);
       for (TensorId i : n.inputs)
-        if (i != kNone && tensors_[i].requires_grad) grad_contribution(i, n.op);
+        if (i != kNone && tensors_[i].requires_grad) {
+          if (grads_[i] == kNone) grad_holders.push_back(i);
+          grad_contribution(i, n.op);
+        }
       drop(ws);
       for (TensorId o : n.outputs) {
-        auto it = grads_.find(o);
-        if (it == grads_.end()) continue;
+        if (grads_[o] == kNone) continue;
         if (tensors_[o].param) continue;  // .grad of a parameter stays
-        drop(it->second);
-        grads_.erase(it);
+        drop(grads_[o]);
+        grads_[o] = kNone;
       }
     }
     for (TensorId s : n.saved) {
       --tensors_[s].saved;
       release_if_dead(s);
     }
-    n.saved.clear();
+    n.saved = Ids();
   }
   // The seed gradient and any gradient left on non-parameter leaves die with the graph.
-  for (auto it = grads_.begin(); it != grads_.end();) {
-    if (!tensors_[it->first].param) {
-      drop(it->second);
-      it = grads_.erase(it);
-    } else {
-      ++it;
+  for (TensorId t : grad_holders) {
+    if (grads_[t] != kNone && !tensors_[t].param) {
+      drop(grads_[t]);
+      grads_[t] = kNone;
     }
   }
 }
@@ -220,6 +244,8 @@ void AutogradSim::begin_phase(std::string name) {
   p.name = std::move(name);
   p.bytes = 0;
   phases_.push_back(std::move(p));
+  section_peaks_.emplace_back();
+  peak_event_.push_back(log_.size());
   note_peak();
 }
 
@@ -246,6 +272,10 @@ std::vector<TensorBytes> AutogradSim::live_groups(Term term) const {
   return out;
 }
 
-std::vector<PhasePeak> AutogradSim::take_phases() { return std::move(phases_); }
+std::vector<PhasePeak> AutogradSim::take_phases() {
+  if (explain_)
+    for (std::size_t i = 0; i < phases_.size(); ++i) phases_[i].live = groups_at(peak_event_[i]);
+  return std::move(phases_);
+}
 
 }  // namespace membudget::detail

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -44,7 +45,11 @@ struct TensorInfo {
 
 class AutogradSim {
  public:
-  explicit AutogradSim(bool explain) : explain_(explain) {}
+  explicit AutogradSim(bool explain) : explain_(explain) {
+    tensors_.reserve(1024);
+    grads_.reserve(1024);
+    nodes_.reserve(1024);
+  }
 
   // ---- forward ----
   // A new tensor held by one Python reference.
@@ -57,13 +62,21 @@ class AutogradSim {
   // Records a backward node: `inputs` receive gradients (those that require grad), `outputs` send
   // them, `saved` are kept until the node runs. `bwd_workspace` is transient memory of the
   // backward kernel beyond the input gradients.
-  void node(const char* op, std::vector<TensorId> inputs, std::vector<TensorId> outputs,
-            std::vector<TensorId> saved, bytes_t bwd_workspace = 0);
+  void node(const char* op, std::initializer_list<TensorId> inputs, std::initializer_list<TensorId> outputs,
+            std::initializer_list<TensorId> saved, bytes_t bwd_workspace = 0);
   // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
   void transient(const char* name, bytes_t bytes, Term term = Term::activations);
   // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
   // checkpoint region records [first,last) node indices to be re-run by `recompute`.
   void set_discard_saves(bool on) { discard_saves_ = on; }
+  // Sections (used by the fast path, src/model/fast_step.cpp): the driver tags the forward with
+  // section ids (0: before the layers, 1 + i: layer i, L + 1: after the layers). Nodes remember the
+  // section they were recorded in; backward (and recompute) runs each node in its section. Each
+  // phase keeps the largest live value seen in each section (section_peaks()).
+  void set_section(int s) { section_ = s; }
+  int section() const { return section_; }
+  // [phase][section] → largest live bytes at an allocation (or phase start) in that section.
+  const std::vector<std::vector<bytes_t>>& section_peaks() const { return section_peaks_; }
   std::size_t node_count() const { return nodes_.size(); }
 
   // ---- backward ----
@@ -98,10 +111,23 @@ class AutogradSim {
   std::vector<TensorBytes> live_groups(Term term) const;  // live tensors of one term, by name
 
  private:
+  // A node's tensor lists, stored inline (no allocation per node).
+  struct Ids {
+    std::array<TensorId, 6> v{};
+    std::uint8_t n = 0;
+    Ids() = default;
+    Ids(std::initializer_list<TensorId> l) {
+      if (l.size() > v.size()) throw Error(ErrorKind::unsupported, "internal: autograd node with too many tensors");
+      for (TensorId t : l) v[n++] = t;
+    }
+    const TensorId* begin() const { return v.data(); }
+    const TensorId* end() const { return v.data() + n; }
+  };
   struct Node {
     const char* op;
-    std::vector<TensorId> inputs, outputs, saved;
+    Ids inputs, outputs, saved;
     bytes_t workspace;
+    int section;
   };
   static constexpr std::size_t kNoReplay = static_cast<std::size_t>(-1);
 
@@ -117,10 +143,15 @@ class AutogradSim {
   std::vector<TensorInfo> tensors_;
   std::vector<Node> nodes_;
   std::vector<Region> regions_;
-  std::unordered_map<TensorId, TensorId> grads_;  // tensor → its gradient buffer
+  std::vector<TensorId> grads_;  // tensor → its gradient buffer (kNone: none)
   std::size_t replay_cursor_ = kNoReplay;
   bytes_t live_ = 0;
   std::vector<PhasePeak> phases_;
+  int section_ = 0;
+  std::vector<TensorId> log_;             // explain: allocations (id) and frees (~id), in order
+  std::vector<std::size_t> peak_event_;   // explain: log position of each phase's peak
+  std::vector<TensorBytes> groups_at(std::size_t event) const;
+  std::vector<std::vector<bytes_t>> section_peaks_;
 };
 
 inline bytes_t round512(bytes_t b) {

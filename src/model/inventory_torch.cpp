@@ -394,6 +394,7 @@ TensorId forward(Step& st, bool checkpoint) {
   st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
   for (std::size_t i = 0; i < d.L; ++i) {
     TensorId out = kNone;
+    sim.set_section(static_cast<int>(i) + 1);  // fast path: layer i's section
     if (checkpoint) {
       // torch.utils.checkpoint(use_reentrant=False): saved tensors are dropped; the layer input
       // (held by the checkpoint frame) is kept; backward re-runs the layer first.
@@ -409,6 +410,7 @@ TensorId forward(Step& st, bool checkpoint) {
     }
     x = out;
   }
+  sim.set_section(static_cast<int>(d.L) + 1);  // after the layers
   // LlamaModel returns the final norm output as last_hidden_state: the CausalLM forward holds it
   // (and the DynamicCache) until it returns, i.e. through the loss.
   TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
@@ -527,9 +529,10 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
 
 }  // namespace
 
-TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain) {
+TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain, const ModelSpec* sizing) {
   TorchStepResult res;
-  const std::uint64_t n_params = m.parameters().total;
+  const ModelSpec& sm = sizing ? *sizing : m;
+  const std::uint64_t n_params = sm.parameters().total;
   for (int pass = 0; pass < 2; ++pass) {
     const bool steady = pass == 1;
     AutogradSim sim(explain);
@@ -560,7 +563,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     const bytes_t weights = sim.live();
     st.input_ids = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
     st.labels = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
-    const OptimizerCost oc = optimizer_cost(job, m, n_params, r.param);
+    const OptimizerCost oc = optimizer_cost(job, sm, n_params, r.param);
     TensorId state = kNone, master = kNone;
     if (steady) {
       state = sim.alloc_raw("optimizer state", oc.state, Term::model_states, "optimizer", "", "");
@@ -613,6 +616,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     sim.drop(tmp);
     for (TensorId g : grad_ids) sim.drop(g);  // zero_grad(set_to_none=True)
     (void)master;
+    (steady ? res.steady_sections : res.step0_sections) = sim.section_peaks();
     auto phases = sim.take_phases();
     phases.erase(phases.begin());  // "floor" phase holds just the floor; keep it below
     std::vector<PhasePeak> out;

@@ -54,7 +54,9 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   } else if (job.profile == Profile::harness) {
     detail::predict_harness(b, options);
   } else {
-    detail::TorchStepResult r = detail::simulate_torch_train(model, job, options.explain);
+    detail::TorchStepResult r = options.explain || options.full_simulation
+                                    ? detail::simulate_torch_train(model, job, options.explain)
+                                    : detail::simulate_torch_train_fast(model, job);
     b.states.weights = r.weights;
     b.states.gradients = r.gradients;
     b.states.optimizer = r.optimizer_state;

@@ -1,0 +1,134 @@
+// membudget/api.hpp: the scheduler-facing API (docs/api.md).
+//
+// Value types in, value types out:
+//   ModelSpec (spec.hpp)  the model: load_model("configs/x.yaml" or a config.json), or fill the fields
+//   Job (job.hpp)         what runs: mode, micro-batch, sequence, precision, optimizer, recompute, …
+//   Device (job.hpp)      a card: find_device("H100") or {"name", capacity_bytes}
+//   Budget (budget.hpp)   the full prediction with breakdowns (predict()); Estimate below is its
+//                         allocation-free summary
+//
+// Errors. Bad input (a spec missing a field, a zero batch, an unknown enum) throws
+// membudget::Error with a typed ErrorKind (error.hpp). Expected outcomes are results, never
+// exceptions: "does not fit" is FitResult::fits == false, "not even batch 1 fits" is
+// MaxBatchResult::max_micro_batch == 0, a sweep point that is invalid (a sequence beyond the
+// model's max_positions) is a SweepPoint with ok == false.
+//
+// Speed. estimate() (and everything built on it) memoizes per thread: the same (model, job) pair
+// answers from a table in well under a microsecond; a new pair costs a few simulations of a 4-6
+// layer copy of the model (hundreds of microseconds), independent of the model's depth. The table
+// holds at most 65,536 entries per thread and is cleared when full. All functions are thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "membudget/budget.hpp"
+
+namespace membudget {
+
+// The numbers of a Budget without its lists and strings: no heap allocation.
+struct Estimate {
+  struct Phase {
+    const char* name = "";  // static storage: "floor", "forward_peak", "backward_peak", …
+    bytes_t bytes = 0;
+  };
+  bytes_t peak = 0;         // max over the phases and step 0 (bytes the allocator counts)
+  bytes_t overhead = 0;     // memory outside the allocator (CUDA context, handles)
+  bytes_t required = 0;     // peak + overhead: what the card must hold
+  const char* peak_phase = "";  // static storage: "backward_peak", "step0.optimizer_peak", …
+  Terms terms;
+  ModelStates states;
+  std::array<Phase, 4> phases{};  // steady state (training) or serving phases
+  std::uint8_t n_phases = 0;
+  std::array<Phase, 4> step0{};   // training only: the first step
+  std::uint8_t n_step0 = 0;
+};
+
+// predict(model, job) reduced to an Estimate; memoized per thread. Throws Error for bad input.
+Estimate estimate(const ModelSpec& model, const Job& job);
+Estimate summarize(const Budget& budget);
+// Empties this thread's memo table (benchmarks of the uncached path; memory control).
+void clear_estimate_cache() noexcept;
+
+// The largest number of bytes the card may hold: capacity · (1 − headroom). Throws
+// Error(invalid_argument) for a headroom outside [0, 1) or a zero capacity.
+bytes_t usable_bytes(const Device& device, double headroom = 0.05);
+
+struct FitResult {
+  bool fits = false;      // required ≤ limit
+  bytes_t required = 0;   // peak + overhead
+  bytes_t limit = 0;      // capacity · (1 − headroom)
+  bytes_t capacity = 0;
+  Estimate estimate;
+};
+FitResult fits(const ModelSpec& model, const Job& job, const Device& device, double headroom = 0.05);
+
+struct SearchOptions {
+  double headroom = 0.05;
+  std::uint64_t limit = 0;  // largest value tried (0: 65,536 micro-batches; max_positions tokens)
+  // max_sequence_length: only multiples of this (e.g. 128). max_micro_batch: ignored.
+  std::uint64_t multiple_of = 1;
+  // max_micro_batch: the global batch to reach with gradient accumulation over data_parallel
+  // ranks (0: none).
+  std::uint64_t global_batch = 0;
+  std::uint64_t data_parallel = 1;
+};
+
+struct MaxBatchResult {
+  std::uint64_t max_micro_batch = 0;  // 0: not even a micro-batch of 1 fits
+  Estimate at_max;                    // the estimate at max_micro_batch (at 1 when it is 0)
+  bytes_t limit = 0;                  // capacity · (1 − headroom)
+  // With global_batch: the largest micro-batch ≤ max_micro_batch dividing global_batch / data_parallel,
+  // and the accumulation steps it needs (global_batch = micro_batch · steps · data_parallel).
+  std::uint64_t accum_micro_batch = 0;
+  std::uint64_t grad_accum_steps = 0;
+  std::uint32_t evaluations = 0;      // estimates the search made
+};
+// Largest micro-batch whose step fits (the peak grows monotonically with the batch; galloping then
+// binary search). job.batch is ignored.
+MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& device,
+                               const SearchOptions& options = {});
+
+struct MaxSeqResult {
+  std::uint64_t max_seq = 0;  // 0: not even the shortest sequence fits
+  Estimate at_max;
+  bytes_t limit = 0;
+  std::uint32_t evaluations = 0;
+};
+// Longest sequence (≤ the model's max_positions) whose step fits at job.batch.
+MaxSeqResult max_sequence_length(const ModelSpec& model, Job job, const Device& device,
+                                 const SearchOptions& options = {});
+
+struct SweepGrid {
+  std::vector<std::uint64_t> batches;    // empty: {job.batch}
+  std::vector<std::uint64_t> seqs;       // empty: {job.seq}
+  std::vector<Precision> precisions;     // empty: {job.precision}
+  std::vector<Recompute> recomputes;     // empty: {job.recompute}
+};
+struct SweepPoint {
+  std::uint64_t batch = 0, seq = 0;
+  Precision precision = Precision::amp_bf16;
+  Recompute recompute = Recompute::none;
+  bool ok = false;         // false: the point is invalid (see error)
+  bool fits = false;       // with a device: required ≤ limit
+  Estimate estimate;
+  ErrorKind error_kind = ErrorKind::invalid_job;
+  std::string error;       // only when !ok
+};
+// Every combination of the grid (precision, recompute, seq, batch order, batch fastest).
+// Throws only for a bad model spec or headroom; invalid points are reported in the result.
+std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const SweepGrid& grid,
+                              const std::optional<Device>& device = std::nullopt, double headroom = 0.05);
+
+// Sets one job option by its command-line name ("batch", "seq", "precision", "recompute",
+// "loss-chunk" or "loss_chunk", …; docs/api.md lists them) from text. Throws Error(invalid_job) for
+// a bad value and Error(invalid_argument) for an unknown key. The C ABI and the Python module use it.
+void set_job_option(Job& job, std::string_view key, std::string_view value);
+
+// The estimate as JSON (integer bytes), the same keys as docs/api.md lists.
+std::string to_json(const Estimate& e, int indent = -1);
+
+}  // namespace membudget

@@ -1,0 +1,81 @@
+/* The C ABI from C: load, predict, fits, max micro-batch, JSON, errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "membudget/membudget.h"
+
+static int failures = 0;
+#define CHECK(cond)                                                   \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                     \
+    }                                                                 \
+  } while (0)
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: c_api_test SOURCE_DIR\n");
+    return 2;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/configs/llama-3.2-1b.yaml", argv[1]);
+  mb_model* model = NULL;
+  CHECK(mb_model_load(path, &model) == MB_OK);
+  CHECK(model != NULL);
+  uint64_t params = 0;
+  CHECK(mb_model_parameters(model, &params) == MB_OK && params == 1235814400ull);
+
+  mb_job* job = NULL;
+  CHECK(mb_job_new(&job) == MB_OK);
+  CHECK(mb_job_set(job, "seq", "2048") == MB_OK);
+  CHECK(mb_job_set(job, "precision", "bf16") == MB_OK);
+  mb_estimate e;
+  CHECK(mb_predict(model, job, &e) == MB_OK);
+  CHECK(e.peak > 0 && e.required == e.peak + e.overhead);
+  CHECK(strlen(e.peak_phase) > 0);
+
+  int fits = -1;
+  CHECK(mb_fits(model, job, "H100", 0, 0.05, &fits, &e) == MB_OK && fits == 1);
+  CHECK(mb_fits(model, job, NULL, 1ull << 30, 0.05, &fits, NULL) == MB_OK && fits == 0); /* a result */
+
+  uint64_t mb = 0;
+  mb_estimate at;
+  CHECK(mb_max_micro_batch(model, job, "H100", 0, 0.05, &mb, &at) == MB_OK);
+  CHECK(mb > 0 && at.required <= (uint64_t)(81559ull * 1024 * 1024 * 0.95));
+  mb_job* next = mb_job_clone(job);
+  CHECK(mb_job_set_batch(next, mb + 1) == MB_OK);
+  CHECK(mb_fits(model, next, "H100", 0, 0.05, &fits, NULL) == MB_OK && fits == 0);
+  mb_job_free(next);
+
+  uint64_t seq = 0;
+  CHECK(mb_max_sequence_length(model, job, "H100", 0, 0.05, 128, &seq, NULL) == MB_OK && seq % 128 == 0 && seq > 0);
+
+  char* json = NULL;
+  CHECK(mb_predict_json(model, job, &json) == MB_OK);
+  CHECK(json && strstr(json, "\"peak\"") != NULL);
+  mb_string_free(json);
+
+  /* errors: typed status and a message */
+  CHECK(mb_job_set(job, "precision", "fp64") == MB_INVALID_JOB);
+  CHECK(strstr(mb_last_error(), "--precision") != NULL);
+  CHECK(mb_job_set(job, "nonsense", "1") == MB_INVALID_ARGUMENT);
+  CHECK(mb_fits(model, job, "no-such-card", 0, 0.05, &fits, NULL) == MB_INVALID_ARGUMENT);
+  CHECK(mb_predict(NULL, job, &e) == MB_INVALID_ARGUMENT);
+  mb_model* bad = NULL;
+  CHECK(mb_model_load("/nonexistent/spec.yaml", &bad) != MB_OK && bad == NULL);
+  CHECK(mb_model_parse("name: x\nhidden_size: 0\n", "yaml", &bad) == MB_INVALID_SPEC);
+  CHECK(strlen(mb_last_error()) > 0);
+  CHECK(mb_job_set_batch(job, 0) == MB_OK);
+  CHECK(mb_predict(model, job, &e) == MB_INVALID_JOB);
+
+  mb_job_free(job);
+  mb_model_free(model);
+  if (failures) {
+    fprintf(stderr, "%d failures\n", failures);
+    return 1;
+  }
+  printf("c_api_test: all checks passed\n");
+  return 0;
+}

@@ -1,0 +1,65 @@
+"""The Python module: predict, estimate, fits, max_micro_batch, sweep, errors."""
+import json
+import os
+import subprocess
+
+import pytest
+
+import membudget
+
+SRC = os.environ.get("MEMBUDGET_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+LLAMA_1B = os.path.join(SRC, "configs", "llama-3.2-1b.yaml")
+
+
+def test_predict_is_the_cli_json():
+    d = membudget.predict(LLAMA_1B, batch=2, seq=2048, precision="bf16")
+    assert isinstance(d, dict)
+    assert d["job"]["batch"] == 2 and d["job"]["precision"] == "bf16"
+    cli = os.environ.get("MEMBUDGET_CLI")
+    if cli:
+        out = subprocess.run([cli, "predict", LLAMA_1B, "--batch", "2", "--seq", "2048", "--precision", "bf16",
+                              "--format", "json"], capture_output=True, text=True, check=True).stdout
+        assert json.loads(out)["peak"] == d["peak"]
+
+
+def test_estimate_matches_predict():
+    m = membudget.load_model(LLAMA_1B)
+    assert m.num_layers == 16 and m.parameters == 1235814400
+    e = membudget.estimate(m, batch=4, seq=4096)
+    assert e["peak"] == membudget.predict(m, batch=4, seq=4096)["peak"]
+    assert e["required"] == e["peak"] + e["overhead"]
+    assert set(e["phases"]) == {"floor", "forward_peak", "backward_peak", "optimizer_peak"}
+
+
+def test_fits_and_max_micro_batch():
+    assert membudget.fits(LLAMA_1B, device="H100", batch=4)["fits"]
+    assert not membudget.fits(LLAMA_1B, capacity=1 << 30)["fits"]  # a result, not an error
+    r = membudget.max_micro_batch(LLAMA_1B, device="H100", seq=2048, global_batch=64)
+    b = r["max_micro_batch"]
+    assert b > 0
+    assert membudget.fits(LLAMA_1B, device="H100", seq=2048, batch=b)["fits"]
+    assert not membudget.fits(LLAMA_1B, device="H100", seq=2048, batch=b + 1)["fits"]
+    assert r["accum_micro_batch"] * r["grad_accum_steps"] == 64
+    assert membudget.max_micro_batch(LLAMA_1B, capacity=1 << 30)["max_micro_batch"] == 0
+
+
+def test_max_sequence_length_and_sweep():
+    r = membudget.max_sequence_length(LLAMA_1B, device="A100-40GB", multiple_of=256, batch=1)
+    assert r["max_seq"] % 256 == 0 and r["max_seq"] > 0
+    pts = membudget.sweep(LLAMA_1B, batches=[1, 2], seqs=[1024, 10 ** 7], precisions=["bf16"], device="H100")
+    assert len(pts) == 4
+    assert [p["ok"] for p in pts] == [True, True, False, False]
+    assert "max_positions" in pts[2]["error"]
+
+
+def test_errors_are_typed():
+    with pytest.raises(membudget.Error, match="--precision"):
+        membudget.predict(LLAMA_1B, precision="fp64")
+    with pytest.raises(ValueError):
+        membudget.predict(LLAMA_1B, batch=0)
+    with pytest.raises(membudget.Error, match="unknown job option"):
+        membudget.estimate(LLAMA_1B, bacth=2)
+    with pytest.raises(membudget.Error):
+        membudget.load_model("/nonexistent.yaml")
+    with pytest.raises(membudget.Error, match="unknown card"):
+        membudget.fits(LLAMA_1B, device="no-such-card")

@@ -1,0 +1,148 @@
+// The scheduler API: estimate, fits, max_micro_batch, max_sequence_length, sweep.
+#include <doctest/doctest.h>
+
+#include "helpers.hpp"
+#include "membudget/api.hpp"
+
+using namespace membudget;
+
+TEST_CASE("estimate equals predict and is memoized") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job j;
+  const Budget b = predict(m, j);
+  const Estimate e = estimate(m, j);
+  CHECK(e.peak == b.peak);
+  CHECK(std::string(e.peak_phase) == b.peak_phase);
+  CHECK(e.required == b.peak + b.terms.overhead);
+  CHECK(e.n_phases == 4);
+  CHECK(e.n_step0 == 4);
+  CHECK(e.phases[2].bytes == b.phase("backward_peak"));
+  CHECK(e.terms.activations == b.terms.activations);
+  const Estimate again = estimate(m, j);
+  CHECK(again.peak == e.peak);
+  ModelSpec renamed = m;
+  renamed.name = "another name";  // names do not change numbers
+  CHECK(estimate(renamed, j).peak == e.peak);
+  j.batch = 5;
+  CHECK(estimate(m, j).peak == predict(m, j).peak);
+}
+
+TEST_CASE("fits is a result; bad input is a typed error") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job j;
+  const FitResult big = fits(m, j, find_device("H100"));
+  CHECK(big.fits);
+  CHECK(big.required == estimate(m, j).required);
+  CHECK(big.limit == static_cast<bytes_t>(static_cast<double>(big.capacity) * 0.95));
+  CHECK_FALSE(fits(m, j, find_device("L40S")).fits);
+  // agrees with check_fit
+  CHECK(fits(m, j, find_device("L40S")).fits == check_fit(predict(m, j), find_device("L40S")).fits);
+  Job bad = j;
+  bad.batch = 0;
+  try {
+    fits(m, bad, find_device("H100"));
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::invalid_job);
+  }
+  ModelSpec broken = m;
+  broken.hidden_size = 0;
+  try {
+    estimate(broken, j);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::invalid_spec);
+  }
+  CHECK_THROWS_AS(fits(m, j, find_device("H100"), 1.5), Error);
+}
+
+TEST_CASE("max_micro_batch is the largest batch that fits, found by search") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job j;
+  j.seq = 2048;
+  const Device d = find_device("H100");
+  const MaxBatchResult r = max_micro_batch(m, j, d);
+  REQUIRE(r.max_micro_batch > 0);
+  Job at = j;
+  at.batch = r.max_micro_batch;
+  CHECK(fits(m, at, d).fits);
+  at.batch = r.max_micro_batch + 1;
+  CHECK_FALSE(fits(m, at, d).fits);
+  CHECK(r.at_max.required <= r.limit);
+  CHECK(r.evaluations < 40);
+  // linear scan agrees
+  std::uint64_t scan = 0;
+  for (std::uint64_t b = 1; b <= r.max_micro_batch + 2; ++b) {
+    at.batch = b;
+    if (fits(m, at, d).fits) scan = b;
+  }
+  CHECK(scan == r.max_micro_batch);
+  SUBCASE("global batch: a dividing micro-batch and the accumulation steps") {
+    SearchOptions o;
+    o.global_batch = 96;
+    o.data_parallel = 2;
+    const MaxBatchResult g = max_micro_batch(m, j, d, o);
+    CHECK(g.accum_micro_batch <= g.max_micro_batch);
+    CHECK(g.accum_micro_batch * g.grad_accum_steps * 2 == 96);
+    o.global_batch = 97;
+    CHECK_THROWS_AS(max_micro_batch(m, j, d, o), Error);
+  }
+  SUBCASE("nothing fits: 0, not an error") {
+    const MaxBatchResult none = max_micro_batch(m, j, Device{"tiny", 1 * GiB});
+    CHECK(none.max_micro_batch == 0);
+    CHECK(none.at_max.required > none.limit);
+  }
+  SUBCASE("a limit caps the search") {
+    SearchOptions o;
+    o.limit = 3;
+    CHECK(max_micro_batch(test::toy_llama(), j, d, o).max_micro_batch == 3);
+  }
+}
+
+TEST_CASE("max_sequence_length") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job j;
+  j.batch = 2;
+  const Device d = find_device("A100-40GB");
+  SearchOptions o;
+  o.multiple_of = 128;
+  const MaxSeqResult r = max_sequence_length(m, j, d, o);
+  REQUIRE(r.max_seq > 0);
+  CHECK(r.max_seq % 128 == 0);
+  Job at = j;
+  at.seq = r.max_seq;
+  CHECK(fits(m, at, d).fits);
+  at.seq = r.max_seq + 128;
+  CHECK_FALSE(fits(m, at, d).fits);
+  // a tiny model fits at its max_positions
+  ModelSpec t = test::toy_llama();
+  t.max_positions = 512;
+  CHECK(max_sequence_length(t, j, d).max_seq == 512);
+}
+
+TEST_CASE("sweep: the grid, invalid points reported, fits against the device") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  SweepGrid g;
+  g.batches = {1, 2, 4};
+  g.seqs = {1024, 4096, 1u << 30};
+  g.precisions = {Precision::amp_bf16, Precision::bf16};
+  const auto pts = sweep(m, Job{}, g, find_device("H100"));
+  REQUIRE(pts.size() == 18);
+  int invalid = 0;
+  for (const auto& p : pts) {
+    if (!p.ok) {
+      ++invalid;
+      CHECK(p.seq == (1u << 30));
+      CHECK(p.error.find("max_positions") != std::string::npos);
+      continue;
+    }
+    Job j;
+    j.batch = p.batch;
+    j.seq = p.seq;
+    j.precision = p.precision;
+    CHECK(p.estimate.peak == predict(m, j).peak);
+    CHECK(p.fits == fits(m, j, find_device("H100")).fits);
+  }
+  CHECK(invalid == 6);
+  CHECK(to_json(pts[0].estimate).find("\"peak\"") != std::string::npos);
+}

@@ -1,0 +1,58 @@
+// The max-batch and sweep subcommands.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "helpers.hpp"
+#include "membudget/api.hpp"
+
+using namespace membudget;
+
+TEST_CASE("max-batch --format json: max_micro_batch, the budget there, accumulation steps") {
+  const std::string model = test::source_path("configs/llama-3.2-1b.yaml");
+  const auto r = test::run_cli("max-batch " + model + " --device H100 --seq 2048 --global-batch 48 --format json");
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  Job job;
+  job.seq = 2048;
+  const auto expect = max_micro_batch(load_model(model), job, find_device("H100"));
+  CHECK(j["max_micro_batch"].get<std::uint64_t>() == expect.max_micro_batch);
+  CHECK(j["required"].get<std::uint64_t>() == expect.at_max.required);
+  CHECK(j["budget"]["job"]["batch"].get<std::uint64_t>() == expect.max_micro_batch);
+  CHECK(j["budget"]["peak"].get<std::uint64_t>() == expect.at_max.peak);
+  const auto mb = j["accum_micro_batch"].get<std::uint64_t>();
+  CHECK(mb * j["grad_accum_steps"].get<std::uint64_t>() == 48);
+  CHECK(mb <= expect.max_micro_batch);
+}
+
+TEST_CASE("max-batch: nothing fits exits 1; no device is an error") {
+  const std::string model = test::source_path("configs/llama-3.1-8b.yaml");
+  const auto r = test::run_cli("max-batch " + model + " --device RTX-4090");
+  CHECK(r.exit_code == 1);
+  CHECK(r.out.find("no micro-batch fits") != std::string::npos);
+  const auto e = test::run_cli("max-batch " + model);
+  CHECK(e.exit_code == 2);
+  CHECK(e.out.find("--device") != std::string::npos);
+}
+
+TEST_CASE("sweep: csv and json over ranges and lists") {
+  const std::string model = test::source_path("configs/tiny-llama.yaml");
+  const auto r = test::run_cli("sweep " + model + " --batch 1..4 --seq 64,128 --precision amp-bf16,bf16 --device H100");
+  REQUIRE(r.exit_code == 0);
+  std::size_t lines = 0;
+  for (char c : r.out) lines += c == '\n';
+  CHECK(lines == 1 + 4 * 2 * 2);
+  CHECK(r.out.rfind("batch,seq,precision,recompute,peak,required", 0) == 0);
+  const auto js = test::run_cli("sweep " + model + " --batch 1..8:2 --seq 64 --format json");
+  REQUIRE(js.exit_code == 0);
+  const auto j = nlohmann::json::parse(js.out);
+  REQUIRE(j["points"].size() == 4);
+  CHECK(j["points"][1]["batch"] == 3);
+  Job job;
+  job.batch = 3;
+  job.seq = 64;
+  CHECK(j["points"][1]["peak"].get<std::uint64_t>() == predict(load_model(model), job).peak);
+  CHECK(test::run_cli("sweep " + model + " --batch 4..1").exit_code == 2);
+  CHECK(test::run_cli("sweep " + model + " --batch x").exit_code == 2);
+  CHECK(test::run_cli("sweep " + model + " --precision fp64").exit_code == 2);
+}

@@ -1,0 +1,110 @@
+// The fast path (4/5/6-layer simulations extrapolated in L) gives the full simulation's numbers.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "helpers.hpp"
+#include "membudget/budget.hpp"
+#include "model/inventory.hpp"
+
+using namespace membudget;
+
+namespace {
+
+void check_same(const Budget& fast, const Budget& full, const std::string& what) {
+  INFO(what);
+  REQUIRE(fast.phases.size() == full.phases.size());
+  REQUIRE(fast.step0.size() == full.step0.size());
+  for (std::size_t i = 0; i < full.phases.size(); ++i) {
+    CHECK(fast.phases[i].name == full.phases[i].name);
+    CHECK(fast.phases[i].bytes == full.phases[i].bytes);
+  }
+  for (std::size_t i = 0; i < full.step0.size(); ++i) CHECK(fast.step0[i].bytes == full.step0[i].bytes);
+  CHECK(fast.peak == full.peak);
+  CHECK(fast.peak_phase == full.peak_phase);
+  CHECK(fast.states.weights == full.states.weights);
+  CHECK(fast.states.gradients == full.states.gradients);
+  CHECK(fast.states.optimizer == full.states.optimizer);
+  CHECK(fast.states.master == full.states.master);
+  CHECK(fast.autocast_cache == full.autocast_cache);
+  CHECK(fast.terms.activations == full.terms.activations);
+  CHECK(fast.terms.logits_loss == full.terms.logits_loss);
+  CHECK(fast.activations.per_layer == full.activations.per_layer);
+  CHECK(fast.activations.other == full.activations.other);
+  REQUIRE(fast.activations.layer_tensors.size() == full.activations.layer_tensors.size());
+  for (std::size_t i = 0; i < full.activations.layer_tensors.size(); ++i) {
+    CHECK(fast.activations.layer_tensors[i].name == full.activations.layer_tensors[i].name);
+    CHECK(fast.activations.layer_tensors[i].count == full.activations.layer_tensors[i].count);
+    CHECK(fast.activations.layer_tensors[i].bytes == full.activations.layer_tensors[i].bytes);
+  }
+}
+
+std::vector<std::string> all_configs() {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(test::source_path("configs")))
+    if (e.path().extension() == ".yaml") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("fast path == full simulation: every config, recompute, precision, loss, attention, shape") {
+  PredictOptions full;
+  full.full_simulation = true;
+  int compared = 0;
+  for (const auto& path : all_configs()) {
+    const ModelSpec m = load_model(path);
+    // The 405B model's full simulation is slow in a debug build: fewer shapes for it.
+    const bool huge = m.num_layers > 100;
+    const std::vector<std::pair<std::uint64_t, std::uint64_t>> shapes =
+        huge ? std::vector<std::pair<std::uint64_t, std::uint64_t>>{{1, 1000}}
+             : std::vector<std::pair<std::uint64_t, std::uint64_t>>{{1, 128}, {3, 1000}, {2, 4096}, {16, 77}};
+    for (auto [b, s] : shapes)
+      for (Recompute rc : {Recompute::none, Recompute::full})
+        for (Precision p : {Precision::fp32, Precision::amp_bf16, Precision::bf16, Precision::bf16_master})
+          for (Loss loss : {Loss::full, Loss::chunked}) {
+            if (huge && (p == Precision::fp32 || loss == Loss::chunked)) continue;
+            Job j;
+            j.batch = b;
+            j.seq = std::min<std::uint64_t>(s, m.max_positions);
+            j.recompute = rc;
+            j.precision = p;
+            j.loss = loss;
+            j.attention = (b * s <= 1024) ? Attention::math : Attention::flash;
+            j.optimizer = (compared % 3 == 0) ? Optimizer::adamw : (compared % 3 == 1) ? Optimizer::adafactor
+                                                                                       : Optimizer::adamw_8bit;
+            const std::string what = path + " b=" + std::to_string(b) + " s=" + std::to_string(j.seq) + " " +
+                                     to_string(rc) + " " + to_string(p) + " " + to_string(loss) + " " +
+                                     to_string(j.attention) + " " + to_string(j.optimizer);
+            check_same(predict(m, j), predict(m, j, full), what);
+            ++compared;
+          }
+  }
+  CHECK(compared > 500);
+  CHECK(detail::fast_path_fallbacks() == 0);  // the extrapolation held everywhere, no fallback
+}
+
+TEST_CASE("fast path == full simulation: toy models with 7 to 12 layers, qk-norm, biases, 4 norms") {
+  PredictOptions full;
+  full.full_simulation = true;
+  for (std::uint64_t L = 7; L <= 12; ++L) {
+    ModelSpec m = test::toy_llama();
+    m.num_layers = L;
+    m.qk_norm = L % 2 == 0;
+    m.bias.qkv = L % 3 == 0;
+    m.norms_per_layer = L >= 10 ? 4 : 2;
+    m.tied_embeddings = L % 2 == 1;
+    for (std::uint64_t b : {1, 2, 5})
+      for (Attention a : {Attention::flash, Attention::math}) {
+        Job j;
+        j.batch = b;
+        j.seq = 96;
+        j.attention = a;
+        j.optimizer = b == 1 ? Optimizer::sgd : b == 2 ? Optimizer::lion : Optimizer::sgd_momentum;
+        check_same(predict(m, j), predict(m, j, full), "toy L=" + std::to_string(L));
+      }
+  }
+  CHECK(detail::fast_path_fallbacks() == 0);
+}

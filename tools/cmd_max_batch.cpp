@@ -1,0 +1,83 @@
+// membudget max-batch MODEL --device NAME [job flags]: the largest micro-batch that fits, and the
+// gradient-accumulation steps that reach --global-batch.
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "job_flags.hpp"
+#include "membudget/api.hpp"
+
+namespace membudget::cli {
+namespace {
+
+struct MaxBatchFlags {
+  JobFlags job;
+  std::uint64_t global_batch = 0, data_parallel = 1, limit = 0;
+};
+
+Registrar reg("max-batch", 20, [](CLI::App& app) {
+  auto f = std::make_shared<MaxBatchFlags>();
+  CLI::App* cmd = app.add_subcommand("max-batch", "the largest micro-batch that fits a card (and the accumulation steps)");
+  f->job.add(cmd, /*with_batch_seq=*/false);
+  cmd->add_option("--seq,-s", f->job.seq, "sequence length in tokens (default 4096)");
+  cmd->add_option("--global-batch", f->global_batch, "target global batch (sequences per optimizer step)");
+  cmd->add_option("--data-parallel", f->data_parallel, "data-parallel ranks sharing the global batch (default 1)");
+  cmd->add_option("--max", f->limit, "largest micro-batch tried (default 65536)");
+  cmd->callback([f] {
+    const ModelSpec spec = f->job.model();
+    const Job job = f->job.job(spec);
+    const auto dev = f->job.device_choice();
+    if (!dev) throw Error(ErrorKind::invalid_argument, "max-batch: give --device NAME or --device-memory SIZE");
+    const Format format = parse_format(f->job.format);
+    SearchOptions o;
+    o.headroom = f->job.headroom;
+    o.global_batch = f->global_batch;
+    o.data_parallel = f->data_parallel;
+    o.limit = f->limit;
+    const MaxBatchResult r = max_micro_batch(spec, job, *dev, o);
+    Job at = job;
+    at.batch = std::max<std::uint64_t>(1, r.max_micro_batch);
+    const Budget budget = predict(spec, at);
+    const Fit fit = check_fit(budget, *dev, f->job.headroom);
+    if (format == Format::json) {
+      nlohmann::ordered_json o2;
+      o2["model"] = spec.name;
+      o2["device"] = {{"name", dev->name}, {"capacity", dev->capacity}, {"headroom", f->job.headroom}, {"limit", r.limit}};
+      o2["seq"] = job.seq;
+      o2["max_micro_batch"] = r.max_micro_batch;
+      o2["required"] = r.at_max.required;
+      o2["peak"] = r.at_max.peak;
+      o2["peak_phase"] = r.at_max.peak_phase;
+      if (f->global_batch) {
+        o2["global_batch"] = f->global_batch;
+        o2["data_parallel"] = f->data_parallel;
+        o2["accum_micro_batch"] = r.accum_micro_batch;
+        o2["grad_accum_steps"] = r.grad_accum_steps;
+      }
+      o2["evaluations"] = r.evaluations;
+      o2["budget"] = nlohmann::ordered_json::parse(to_json_string(budget, fit, false, -1));
+      std::cout << o2.dump(2) << "\n";
+    } else if (format == Format::csv) {
+      std::cout << "model,device,seq,max_micro_batch,required,limit,global_batch,accum_micro_batch,grad_accum_steps\n"
+                << spec.name << "," << dev->name << "," << job.seq << "," << r.max_micro_batch << ","
+                << r.at_max.required << "," << r.limit << "," << f->global_batch << "," << r.accum_micro_batch << ","
+                << r.grad_accum_steps << "\n";
+    } else {
+      std::cout << spec.name << " on " << dev->name << " (" << format_bytes(r.limit) << " usable), seq " << job.seq
+                << ", " << to_string(job.precision) << ", recompute " << to_string(job.recompute) << "\n";
+      if (r.max_micro_batch == 0) {
+        std::cout << "  no micro-batch fits: batch 1 needs " << format_bytes(r.at_max.required) << "\n";
+      } else {
+        std::cout << "  max micro-batch  " << r.max_micro_batch << "  (needs " << format_bytes(r.at_max.required)
+                  << ", peak " << r.at_max.peak_phase << ")\n";
+        if (f->global_batch)
+          std::cout << "  global batch " << f->global_batch << " = micro-batch " << r.accum_micro_batch << " × "
+                    << r.grad_accum_steps << " accumulation steps × " << f->data_parallel << " data-parallel ranks\n";
+      }
+    }
+    if (r.max_micro_batch == 0) set_exit_status(1);
+  });
+});
+
+}  // namespace
+}  // namespace membudget::cli

@@ -1,0 +1,110 @@
+// membudget sweep MODEL --batch 1..64 --seq 1024,2048 --precision amp-bf16,bf16 [--device …]
+// [--format csv|json|table]: the estimate over a grid.
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "grid_flags.hpp"
+#include "job_flags.hpp"
+#include "membudget/api.hpp"
+
+namespace membudget::cli {
+namespace {
+
+Registrar reg("sweep", 30, [](CLI::App& app) {
+  auto f = std::make_shared<JobFlags>();
+  f->format = "csv";
+  CLI::App* cmd = app.add_subcommand("sweep", "estimates over a grid of micro-batches, sequences, precisions, recompute");
+  f->add(cmd, /*with_batch_seq=*/false);
+  cmd->add_option("--batch,-b", f->batch, "micro-batches: 1..64, 1..64:8 or 1,2,4 (default 4)");
+  cmd->add_option("--seq,-s", f->seq, "sequence lengths: 1024,2048,4096 or 1024..8192:1024 (default 4096)");
+  cmd->callback([f] {
+    JobFlags base = *f;
+    SweepGrid grid;
+    if (!f->batch.empty()) grid.batches = parse_count_list(f->batch, "--batch");
+    if (!f->seq.empty()) grid.seqs = parse_count_list(f->seq, "--seq");
+    if (!f->precision.empty()) grid.precisions = parse_precision_list(f->precision);
+    if (!f->recompute.empty()) grid.recomputes = parse_recompute_list(f->recompute);
+    base.batch.clear();
+    base.seq.clear();
+    base.precision.clear();
+    base.recompute.clear();
+    const ModelSpec spec = base.model();
+    const Job job = base.job(spec);
+    const auto dev = f->device_choice();
+    std::string format = f->format;
+    if (format != "csv" && format != "json" && format != "table")
+      throw Error(ErrorKind::invalid_argument, "--format: sweep writes csv (default), json or table");
+    const auto points = sweep(spec, job, grid, dev, f->headroom);
+    if (format == "json") {
+      nlohmann::ordered_json a = nlohmann::ordered_json::array();
+      for (const auto& p : points) {
+        nlohmann::ordered_json o = {{"batch", p.batch}, {"seq", p.seq}, {"precision", to_string(p.precision)},
+                                    {"recompute", to_string(p.recompute)}, {"ok", p.ok}};
+        if (p.ok) {
+          o["peak"] = p.estimate.peak;
+          o["required"] = p.estimate.required;
+          o["peak_phase"] = p.estimate.peak_phase;
+          o["model_states"] = p.estimate.terms.model_states;
+          o["activations"] = p.estimate.terms.activations;
+          o["logits_loss"] = p.estimate.terms.logits_loss;
+          if (dev) o["fits"] = p.fits;
+        } else {
+          o["error"] = p.error;
+        }
+        a.push_back(std::move(o));
+      }
+      nlohmann::ordered_json doc = {{"model", spec.name}, {"points", a}};
+      if (dev) doc["device"] = {{"name", dev->name}, {"capacity", dev->capacity}, {"headroom", f->headroom}};
+      std::cout << doc.dump(2) << "\n";
+      return;
+    }
+    std::string out;
+    out.reserve(points.size() * 96);
+    const bool table = format == "table";
+    char line[512];
+    if (table)
+      std::snprintf(line, sizeof line, "%6s %7s %-12s %-9s %14s %14s %-22s %s\n", "batch", "seq", "precision",
+                    "recompute", "peak", "required", "peak_phase", dev ? "fits" : "");
+    else
+      std::snprintf(line, sizeof line, "batch,seq,precision,recompute,peak,required,peak_phase,model_states,"
+                                       "activations,logits_loss,fits,error\n");
+    out += line;
+    for (const auto& p : points) {
+      if (table) {
+        if (p.ok)
+          std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s %14s %14s %-22s %s\n",
+                        static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
+                        to_string(p.precision), to_string(p.recompute), format_bytes(p.estimate.peak).c_str(),
+                        format_bytes(p.estimate.required).c_str(), p.estimate.peak_phase,
+                        dev ? (p.fits ? "yes" : "no") : "");
+        else
+          std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s  error: %s\n", static_cast<unsigned long long>(p.batch),
+                        static_cast<unsigned long long>(p.seq), to_string(p.precision), to_string(p.recompute),
+                        p.error.c_str());
+      } else if (p.ok) {
+        std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,%llu,%llu,%s,%llu,%llu,%llu,%s,\n",
+                      static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
+                      to_string(p.precision), to_string(p.recompute), static_cast<unsigned long long>(p.estimate.peak),
+                      static_cast<unsigned long long>(p.estimate.required), p.estimate.peak_phase,
+                      static_cast<unsigned long long>(p.estimate.terms.model_states),
+                      static_cast<unsigned long long>(p.estimate.terms.activations),
+                      static_cast<unsigned long long>(p.estimate.terms.logits_loss),
+                      dev ? (p.fits ? "true" : "false") : "");
+      } else {
+        std::string err = p.error;
+        for (auto& c : err)
+          if (c == '"') c = '\'';
+        std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,,,,,,,,\"%s\"\n", static_cast<unsigned long long>(p.batch),
+                      static_cast<unsigned long long>(p.seq), to_string(p.precision), to_string(p.recompute),
+                      err.c_str());
+      }
+      out += line;
+    }
+    std::cout << out;
+  });
+});
+
+}  // namespace
+}  // namespace membudget::cli

@@ -1,0 +1,73 @@
+#include "grid_flags.hpp"
+
+#include <cctype>
+
+namespace membudget::cli {
+namespace {
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : text) {
+    if (c == ',') {
+      out.push_back(cur);
+      cur.clear();
+    } else if (!std::isspace(static_cast<unsigned char>(c))) {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+std::uint64_t number(const std::string& s, const char* option, const std::string& whole) {
+  if (s.empty() || s.size() > 12)
+    throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + whole +
+                                                 "' is not a list like 1..64, 1..64:8 or 1024,2048");
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c)))
+      throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + whole +
+                                                   "' is not a list like 1..64, 1..64:8 or 1024,2048");
+  const std::uint64_t v = std::stoull(s);
+  if (v == 0) throw Error(ErrorKind::invalid_argument, std::string(option) + ": values must be at least 1");
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::uint64_t> parse_count_list(const std::string& text, const char* option) {
+  std::vector<std::uint64_t> out;
+  for (const std::string& item : split(text)) {
+    const auto dots = item.find("..");
+    if (dots == std::string::npos) {
+      out.push_back(number(item, option, text));
+      continue;
+    }
+    std::string rest = item.substr(dots + 2);
+    std::uint64_t step = 1;
+    if (auto colon = rest.find(':'); colon != std::string::npos) {
+      step = number(rest.substr(colon + 1), option, text);
+      rest = rest.substr(0, colon);
+    }
+    const std::uint64_t a = number(item.substr(0, dots), option, text), b = number(rest, option, text);
+    if (b < a) throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + item + "' is an empty range");
+    if ((b - a) / step >= 1000000)
+      throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + item + "' has more than a million values");
+    for (std::uint64_t v = a; v <= b; v += step) out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<Precision> parse_precision_list(const std::string& text) {
+  std::vector<Precision> out;
+  for (const std::string& s : split(text)) out.push_back(parse_precision(s));
+  return out;
+}
+
+std::vector<Recompute> parse_recompute_list(const std::string& text) {
+  std::vector<Recompute> out;
+  for (const std::string& s : split(text)) out.push_back(parse_recompute(s));
+  return out;
+}
+
+}  // namespace membudget::cli
