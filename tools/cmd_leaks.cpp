@@ -1,0 +1,58 @@
+// membudget leaks: is allocated memory flat from step to step, or a staircase?
+//
+//   membudget leaks steps.csv [--format table|json]
+// steps.csv: "step,allocated" (bytes allocated after each step; see membudget/leaks.hpp).
+// Exit codes: 0 no leak, 1 leak found, 2 bad input (unreadable CSV, a .pickle snapshot, which is
+// not supported yet), 5 the file could not be read.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "cli.hpp"
+#include "membudget/leaks.hpp"
+
+namespace membudget::cli {
+namespace {
+
+struct LeaksOptions {
+  std::string path;
+  std::string format = "table";
+};
+
+void run(const LeaksOptions& o) {
+  if (o.path.ends_with(".pickle") || o.path.ends_with(".pkl"))
+    throw Error(ErrorKind::unsupported,
+                o.path + ": memory snapshots (torch.cuda.memory._dump_snapshot pickles) are not "
+                         "supported yet; write the bytes allocated after each step "
+                         "(torch.cuda.memory_allocated()) to a CSV 'step,allocated' instead");
+  const StepSeries series = read_steps_csv_file(o.path);
+  const LeakReport r = detect_leak(series.allocated, series.steps);
+  if (o.format == "json") {
+    std::cout << to_json(r).dump(2) << "\n";
+  } else {
+    std::printf("steps:           %zu\n", r.steps);
+    std::printf("leak:            %s\n", r.leak ? "yes" : "no");
+    if (r.leak) {
+      std::printf("growth per step: %s (%llu B)\n", format_bytes(r.growth_per_step).c_str(),
+                  static_cast<unsigned long long>(r.growth_per_step));
+      std::printf("from step:       %lld\n", static_cast<long long>(*r.start_step));
+      std::printf("growth in total: %s\n", format_bytes(r.growth_total).c_str());
+    }
+    std::printf("%s\n", r.explanation.c_str());
+  }
+  if (r.leak) set_exit_status(1);
+}
+
+const Registrar registrar("leaks", 61, [](CLI::App& parent) {
+  auto o = std::make_shared<LeaksOptions>();
+  auto* sub = parent.add_subcommand(
+      "leaks", "Find a per-step memory leak in allocated-bytes-per-step (exit 1 when found)");
+  sub->add_option("steps", o->path, "steps.csv: step,allocated (bytes after each step)")
+      ->required();
+  sub->add_option("--format", o->format, "Output format")
+      ->check(CLI::IsMember({"table", "json"}));
+  sub->callback([o] { run(*o); });
+});
+
+}  // namespace
+}  // namespace membudget::cli

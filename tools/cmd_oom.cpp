@@ -1,0 +1,98 @@
+// membudget oom: read a PyTorch out-of-memory message, classify it, print the first fix.
+//
+//   membudget oom [TEXT] [--file F] [--format table|json] [--step N] [--phase train|eval]
+//                 [--long-seq]
+// The message comes from TEXT, else from --file, else from standard input; it may sit anywhere in
+// a traceback or a log. Exit codes: 0 the message was read, 2 no readable message (or bad
+// options), 5 the file could not be read.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include "cli.hpp"
+#include "membudget/oom.hpp"
+
+namespace membudget::cli {
+namespace {
+
+struct OomOptions {
+  std::string text;
+  std::string file;
+  std::string format = "table";
+  std::optional<std::uint64_t> step;
+  std::string phase;
+  bool long_seq = false;
+};
+
+std::string read_input(const OomOptions& o) {
+  if (!o.text.empty()) return o.text;
+  std::ostringstream ss;
+  if (!o.file.empty()) {
+    std::ifstream in(o.file, std::ios::binary);
+    if (!in) throw Error(ErrorKind::io, o.file + ": cannot read");
+    ss << in.rdbuf();
+  } else {
+    ss << std::cin.rdbuf();
+  }
+  return ss.str();
+}
+
+void print_table(const OomReport& r, const OomDiagnosis& d) {
+  auto row = [](const std::string& name, bytes_t v, const std::string& note = "") {
+    std::printf("  %-22s %14s  %20llu B%s%s\n", name.c_str(), format_bytes(v).c_str(),
+                static_cast<unsigned long long>(v), note.empty() ? "" : "  ", note.c_str());
+  };
+  std::printf("%s out-of-memory message at line %zu (PyTorch %s template), GPU %d\n",
+              r.backend.c_str(), r.line, to_string(r.template_version), r.gpu);
+  row("requested", r.requested, "(rounded by the allocator)");
+  row("capacity", r.capacity);
+  if (r.allowed) row("allowed", *r.allowed, "(per-process fraction)");
+  row("free", r.free);
+  row("allocated by PyTorch", r.allocated);
+  if (r.private_pools) row("  in private pools", *r.private_pools, "(CUDA graphs)");
+  row("reserved by PyTorch", r.reserved, r.reserved_derived ? "(allocated + unallocated)" : "");
+  row("reserved unallocated", r.reserved_unallocated,
+      r.reserved_unallocated_derived ? "(reserved - allocated)" : "");
+  row("outside PyTorch", r.non_pytorch(), "(capacity - free - reserved)");
+  if (r.process_in_use) row("this process", *r.process_in_use, "(including non-PyTorch memory)");
+  for (const auto& p : r.other_processes) row("process " + std::to_string(p.pid), p.in_use);
+  std::printf("\nclassification: %s (%s)\n  %s\nfirst fix: %s\n", to_string(d.classification),
+              d.situation.c_str(), d.explanation.c_str(), d.first_fix.c_str());
+}
+
+void run(const OomOptions& o) {
+  OomContext ctx;
+  ctx.step = o.step;
+  ctx.phase = o.phase == "eval" ? OomPhase::eval : o.phase == "train" ? OomPhase::train
+                                                                      : OomPhase::unknown;
+  ctx.long_sequences_only = o.long_seq;
+  const std::string input = read_input(o);
+  const OomReport report = parse_oom_message(input);
+  if (o.format == "json") {
+    std::cout << to_json(report, ctx).dump(2) << "\n";
+  } else {
+    print_table(report, classify(report, ctx));
+  }
+}
+
+const Registrar registrar("oom", 60, [](CLI::App& parent) {
+  auto o = std::make_shared<OomOptions>();
+  auto* sub = parent.add_subcommand(
+      "oom", "Read a PyTorch out-of-memory message: its figures, the cause and the first fix");
+  sub->add_option("text", o->text, "The message (or a whole traceback); default: --file or stdin");
+  sub->add_option("--file,-f", o->file, "Read the message from this file");
+  sub->add_option("--format", o->format, "Output format")
+      ->check(CLI::IsMember({"table", "json"}));
+  sub->add_option("--step", o->step, "0-based index of the step that ran out of memory");
+  sub->add_option("--phase", o->phase, "Phase that ran out of memory")
+      ->check(CLI::IsMember({"train", "eval"}));
+  sub->add_flag("--long-seq", o->long_seq, "It runs out of memory only on the longest sequences");
+  sub->callback([o] { run(*o); });
+});
+
+}  // namespace
+}  // namespace membudget::cli
