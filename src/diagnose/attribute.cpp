@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "pickle.hpp"
+#include "attribute_internal.hpp"
 #include "trace.hpp"
 
 namespace membudget {
@@ -130,10 +131,20 @@ const PhasePeak* peak_phase_of(const Budget& b) {
       if (p.name == name) return &p;
     return nullptr;
   }
-  return b.find_phase(name);
+  for (const auto& p : b.phases)  // (not Budget::find_phase: this file links without predict.cpp)
+    if (p.name == name) return &p;
+  return nullptr;
 }
 
-Attribution attribute(const diagnose::DecodedSnapshot& snap, const AttributeOptions& options) {
+}  // namespace
+
+namespace diagnose {
+
+std::string user_frame_label(const std::vector<Frame>& frames) { return frame_label(frames); }
+bool is_optimizer_frame(const Frame& f) { return optimizer_frame(f); }
+bool is_workspace_size(bytes_t size) { return workspace_size(size); }
+
+Attribution attribute_decoded(const DecodedSnapshot& snap, const Budget* budget, const Job& job) {
   Attribution a;
   a.device = snap.device;
   a.has_trace = snap.has_trace;
@@ -166,12 +177,8 @@ Attribution attribute(const diagnose::DecodedSnapshot& snap, const AttributeOpti
       break;
     }
   }
-  std::optional<Budget> budget;
-  if (options.model) {
-    PredictOptions po;
-    po.explain = true;
-    budget = predict(*options.model, options.job, po);
-    const bytes_t tv = checked_product("logits size", options.job.batch, options.job.seq, options.model->vocab_size);
+  if (budget) {
+    const bytes_t tv = checked_product("logits size", job.batch, job.seq, budget->model.vocab_size);
     for (bytes_t k : {2ull, 4ull}) cls.logits_sizes.push_back((checked_mul(tv, k, "logits size") + 511) / 512 * 512);
   }
 
@@ -225,7 +232,7 @@ Attribution attribute(const diagnose::DecodedSnapshot& snap, const AttributeOpti
   return a;
 }
 
-}  // namespace
+}  // namespace diagnose
 
 std::array<bytes_t, kMemoryTerms> predicted_terms(const Budget& b) {
   std::array<bytes_t, kMemoryTerms> out{};
@@ -242,16 +249,6 @@ std::array<bytes_t, kMemoryTerms> predicted_terms(const Budget& b) {
     else add(MemoryTerm::activations, t.bytes);
   }
   return out;
-}
-
-Attribution attribute_snapshot(std::string pickle_bytes, const std::string& where, const AttributeOptions& options) {
-  auto snap = diagnose::decode_snapshot(diagnose::parse_pickle(std::move(pickle_bytes), where), where);
-  return attribute(snap, options);
-}
-
-Attribution attribute_snapshot_file(const std::string& path, const AttributeOptions& options) {
-  auto snap = diagnose::read_snapshot_file(path);
-  return attribute(snap, options);
 }
 
 }  // namespace membudget

@@ -129,6 +129,25 @@ DecodedSnapshot decode_snapshot(PickleDocument doc, const std::string& where) {
       }
     }
   }
+  if (const PickleValue* ann = root.find("external_annotations"); ann && !ann->is_none()) {
+    const auto& items = ann->items(where + ": external_annotations");
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const std::string w = where + ": external_annotations[" + std::to_string(i) + "]";
+      const PickleValue& a = items[i];
+      if (!a.is_dict()) bad(w, "expected a dict");
+      if (const PickleValue* d = a.find("device"); d && !d->is_none() && d->as_uint(w + ".device") != s.device)
+        continue;
+      Annotation an;
+      const PickleValue* stage = a.find("stage");
+      const PickleValue* name = a.find("name");
+      const PickleValue* t = a.find("time_us");
+      if (!stage || !name || !t) continue;  // not a range marker
+      an.start = stage->as_string(w + ".stage") == "START";
+      an.name = name->as_string(w + ".name");
+      an.time_us = t->as_int(w + ".time_us");
+      s.annotations.push_back(an);
+    }
+  }
   return s;
 }
 

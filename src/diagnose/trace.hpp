@@ -44,6 +44,14 @@ struct EndBlock {
   const PickleValue* frames = nullptr;
 };
 
+// external_annotations: record_function ranges the profiler hooks log (Optimizer.step#AdamW.step,
+// Optimizer.zero_grad#AdamW.zero_grad), START and END with a time.
+struct Annotation {
+  bool start = false;
+  std::string_view name;
+  std::int64_t time_us = 0;
+};
+
 struct DecodedSnapshot {
   PickleDocument doc;
   std::string where;
@@ -51,6 +59,7 @@ struct DecodedSnapshot {
   bool has_trace = false;    // device_traces present with at least one event
   std::vector<TraceEvent> events;
   std::vector<EndBlock> end_blocks;  // state active_allocated in segments of `device`
+  std::vector<Annotation> annotations;  // of `device` (or without a device), in file order
 };
 
 // Takes the parsed document (kept alive: frames point into it). The device is the trace with the
