@@ -339,6 +339,19 @@ TEST_CASE("hostile snapshot structures are Error(parse), never a crash") {
   CHECK(a.before_recording == 1024);
   CHECK(a.peak_bytes == 1024);
   CHECK(a.end_bytes == 0);
+  // a frame that is not UTF-8: the JSON replaces the bytes instead of failing
+  {
+    Trace tr;
+    tr.event("alloc", 1, 512, {{"/home/u/tr\xff\xfein.py", 3, "step"}});
+    tr.annotations.push_back({"Optimizer.zero_grad#AdamW.zero_grad", tr.t});
+    const std::string p = "/tmp/membudget_test_utf8.pickle";
+    std::ofstream(p, std::ios::binary) << tr.finish();
+    auto r = test::run_cli("attribute " + p + " --format json");
+    CHECK(r.exit_code == 0);
+    CHECK(nlohmann::json::parse(r.out)["peak_bytes"] == 512);
+    auto l = test::run_cli("leaks " + p + " --format json");
+    CHECK(l.exit_code == 0);
+  }
   // the CLI: exit 2 and a message naming the file
   const std::string path = "/tmp/membudget_test_garbage.pickle";
   std::ofstream(path, std::ios::binary) << "\x80\x02garbage";

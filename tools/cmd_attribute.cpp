@@ -70,7 +70,8 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
         j["predicted_peak"] = a.predicted_peak;
         j["predicted_phase"] = a.predicted_phase;
       }
-      std::cout << j.dump(2) << "\n";
+      // frames come from the file: invalid UTF-8 is replaced, not fatal
+      std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
       return;
     }
     std::cout << *path << ": device " << a.device << ", " << a.trace_entries << " trace entries\n";

@@ -27,7 +27,8 @@ void run(const LeaksOptions& o) {
     const SnapshotLeaks l = snapshot_leaks_file(o.path);
     const LeakReport& r = l.report;
     if (o.format == "json") {
-      std::cout << to_json(l).dump(2) << "\n";
+      // frames come from the file: invalid UTF-8 is replaced, not fatal
+      std::cout << to_json(l).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
       std::printf("step boundaries: %s\n", l.boundaries.c_str());
       std::printf("steps:           %zu\n", r.steps);
