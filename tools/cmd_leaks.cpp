@@ -2,14 +2,17 @@
 //
 //   membudget leaks steps.csv [--format table|json]
 // steps.csv: "step,allocated" (bytes allocated after each step; see membudget/leaks.hpp).
-// Exit codes: 0 no leak, 1 leak found, 2 bad input (unreadable CSV, a .pickle snapshot, which is
-// not supported yet), 5 the file could not be read.
+//   membudget leaks snapshot.pickle [--format table|json]
+// A .pickle is a torch.cuda.memory._dump_snapshot with a trace (membudget/snapshot_leaks.hpp).
+// Exit codes: 0 no leak, 1 leak found, 2 bad input (unreadable CSV or snapshot, a snapshot without
+// trace or step boundaries), 5 the file could not be read.
 #include <cstdio>
 #include <iostream>
 #include <memory>
 
 #include "cli.hpp"
 #include "membudget/leaks.hpp"
+#include "membudget/snapshot_leaks.hpp"
 
 namespace membudget::cli {
 namespace {
@@ -20,11 +23,33 @@ struct LeaksOptions {
 };
 
 void run(const LeaksOptions& o) {
-  if (o.path.ends_with(".pickle") || o.path.ends_with(".pkl"))
-    throw Error(ErrorKind::unsupported,
-                o.path + ": memory snapshots (torch.cuda.memory._dump_snapshot pickles) are not "
-                         "supported yet; write the bytes allocated after each step "
-                         "(torch.cuda.memory_allocated()) to a CSV 'step,allocated' instead");
+  if (o.path.ends_with(".pickle") || o.path.ends_with(".pkl")) {
+    const SnapshotLeaks l = snapshot_leaks_file(o.path);
+    const LeakReport& r = l.report;
+    if (o.format == "json") {
+      // frames come from the file: invalid UTF-8 is replaced, not fatal
+      std::cout << to_json(l).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    } else {
+      std::printf("step boundaries: %s\n", l.boundaries.c_str());
+      std::printf("steps:           %zu\n", r.steps);
+      for (std::size_t i = 0; i < l.series.allocated.size(); ++i)
+        std::printf("  step %-4zu      %s\n", i, format_bytes(l.series.allocated[i]).c_str());
+      std::printf("leak:            %s\n", r.leak ? "yes" : "no");
+      if (r.leak) {
+        std::printf("growth per step: %s (%llu B)\n", format_bytes(r.growth_per_step).c_str(),
+                    static_cast<unsigned long long>(r.growth_per_step));
+        std::printf("from step:       %lld\n", static_cast<long long>(*r.start_step));
+        std::printf("growth in total: %s\n", format_bytes(r.growth_total).c_str());
+      }
+      std::printf("%s\n", r.explanation.c_str());
+      std::printf("never freed, born after warm-up: %s\n", format_bytes(l.survivor_bytes).c_str());
+      for (const auto& g : l.survivors)
+        std::printf("  %-12s %6llu  from step %lld  %s\n", format_bytes(g.bytes).c_str(),
+                    static_cast<unsigned long long>(g.count), static_cast<long long>(g.first_step), g.frame.c_str());
+    }
+    if (r.leak) set_exit_status(1);
+    return;
+  }
   const StepSeries series = read_steps_csv_file(o.path);
   const LeakReport r = detect_leak(series.allocated, series.steps);
   if (o.format == "json") {
@@ -47,7 +72,7 @@ const Registrar registrar("leaks", 61, [](CLI::App& parent) {
   auto o = std::make_shared<LeaksOptions>();
   auto* sub = parent.add_subcommand(
       "leaks", "Find a per-step memory leak in allocated-bytes-per-step (exit 1 when found)");
-  sub->add_option("steps", o->path, "steps.csv: step,allocated (bytes after each step)")
+  sub->add_option("steps", o->path, "steps.csv (step,allocated: bytes after each step) or a snapshot .pickle")
       ->required();
   sub->add_option("--format", o->format, "Output format")
       ->check(CLI::IsMember({"table", "json"}));

@@ -19,6 +19,10 @@ std::uint64_t parse_count(const std::string& text, const char* option) {
 void JobFlags::add(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("model", model_path, "model spec: our YAML (configs/*.yaml) or a Hugging Face config.json")
       ->required();
+  add_job_options(cmd, with_batch_seq);
+}
+
+void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   if (with_batch_seq) {
     cmd->add_option("--batch,-b", batch, "micro-batch size (default 4)");
     cmd->add_option("--seq,-s", seq, "sequence length in tokens (default 4096)");

@@ -21,6 +21,8 @@ struct JobFlags {
 
   // Adds the model argument and every job flag to `cmd`.
   void add(CLI::App* cmd, bool with_batch_seq = true);
+  // The job flags without the model argument (for commands where the model is optional).
+  void add_job_options(CLI::App* cmd, bool with_batch_seq = true);
   // The model spec and the job: YAML `job:` section first, then the flags that were given.
   ModelSpec model() const;
   Job job(const ModelSpec& spec) const;
