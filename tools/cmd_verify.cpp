@@ -1,4 +1,5 @@
-// membudget verify MODEL [job flags]: run the synthetic step, measure each phase, compare.
+// membudget verify MODEL [job flags]: run the synthetic step (training, or --mode infer: prefill and
+// one decode step), measure each phase, compare.
 #include <iostream>
 
 #include "cli.hpp"
@@ -36,7 +37,9 @@ struct VerifyFlags {
 Registrar reg("verify", 20, [](CLI::App& app) {
   auto f = std::make_shared<VerifyFlags>();
   CLI::App* cmd = app.add_subcommand(
-      "verify", "run membudget's synthetic training step, measure each phase and compare with the prediction");
+      "verify",
+      "run membudget's synthetic training step (or, with --mode infer, a prefill into a KV pool and one decode "
+      "step), measure each phase and compare with the prediction");
   f->job.add(cmd);
   cmd->add_option("--device-backend", f->backend, "cpu (default: Eigen on host memory) | cuda");
   cmd->add_option("--steps", f->steps, "measured steps after the warm-up (default 3)");

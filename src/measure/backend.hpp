@@ -125,6 +125,29 @@ class Backend {
   // out = a + b; its backward sends the same gradient to both inputs, which the harness does by
   // sharing one residual-gradient buffer (rmsnorm_backward accumulates into it).
   virtual void residual_forward(View out, View a, View b, std::size_t n) = 0;
+
+  // ---- inference (`membudget verify --mode infer`, harness_infer.cpp) ----
+  // Both have a default so that a backend without them still builds; the harness's inference step
+  // needs them (K/V are written into the pool with cast(), one call per sequence).
+
+  // rotary_forward with positions pos0 + s (a decode step continues the prompt's positions).
+  // Default: pos0 == 0 is rotary_forward, any other offset Error(unsupported).
+  virtual void rotary_forward_at(View x, int B, int S, int heads, int head_dim, float theta, int pos0) {
+    if (pos0 != 0)
+      throw Error(ErrorKind::unsupported, name() + ": rotary_forward_at (rotary with a position offset) is not implemented");
+    rotary_forward(x, B, S, heads, head_dim, theta);
+  }
+
+  // Causal GQA attention of a.S new queries per sequence over a KV cache, softmax scale
+  // 1/sqrt(head_dim), nothing saved (no log-sum-exp). q and out (B, S, heads, head_dim): query i of a
+  // sequence sits at position past + i. k_cache, v_cache (B, max_tokens, kv_heads, head_dim), one
+  // sequence every max_tokens rows, already hold positions 0 … past + S − 1 (the new keys included);
+  // query i attends keys 0 … past + i. Default: Error(unsupported).
+  virtual void attention_forward_cached(View out, View q, View k_cache, View v_cache, const AttnShape& a, int past,
+                                        int max_tokens) {
+    (void)out, (void)q, (void)k_cache, (void)v_cache, (void)a, (void)past, (void)max_tokens;
+    throw Error(ErrorKind::unsupported, name() + ": attention_forward_cached (attention over a KV cache) is not implemented");
+  }
 };
 
 // The Eigen reference backend on host memory of `capacity` bytes (0: unlimited).

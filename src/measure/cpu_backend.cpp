@@ -152,7 +152,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rotary(View x, int B, int S, int heads, int hd, float theta, float sign) {
+  void rotary(View x, int B, int S, int heads, int hd, float theta, float sign, int pos0 = 0) {
     const std::size_t n = static_cast<std::size_t>(B) * S * heads * hd;
     std::vector<float> v = load(x, n);
     const int half = hd / 2;
@@ -162,7 +162,7 @@ class CpuBackend final : public Backend {
           float* p = v.data() + ((static_cast<std::size_t>(b) * S + s) * heads + h) * hd;
           for (int i = 0; i < half; ++i) {
             const double freq = std::pow(static_cast<double>(theta), -2.0 * i / hd);
-            const double ang = s * freq;
+            const double ang = (pos0 + s) * freq;
             const float c = static_cast<float>(std::cos(ang)), sn = sign * static_cast<float>(std::sin(ang));
             const float a = p[i], bb = p[i + half];
             p[i] = a * c - bb * sn;
@@ -174,6 +174,10 @@ class CpuBackend final : public Backend {
   void rotary_forward(View x, int B, int S, int heads, int hd, float theta) override { rotary(x, B, S, heads, hd, theta, 1.0f); }
   void rotary_backward(View dx, int B, int S, int heads, int hd, float theta) override {
     rotary(dx, B, S, heads, hd, theta, -1.0f);  // the transpose of a rotation is the inverse rotation
+  }
+
+  void rotary_forward_at(View x, int B, int S, int heads, int hd, float theta, int pos0) override {
+    rotary(x, B, S, heads, hd, theta, 1.0f, pos0);
   }
 
   // Online softmax over the keys of each query: running max, running sum and running output, one
@@ -205,6 +209,41 @@ class CpuBackend final : public Backend {
           }
           Eigen::Map<Eigen::VectorXf>(&O[((static_cast<std::size_t>(b) * S + i) * H + h) * D], D) = acc / l;
           lse[(static_cast<std::size_t>(b) * H + h) * S + i] = m + std::log(l);
+        }
+      }
+    store(out, O.data(), O.size());
+  }
+
+  // The same online softmax, keys and values read from the cache rows of each sequence.
+  void attention_forward_cached(View out, View q, View k_cache, View v_cache, const AttnShape& a, int past,
+                                int max_tokens) override {
+    const int B = a.B, S = a.S, H = a.heads, KV = a.kv_heads, D = a.head_dim, G = a.group();
+    if (past + S > max_tokens)
+      throw Error(ErrorKind::invalid_argument, "attention_forward_cached: past + new tokens exceed the cache");
+    std::vector<float> Q = load(q, static_cast<std::size_t>(B) * S * H * D);
+    const std::size_t nk = static_cast<std::size_t>(B) * max_tokens * KV * D;
+    std::vector<float> K = load(k_cache, nk), V = load(v_cache, nk);
+    std::vector<float> O(Q.size());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    Eigen::VectorXf acc(D);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const int kh = h / G;
+        for (int i = 0; i < S; ++i) {
+          Eigen::Map<const Eigen::VectorXf> qi(&Q[((static_cast<std::size_t>(b) * S + i) * H + h) * D], D);
+          float m = -INFINITY, l = 0.0f;
+          acc.setZero();
+          for (int j = 0; j <= past + i; ++j) {
+            const std::size_t row = (static_cast<std::size_t>(b) * max_tokens + j) * KV + kh;
+            Eigen::Map<const Eigen::VectorXf> kj(&K[row * D], D), vj(&V[row * D], D);
+            const float s = qi.dot(kj) * scale;
+            const float mn = std::max(m, s);
+            const float corr = std::exp(m - mn), p = std::exp(s - mn);
+            l = l * corr + p;
+            acc = acc * corr + p * vj;
+            m = mn;
+          }
+          Eigen::Map<Eigen::VectorXf>(&O[((static_cast<std::size_t>(b) * S + i) * H + h) * D], D) = acc / l;
         }
       }
     store(out, O.data(), O.size());

@@ -1,70 +1,16 @@
 // The synthetic step: forward, backward and AdamW of a Llama-family decoder on a Backend.
 #include "measure/harness.hpp"
 
+#include "measure/harness_buffer.hpp"
+
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 
 namespace membudget::measure {
 namespace {
 
 constexpr std::size_t kLeakBytes = 4096;
-
-// splitmix64 and Box–Muller: the same parameters and batch on every platform.
-struct Rng {
-  std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-  float normal() {
-    const double u1 = uniform(), u2 = uniform();
-    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-  }
-};
-
-// An allocation from the CachingAllocator, returned when the Buffer dies.
-class Buffer {
- public:
-  Buffer() = default;
-  Buffer(CachingAllocator& a, std::size_t bytes, DType dtype, const AllocTag& tag)
-      : alloc_(&a), ptr_(a.allocate(bytes, tag)), bytes_(bytes), dtype_(dtype) {}
-  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
-  Buffer& operator=(Buffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      alloc_ = o.alloc_;
-      ptr_ = o.ptr_;
-      bytes_ = o.bytes_;
-      dtype_ = o.dtype_;
-      o.ptr_ = nullptr;
-    }
-    return *this;
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() { reset(); }
-
-  void reset() {
-    if (ptr_) alloc_->deallocate(ptr_);
-    ptr_ = nullptr;
-  }
-  explicit operator bool() const { return ptr_ != nullptr; }
-  View view() const { return {ptr_, dtype_}; }
-  float* f32() const { return static_cast<float*>(ptr_); }
-  std::int32_t* i32() const { return static_cast<std::int32_t*>(ptr_); }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  CachingAllocator* alloc_ = nullptr;
-  void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
-  DType dtype_ = DType::fp32;
-};
 
 struct Recipe {
   DType param, grad, moment, act;
@@ -79,14 +25,6 @@ Recipe recipe_of(Precision p) {
     case Precision::bf16_master: break;
   }
   throw Error(ErrorKind::unsupported, "--precision bf16-master: the harness implements fp32, amp-bf16 and bf16");
-}
-
-// fp32 → bf16 with round-to-nearest-even (the values here are finite).
-std::uint16_t to_bf16_bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
 }
 
 enum class Init { normal, ones, zeros };

@@ -40,12 +40,15 @@ struct StepMeasure {
   bytes_t allocated_end = 0;    // allocated after the step
   bytes_t reserved_peak = 0;    // reserved.peak over the step
   float loss = 0;               // mean cross-entropy of the forward
+  // inference mode (harness_infer.hpp): floor is weights + KV pool; these replace the three above
+  bytes_t prefill_peak = 0;
+  bytes_t decode_peak = 0;
 };
 
 // Where a phase starts in the allocator's history (for the timeline plot).
 struct PhaseMark {
   int step = 0;
-  std::string phase;  // "forward", "backward", "optimizer", "end"
+  std::string phase;  // "forward", "backward", "optimizer", "end" (inference: "prefill", "decode")
   std::size_t event = 0;
 };
 

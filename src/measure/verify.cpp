@@ -15,26 +15,31 @@ namespace {
 
 using nlohmann::ordered_json;
 
-constexpr const char* kPhases[] = {"floor", "forward_peak", "backward_peak", "optimizer_peak"};
+const std::vector<const char*> kTrainPhases = {"floor", "forward_peak", "backward_peak", "optimizer_peak"};
+const std::vector<const char*> kInferPhases = {"floor", "prefill_peak", "decode_peak"};
+
+const std::vector<const char*>& phases_of_mode(bool infer) { return infer ? kInferPhases : kTrainPhases; }
 
 bytes_t measured_phase(const StepMeasure& m, std::string_view phase) {
   if (phase == "floor") return m.floor;
   if (phase == "forward_peak") return m.forward_peak;
   if (phase == "backward_peak") return m.backward_peak;
+  if (phase == "prefill_peak") return m.prefill_peak;
+  if (phase == "decode_peak") return m.decode_peak;
   return m.optimizer_peak;
 }
 
 bytes_t predicted_phase(const Budget& b, int step, std::string_view phase) {
-  const auto& list = step == 0 ? b.step0 : b.phases;
+  const auto& list = step == 0 && !b.step0.empty() ? b.step0 : b.phases;
   for (const auto& p : list)
     if (p.name == phase) return p.bytes;
   return 0;
 }
 
-StepCheck check_step(const Budget& b, const StepMeasure& m, double tolerance) {
+StepCheck check_step(const Budget& b, const StepMeasure& m, double tolerance, bool infer) {
   StepCheck sc;
   sc.measure = m;
-  for (const char* name : kPhases) {
+  for (const char* name : phases_of_mode(infer)) {
     PhaseCheck pc;
     pc.phase = name;
     pc.predicted = predicted_phase(b, m.index, name);
@@ -74,13 +79,23 @@ VerifyResult run_verify(const ModelSpec& model, const Job& job_in, const VerifyO
   CachingAllocator allocator(backend->memory(), ao);
   HarnessOptions ho;
   ho.leak_per_step = options.leak_per_step;
+  res.infer = job.mode == Mode::infer;
   std::optional<Harness> harness;
+  std::optional<InferHarness> iharness;
   try {
-    harness.emplace(model, job, *backend, allocator, ho);
+    if (res.infer) {
+      InferOptions io;
+      io.leak_per_step = options.leak_per_step;
+      iharness.emplace(model, job, *backend, allocator, io);
+      res.kv_pool = iharness->kv_pool_bytes();
+      res.weights = iharness->weight_bytes();
+    } else {
+      harness.emplace(model, job, *backend, allocator, ho);
+    }
     for (int i = 0; i < options.warmup + options.steps; ++i) {
-      StepMeasure m = harness->step();
+      StepMeasure m = res.infer ? iharness->step().measure : harness->step();
       res.allocated_after.push_back(m.allocated_end);
-      if (i >= options.warmup) res.steps.push_back(check_step(res.predicted, m, options.tolerance));
+      if (i >= options.warmup) res.steps.push_back(check_step(res.predicted, m, options.tolerance, res.infer));
     }
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::out_of_memory) throw;
@@ -89,7 +104,8 @@ VerifyResult run_verify(const ModelSpec& model, const Job& job_in, const VerifyO
     msg << e.what() << "\nmembudget verify: the predicted peak is " << format_bytes(res.predicted.peak) << " ("
         << res.predicted.peak_phase << ") and the " << backend->name() << " memory holds "
         << format_bytes(backend->memory().capacity())
-        << "; lower --batch or --seq, use --recompute full or --loss chunked, or give more memory";
+        << (res.infer ? "; lower --batch or --seq, or give more memory"
+                      : "; lower --batch or --seq, use --recompute full or --loss chunked, or give more memory");
     throw Error(ErrorKind::out_of_memory, msg.str());
   }
   const AllocatorStats s = allocator.stats();
@@ -107,7 +123,9 @@ VerifyResult run_verify(const ModelSpec& model, const Job& job_in, const VerifyO
       break;
     }
   if (!options.snapshot_path.empty()) write_snapshot(allocator, options.snapshot_path);
-  if (!options.plot_path.empty()) write_file(options.plot_path, timeline_svg(allocator.history(), harness->marks(), res));
+  if (!options.plot_path.empty())
+    write_file(options.plot_path,
+               timeline_svg(allocator.history(), res.infer ? iharness->marks() : harness->marks(), res));
   return res;
 }
 
@@ -120,12 +138,18 @@ ordered_json phases_of(const Budget& b, const std::vector<PhasePeak>& list) {
   return o;
 }
 
-ordered_json step_json(const StepCheck& sc) {
+ordered_json step_json(const StepCheck& sc, bool infer) {
   const StepMeasure& m = sc.measure;
-  ordered_json o = {{"step", m.index},           {"loss", m.loss},
-                    {"floor", m.floor},          {"forward_peak", m.forward_peak},
-                    {"backward_peak", m.backward_peak}, {"optimizer_peak", m.optimizer_peak},
-                    {"allocated_end", m.allocated_end}, {"reserved_peak", m.reserved_peak}};
+  ordered_json o = infer ? ordered_json{{"step", m.index},
+                                        {"floor", m.floor},
+                                        {"prefill_peak", m.prefill_peak},
+                                        {"decode_peak", m.decode_peak},
+                                        {"allocated_end", m.allocated_end},
+                                        {"reserved_peak", m.reserved_peak}}
+                         : ordered_json{{"step", m.index},           {"loss", m.loss},
+                                        {"floor", m.floor},          {"forward_peak", m.forward_peak},
+                                        {"backward_peak", m.backward_peak}, {"optimizer_peak", m.optimizer_peak},
+                                        {"allocated_end", m.allocated_end}, {"reserved_peak", m.reserved_peak}};
   ordered_json err = ordered_json::object();
   for (const auto& pc : sc.phases)
     err[pc.phase] = {{"predicted", pc.predicted}, {"bytes", pc.error}, {"percent", pc.error_pct}, {"ok", pc.ok}};
@@ -161,26 +185,44 @@ std::string render_verify(const VerifyResult& r, Format format) {
     ordered_json o;
     o["model"] = r.predicted.model.name;
     o["backend"] = r.backend;
-    o["job"] = {{"batch", j.batch},
-                {"seq", j.seq},
-                {"precision", to_string(j.precision)},
-                {"recompute", to_string(j.recompute)},
-                {"loss", to_string(j.loss)},
-                {"loss_chunk", j.loss_chunk},
-                {"profile", to_string(j.profile)}};
+    if (r.infer)
+      o["job"] = {{"mode", "infer"},
+                  {"batch", j.batch},
+                  {"seq", j.seq},
+                  {"pool_tokens", j.seq + 1},
+                  {"weights", to_string(j.weights)},
+                  {"kv_dtype", to_string(j.kv_dtype)},
+                  {"profile", to_string(j.profile)}};
+    else
+      o["job"] = {{"batch", j.batch},
+                  {"seq", j.seq},
+                  {"precision", to_string(j.precision)},
+                  {"recompute", to_string(j.recompute)},
+                  {"loss", to_string(j.loss)},
+                  {"loss_chunk", j.loss_chunk},
+                  {"profile", to_string(j.profile)}};
     o["steps"] = r.options.steps;
     o["warmup"] = r.options.warmup;
     o["tolerance"] = r.options.tolerance;
     o["predicted"] = phases_of(r.predicted, r.predicted.phases);
-    o["predicted"]["step0"] = phases_of(r.predicted, r.predicted.step0);
+    if (r.infer) {
+      o["predicted"]["kv_cache"] = r.predicted.terms.kv_cache;
+      o["predicted"]["weights"] = r.predicted.states.weights;
+    } else {
+      o["predicted"]["step0"] = phases_of(r.predicted, r.predicted.step0);
+    }
     ordered_json meas;
-    for (const char* p : kPhases) meas[p] = last ? measured_phase(last->measure, p) : 0;
+    for (const char* p : phases_of_mode(r.infer)) meas[p] = last ? measured_phase(last->measure, p) : 0;
+    if (r.infer) {
+      meas["kv_pool"] = r.kv_pool;
+      meas["weights"] = r.weights;
+    }
     meas["reserved"] = r.reserved;
     meas["outside"] = r.outside;
     meas["alloc_retries"] = r.alloc_retries;
     meas["allocated_after_step"] = r.allocated_after;
     ordered_json per = ordered_json::array();
-    for (const auto& sc : r.steps) per.push_back(step_json(sc));
+    for (const auto& sc : r.steps) per.push_back(step_json(sc, r.infer));
     meas["per_step"] = per;
     o["measured"] = meas;
     ordered_json err = ordered_json::object();
@@ -196,9 +238,14 @@ std::string render_verify(const VerifyResult& r, Format format) {
     throw Error(ErrorKind::invalid_argument, "--format: verify prints table or json");
   std::ostringstream out;
   out << "membudget verify · " << r.predicted.model.name << " on " << r.backend << " · batch " << j.batch << " × seq "
-      << j.seq << " · " << to_string(j.precision) << " · recompute " << to_string(j.recompute) << " · "
-      << to_string(j.loss) << " loss";
-  if (j.loss == Loss::chunked) out << " (chunk " << std::min(j.loss_chunk, j.batch * j.seq) << ")";
+      << j.seq << " · ";
+  if (r.infer) {
+    out << "infer: prefill + one decode step · weights " << to_string(j.weights) << " · KV " << to_string(j.kv_dtype)
+        << " pool of " << j.seq + 1 << " tokens per sequence";
+  } else {
+    out << to_string(j.precision) << " · recompute " << to_string(j.recompute) << " · " << to_string(j.loss) << " loss";
+    if (j.loss == Loss::chunked) out << " (chunk " << std::min(j.loss_chunk, j.batch * j.seq) << ")";
+  }
   out << "\n" << r.options.warmup << " warm-up + " << r.options.steps << " measured steps · profile "
       << to_string(j.profile) << " · tolerance " << r.options.tolerance * 100 << "%\n\n";
   out << padr("step  phase", 22) << padl("predicted", 14) << padl("measured", 14) << padl("error", 12)
@@ -209,10 +256,17 @@ std::string render_verify(const VerifyResult& r, Format format) {
           << padl(format_bytes(pc.measured), 14) << padl(std::to_string(pc.error) + " B", 12)
           << padl(pct(pc.error_pct), 10) << (pc.ok ? "" : "  ✗") << "\n";
     }
-    char loss[32];
-    std::snprintf(loss, sizeof loss, "%.4f", sc.measure.loss);
-    out << "      loss " << loss << " · allocated after the step " << format_bytes(sc.measure.allocated_end) << "\n";
+    if (r.infer) {
+      out << "      allocated after the step " << format_bytes(sc.measure.allocated_end) << "\n";
+    } else {
+      char loss[32];
+      std::snprintf(loss, sizeof loss, "%.4f", sc.measure.loss);
+      out << "      loss " << loss << " · allocated after the step " << format_bytes(sc.measure.allocated_end) << "\n";
+    }
   }
+  if (r.infer)
+    out << "\nKV pool " << r.kv_pool << " B measured, " << r.predicted.terms.kv_cache << " B predicted (kv_cache_bytes of "
+        << j.batch << " × " << j.seq + 1 << " tokens) · weights " << r.weights << " B\n";
   out << "\nreserved " << format_bytes(r.reserved) << " · outside the allocator " << format_bytes(r.outside)
       << " · alloc retries " << r.alloc_retries << "\n";
   if (r.allocated_after.size() < 3)
@@ -269,7 +323,9 @@ std::string timeline_svg(const std::vector<TraceEvent>& history, const std::vect
     const auto& m = marks[i];
     if (m.phase == "end") continue;
     const double x0 = X(static_cast<double>(m.event)), x1 = X(static_cast<double>(marks[i + 1].event));
-    const char* fill = m.phase == "forward" ? "#e8f0fe" : (m.phase == "backward" ? "#fde8e8" : "#e8f8e8");
+    const char* fill = m.phase == "forward" || m.phase == "prefill"
+                           ? "#e8f0fe"
+                           : (m.phase == "backward" || m.phase == "decode" ? "#fde8e8" : "#e8f8e8");
     s << "<rect x=\"" << x0 << "\" y=\"" << top << "\" width=\"" << std::max(x1 - x0, 0.5) << "\" height=\""
       << Y(0) - top << "\" fill=\"" << fill << "\"/>\n";
     s << "<text x=\"" << x0 + 2 << "\" y=\"" << top - 4 << "\" font-size=\"9\">" << m.step << ":" << m.phase

@@ -1,5 +1,8 @@
 // src/measure/verify.hpp: run the harness, measure each phase, compare with the prediction.
 //
+// With job.mode == infer it runs the inference step instead (harness_infer.hpp): phases floor,
+// prefill_peak and decode_peak against Budget::phases (there is no step 0 to tell apart).
+//
 // run_verify builds the backend and a CachingAllocator on its memory, runs `warmup` steps and then
 // `steps` measured steps of the synthetic step, and compares every measured phase peak (floor,
 // forward, backward, optimizer) with predict(model, job) for the harness profile: step 0 against
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "measure/harness.hpp"
+#include "measure/harness_infer.hpp"
 #include "membudget/budget.hpp"
 #include "membudget/report.hpp"
 
@@ -56,6 +60,9 @@ struct VerifyResult {
   std::int64_t alloc_retries = 0;
   std::optional<int> leak_step;  // the step where allocated-after-step starts to climb
   bytes_t leak_bytes = 0;        // growth per step there
+  bool infer = false;         // --mode infer: phases floor, prefill_peak, decode_peak
+  bytes_t kv_pool = 0;        // infer: requested bytes of the KV pool (2 · layers buffers)
+  bytes_t weights = 0;        // infer: requested bytes of the weights
   bool within_tolerance = true;
   bool ok() const { return within_tolerance && !leak_step; }
 };

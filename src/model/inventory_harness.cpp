@@ -16,6 +16,7 @@
 
 #include "autograd_sim.hpp"
 #include "korthikanti.hpp"
+#include "membudget/serving.hpp"
 
 namespace membudget::detail {
 namespace {
@@ -274,6 +275,114 @@ std::vector<bytes_t> parameter_tensors(const ModelSpec& m) {
 }
 
 }  // namespace
+
+// ---- inference mode (docs/harness.md, "Inference mode") ----
+
+namespace {
+
+void check_supported_infer(const ModelSpec& m, const Job& job) {
+  if (m.mlp != MlpKind::gated_silu) reject("the harness step has a SwiGLU MLP (mlp: gated_silu)");
+  if (m.norm != NormKind::rmsnorm || m.norms_per_layer != 2) reject("the harness step has two RMSNorms per layer");
+  if (m.qk_norm || m.final_logit_softcap != 0 || m.sliding.enabled() || m.mla.enabled())
+    reject("qk_norm, logit soft-capping, sliding windows and MLA are not in the harness step");
+  if (job.weights != DType::bf16 && job.weights != DType::fp32)
+    reject(std::string("--mode infer --weights ") + to_string(job.weights) + ": the harness serves bf16 or fp32 weights");
+  if (job.kv_dtype != DType::bf16 && job.kv_dtype != DType::fp32)
+    reject(std::string("--mode infer --kv-dtype ") + to_string(job.kv_dtype) + ": the harness's KV pool is bf16 or fp32");
+  if (job.parallel.tensor != 1 || job.parallel.pipeline != 1 || job.parallel.data != 1 || job.parallel.zero_stage != 0)
+    reject("the harness step runs on one device");
+}
+
+// One forward of `T` = batch × new tokens, nothing kept but the pool: each buffer dies as soon as
+// the op that reads it last has run. e: weight/activation bytes.
+void infer_forward(Walk& w, bytes_t Bt, bytes_t T, bytes_t h, bytes_t I, bytes_t V, bytes_t qd, bytes_t kvd,
+                   bytes_t L, bytes_t e) {
+  const bytes_t Th = T * h * e, TI = T * I * e, st = T * 4;
+  w.add("token ids", T * 4, Term::other);
+  w.add("hidden states x", Th, Term::activations);
+  w.sub("token ids", T * 4);
+  for (bytes_t l = 0; l < L; ++l) {
+    w.add("input norm output", Th, Term::activations);
+    w.add("norm rstd", st, Term::activations);
+    w.sub("norm rstd", st);
+    w.add("q", T * qd * e, Term::activations);
+    w.add("new keys, values", T * kvd * e, Term::activations);
+    w.add("new keys, values", T * kvd * e, Term::activations);
+    w.sub("input norm output", Th);
+    w.sub("new keys, values", T * kvd * e);  // copied into the pool
+    w.sub("new keys, values", T * kvd * e);
+    w.add("attention output", T * qd * e, Term::activations);
+    w.sub("q", T * qd * e);
+    w.add("o projection", Th, Term::activations);
+    w.sub("attention output", T * qd * e);
+    w.add("residual after attention", Th, Term::activations);
+    w.sub("o projection", Th);
+    w.sub("hidden states x", Th);
+    w.add("post-attention norm output", Th, Term::activations);
+    w.add("norm rstd", st, Term::activations);
+    w.sub("norm rstd", st);
+    w.add("gate, up", TI, Term::activations);
+    w.add("gate, up", TI, Term::activations);
+    w.sub("post-attention norm output", Th);
+    w.add("silu(gate)·up", TI, Term::activations);
+    w.sub("gate, up", TI);
+    w.sub("gate, up", TI);
+    w.add("down projection", Th, Term::activations);
+    w.sub("silu(gate)·up", TI);
+    w.add("hidden states x", Th, Term::activations);
+    w.sub("residual after attention", Th);
+    w.sub("down projection", Th);
+  }
+  w.add("last positions", Bt * h * e, Term::activations);
+  w.sub("hidden states x", Th);
+  w.add("final norm output", Bt * h * e, Term::activations);
+  w.add("norm rstd", Bt * 4, Term::activations);
+  w.sub("norm rstd", Bt * 4);
+  w.sub("last positions", Bt * h * e);
+  w.add("logits (last position)", Bt * V * e, Term::logits_loss);
+  w.sub("final norm output", Bt * h * e);
+  w.sub("logits (last position)", Bt * V * e);  // read back to the host for the greedy token
+}
+
+}  // namespace
+
+void predict_harness_infer(Budget& b, const PredictOptions& options) {
+  const ModelSpec& m = b.model;
+  const Job& job = b.job;
+  check_supported_infer(m, job);
+  const bytes_t e = job.weights == DType::fp32 ? 4 : 2;
+  const bytes_t kve = kv_dtype_bytes(job.kv_dtype);
+  const bytes_t B = job.batch, S = job.seq, P = checked_add(S, 1, "pool tokens");
+  const bytes_t T = checked_mul(B, S, "tokens");
+  const bytes_t h = m.hidden_size, I = m.intermediate_size, V = m.vocab_size, L = m.num_layers;
+  const bytes_t qd = m.q_dim(), kvd = m.kv_dim();
+  checked_product("harness prefill", T, std::max({V, I, qd, h}), 4);
+  checked_product("harness KV pool", B, P, kvd, kve);
+
+  Walk w(options.explain);
+  bytes_t weights = 0;
+  for (bytes_t n : parameter_tensors(m)) {
+    w.add("weights", n * e, Term::model_states);
+    weights += round512(n * e);
+  }
+  const bytes_t per_buffer = B * P * kvd * kve;  // one K or V buffer of one layer
+  for (bytes_t l = 0; l < 2 * L; ++l) w.add("KV pool", per_buffer, Term::kv_cache);
+  w.phase("floor");
+  w.phase("prefill_peak");
+  infer_forward(w, B, T, h, I, V, qd, kvd, L, e);
+  w.phase("decode_peak");
+  infer_forward(w, B, B, h, I, V, qd, kvd, L, e);
+  b.phases = w.take();
+  b.step0.clear();
+
+  b.states.weights = weights;
+  b.terms.kv_cache = kv_cache_bytes(m, job.kv_dtype, B, P);  // exactly the pool's requested bytes
+  b.logits = {};
+  b.logits.logits = round512(B * V * e);
+  b.activations = {};
+  const bytes_t floor = b.phase("floor"), pre = b.phase("prefill_peak");
+  b.activations.other = pre > floor ? pre - floor : 0;
+}
 
 void predict_harness(Budget& b, const PredictOptions& options) {
   const ModelSpec& m = b.model;

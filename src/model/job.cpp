@@ -130,9 +130,10 @@ void Job::validate() const {
   if (mode == Mode::infer && precision == Precision::fp32 && weights != DType::fp32) {
     // serving precision is chosen by --weights; nothing to reject
   }
-  if (profile == Profile::harness) {
-    if (mode != Mode::train)
-      throw Error(ErrorKind::unsupported, "--profile harness: only --mode train is modelled");
+  if (profile == Profile::harness && mode == Mode::infer) {
+    // the inference step has no optimizer, recompute or loss; weights and KV dtypes are checked by
+    // the harness and its prediction (bf16 or fp32)
+  } else if (profile == Profile::harness) {
     if (precision == Precision::bf16_master)
       throw Error(ErrorKind::unsupported,
                   "--profile harness: the harness implements fp32, amp-bf16 and bf16 recipes");

@@ -15,5 +15,7 @@ LogitsLossBreakdown logits_breakdown(const ModelSpec& m, const Job& job);
 // Serving (mode infer) and the harness profile fill the budget themselves.
 void predict_infer(Budget& b, const PredictOptions& options);
 void predict_harness(Budget& b, const PredictOptions& options);
+// membudget's own inference step (profile harness, mode infer): docs/harness.md.
+void predict_harness_infer(Budget& b, const PredictOptions& options);
 
 }  // namespace membudget::detail

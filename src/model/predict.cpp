@@ -49,7 +49,9 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   b.parameters = model.parameters();
   b.terms.overhead = job.overhead.value_or(default_overhead(job.profile));
 
-  if (job.mode == Mode::infer) {
+  if (job.mode == Mode::infer && job.profile == Profile::harness) {
+    detail::predict_harness_infer(b, options);
+  } else if (job.mode == Mode::infer) {
     detail::predict_infer(b, options);
   } else if (job.profile == Profile::harness) {
     detail::predict_harness(b, options);

@@ -193,7 +193,8 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
       << "B parameters · " << to_string(b.job.mode) << " · batch " << b.job.batch << " × seq " << b.job.seq << " · ";
   if (b.job.mode == Mode::infer)
     out << "weights " << to_string(b.job.weights) << " · KV " << to_string(b.job.kv_dtype)
-        << " · HF prefill with logits_to_keep=1, then one decode step";
+        << (b.job.profile == Profile::harness ? " · membudget harness: prefill into a KV pool of seq + 1 tokens, then one decode step"
+                                              : " · HF prefill with logits_to_keep=1, then one decode step");
   else
     out << to_string(b.job.precision);
   if (b.job.mode == Mode::train)
@@ -219,7 +220,8 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
   }
   if (b.job.mode == Mode::infer) {
     out << "    weights " << format_bytes(b.states.weights) << " (" << to_string(b.job.weights) << "); KV cache "
-        << b.terms.kv_cache << " B for " << b.job.batch << " × " << b.job.seq << " tokens; activations: "
+        << b.terms.kv_cache << " B for " << b.job.batch << " × "
+        << (b.job.profile == Profile::harness ? b.job.seq + 1 : b.job.seq) << " tokens; activations: "
         << format_bytes(b.activations.other) << " transient at the prefill peak\n";
   }
   out << "\nPhases (max_memory_allocated)\n";

@@ -1,0 +1,407 @@
+// The inference step: weights, a KV pool, a prefill and one decode step on a Backend.
+#include "measure/harness_infer.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "measure/harness_buffer.hpp"
+
+namespace membudget::measure {
+namespace {
+
+constexpr std::size_t kLeakBytes = 4096;
+
+enum class Init { normal, ones, zeros };
+
+struct IParam {
+  std::string name;
+  std::size_t n = 0;
+  Init init = Init::normal;
+  Buffer w;
+};
+
+struct ILayer {
+  int ln1, q, qb, k, kb, v, vb, o, ob, ln2, gate, gb, up, ub, down, db;
+};
+
+DType weights_dtype(const Job& job) {
+  if (job.weights == DType::bf16 || job.weights == DType::fp32) return job.weights;
+  throw Error(ErrorKind::unsupported, std::string("harness --mode infer: --weights ") + to_string(job.weights) +
+                                          ": the harness serves bf16 or fp32 weights");
+}
+
+DType kv_dtype(const Job& job) {
+  if (job.kv_dtype == DType::bf16 || job.kv_dtype == DType::fp32) return job.kv_dtype;
+  throw Error(ErrorKind::unsupported, std::string("harness --mode infer: --kv-dtype ") + to_string(job.kv_dtype) +
+                                          ": the harness's KV pool is bf16 or fp32");
+}
+
+float bf16_to_float(std::uint16_t bits) {
+  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+void check_harness_infer_supported(const ModelSpec& m, const Job& job) {
+  // the model limits are the training harness's; the training knobs do not apply
+  Job t = job;
+  t.mode = Mode::train;
+  t.precision = Precision::fp32;
+  t.optimizer = Optimizer::adamw;
+  t.recompute = Recompute::none;
+  t.attention = Attention::flash;
+  try {
+    check_harness_supported(m, t);
+  } catch (const Error& e) {
+    throw Error(e.kind(), std::string(e.what()) + " (--mode infer)");
+  }
+  weights_dtype(job);
+  kv_dtype(job);
+  if (job.seq + 1 > (1ull << 30)) throw Error(ErrorKind::unsupported, "harness --mode infer: --seq is too long");
+}
+
+InferDims harness_infer_dims(const ModelSpec& m, const Job& job) {
+  InferDims d{};
+  d.B = job.batch;
+  d.S = job.seq;
+  d.T = job.batch * job.seq;
+  d.P = job.seq + 1;
+  d.h = m.hidden_size;
+  d.I = m.intermediate_size;
+  d.V = m.vocab_size;
+  d.a = m.num_heads;
+  d.kv = m.num_kv_heads;
+  d.hd = m.head_dim;
+  d.L = m.num_layers;
+  return d;
+}
+
+struct InferHarness::Impl {
+  ModelSpec m;
+  Job job;
+  Backend& be;
+  CachingAllocator& alloc;
+  InferOptions opt;
+  InferDims d;  // the prefill's
+  DType wdt, kvdt;
+  std::vector<IParam> params;
+  std::vector<ILayer> lp;
+  int emb = -1, lnf_w = -1, lm_head = -1;
+  std::vector<Buffer> kpool, vpool;
+  std::vector<std::int32_t> prompt;
+  std::vector<Buffer> live;  // activations of the forward in flight, indexed by IBuf
+  std::vector<Buffer> leaks;
+  std::vector<PhaseMark> marks;
+  std::string phase = "init";
+  int step_index = 0;
+
+  Impl(const ModelSpec& model, const Job& j, Backend& b, CachingAllocator& a, InferOptions o)
+      : m(model), job(j), be(b), alloc(a), opt(std::move(o)), d(harness_infer_dims(model, j)), wdt(weights_dtype(j)),
+        kvdt(kv_dtype(j)) {
+    live.resize(static_cast<std::size_t>(IBuf::count));
+  }
+
+  DType dtype_of(IElem e) const {
+    switch (e) {
+      case IElem::act: return wdt;
+      case IElem::kv: return kvdt;
+      default: return DType::fp32;  // i32 buffers are never read as a View
+    }
+  }
+  std::size_t elem_bytes(IElem e) const {
+    return e == IElem::act ? element_bytes(wdt) : (e == IElem::kv ? element_bytes(kvdt) : 4);
+  }
+
+  Buffer make(std::size_t bytes, DType dt, const std::string& tensor, const char* op) {
+    AllocTag tag{op, tensor, phase};
+    try {
+      return Buffer(alloc, bytes, dt, tag);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::out_of_memory) throw;
+      throw Error(ErrorKind::out_of_memory, std::string(e.what()) + "\nharness: step " + std::to_string(step_index) +
+                                                ", " + phase + ", allocating " + tensor + " (" + op + ")");
+    }
+  }
+
+  // A buffer of the table for a forward of dims `fd`; `layer` names it ("layers.3.q"), -1 for the head.
+  Buffer make(IBuf b, const InferDims& fd, int layer, const char* op) {
+    const IBufRow& row = row_of(b);
+    const std::size_t bytes = checked_mul(row.numel(fd), elem_bytes(row.elem), row.name);
+    std::string name = layer < 0 ? std::string(row.name) : "layers." + std::to_string(layer) + "." + row.name;
+    return make(bytes, dtype_of(row.elem), name, op);
+  }
+  Buffer& A(IBuf b) { return live[static_cast<std::size_t>(b)]; }
+  void drop(IBuf b) { A(b).reset(); }
+
+  // ---- weights and pool ----
+  int add_param(std::string name, std::size_t n, Init init) {
+    IParam p;
+    p.name = std::move(name);
+    p.n = n;
+    p.init = init;
+    params.push_back(std::move(p));
+    return static_cast<int>(params.size()) - 1;
+  }
+  View W(int i) const { return i < 0 ? View{} : params[i].w.view(); }
+
+  void build() {
+    const std::size_t h = d.h, I = d.I, qd = d.qd(), kvd = d.kvd();
+    emb = add_param("embed_tokens.weight", d.V * h, Init::normal);
+    lp.resize(d.L);
+    for (std::size_t l = 0; l < d.L; ++l) {
+      const std::string pre = "layers." + std::to_string(l) + ".";
+      auto& p = lp[l];
+      auto opt_bias = [&](bool on, const std::string& name, std::size_t n) {
+        return on ? add_param(pre + name, n, Init::zeros) : -1;
+      };
+      p.ln1 = add_param(pre + "input_layernorm.weight", h, Init::ones);
+      p.q = add_param(pre + "self_attn.q_proj.weight", qd * h, Init::normal);
+      p.qb = opt_bias(m.bias.qkv, "self_attn.q_proj.bias", qd);
+      p.k = add_param(pre + "self_attn.k_proj.weight", kvd * h, Init::normal);
+      p.kb = opt_bias(m.bias.qkv, "self_attn.k_proj.bias", kvd);
+      p.v = add_param(pre + "self_attn.v_proj.weight", kvd * h, Init::normal);
+      p.vb = opt_bias(m.bias.qkv, "self_attn.v_proj.bias", kvd);
+      p.o = add_param(pre + "self_attn.o_proj.weight", h * qd, Init::normal);
+      p.ob = opt_bias(m.bias.o, "self_attn.o_proj.bias", h);
+      p.ln2 = add_param(pre + "post_attention_layernorm.weight", h, Init::ones);
+      p.gate = add_param(pre + "mlp.gate_proj.weight", I * h, Init::normal);
+      p.gb = opt_bias(m.bias.mlp, "mlp.gate_proj.bias", I);
+      p.up = add_param(pre + "mlp.up_proj.weight", I * h, Init::normal);
+      p.ub = opt_bias(m.bias.mlp, "mlp.up_proj.bias", I);
+      p.down = add_param(pre + "mlp.down_proj.weight", h * I, Init::normal);
+      p.db = opt_bias(m.bias.mlp, "mlp.down_proj.bias", h);
+    }
+    lnf_w = add_param("norm.weight", h, Init::ones);
+    lm_head = m.tied_embeddings ? emb : add_param("lm_head.weight", d.V * h, Init::normal);
+
+    Rng rng{opt.seed};
+    for (auto& p : params) {
+      p.w = make(p.n * element_bytes(wdt), wdt, p.name, "weight");
+      std::vector<float> host(p.n);
+      for (auto& x : host) x = p.init == Init::normal ? 0.02f * rng.normal() : (p.init == Init::ones ? 1.0f : 0.0f);
+      if (wdt == DType::fp32) {
+        be.copy_to_device(p.w.view().data, host.data(), p.n * 4);
+      } else {
+        std::vector<std::uint16_t> bits(p.n);
+        for (std::size_t i = 0; i < p.n; ++i) bits[i] = to_bf16_bits(host[i]);
+        be.copy_to_device(p.w.view().data, bits.data(), p.n * 2);
+      }
+    }
+    for (std::size_t l = 0; l < d.L; ++l) {
+      kpool.push_back(make(IBuf::k_pool, d, static_cast<int>(l), "kv pool"));
+      be.zero(kpool.back().view(), d.B * d.P * d.kvd());
+      vpool.push_back(make(IBuf::v_pool, d, static_cast<int>(l), "kv pool"));
+      be.zero(vpool.back().view(), d.B * d.P * d.kvd());
+    }
+    if (!opt.prompt.empty()) {
+      if (opt.prompt.size() != d.T)
+        throw Error(ErrorKind::invalid_argument, "harness --mode infer: the prompt must hold batch × seq token ids");
+      for (auto t : opt.prompt)
+        if (t < 0 || static_cast<std::uint64_t>(t) >= d.V)
+          throw Error(ErrorKind::invalid_argument, "harness --mode infer: a prompt token is outside the vocabulary");
+      prompt = opt.prompt;
+    } else {
+      prompt.resize(d.T);
+      for (auto& t : prompt) t = static_cast<std::int32_t>(rng.next() % d.V);
+    }
+  }
+
+  // ---- one forward: S new tokens per sequence after `past` cached ones ----
+  std::vector<float> forward(const std::vector<std::int32_t>& tokens, std::uint64_t S, std::uint64_t past) {
+    InferDims fd = d;
+    fd.S = S;
+    fd.T = d.B * S;
+    const int B = static_cast<int>(fd.B), T = static_cast<int>(fd.T), h = static_cast<int>(d.h);
+    const int I = static_cast<int>(d.I), V = static_cast<int>(d.V), qd = static_cast<int>(d.qd());
+    const int kvd = static_cast<int>(d.kvd()), Si = static_cast<int>(S), pi = static_cast<int>(past);
+    const int P = static_cast<int>(d.P);
+    const AttnShape as{B, Si, static_cast<int>(d.a), static_cast<int>(d.kv), static_cast<int>(d.hd)};
+
+    A(IBuf::tokens) = make(IBuf::tokens, fd, -1, "input");
+    be.copy_to_device(A(IBuf::tokens).i32(), tokens.data(), fd.T * 4);
+    A(IBuf::x) = make(IBuf::x, fd, 0, "embedding_forward");
+    be.embedding_forward(A(IBuf::x).view(), A(IBuf::tokens).i32(), W(emb), T, h);
+    drop(IBuf::tokens);
+    for (int l = 0; l < static_cast<int>(d.L); ++l) {
+      const ILayer& p = lp[l];
+      A(IBuf::ln1) = make(IBuf::ln1, fd, l, "rmsnorm_forward");
+      A(IBuf::ln1_rstd) = make(IBuf::ln1_rstd, fd, l, "rmsnorm_forward");
+      be.rmsnorm_forward(A(IBuf::ln1).view(), A(IBuf::ln1_rstd).f32(), A(IBuf::x).view(), W(p.ln1), T, h, opt.norm_eps);
+      drop(IBuf::ln1_rstd);
+      A(IBuf::q) = make(IBuf::q, fd, l, "matmul_forward");
+      be.matmul_forward(A(IBuf::q).view(), A(IBuf::ln1).view(), W(p.q), W(p.qb), T, h, qd);
+      A(IBuf::k) = make(IBuf::k, fd, l, "matmul_forward");
+      be.matmul_forward(A(IBuf::k).view(), A(IBuf::ln1).view(), W(p.k), W(p.kb), T, h, kvd);
+      A(IBuf::v) = make(IBuf::v, fd, l, "matmul_forward");
+      be.matmul_forward(A(IBuf::v).view(), A(IBuf::ln1).view(), W(p.v), W(p.vb), T, h, kvd);
+      drop(IBuf::ln1);
+      be.rotary_forward_at(A(IBuf::q).view(), B, Si, as.heads, as.head_dim, opt.rope_theta, pi);
+      be.rotary_forward_at(A(IBuf::k).view(), B, Si, as.kv_heads, as.head_dim, opt.rope_theta, pi);
+      // keys and values into the pool: rows past … past+S−1 of each sequence
+      for (std::uint64_t b = 0; b < d.B; ++b) {
+        be.cast(rows(kpool[l].view(), b * d.P + past, d.kvd()), rows(A(IBuf::k).view(), b * S, d.kvd()), S * d.kvd());
+        be.cast(rows(vpool[l].view(), b * d.P + past, d.kvd()), rows(A(IBuf::v).view(), b * S, d.kvd()), S * d.kvd());
+      }
+      drop(IBuf::k);
+      drop(IBuf::v);
+      A(IBuf::att) = make(IBuf::att, fd, l, "attention_forward_cached");
+      be.attention_forward_cached(A(IBuf::att).view(), A(IBuf::q).view(), kpool[l].view(), vpool[l].view(), as, pi, P);
+      drop(IBuf::q);
+      A(IBuf::attproj) = make(IBuf::attproj, fd, l, "matmul_forward");
+      be.matmul_forward(A(IBuf::attproj).view(), A(IBuf::att).view(), W(p.o), W(p.ob), T, qd, h);
+      drop(IBuf::att);
+      A(IBuf::res1) = make(IBuf::res1, fd, l, "residual_forward");
+      be.residual_forward(A(IBuf::res1).view(), A(IBuf::x).view(), A(IBuf::attproj).view(), fd.T * d.h);
+      drop(IBuf::attproj);
+      drop(IBuf::x);
+      A(IBuf::ln2) = make(IBuf::ln2, fd, l, "rmsnorm_forward");
+      A(IBuf::ln2_rstd) = make(IBuf::ln2_rstd, fd, l, "rmsnorm_forward");
+      be.rmsnorm_forward(A(IBuf::ln2).view(), A(IBuf::ln2_rstd).f32(), A(IBuf::res1).view(), W(p.ln2), T, h,
+                         opt.norm_eps);
+      drop(IBuf::ln2_rstd);
+      A(IBuf::gate) = make(IBuf::gate, fd, l, "matmul_forward");
+      be.matmul_forward(A(IBuf::gate).view(), A(IBuf::ln2).view(), W(p.gate), W(p.gb), T, h, I);
+      A(IBuf::up) = make(IBuf::up, fd, l, "matmul_forward");
+      be.matmul_forward(A(IBuf::up).view(), A(IBuf::ln2).view(), W(p.up), W(p.ub), T, h, I);
+      drop(IBuf::ln2);
+      A(IBuf::act) = make(IBuf::act, fd, l, "swiglu_forward");
+      be.swiglu_forward(A(IBuf::act).view(), A(IBuf::gate).view(), A(IBuf::up).view(), fd.T * d.I);
+      drop(IBuf::gate);
+      drop(IBuf::up);
+      A(IBuf::mlpout) = make(IBuf::mlpout, fd, l, "matmul_forward");
+      be.matmul_forward(A(IBuf::mlpout).view(), A(IBuf::act).view(), W(p.down), W(p.db), T, I, h);
+      drop(IBuf::act);
+      Buffer next = make(IBuf::x, fd, l + 1, "residual_forward");
+      be.residual_forward(next.view(), A(IBuf::res1).view(), A(IBuf::mlpout).view(), fd.T * d.h);
+      A(IBuf::x) = std::move(next);
+      drop(IBuf::res1);
+      drop(IBuf::mlpout);
+    }
+    // the head, on the last position of each sequence only
+    A(IBuf::last) = make(IBuf::last, fd, -1, "cast (gather)");
+    for (std::uint64_t b = 0; b < d.B; ++b)
+      be.cast(rows(A(IBuf::last).view(), b, d.h), rows(A(IBuf::x).view(), b * S + S - 1, d.h), d.h);
+    drop(IBuf::x);
+    A(IBuf::lnf) = make(IBuf::lnf, fd, -1, "rmsnorm_forward");
+    A(IBuf::lnf_rstd) = make(IBuf::lnf_rstd, fd, -1, "rmsnorm_forward");
+    be.rmsnorm_forward(A(IBuf::lnf).view(), A(IBuf::lnf_rstd).f32(), A(IBuf::last).view(), W(lnf_w), B, h,
+                       opt.norm_eps);
+    drop(IBuf::lnf_rstd);
+    drop(IBuf::last);
+    A(IBuf::logits) = make(IBuf::logits, fd, -1, "matmul_forward");
+    be.matmul_forward(A(IBuf::logits).view(), A(IBuf::lnf).view(), W(lm_head), View{}, B, h, V);
+    drop(IBuf::lnf);
+    std::vector<float> out(d.B * d.V);
+    if (wdt == DType::fp32) {
+      be.copy_to_host(out.data(), A(IBuf::logits).view().data, out.size() * 4);
+    } else {
+      std::vector<std::uint16_t> bits(out.size());
+      be.copy_to_host(bits.data(), A(IBuf::logits).view().data, bits.size() * 2);
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(bits[i]);
+    }
+    drop(IBuf::logits);
+    return out;
+  }
+
+  struct PhaseScope {
+    Impl& h;
+    bytes_t* peak;
+    bytes_t* reserved;
+    PhaseScope(Impl& impl, const char* name, bytes_t* out, bytes_t* reserved_peak)
+        : h(impl), peak(out), reserved(reserved_peak) {
+      h.phase = name;
+      h.be.synchronize();
+      h.alloc.reset_peak_stats();
+      h.marks.push_back({h.step_index, name, h.alloc.history().size()});
+    }
+    ~PhaseScope() {
+      h.be.synchronize();
+      const AllocatorStats s = h.alloc.stats();
+      *peak = static_cast<bytes_t>(s.allocated.peak);
+      *reserved = std::max(*reserved, static_cast<bytes_t>(s.reserved.peak));
+    }
+  };
+
+  InferStep step() {
+    InferStep st;
+    StepMeasure& sm = st.measure;
+    sm.index = step_index;
+    {
+      PhaseScope s(*this, "prefill", &sm.prefill_peak, &sm.reserved_peak);
+      sm.floor = static_cast<bytes_t>(alloc.stats().allocated.current);
+      st.prefill_logits = forward(prompt, d.S, 0);
+    }
+    // greedy: the next token of each sequence, chosen on the host
+    st.next_tokens.resize(d.B);
+    for (std::uint64_t b = 0; b < d.B; ++b) {
+      const float* row = st.prefill_logits.data() + b * d.V;
+      st.next_tokens[b] = static_cast<std::int32_t>(std::max_element(row, row + d.V) - row);
+    }
+    {
+      PhaseScope s(*this, "decode", &sm.decode_peak, &sm.reserved_peak);
+      st.decode_logits = forward(st.next_tokens, 1, d.S);
+    }
+    phase = "step";
+    if (opt.leak_per_step) leaks.push_back(make(kLeakBytes, DType::fp32, "debug leak", "leak_per_step"));
+    marks.push_back({step_index, "end", alloc.history().size()});
+    sm.allocated_end = static_cast<bytes_t>(alloc.stats().allocated.current);
+    ++step_index;
+    return st;
+  }
+
+  void release_all() {
+    for (auto& b : live) b.reset();
+    leaks.clear();
+    vpool.clear();
+    kpool.clear();
+    params.clear();
+  }
+};
+
+InferHarness::InferHarness(const ModelSpec& model, const Job& job, Backend& backend, CachingAllocator& allocator,
+                           InferOptions options) {
+  model.validate();
+  job.validate();
+  check_harness_infer_supported(model, job);
+  impl_ = std::make_unique<Impl>(model, job, backend, allocator, std::move(options));
+  try {
+    impl_->build();
+  } catch (...) {
+    impl_->release_all();
+    throw;
+  }
+}
+
+InferHarness::~InferHarness() {
+  if (impl_) impl_->release_all();
+}
+
+InferStep InferHarness::step() {
+  try {
+    return impl_->step();
+  } catch (...) {
+    for (auto& b : impl_->live) b.reset();  // a failed step leaves no activation behind
+    throw;
+  }
+}
+
+const InferDims& InferHarness::dims() const { return impl_->d; }
+const std::vector<PhaseMark>& InferHarness::marks() const { return impl_->marks; }
+
+bytes_t InferHarness::weight_bytes() const {
+  bytes_t s = 0;
+  for (const auto& p : impl_->params) s += p.w.bytes();
+  return s;
+}
+
+bytes_t InferHarness::kv_pool_bytes() const {
+  bytes_t s = 0;
+  for (const auto& b : impl_->kpool) s += b.bytes();
+  for (const auto& b : impl_->vpool) s += b.bytes();
+  return s;
+}
+
+}  // namespace membudget::measure
