@@ -110,40 +110,64 @@ struct Step {
     return y;
   }
 
-  // LlamaRMSNorm: hs = x.to(fp32); var = hs.pow(2).mean(-1); hs = hs * rsqrt(var + eps);
-  // return w * hs.to(input_dtype). pow saves hs; mul saves hs and rsqrt; w* saves the cast.
-  TensorId rmsnorm(TensorId x, TensorId w, const char* tag) {
-    const bytes_t Th = mul(d.T, d.h);
+  // RMSNorm over `width` values per token (`rows` normalised groups per token: 1, or the heads of
+  // Qwen3's q_norm / k_norm). The input dtype is read off the input tensor.
+  //   LlamaRMSNorm: hs = x.to(fp32); var = hs.pow(2).mean(-1); hs = hs * rsqrt(var + eps);
+  //     return w * hs.to(input_dtype)   — pow saves hs; mul saves hs and rsqrt; w* saves the cast;
+  //     the output takes the promoted dtype of weight and input.
+  //   GemmaRMSNorm: out = _norm(x.float()) * (1.0 + w.float()); return out.type_as(x)
+  //     — the fp32 normalised tensor and (1 + w) are saved; the output has the input's dtype.
+  TensorId rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t width = 0, bytes_t rows = 1) {
+    if (width == 0) width = d.h;
+    const bytes_t Tw = mul(d.T, width);
+    const bytes_t in_b = sim.info(x).bytes / Tw;  // element bytes of the input
+    const bool gemma = m.family.rfind("gemma", 0) == 0;
     TensorId hs32 = x;
-    if (r.resid != 4) {
-      hs32 = sim.make("rmsnorm fp32 input copy (saved by pow, mul)", mul(Th, 4), Term::activations,
+    if (in_b != 4) {
+      hs32 = sim.make("rmsnorm fp32 input copy (saved by pow, mul)", mul(Tw, 4), Term::activations,
                       "x.to(float32)", "fp32", "b·s·h", true);
       sim.node("ToCopyBackward", {x}, {hs32}, {});
     } else {
       sim.hold(hs32);
     }
-    TensorId sq = sim.make("rmsnorm pow output", mul(Th, 4), Term::activations, "pow", "fp32", "b·s·h", true);
-    sim.node("PowBackward0", {hs32}, {sq}, {hs32}, mul(Th, 4));
-    TensorId var = sim.make("rmsnorm variance", mul(d.T, 4), Term::activations, "mean", "fp32", "b·s", true);
+    TensorId sq = sim.make("rmsnorm pow output", mul(Tw, 4), Term::activations, "pow", "fp32", "b·s·h", true);
+    sim.node("PowBackward0", {hs32}, {sq}, {hs32}, mul(Tw, 4));
+    TensorId var = sim.make("rmsnorm variance", mul(d.T, rows, 4), Term::activations, "mean", "fp32", "b·s", true);
     sim.node("MeanBackward1", {sq}, {var}, {});
     sim.drop(sq);
-    TensorId rs = sim.make("rmsnorm rsqrt (saved)", mul(d.T, 4), Term::activations, "rsqrt", "fp32", "b·s", true);
+    TensorId rs = sim.make("rmsnorm rsqrt (saved)", mul(d.T, rows, 4), Term::activations, "rsqrt", "fp32", "b·s", true);
     sim.node("RsqrtBackward0", {var}, {rs}, {rs});
     sim.drop(var);
-    TensorId n32 = sim.make(r.resid == 4 ? "rmsnorm normalized (saved by weight mul)" : "rmsnorm normalized fp32",
-                            mul(Th, 4), Term::activations, "hs * rsqrt", "fp32", "b·s·h", true);
-    sim.node("MulBackward0", {hs32, rs}, {n32}, {hs32, rs}, mul(Th, 4));
+    const bool n32_saved = gemma || in_b == 4;
+    TensorId n32 = sim.make(n32_saved ? "rmsnorm normalized (saved by weight mul)" : "rmsnorm normalized fp32",
+                            mul(Tw, 4), Term::activations, "hs * rsqrt", "fp32", "b·s·h", true);
+    sim.node("MulBackward0", {hs32, rs}, {n32}, {hs32, rs}, mul(Tw, 4));
     sim.drop(hs32);
     sim.drop(rs);
+    if (gemma) {
+      TensorId w1 = sim.make("gemma norm (1 + w) (saved)", mul(width, 4), Term::activations, "1.0 + w.float()", "fp32", "h", true);
+      sim.node("AddBackward1", {w}, {w1}, {});
+      TensorId y32 = sim.make(in_b == 4 ? tag : "gemma norm fp32 output", mul(Tw, 4), Term::activations, "hs * (1 + w)",
+                              "fp32", "b·s·h", true);
+      sim.node("MulBackward0", {n32, w1}, {y32}, {n32, w1}, mul(Tw, 4));
+      sim.drop(n32);
+      sim.drop(w1);
+      if (in_b == 4) return y32;
+      TensorId y = sim.make(tag, mul(Tw, in_b), Term::activations, "type_as(x)", "", "b·s·h", true);
+      sim.node("ToCopyBackward", {y32}, {y}, {});
+      sim.drop(y32);
+      return y;
+    }
     TensorId nc = n32;
-    if (r.resid != 4) {
-      nc = sim.make("rmsnorm normalized (saved by weight mul)", mul(Th, r.resid), Term::activations,
-                    "to(input_dtype)", r.resid_name, "b·s·h", true);
+    if (in_b != 4) {
+      nc = sim.make("rmsnorm normalized (saved by weight mul)", mul(Tw, in_b), Term::activations,
+                    "to(input_dtype)", "", "b·s·h", true);
       sim.node("ToCopyBackward", {n32}, {nc}, {});
       sim.drop(n32);
     }
-    TensorId y = sim.make(tag, mul(Th, r.resid), Term::activations, "weight * hs", r.resid_name, "b·s·h", true);
-    sim.node("MulBackward0", {w, nc}, {y}, {w, nc}, mul(Th, r.resid));
+    const bytes_t out_b = std::max<bytes_t>(in_b, r.param);  // weight * x promotes
+    TensorId y = sim.make(tag, mul(Tw, out_b), Term::activations, "weight * hs", "", "b·s·h", true);
+    sim.node("MulBackward0", {w, nc}, {y}, {w, nc}, mul(Tw, out_b));
     sim.drop(nc);
     return y;
   }
@@ -153,28 +177,47 @@ struct Step {
     const bytes_t Th = mul(d.T, d.h);
     // residual = hidden_states; hidden_states = input_layernorm(hidden_states)
     TensorId n1 = rmsnorm(x, p.norm1, "input_layernorm output");
-    TensorId q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd");
-    TensorId k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd");
-    TensorId v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd");
+    // Phi-3 fuses the projections: qkv_proj's output is sliced into q, k, v views (their gradients
+    // come back as full-size slice_backward buffers), and SDPA makes v contiguous.
+    const bool fused = m.family == "phi3";
+    TensorId q, k, v, qkv = kNone;
+    if (fused) {
+      qkv = linear(n1, d.h, d.qd + 2 * d.kvd, p.q, p.qb, "qkv_proj output (sliced into q, k, v)", "b·s·(q+2kv)");
+      q = k = qkv;
+      sim.hold(qkv);
+      if (job.recompute == Recompute::none) {
+        v = qkv;  // the cache's torch.cat copies the value slice
+        sim.hold(qkv);
+      } else {
+        v = sim.make("v contiguous copy (saved by sdpa)", mul(d.T, d.kvd, r.compute), Term::activations,
+                     "contiguous", r.compute_name, "b·kv·s·hd", true);
+        sim.node("CloneBackward", {qkv}, {v}, {});
+      }
+    } else {
+      q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd");
+      k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd");
+      v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd");
+    }
     sim.drop(n1);
     if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary
-      TensorId qn = rmsnorm(q, p.q_norm, "q_norm output");
+      TensorId qn = rmsnorm(q, p.q_norm, "q_norm output", d.qd, d.a);
       sim.drop(q);
       q = qn;
-      TensorId kn = rmsnorm(k, p.k_norm, "k_norm output");
+      TensorId kn = rmsnorm(k, p.k_norm, "k_norm output", d.kvd, d.kva);
       sim.drop(k);
       k = kn;
     }
     // apply_rotary_pos_emb: q*cos + rotate_half(q)*sin; cos/sin carry the residual dtype, so under
     // autocast the products promote to fp32. mul saves only cos/sin (q's grad needs cos, not q).
     auto rotary = [&](TensorId t, bytes_t width, const char* name) {
-      const bytes_t rb = std::max<bytes_t>(r.resid, sim.info(t).bytes / mul(d.T, width));
+      const bytes_t eb = t == qkv ? r.compute : sim.info(t).bytes / mul(d.T, width);
+      const bytes_t rb = std::max<bytes_t>(r.resid, eb);
       TensorId a1 = sim.make("rotary q*cos", mul(d.T, width, rb), Term::activations, "mul", "", "", true);
       sim.node("MulBackward0", {t, cos}, {a1}, {cos});
-      TensorId neg = sim.make("rotate_half neg", mul(d.T, width / 2, sim.info(t).bytes / mul(d.T, width)),
+      TensorId neg = sim.make("rotate_half neg", mul(d.T, width / 2, eb),
                               Term::activations, "neg", "", "", true);
       sim.node("NegBackward0", {t}, {neg}, {});
-      TensorId rh = sim.make("rotate_half cat", sim.info(t).bytes, Term::activations, "cat", "", "", true);
+      TensorId rh = sim.make("rotate_half cat", mul(d.T, width, eb), Term::activations, "cat", "", "", true);
       sim.node("CatBackward0", {neg, t}, {rh}, {});
       sim.drop(neg);
       TensorId a2 = sim.make("rotary rot*sin", mul(d.T, width, rb), Term::activations, "mul", "", "", true);
@@ -191,12 +234,26 @@ struct Step {
     TensorId ke = rotary(k, d.kvd, "k after rotary");
     sim.drop(k);
     // LlamaModel creates a DynamicCache when config.use_cache is true, also in training (HF turns
-    // it off only under gradient checkpointing): it holds k after rotary and v until the output dies.
+    // it off only under gradient checkpointing). DynamicLayer.update concatenates the new keys and
+    // values onto empty tensors created in the *keys'* dtype and hands the concatenations to
+    // attention: under autocast the keys are fp32 after rotary, so both copies are fp32 (the values
+    // are promoted). The cache holds them until the model's output dies.
     if (job.recompute == Recompute::none && !in_recompute) {
-      sim.hold(ke);
-      sim.hold(v);
-      kv_cache.push_back(ke);
-      kv_cache.push_back(v);
+      const bytes_t kb = sim.info(ke).bytes / mul(d.T, d.kvd);
+      TensorId kc = sim.make("DynamicCache keys (torch.cat copy)", mul(d.T, d.kvd, kb), Term::activations, "cat", "",
+                             "b·kv·s·hd", true);
+      sim.node("CatBackward0", {ke}, {kc}, {});
+      TensorId vc = sim.make("DynamicCache values (torch.cat copy, keys' dtype)", mul(d.T, d.kvd, kb),
+                             Term::activations, "cat", "", "b·kv·s·hd", true);
+      sim.node("CatBackward0", {fused ? qkv : v}, {vc}, {});
+      sim.drop(ke);
+      sim.drop(v);
+      ke = kc;
+      v = vc;
+      sim.hold(kc);
+      sim.hold(vc);
+      kv_cache.push_back(kc);
+      kv_cache.push_back(vc);
     }
     TensorId att = attention(qe, ke, v);
     sim.drop(qe);
@@ -219,12 +276,18 @@ struct Step {
     TensorId n2 = rmsnorm(h1, p.norm2, "post_attention_layernorm output");
     // MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
     const bytes_t TI = mul(d.T, d.I);
-    TensorId g = linear(n2, d.h, d.I, p.gate, kNone, "gate_proj output (saved by act)", "b·s·I");
+    TensorId g, u;
+    if (fused) {  // Phi-3: gate_up_proj, chunked; both chunks are views of one buffer
+      g = u = linear(n2, d.h, 2 * d.I, p.gate, kNone, "gate_up_proj output (saved by act and mul)", "b·s·2I");
+      sim.hold(g);
+    } else {
+      g = linear(n2, d.h, d.I, p.gate, kNone, "gate_proj output (saved by act)", "b·s·I");
+    }
     TensorId act = sim.make("activation output (saved by mul)", mul(TI, r.compute), Term::activations,
                             m.mlp == MlpKind::gated_gelu ? "gelu_tanh" : "silu", r.compute_name, "b·s·I", true);
     sim.node(m.mlp == MlpKind::gated_gelu ? "GeluBackward0" : "SiluBackward0", {g}, {act}, {g});
     sim.drop(g);
-    TensorId u = linear(n2, d.h, d.I, p.up, kNone, "up_proj output (saved by mul)", "b·s·I");
+    if (!fused) u = linear(n2, d.h, d.I, p.up, kNone, "up_proj output (saved by mul)", "b·s·I");
     sim.drop(n2);
     TensorId prod = sim.make("act*up (saved by down_proj)", mul(TI, r.compute), Term::activations, "mul",
                              r.compute_name, "b·s·I", true);
@@ -252,6 +315,7 @@ struct Step {
   TensorId attention(TensorId qe, TensorId ke, TensorId v) {
     TensorId q = cast_input(qe, d.qd * d.T, "sdpa inputs (bf16 casts of q, k)");
     TensorId k = cast_input(ke, d.kvd * d.T, "sdpa inputs (bf16 casts of q, k)");
+    v = cast_input(v, d.kvd * d.T, "sdpa inputs (bf16 cast of the cached fp32 values)");
     TensorId out = kNone;
     if (job.attention == Attention::flash && r.compute != 4) {
       // cuDNN / flash: saves q, k, v (not repeated), the output and the fp32 log-sum-exp
@@ -271,6 +335,7 @@ struct Step {
     }
     sim.drop(q);
     sim.drop(k);
+    sim.drop(v);
     return out;
   }
 
@@ -389,6 +454,14 @@ TensorId forward(Step& st, bool checkpoint) {
   TensorId x = sim.make("embedding output", mul(d.T, d.h, r.param), Term::activations, "embedding",
                         r.param_name, "b·s·h", true);
   sim.node("EmbeddingBackward0", {st.emb}, {x}, {st.input_ids});
+  // Gemma scales the embeddings by sqrt(h): a new tensor; inputs_embeds stays referenced by the
+  // model's forward until the layers are done.
+  TensorId inputs_embeds = kNone;
+  if (st.m.family.rfind("gemma", 0) == 0) {
+    inputs_embeds = x;
+    x = sim.make("embedding × sqrt(h)", mul(d.T, d.h, r.param), Term::activations, "mul", r.param_name, "b·s·h", true);
+    sim.node("MulBackward0", {inputs_embeds}, {x}, {});
+  }
   // LlamaRotaryEmbedding: cos and sin in the hidden states' dtype, shared by every layer.
   st.cos = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
   st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
@@ -411,6 +484,7 @@ TensorId forward(Step& st, bool checkpoint) {
     x = out;
   }
   sim.set_section(static_cast<int>(d.L) + 1);  // after the layers
+  sim.drop(inputs_embeds);
   // LlamaModel returns the final norm output as last_hidden_state: the CausalLM forward holds it
   // (and the DynamicCache) until it returns, i.e. through the loss.
   TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
@@ -421,6 +495,19 @@ TensorId forward(Step& st, bool checkpoint) {
   if (st.job.loss == Loss::full) {
     TensorId logits = st.linear(hn, d.h, d.V, st.lm_head, kNone, "logits", "b·s·V");
     sim.drop(hn);
+    if (st.m.final_logit_softcap > 0) {
+      // Gemma 2: logits = tanh(logits / cap) * cap; tanh saves its output
+      TensorId dv = sim.make("logits / softcap", mul(TV, r.compute), Term::logits_loss, "div", r.compute_name, "b·s·V", true);
+      sim.node("DivBackward1", {logits}, {dv}, {});
+      sim.drop(logits);
+      TensorId th = sim.make("tanh(logits / softcap) (saved)", mul(TV, r.compute), Term::logits_loss, "tanh",
+                             r.compute_name, "b·s·V", true);
+      sim.node("TanhBackward0", {dv}, {th}, {th});
+      sim.drop(dv);
+      logits = sim.make("logits", mul(TV, r.compute), Term::logits_loss, "mul", r.compute_name, "b·s·V", true);
+      sim.node("MulBackward1", {th}, {logits}, {});
+      sim.drop(th);
+    }
     // ForCausalLMLoss: logits.float(), then cross_entropy = log_softmax (saves its output) + nll_loss.
     TensorId l32 = logits;
     if (r.compute != 4) {
@@ -551,11 +638,19 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
       lp.norm1 = P(d.h);
       lp.norm2 = P(d.h);
       if (m.norms_per_layer >= 4) { lp.norm3 = P(d.h); lp.norm4 = P(d.h); }
-      lp.q = P(mul(d.h, d.qd)); lp.k = P(mul(d.h, d.kvd)); lp.v = P(mul(d.h, d.kvd)); lp.o = P(mul(d.qd, d.h));
+      if (m.family == "phi3") {  // fused qkv_proj and gate_up_proj
+        lp.q = P(mul(d.h, d.qd + 2 * d.kvd)); lp.k = lp.v = kNone; lp.o = P(mul(d.qd, d.h));
+      } else {
+        lp.q = P(mul(d.h, d.qd)); lp.k = P(mul(d.h, d.kvd)); lp.v = P(mul(d.h, d.kvd)); lp.o = P(mul(d.qd, d.h));
+      }
       lp.qb = m.bias.qkv ? P(d.qd) : kNone;
       lp.kb = m.bias.qkv ? P(d.kvd) : kNone;
       lp.vb = m.bias.qkv ? P(d.kvd) : kNone;
-      lp.gate = P(mul(d.h, d.I)); lp.up = P(mul(d.h, d.I)); lp.down = P(mul(d.I, d.h));
+      if (m.family == "phi3") {
+        lp.gate = P(mul(d.h, 2 * d.I)); lp.up = kNone; lp.down = P(mul(d.I, d.h));
+      } else {
+        lp.gate = P(mul(d.h, d.I)); lp.up = P(mul(d.h, d.I)); lp.down = P(mul(d.I, d.h));
+      }
       if (m.qk_norm) { lp.q_norm = P(d.hd); lp.k_norm = P(d.hd); }
     }
     st.final_norm = P(d.h);
