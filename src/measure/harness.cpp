@@ -2,6 +2,7 @@
 #include "measure/harness.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -496,6 +497,7 @@ struct Harness::Impl {
   StepMeasure step() {
     StepMeasure sm;
     sm.index = step_index;
+    const auto t0 = std::chrono::steady_clock::now();
     phase = "step";
     G(Buf::tokens) = make(Buf::tokens, -1, "input");
     G(Buf::targets) = make(Buf::targets, -1, "input");
@@ -520,6 +522,8 @@ struct Harness::Impl {
     if (opt.leak_per_step) leaks.push_back(make(kLeakBytes, DType::fp32, "debug leak", "leak_per_step"));
     marks.push_back({step_index, "end", alloc.history().size()});
     sm.allocated_end = static_cast<bytes_t>(alloc.stats().allocated.current);
+    be.synchronize();
+    sm.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++step_index;
     return sm;
   }
@@ -575,5 +579,24 @@ StepMeasure Harness::step() {
 const HarnessDims& Harness::dims() const { return impl_->d; }
 const std::vector<PhaseMark>& Harness::marks() const { return impl_->marks; }
 std::uint64_t Harness::parameter_tensors() const { return impl_->params.size(); }
+
+std::string Harness::parameter_name(std::size_t i) const { return impl_->params.at(i).name; }
+
+std::vector<float> Harness::gradient(std::size_t i) const {
+  const Param& p = impl_->params.at(i);
+  if (!p.g) throw Error(ErrorKind::invalid_argument, "Harness::gradient: no backward has run yet");
+  std::vector<float> out(p.n);
+  if (impl_->r.grad == DType::fp32) {
+    impl_->be.copy_to_host(out.data(), p.g.view().data, p.n * 4);
+  } else {
+    std::vector<std::uint16_t> bits(p.n);
+    impl_->be.copy_to_host(bits.data(), p.g.view().data, p.n * 2);
+    for (std::size_t k = 0; k < p.n; ++k) {
+      const std::uint32_t u = static_cast<std::uint32_t>(bits[k]) << 16;
+      std::memcpy(&out[k], &u, 4);
+    }
+  }
+  return out;
+}
 
 }  // namespace membudget::measure

@@ -40,6 +40,7 @@ struct StepMeasure {
   bytes_t allocated_end = 0;    // allocated after the step
   bytes_t reserved_peak = 0;    // reserved.peak over the step
   float loss = 0;               // mean cross-entropy of the forward
+  double seconds = 0;           // wall time of the step (the backend is synchronised at each phase end)
 };
 
 // Where a phase starts in the allocator's history (for the timeline plot).
@@ -70,6 +71,9 @@ class Harness {
   const HarnessDims& dims() const;
   const std::vector<PhaseMark>& marks() const;
   std::uint64_t parameter_tensors() const;
+  // For tests: a parameter's name and its gradient from the last backward, as fp32 on the host.
+  std::string parameter_name(std::size_t i) const;
+  std::vector<float> gradient(std::size_t i) const;
 
  private:
   struct Impl;
