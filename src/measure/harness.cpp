@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 namespace membudget::measure {
 namespace {
@@ -14,19 +15,46 @@ constexpr std::size_t kLeakBytes = 4096;
 
 // splitmix64 and Box–Muller: the same parameters and batch on every platform.
 struct Rng {
+  static constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ull;
   std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  static std::uint64_t mix(std::uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
-  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-  float normal() {
-    const double u1 = uniform(), u2 = uniform();
+  static double to_uniform(std::uint64_t x) { return (static_cast<double>(x >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+  static float box_muller(double u1, double u2) {
     return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
   }
+  std::uint64_t next() { return mix(s += kGolden); }
+  double uniform() { return to_uniform(next()); }
+  float normal() {
+    const double u1 = uniform(), u2 = uniform();
+    return box_muller(u1, u2);
+  }
+  // The k-th normal (0-based) of a stream that starts at `seed`, without drawing the ones before.
+  static float normal_at(std::uint64_t seed, std::uint64_t k) {
+    return box_muller(to_uniform(mix(seed + (2 * k + 1) * kGolden)), to_uniform(mix(seed + (2 * k + 2) * kGolden)));
+  }
 };
+
+// f(i) for i in [0, n), split over the machine's threads when n is large.
+template <class F>
+void parallel_for(std::size_t n, F&& f) {
+  const std::size_t threads = std::min<std::size_t>(std::max(1u, std::thread::hardware_concurrency()), 32);
+  if (n < (1u << 20) || threads == 1) {
+    for (std::size_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const std::size_t per = (n + threads - 1) / threads;
+  for (std::size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      const std::size_t end = std::min(n, (t + 1) * per);
+      for (std::size_t i = t * per; i < end; ++i) f(i);
+    });
+  for (auto& th : pool) th.join();
+}
 
 // An allocation from the CachingAllocator, returned when the Buffer dies.
 class Buffer {
@@ -240,19 +268,29 @@ struct Harness::Impl {
     lnf_w = add_param("norm.weight", h, Init::ones);
     lm_head = m.tied_embeddings ? emb : add_param("lm_head.weight", d.V * h, Init::normal);
 
+    // Parameters draw normals from one splitmix64 stream in order. The stream is a counter (the
+    // k-th draw depends only on seed + k·golden), so each tensor is filled by several threads with
+    // exactly the values a sequential loop would give: an 8B model initialises in seconds.
     Rng rng{opt.seed};
+    std::uint64_t drawn = 0;  // normals drawn so far (two uniforms each)
     for (auto& p : params) {
       p.w = make(p.n * element_bytes(r.param), r.param, p.name, "parameter");
-      std::vector<float> host(p.n);
-      for (auto& x : host) x = p.init == Init::normal ? 0.02f * rng.normal() : (p.init == Init::ones ? 1.0f : 0.0f);
+      const std::uint64_t first = drawn;
+      auto value = [&](std::size_t i) {
+        return p.init == Init::normal ? 0.02f * Rng::normal_at(opt.seed, first + i) : (p.init == Init::ones ? 1.0f : 0.0f);
+      };
+      if (p.init == Init::normal) drawn += p.n;
       if (r.param == DType::fp32) {
+        std::vector<float> host(p.n);
+        parallel_for(p.n, [&](std::size_t i) { host[i] = value(i); });
         be.copy_to_device(p.w.view().data, host.data(), p.n * 4);
       } else {
         std::vector<std::uint16_t> bits(p.n);
-        for (std::size_t i = 0; i < p.n; ++i) bits[i] = to_bf16_bits(host[i]);
+        parallel_for(p.n, [&](std::size_t i) { bits[i] = to_bf16_bits(value(i)); });
         be.copy_to_device(p.w.view().data, bits.data(), p.n * 2);
       }
     }
+    rng.s = opt.seed + 2 * drawn * Rng::kGolden;  // where the sequential stream would be now
     // the fixed batch: random tokens, each target the next token of its sequence
     host_tokens.resize(d.T);
     host_targets.resize(d.T);
