@@ -27,6 +27,9 @@ constexpr int kWarps = 4;        // 16 rows each
 constexpr int kThreads = 32 * kWarps;
 constexpr int kLdS = kTile + 4;  // fp32 score rows (WMMA wants ldm % 4 == 0 for fp32)
 constexpr int kLdP = kTile + 8;  // bf16 probability rows (ldm % 8 == 0 for 16-bit types)
+// exponentials in base 2 (exp2f is one fast instruction): exp(x) = 2^(x·log2 e)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
 using FragAT = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
@@ -103,7 +106,9 @@ __global__ void __launch_bounds__(kThreads) attn_forward_kernel(T* out, float* l
 
   load_tile<T, HD>(Qs, qb, q0, S, qstride);
   for (int i = threadIdx.x; i < kTile * ldo; i += blockDim.x) Os[i] = 0.0f;
-  float m = -INFINITY, l = 0.0f;  // this lane's row (both lanes of a pair hold the same values)
+  // this lane's row (both lanes of a pair hold the same values); scores and m in base 2
+  float m = -INFINITY, l = 0.0f;
+  const float scale2 = scale * kLog2e;
 
   const int last = min(q0 + kTile - 1, S - 1);
   for (int k0 = 0; k0 <= last; k0 += kTile) {
@@ -113,11 +118,12 @@ __global__ void __launch_bounds__(kThreads) attn_forward_kernel(T* out, float* l
     __syncthreads();
     rows_times_tile_t<HD>(Ss + r0 * kLdS, Qs + r0 * ldx, Ks);
     __syncwarp();
-    float* srow = Ss + r * kLdS + half * 32;
+    // the two lanes of a row take alternate columns: fewer shared-memory bank conflicts
+    float* srow = Ss + r * kLdS;
     float mt = -INFINITY;
-    for (int c = 0; c < 32; ++c) {
-      const int j = k0 + half * 32 + c;
-      const float s = (j <= qi && j < S) ? srow[c] * scale : -INFINITY;
+    for (int c = half; c < kTile; c += 2) {
+      const int j = k0 + c;
+      const float s = (j <= qi && j < S) ? srow[c] * scale2 : -INFINITY;
       srow[c] = s;
       mt = fmaxf(mt, s);
     }
@@ -125,18 +131,18 @@ __global__ void __launch_bounds__(kThreads) attn_forward_kernel(T* out, float* l
     const float mn = fmaxf(m, mt);
     const float mu = mn == -INFINITY ? 0.0f : mn;
     float sum = 0.0f;
-    bf16* prow = Ps + r * kLdP + half * 32;
-    for (int c = 0; c < 32; ++c) {
-      const float p = srow[c] == -INFINITY ? 0.0f : expf(srow[c] - mu);
+    bf16* prow = Ps + r * kLdP;
+    for (int c = half; c < kTile; c += 2) {
+      const float p = srow[c] == -INFINITY ? 0.0f : exp2f(srow[c] - mu);
       sum += p;
       prow[c] = __float2bfloat16_rn(p);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    const float corr = m == -INFINITY ? 0.0f : expf(m - mu);
+    const float corr = m == -INFINITY ? 0.0f : exp2f(m - mu);
     l = l * corr + sum;
     m = mn;
-    float* orow = Os + r * ldo + half * (HD / 2);
-    for (int c = 0; c < HD / 2; ++c) orow[c] *= corr;
+    float* orow = Os + r * ldo;
+    for (int c = half; c < HD; c += 2) orow[c] *= corr;
     __syncwarp();
     FragA fa;
     FragB fb;
@@ -158,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) attn_forward_kernel(T* out, float* l
     T* orow = out + std::size_t(b) * S * qstride + std::size_t(qi) * qstride + std::size_t(h) * HD + half * (HD / 2);
     const float* os = Os + r * ldo + half * (HD / 2);
     for (int c = 0; c < HD / 2; ++c) orow[c] = from_f<T>(os[c] * inv);
-    if (half == 0) lse[(std::size_t(b) * H + h) * S + qi] = m + logf(l);
+    if (half == 0) lse[(std::size_t(b) * H + h) * S + qi] = m * kLn2 + logf(l);
   }
 }
 
@@ -200,6 +206,7 @@ __global__ void __launch_bounds__(kThreads) attn_dkdv_kernel(T* dk, T* dv, const
   const int k0 = blockIdx.x * kTile, kh = blockIdx.y, b = blockIdx.z, G = H / KV;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r0 = warp * 16, rr = r0 + lane / 2, half = lane % 2, j = k0 + rr;
+  const float scale2 = scale * kLog2e;
   const std::size_t qstride = std::size_t(H) * HD, kstride = std::size_t(KV) * HD;
   load_tile<T, HD>(Ks, k + std::size_t(b) * S * kstride + std::size_t(kh) * HD, k0, S, kstride);
   load_tile<T, HD>(Vs, v + std::size_t(b) * S * kstride + std::size_t(kh) * HD, k0, S, kstride);
@@ -228,10 +235,10 @@ __global__ void __launch_bounds__(kThreads) attn_dkdv_kernel(T* dk, T* dv, const
       rows_times_tile_t<HD>(St + r0 * kLdS, Ks + r0 * ldx, Qs);   // Sᵀ = K·Qᵀ
       rows_times_tile_t<HD>(dPt + r0 * kLdS, Vs + r0 * ldx, Ds);  // dPᵀ = V·dOᵀ
       __syncwarp();
-      for (int c = half * 32; c < half * 32 + 32; ++c) {
+      for (int c = half; c < kTile; c += 2) {
         const int i = q0 + c;
         const bool ok = i >= j && i < S && j < S;
-        const float p = ok ? expf(St[rr * kLdS + c] * scale - lse_s[c]) : 0.0f;
+        const float p = ok ? exp2f(St[rr * kLdS + c] * scale2 - lse_s[c] * kLog2e) : 0.0f;
         const float ds = p * (dPt[rr * kLdS + c] - delta_s[c]) * scale;
         Pt[rr * kLdP + c] = __float2bfloat16_rn(p);
         dSt[rr * kLdP + c] = __float2bfloat16_rn(ds);
@@ -291,6 +298,7 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(T* dq, const T* q, co
   const int q0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z, kh = h / (H / KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r0 = warp * 16, r = r0 + lane / 2, half = lane % 2, qi = q0 + r;
+  const float scale2 = scale * kLog2e;
   const std::size_t qstride = std::size_t(H) * HD, kstride = std::size_t(KV) * HD;
   const T* kb = k + std::size_t(b) * S * kstride + std::size_t(kh) * HD;
   const T* vb = v + std::size_t(b) * S * kstride + std::size_t(kh) * HD;
@@ -313,10 +321,10 @@ __global__ void __launch_bounds__(kThreads) attn_dq_kernel(T* dq, const T* q, co
     rows_times_tile_t<HD>(Ss + r0 * kLdS, Qs + r0 * ldx, Ks);   // S = Q·Kᵀ
     rows_times_tile_t<HD>(dPs + r0 * kLdS, Ds + r0 * ldx, Vs);  // dP = dO·Vᵀ
     __syncwarp();
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
+    for (int c = half; c < kTile; c += 2) {
       const int jj = k0 + c;
       const bool ok = jj <= qi && jj < S && qi < S;
-      const float p = ok ? expf(Ss[r * kLdS + c] * scale - lse_s[r]) : 0.0f;
+      const float p = ok ? exp2f(Ss[r * kLdS + c] * scale2 - lse_s[r] * kLog2e) : 0.0f;
       dSs[r * kLdP + c] = __float2bfloat16_rn(p * (dPs[r * kLdS + c] - delta_s[r]) * scale);
     }
     __syncwarp();
