@@ -10,7 +10,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <tuple>
@@ -125,6 +128,10 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     // errors here cannot be reported; the process is usually ending
     cudaStreamSynchronize(stream_);
+    if (profile_) {
+      drain_profile();
+      print_profile();
+    }
     for (auto& [_, p] : rope_) cudaFree(p);
     cudaFree(adam_desc_);
     cudaFree(scratch_);
@@ -151,30 +158,40 @@ class CudaBackend final : public Backend {
     CUDA_OK(cudaStreamSynchronize(stream_));
   }
   void zero(View x, std::size_t n) override {
+    Prof prof_(*this, "zero");
     if (n) CUDA_OK(cudaMemsetAsync(x.data, 0, n * element_bytes(x.dtype), stream_));
   }
-  void synchronize() override { CUDA_OK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    if (profile_) drain_profile();
+  }
 
-  void cast(View dst, View src, std::size_t n) override { cuda::cast(stream_, ten(dst), ten(src), n); }
+  void cast(View dst, View src, std::size_t n) override {
+    Prof prof_(*this, "cast"); cuda::cast(stream_, ten(dst), ten(src), n); }
 
   void embedding_forward(View out, const std::int32_t* tokens, View table, int T, int C) override {
+    Prof prof_(*this, "embedding_forward");
     cuda::embedding_forward(stream_, ten(out), tokens, ten(table), T, C);
   }
   void embedding_backward(View dtable, const std::int32_t* tokens, View dout, int T, int C) override {
+    Prof prof_(*this, "embedding_backward");
     cuda::embedding_backward(stream_, ten(dtable), tokens, ten(dout), T, C);
   }
 
   void rmsnorm_forward(View out, float* rstd, View x, View w, int N, int C, float eps) override {
+    Prof prof_(*this, "rmsnorm_forward");
     cuda::rmsnorm_forward(stream_, ten(out), rstd, ten(x), ten(w), N, C, eps);
   }
   void rmsnorm_backward(View dx, bool accumulate_dx, View dw, View dout, View x, View w, const float* rstd, int N,
                         int C) override {
+    Prof prof_(*this, "rmsnorm_backward");
     cuda::rmsnorm_backward(stream_, ten(dx), accumulate_dx, ten(dw), ten(dout), ten(x), ten(w), rstd, N, C, scratch_,
                            kScratchFloats);
   }
 
   // Row-major out(N, OC) = x(N, IC) · w(OC, IC)ᵀ is, column-major, out(OC, N) = wᵀ · x.
   void matmul_forward(View out, View x, View w, View bias, int N, int IC, int OC) override {
+    Prof prof_(*this, "matmul_forward");
     require_same(x, w, "matmul_forward");
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, x, IC, 0.0f, out, OC);
     if (bias) cuda::add_bias(stream_, ten(out), ten(bias), N, OC);
@@ -182,6 +199,7 @@ class CudaBackend final : public Backend {
   // Column-major: dx(IC, N) = w(IC, OC) · dout(OC, N); dw(IC, OC) += x(IC, N) · dout(OC, N)ᵀ.
   void matmul_backward(View dx, bool accumulate_dx, View dw, View dbias, View dout, View x, View w, int N, int IC,
                        int OC) override {
+    Prof prof_(*this, "matmul_backward");
     require_same(x, w, "matmul_backward");
     require_same(dout, w, "matmul_backward");
     if (dx) gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, w, IC, dout, OC, accumulate_dx ? 1.0f : 0.0f, dx, IC);
@@ -190,37 +208,46 @@ class CudaBackend final : public Backend {
   }
 
   void rotary_forward(View x, int B, int S, int heads, int hd, float theta) override {
+    Prof prof_(*this, "rotary_forward");
     cuda::rotary(stream_, ten(x), rope_table(S, hd, theta), B, S, heads, hd, false);
   }
   void rotary_backward(View dx, int B, int S, int heads, int hd, float theta) override {
+    Prof prof_(*this, "rotary_backward");
     cuda::rotary(stream_, ten(dx), rope_table(S, hd, theta), B, S, heads, hd, true);
   }
 
   void attention_forward(View out, float* lse, View q, View k, View v, const AttnShape& a) override {
+    Prof prof_(*this, "attention_forward");
     cuda::attention_forward(stream_, ten(out), lse, ten(q), ten(k), ten(v), attn(a));
   }
   void attention_backward(View dq, View dk, View dv, float* delta, View dout, View q, View k, View v, View out,
                           const float* lse, const AttnShape& a) override {
+    Prof prof_(*this, "attention_backward");
     cuda::attention_backward(stream_, ten(dq), ten(dk), ten(dv), delta, ten(dout), ten(q), ten(k), ten(v), ten(out),
                              lse, attn(a));
   }
 
   void swiglu_forward(View out, View gate, View up, std::size_t n) override {
+    Prof prof_(*this, "swiglu_forward");
     cuda::swiglu_forward(stream_, ten(out), ten(gate), ten(up), n);
   }
   void swiglu_backward(View dgate, View dup, View dout, View gate, View up, std::size_t n) override {
+    Prof prof_(*this, "swiglu_backward");
     cuda::swiglu_backward(stream_, ten(dgate), ten(dup), ten(dout), ten(gate), ten(up), n);
   }
 
   void cross_entropy_forward(float* losses, View logits, const std::int32_t* targets, int N, int V) override {
+    Prof prof_(*this, "cross_entropy_forward");
     cuda::cross_entropy_forward(stream_, losses, ten(logits), targets, N, V);
   }
   void cross_entropy_backward(View dlogits, View logits, const std::int32_t* targets, float dloss, int N,
                               int V) override {
+    Prof prof_(*this, "cross_entropy_backward");
     cuda::cross_entropy_backward(stream_, ten(dlogits), ten(logits), targets, dloss, N, V);
   }
 
   void adamw(std::span<const AdamWTensor> tensors, const AdamWParams& p, int step) override {
+    Prof prof_(*this, "adamw");
     const int count = static_cast<int>(tensors.size());
     if (count > adam_capacity_) {
       CUDA_OK(cudaStreamSynchronize(stream_));
@@ -242,10 +269,61 @@ class CudaBackend final : public Backend {
   }
 
   void residual_forward(View out, View a, View b, std::size_t n) override {
+    Prof prof_(*this, "residual_forward");
     cuda::residual_forward(stream_, ten(out), ten(a), ten(b), n);
   }
 
  private:
+  // MEMBUDGET_CUDA_PROFILE=1: GPU time per op family from events around each call, summed at every
+  // synchronize and printed to stderr when the backend dies (the benchmark's "where the time goes").
+  struct Span {
+    const char* name;
+    cudaEvent_t begin, end;
+  };
+  struct Prof {
+    CudaBackend& be;
+    Span span{};
+    Prof(CudaBackend& b, const char* name) : be(b) {
+      if (!be.profile_) return;
+      span.name = name;
+      CUDA_OK(cudaEventCreate(&span.begin));
+      CUDA_OK(cudaEventCreate(&span.end));
+      CUDA_OK(cudaEventRecord(span.begin, be.stream_));
+    }
+    ~Prof() {
+      if (!be.profile_) return;
+      cudaEventRecord(span.end, be.stream_);
+      be.spans_.push_back(span);
+    }
+  };
+  void drain_profile() {
+    cudaStreamSynchronize(stream_);
+    for (const Span& s : spans_) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, s.begin, s.end);
+      auto& [total, calls] = profile_ms_[s.name];
+      total += ms;
+      calls += 1;
+      cudaEventDestroy(s.begin);
+      cudaEventDestroy(s.end);
+    }
+    spans_.clear();
+  }
+  void print_profile() const {
+    std::vector<std::pair<double, std::string>> rows;
+    double all = 0;
+    for (const auto& [name, tc] : profile_ms_) {
+      rows.push_back({tc.first, name});
+      all += tc.first;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "cuda profile (GPU ms summed over the run, all steps):\n");
+    for (const auto& [ms, name] : rows)
+      std::fprintf(stderr, "cuda profile: %-24s %12.3f ms %6.2f%% %8d calls\n", name.c_str(), ms,
+                   all > 0 ? 100.0 * ms / all : 0.0, profile_ms_.at(name).second);
+    std::fprintf(stderr, "cuda profile: %-24s %12.3f ms\n", "total", all);
+  }
+
   static void require_same(View a, View b, const char* op) {
     if (a.dtype != b.dtype)
       throw Error(ErrorKind::unsupported, std::string("cuda backend: ") + op + ": operands must share one dtype");
@@ -281,6 +359,9 @@ class CudaBackend final : public Backend {
   int adam_capacity_ = 0;
   std::map<std::tuple<int, int, float>, float*> rope_;
   std::string name_;
+  bool profile_ = std::getenv("MEMBUDGET_CUDA_PROFILE") != nullptr;
+  std::vector<Span> spans_;
+  std::map<std::string, std::pair<double, int>> profile_ms_;
 };
 
 }  // namespace
