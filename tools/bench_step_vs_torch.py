@@ -62,7 +62,10 @@ def torch_side(hf_json: str, batch: int, seq: int, warmup: int, steps: int) -> d
             step()
         total = 0.0
         for ev in prof.key_averages():
-            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            # kernels only (self time), so operator events never count their kernels twice
+            if "cuda" not in str(getattr(ev, "device_type", "cuda")).lower():
+                continue
+            t = getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
             if t <= 0 or ev.key.startswith("ProfilerStep"):
                 continue
             fam = kernel_family(ev.key)
