@@ -4,8 +4,10 @@
 #include "measure/harness_buffer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
+#include <thread>
 
 namespace membudget::measure {
 namespace {
@@ -177,19 +179,29 @@ struct Harness::Impl {
     lnf_w = add_param("norm.weight", h, Init::ones);
     lm_head = m.tied_embeddings ? emb : add_param("lm_head.weight", d.V * h, Init::normal);
 
+    // Parameters draw normals from one splitmix64 stream in order. The stream is a counter (the
+    // k-th draw depends only on seed + k·golden), so each tensor is filled by several threads with
+    // exactly the values a sequential loop would give: an 8B model initialises in seconds.
     Rng rng{opt.seed};
+    std::uint64_t drawn = 0;  // normals drawn so far (two uniforms each)
     for (auto& p : params) {
       p.w = make(p.n * element_bytes(r.param), r.param, p.name, "parameter");
-      std::vector<float> host(p.n);
-      for (auto& x : host) x = p.init == Init::normal ? 0.02f * rng.normal() : (p.init == Init::ones ? 1.0f : 0.0f);
+      const std::uint64_t first = drawn;
+      auto value = [&](std::size_t i) {
+        return p.init == Init::normal ? 0.02f * Rng::normal_at(opt.seed, first + i) : (p.init == Init::ones ? 1.0f : 0.0f);
+      };
+      if (p.init == Init::normal) drawn += p.n;
       if (r.param == DType::fp32) {
+        std::vector<float> host(p.n);
+        parallel_for(p.n, [&](std::size_t i) { host[i] = value(i); });
         be.copy_to_device(p.w.view().data, host.data(), p.n * 4);
       } else {
         std::vector<std::uint16_t> bits(p.n);
-        for (std::size_t i = 0; i < p.n; ++i) bits[i] = to_bf16_bits(host[i]);
+        parallel_for(p.n, [&](std::size_t i) { bits[i] = to_bf16_bits(value(i)); });
         be.copy_to_device(p.w.view().data, bits.data(), p.n * 2);
       }
     }
+    rng.s = opt.seed + 2 * drawn * Rng::kGolden;  // where the sequential stream would be now
     // the fixed batch: random tokens, each target the next token of its sequence
     host_tokens.resize(d.T);
     host_targets.resize(d.T);
@@ -434,6 +446,7 @@ struct Harness::Impl {
   StepMeasure step() {
     StepMeasure sm;
     sm.index = step_index;
+    const auto t0 = std::chrono::steady_clock::now();
     phase = "step";
     G(Buf::tokens) = make(Buf::tokens, -1, "input");
     G(Buf::targets) = make(Buf::targets, -1, "input");
@@ -458,6 +471,8 @@ struct Harness::Impl {
     if (opt.leak_per_step) leaks.push_back(make(kLeakBytes, DType::fp32, "debug leak", "leak_per_step"));
     marks.push_back({step_index, "end", alloc.history().size()});
     sm.allocated_end = static_cast<bytes_t>(alloc.stats().allocated.current);
+    be.synchronize();
+    sm.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++step_index;
     return sm;
   }
@@ -513,5 +528,24 @@ StepMeasure Harness::step() {
 const HarnessDims& Harness::dims() const { return impl_->d; }
 const std::vector<PhaseMark>& Harness::marks() const { return impl_->marks; }
 std::uint64_t Harness::parameter_tensors() const { return impl_->params.size(); }
+
+std::string Harness::parameter_name(std::size_t i) const { return impl_->params.at(i).name; }
+
+std::vector<float> Harness::gradient(std::size_t i) const {
+  const Param& p = impl_->params.at(i);
+  if (!p.g) throw Error(ErrorKind::invalid_argument, "Harness::gradient: no backward has run yet");
+  std::vector<float> out(p.n);
+  if (impl_->r.grad == DType::fp32) {
+    impl_->be.copy_to_host(out.data(), p.g.view().data, p.n * 4);
+  } else {
+    std::vector<std::uint16_t> bits(p.n);
+    impl_->be.copy_to_host(bits.data(), p.g.view().data, p.n * 2);
+    for (std::size_t k = 0; k < p.n; ++k) {
+      const std::uint32_t u = static_cast<std::uint32_t>(bits[k]) << 16;
+      std::memcpy(&out[k], &u, 4);
+    }
+  }
+  return out;
+}
 
 }  // namespace membudget::measure

@@ -43,6 +43,7 @@ struct StepMeasure {
   // inference mode (harness_infer.hpp): floor is weights + KV pool; these replace the three above
   bytes_t prefill_peak = 0;
   bytes_t decode_peak = 0;
+  double seconds = 0;           // wall time of the step (the backend is synchronised at each phase end)
 };
 
 // Where a phase starts in the allocator's history (for the timeline plot).
@@ -73,6 +74,9 @@ class Harness {
   const HarnessDims& dims() const;
   const std::vector<PhaseMark>& marks() const;
   std::uint64_t parameter_tensors() const;
+  // For tests: a parameter's name and its gradient from the last backward, as fp32 on the host.
+  std::string parameter_name(std::size_t i) const;
+  std::vector<float> gradient(std::size_t i) const;
 
  private:
   struct Impl;

@@ -2,6 +2,10 @@
 // (internal): the deterministic RNG, an owning allocation of the CachingAllocator, bf16 rounding.
 #pragma once
 
+#include <algorithm>
+#include <thread>
+#include <vector>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,19 +16,47 @@ namespace membudget::measure {
 
 // splitmix64 and Box–Muller: the same parameters and batch on every platform.
 struct Rng {
+  static constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ull;
   std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  static std::uint64_t mix(std::uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
-  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-  float normal() {
-    const double u1 = uniform(), u2 = uniform();
+  static double to_uniform(std::uint64_t x) { return (static_cast<double>(x >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+  static float box_muller(double u1, double u2) {
     return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
   }
+  std::uint64_t next() { return mix(s += kGolden); }
+  double uniform() { return to_uniform(next()); }
+  float normal() {
+    const double u1 = uniform(), u2 = uniform();
+    return box_muller(u1, u2);
+  }
+  // The k-th normal (0-based) of a stream that starts at `seed`, without drawing the ones before.
+  static float normal_at(std::uint64_t seed, std::uint64_t k) {
+    return box_muller(to_uniform(mix(seed + (2 * k + 1) * kGolden)), to_uniform(mix(seed + (2 * k + 2) * kGolden)));
+  }
 };
+
+// f(i) for i in [0, n), split over the machine's threads when n is large.
+template <class F>
+void parallel_for(std::size_t n, F&& f) {
+  const std::size_t threads = std::min<std::size_t>(std::max(1u, std::thread::hardware_concurrency()), 32);
+  if (n < (1u << 20) || threads == 1) {
+    for (std::size_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const std::size_t per = (n + threads - 1) / threads;
+  for (std::size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      const std::size_t end = std::min(n, (t + 1) * per);
+      for (std::size_t i = t * per; i < end; ++i) f(i);
+    });
+  for (auto& th : pool) th.join();
+}
+
 
 // An allocation from the CachingAllocator, returned when the Buffer dies.
 class Buffer {

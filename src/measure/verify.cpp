@@ -149,7 +149,8 @@ ordered_json step_json(const StepCheck& sc, bool infer) {
                          : ordered_json{{"step", m.index},           {"loss", m.loss},
                                         {"floor", m.floor},          {"forward_peak", m.forward_peak},
                                         {"backward_peak", m.backward_peak}, {"optimizer_peak", m.optimizer_peak},
-                                        {"allocated_end", m.allocated_end}, {"reserved_peak", m.reserved_peak}};
+                                        {"allocated_end", m.allocated_end}, {"reserved_peak", m.reserved_peak},
+                                        {"seconds", m.seconds}};
   ordered_json err = ordered_json::object();
   for (const auto& pc : sc.phases)
     err[pc.phase] = {{"predicted", pc.predicted}, {"bytes", pc.error}, {"percent", pc.error_pct}, {"ok", pc.ok}};
