@@ -14,7 +14,10 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "job_flags.hpp"
 #include "membudget/oom.hpp"
+#include "membudget/oom_attribution.hpp"
+#include "membudget/report.hpp"
 
 namespace membudget::cli {
 namespace {
@@ -26,6 +29,8 @@ struct OomOptions {
   std::optional<std::uint64_t> step;
   std::string phase;
   bool long_seq = false;
+  std::string model;  // with the job flags below: which budget term the failed allocation is
+  std::string batch, seq, precision, optimizer, recompute, attention, loss;
 };
 
 std::string read_input(const OomOptions& o) {
@@ -72,10 +77,33 @@ void run(const OomOptions& o) {
   ctx.long_sequences_only = o.long_seq;
   const std::string input = read_input(o);
   const OomReport report = parse_oom_message(input);
+  std::optional<OomAttribution> attribution;
+  if (!o.model.empty()) {
+    JobFlags f;
+    f.model_path = o.model;
+    f.batch = o.batch;
+    f.seq = o.seq;
+    f.precision = o.precision;
+    f.optimizer = o.optimizer;
+    f.recompute = o.recompute;
+    f.attention = o.attention;
+    f.loss = o.loss;
+    const ModelSpec spec = f.model();
+    attribution = attribute_oom(report, spec, f.job(spec));
+  }
   if (o.format == "json") {
-    std::cout << to_json(report, ctx).dump(2) << "\n";
+    auto j = to_json(report, ctx);
+    if (attribution)
+      j["attribution"] = {{"matched", attribution->matched},       {"term", attribution->term},
+                          {"tensor", attribution->tensor},         {"phase", attribution->phase},
+                          {"tensor_bytes", attribution->tensor_bytes},
+                          {"predicted_peak", attribution->predicted_peak},
+                          {"predicted_required", attribution->predicted_required},
+                          {"note", attribution->note}};
+    std::cout << j.dump(2) << "\n";
   } else {
     print_table(report, classify(report, ctx));
+    if (attribution) std::printf("\nbudget term: %s\n  %s\n", attribution->term.c_str(), attribution->note.c_str());
   }
 }
 
@@ -91,6 +119,14 @@ const Registrar registrar("oom", 60, [](CLI::App& parent) {
   sub->add_option("--phase", o->phase, "Phase that ran out of memory")
       ->check(CLI::IsMember({"train", "eval"}));
   sub->add_flag("--long-seq", o->long_seq, "It runs out of memory only on the longest sequences");
+  sub->add_option("--model", o->model, "The model spec of the job: say which budget term the failed allocation is");
+  sub->add_option("--batch", o->batch, "with --model: micro-batch");
+  sub->add_option("--seq", o->seq, "with --model: sequence length");
+  sub->add_option("--precision", o->precision, "with --model: fp32 | amp-bf16 | bf16 | bf16-master");
+  sub->add_option("--optimizer", o->optimizer, "with --model: optimizer");
+  sub->add_option("--recompute", o->recompute, "with --model: none | selective | full");
+  sub->add_option("--attention", o->attention, "with --model: flash | math");
+  sub->add_option("--loss", o->loss, "with --model: full | chunked");
   sub->callback([o] { run(*o); });
 });
 
