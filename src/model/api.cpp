@@ -121,6 +121,40 @@ bytes_t usable_bytes(const Device& device, double headroom) {
   return r;
 }
 
+// The largest n in [1, n_max] with ok(n), given that ok(1) holds and ok is monotone (memory grows
+// with the batch and the sequence): doubling until a miss, then bisection. `best` receives the
+// estimate at the answer.
+template <class Ok>
+std::uint64_t largest_fitting(std::uint64_t n_max, Ok&& ok, Estimate& best) {
+  std::uint64_t lo = 1, hi = 0;  // lo fits; hi (when set) does not
+  for (std::uint64_t n = 2;; n *= 2) {
+    if (n > n_max) {
+      n = n_max;
+      if (n <= lo) break;
+    }
+    Estimate e;
+    if (ok(n, &e)) {
+      lo = n;
+      best = e;
+      if (n == n_max) break;
+    } else {
+      hi = n;
+      break;
+    }
+  }
+  while (hi && hi - lo > 1) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    Estimate e;
+    if (ok(mid, &e)) {
+      lo = mid;
+      best = e;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 FitResult fits(const ModelSpec& model, const Job& job, const Device& device, double headroom) {
   FitResult f;
   f.capacity = device.capacity;
@@ -161,32 +195,7 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
   ++r.evaluations;
   r.at_max = best;
   if (best.required > r.limit) return r;
-  std::uint64_t lo = 1, hi = 0;  // lo fits; hi (when set) does not
-  for (std::uint64_t b = 2;; b *= 2) {
-    if (b > hi_limit) {
-      b = hi_limit;
-      if (b <= lo) break;
-    }
-    Estimate e;
-    if (ok(b, &e)) {
-      lo = b;
-      best = e;
-      if (b == hi_limit) break;
-    } else {
-      hi = b;
-      break;
-    }
-  }
-  while (hi && hi - lo > 1) {
-    const std::uint64_t mid = lo + (hi - lo) / 2;
-    Estimate e;
-    if (ok(mid, &e)) {
-      lo = mid;
-      best = e;
-    } else {
-      hi = mid;
-    }
-  }
+  const std::uint64_t lo = largest_fitting(hi_limit, ok, best);
   r.max_micro_batch = lo;
   r.at_max = best;
   if (o.global_batch) {
@@ -226,32 +235,7 @@ MaxSeqResult max_sequence_length(const ModelSpec& model, Job job, const Device& 
   ++r.evaluations;
   r.at_max = best;
   if (best.required > r.limit) return r;
-  std::uint64_t lo = 1, hi = 0;
-  for (std::uint64_t k = 2;; k *= 2) {
-    if (k > kmax) {
-      k = kmax;
-      if (k <= lo) break;
-    }
-    Estimate e;
-    if (ok(k, &e)) {
-      lo = k;
-      best = e;
-      if (k == kmax) break;
-    } else {
-      hi = k;
-      break;
-    }
-  }
-  while (hi && hi - lo > 1) {
-    const std::uint64_t mid = lo + (hi - lo) / 2;
-    Estimate e;
-    if (ok(mid, &e)) {
-      lo = mid;
-      best = e;
-    } else {
-      hi = mid;
-    }
-  }
+  const std::uint64_t lo = largest_fitting(kmax, ok, best);
   r.max_seq = lo * step;
   r.at_max = best;
   return r;
