@@ -87,8 +87,24 @@ struct Budget {
   bytes_t peak = 0;               // max over phases (and step 0)
   std::string peak_phase;         // e.g. "backward_peak" or "step0.backward_peak"
 
-  bytes_t phase(std::string_view name) const;  // 0 when absent
-  const PhasePeak* find_phase(std::string_view name) const;
+  bytes_t phase(std::string_view name) const {  // 0 when absent
+    const PhasePeak* p = find_phase(name);
+    return p ? p->bytes : 0;
+  }
+  const PhasePeak* find_phase(std::string_view name) const {
+    for (const auto& p : phases)
+      if (p.name == name) return &p;
+    return nullptr;
+  }
+  // The phase named by peak_phase ("backward_peak" or "step0.backward_peak"), or nullptr.
+  const PhasePeak* peak_entry() const {
+    std::string_view name = peak_phase;
+    if (name.rfind("step0.", 0) != 0) return find_phase(name);
+    name.remove_prefix(6);
+    for (const auto& p : step0)
+      if (p.name == name) return &p;
+    return nullptr;
+  }
 };
 
 struct PredictOptions {

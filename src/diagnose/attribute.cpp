@@ -123,18 +123,6 @@ struct Classifier {
   }
 };
 
-const PhasePeak* peak_phase_of(const Budget& b) {
-  std::string_view name = b.peak_phase;
-  if (name.rfind("step0.", 0) == 0) {
-    name.remove_prefix(6);
-    for (const auto& p : b.step0)
-      if (p.name == name) return &p;
-    return nullptr;
-  }
-  for (const auto& p : b.phases)  // (not Budget::find_phase: this file links without predict.cpp)
-    if (p.name == name) return &p;
-  return nullptr;
-}
 
 }  // namespace
 
@@ -236,7 +224,7 @@ Attribution attribute_decoded(const DecodedSnapshot& snap, const Budget* budget,
 
 std::array<bytes_t, kMemoryTerms> predicted_terms(const Budget& b) {
   std::array<bytes_t, kMemoryTerms> out{};
-  const PhasePeak* p = peak_phase_of(b);
+  const PhasePeak* p = b.peak_entry();
   if (!p) return out;
   auto add = [&](MemoryTerm t, bytes_t v) { out[static_cast<std::size_t>(t)] += v; };
   for (const auto& t : p->live) {

@@ -19,17 +19,6 @@ const char* to_string(Term t) noexcept {
   return "other";
 }
 
-const PhasePeak* Budget::find_phase(std::string_view name) const {
-  for (const auto& p : phases)
-    if (p.name == name) return &p;
-  return nullptr;
-}
-
-bytes_t Budget::phase(std::string_view name) const {
-  const PhasePeak* p = find_phase(name);
-  return p ? p->bytes : 0;
-}
-
 bytes_t default_overhead(Profile profile) {
   // CUDA context, cuBLAS handle and kernels outside the allocator: PyTorch 2.11 with CUDA 13 on an
   // H200 (docs/model.md); the harness loads no PyTorch kernels, so its context is smaller.

@@ -53,16 +53,6 @@ std::vector<TensorBytes> top_tensors(const PhasePeak* p, std::size_t n) {
   return v;
 }
 
-const PhasePeak* peak_phase(const Budget& b) {
-  std::string_view name = b.peak_phase;
-  if (name.rfind("step0.", 0) == 0) {
-    name.remove_prefix(6);
-    for (const auto& p : b.step0)
-      if (p.name == name) return &p;
-    return nullptr;
-  }
-  return b.find_phase(name);
-}
 
 std::string gb(bytes_t v) {
   char buf[32];
@@ -236,7 +226,7 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
           << ("step0." + p.name == b.peak_phase ? "  ← peak" : "") << "\n";
   }
   out << "\nPeak " << format_bytes(b.peak) << " in " << b.peak_phase;
-  auto top = top_tensors(peak_phase(b), o.top);
+  auto top = top_tensors(b.peak_entry(), o.top);
   if (!top.empty()) {
     out << ", made of:\n";
     for (const auto& t : top) {
