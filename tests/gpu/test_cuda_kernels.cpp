@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -19,6 +20,7 @@
 #include "../helpers.hpp"
 #include "measure/backend.hpp"
 #include "measure/harness.hpp"
+#include "measure/harness_infer.hpp"
 
 using namespace membudget;
 using namespace membudget::measure;
@@ -263,13 +265,26 @@ TEST_CASE("rotary forward and backward") {
   }
 }
 
+// MEMBUDGET_CUDA_ATTN=wmma switches training attention to the first (WMMA) kernels; both are tested.
+struct AttnKernels {
+  explicit AttnKernels(bool wmma) {
+    if (wmma) setenv("MEMBUDGET_CUDA_ATTN", "wmma", 1);
+    else unsetenv("MEMBUDGET_CUDA_ATTN");
+  }
+  ~AttnKernels() { unsetenv("MEMBUDGET_CUDA_ATTN"); }
+};
+
 TEST_CASE("flash attention with GQA: forward (out, lse) and backward (dq, dk, dv)") {
   Fixture fx;
   struct Case {
     int B, S, H, KV, hd;
   };
-  for (Case c : {Case{2, 100, 4, 2, 16}, Case{1, 150, 4, 1, 64}, Case{1, 70, 2, 2, 128}, Case{1, 64, 6, 3, 32}})
+  for (bool wmma : {false, true})
+  for (Case c : {Case{2, 100, 4, 2, 16}, Case{1, 150, 4, 1, 64}, Case{1, 70, 2, 2, 128}, Case{1, 64, 6, 3, 32},
+                 Case{1, 333, 8, 2, 64}, Case{2, 200, 4, 1, 128}})
     for (DType d : {DType::fp32, DType::bf16}) {
+      AttnKernels kernels(wmma);
+      CAPTURE(wmma);
       CAPTURE(c.S);
       CAPTURE(c.hd);
       CAPTURE(name_of(d));
@@ -293,6 +308,50 @@ TEST_CASE("flash attention with GQA: forward (out, lse) and backward (dq, dk, dv
       compare("attention dk", dk, kEpsBf16, 8);
       compare("attention dv", dv, kEpsBf16, 8);
     }
+}
+
+TEST_CASE("rotary at a position offset (a decode step continues the prompt)") {
+  Fixture fx;
+  const int B = 3, S = 5, H = 4, hd = 64;
+  const std::size_t n = std::size_t(B) * S * H * hd;
+  for (DType d : {DType::fp32, DType::bf16})
+    for (int pos0 : {0, 1, 130, 4096}) {
+      CAPTURE(name_of(d));
+      CAPTURE(pos0);
+      Pair x = fx.make(d, randn(n, 1.0f, 70 + pos0));
+      fx.cpu->rotary_forward_at(x.cpu.v(), B, S, H, hd, 500000.0f, pos0);
+      fx.gpu->rotary_forward_at(x.gpu.v(), B, S, H, hd, 500000.0f, pos0);
+      compare("rotary_forward_at", x, eps_of(d), 4);
+    }
+}
+
+TEST_CASE("attention over a KV cache: prefill, decode and a few queries, any cache dtype") {
+  Fixture fx;
+  struct Case {
+    int B, S, H, KV, hd, past, max_tokens;
+  };
+  for (Case c : {Case{2, 100, 4, 2, 64, 0, 101}, Case{2, 1, 4, 2, 64, 100, 101}, Case{3, 1, 8, 2, 128, 130, 140},
+                 Case{1, 5, 4, 1, 32, 70, 80}, Case{2, 3, 6, 3, 16, 0, 3}, Case{1, 70, 2, 2, 128, 9, 90}})
+    for (DType d : {DType::fp32, DType::bf16})
+      for (DType kd : {DType::fp32, DType::bf16}) {
+        CAPTURE(c.S);
+        CAPTURE(c.past);
+        CAPTURE(c.hd);
+        CAPTURE(name_of(d));
+        CAPTURE(name_of(kd));
+        const AttnShape a{c.B, c.S, c.H, c.KV, c.hd};
+        const std::size_t nq = std::size_t(c.B) * c.S * c.H * c.hd;
+        const std::size_t nk = std::size_t(c.B) * c.max_tokens * c.KV * c.hd;
+        Pair q = fx.make(d, randn(nq, 1.0f, 80)), kc = fx.make(kd, randn(nk, 1.0f, 81));
+        Pair vc = fx.make(kd, randn(nk, 1.0f, 82)), out = fx.zeros(d, nq);
+        fx.cpu->attention_forward_cached(out.cpu.v(), q.cpu.v(), kc.cpu.v(), vc.cpu.v(), a, c.past, c.max_tokens);
+        fx.gpu->attention_forward_cached(out.gpu.v(), q.gpu.v(), kc.gpu.v(), vc.gpu.v(), a, c.past, c.max_tokens);
+        compare("cached attention out", out, kEpsBf16, 4);
+      }
+  Pair q = fx.zeros(DType::bf16, 4 * 64), kc = fx.zeros(DType::bf16, 4 * 64), out = fx.zeros(DType::bf16, 4 * 64);
+  CHECK_THROWS_AS(fx.gpu->attention_forward_cached(out.gpu.v(), q.gpu.v(), kc.gpu.v(), kc.gpu.v(), AttnShape{1, 2, 2, 2, 64},
+                                                   3, 4),
+                  Error);
 }
 
 TEST_CASE("cross-entropy forward and backward in place") {
@@ -392,6 +451,47 @@ TEST_CASE("whole steps: losses, gradients and measured peaks match the CPU backe
             INFO(hc.parameter_name(i) << ": relative L2 error of the gradient " << rel);
             CHECK(rel < 3e-2);
           }
+      }
+    }
+}
+
+TEST_CASE("inference steps (prefill into the KV pool, one decode step): logits and peaks match the CPU backend") {
+  const ModelSpec m = test::toy_llama();
+  for (DType w : {DType::bf16, DType::fp32})
+    for (DType kv : {DType::bf16, DType::fp32}) {
+      CAPTURE(to_string(w));
+      CAPTURE(to_string(kv));
+      Job j;
+      j.mode = Mode::infer;
+      j.profile = Profile::harness;
+      j.batch = 3;
+      j.seq = 90;
+      j.weights = w;
+      j.kv_dtype = kv;
+      auto cpu = make_cpu_backend(0);
+      auto gpu = make_backend("cuda", 0);
+      CachingAllocator ac(cpu->memory()), ag(gpu->memory());
+      InferHarness hc(m, j, *cpu, ac), hg(m, j, *gpu, ag);
+      for (int step = 0; step < 2; ++step) {
+        CAPTURE(step);
+        const InferStep c = hc.step(), g = hg.step();
+        CHECK(g.measure.floor == c.measure.floor);
+        CHECK(g.measure.prefill_peak == c.measure.prefill_peak);
+        CHECK(g.measure.decode_peak == c.measure.decode_peak);
+        CHECK(g.measure.allocated_end == c.measure.allocated_end);
+        for (int which = 0; which < 2; ++which) {
+          const auto& lc = which == 0 ? c.prefill_logits : c.decode_logits;
+          const auto& lg = which == 0 ? g.prefill_logits : g.decode_logits;
+          REQUIRE(lc.size() == lg.size());
+          double num = 0, den = 0;
+          for (std::size_t e = 0; e < lc.size(); ++e) {
+            num += (double(lg[e]) - lc[e]) * (double(lg[e]) - lc[e]);
+            den += double(lc[e]) * lc[e];
+          }
+          const double rel = std::sqrt(num / std::max(den, 1e-30));
+          INFO((which == 0 ? "prefill" : "decode") << " logits: relative L2 error " << rel);
+          CHECK(rel < 3e-2);
+        }
       }
     }
 }
