@@ -177,19 +177,28 @@ struct InferHarness::Impl {
     lnf_w = add_param("norm.weight", h, Init::ones);
     lm_head = m.tied_embeddings ? emb : add_param("lm_head.weight", d.V * h, Init::normal);
 
+    // The values of one sequential splitmix64 stream, drawn by counter on several threads as the
+    // training harness does (an 8B model initialises in seconds, not minutes).
     Rng rng{opt.seed};
+    std::uint64_t drawn = 0;  // normals drawn so far (two uniforms each)
     for (auto& p : params) {
       p.w = make(p.n * element_bytes(wdt), wdt, p.name, "weight");
-      std::vector<float> host(p.n);
-      for (auto& x : host) x = p.init == Init::normal ? 0.02f * rng.normal() : (p.init == Init::ones ? 1.0f : 0.0f);
+      const std::uint64_t first = drawn;
+      auto value = [&](std::size_t i) {
+        return p.init == Init::normal ? 0.02f * Rng::normal_at(opt.seed, first + i) : (p.init == Init::ones ? 1.0f : 0.0f);
+      };
+      if (p.init == Init::normal) drawn += p.n;
       if (wdt == DType::fp32) {
+        std::vector<float> host(p.n);
+        parallel_for(p.n, [&](std::size_t i) { host[i] = value(i); });
         be.copy_to_device(p.w.view().data, host.data(), p.n * 4);
       } else {
         std::vector<std::uint16_t> bits(p.n);
-        for (std::size_t i = 0; i < p.n; ++i) bits[i] = to_bf16_bits(host[i]);
+        parallel_for(p.n, [&](std::size_t i) { bits[i] = to_bf16_bits(value(i)); });
         be.copy_to_device(p.w.view().data, bits.data(), p.n * 2);
       }
     }
+    rng.s = opt.seed + 2 * drawn * Rng::kGolden;  // where the sequential stream would be now
     for (std::size_t l = 0; l < d.L; ++l) {
       kpool.push_back(make(IBuf::k_pool, d, static_cast<int>(l), "kv pool"));
       be.zero(kpool.back().view(), d.B * d.P * d.kvd());
