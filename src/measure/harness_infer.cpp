@@ -53,6 +53,10 @@ void check_harness_infer_supported(const ModelSpec& m, const Job& job) {
   t.optimizer = Optimizer::adamw;
   t.recompute = Recompute::none;
   t.attention = Attention::flash;
+  // the training step's index limit counts T × vocab logits; inference has logits for the last
+  // positions only (B × vocab) and its widest (T, ·) activation is the MLP's
+  t.batch = 1;
+  t.seq = 1;
   try {
     check_harness_supported(m, t);
   } catch (const Error& e) {
@@ -61,6 +65,10 @@ void check_harness_infer_supported(const ModelSpec& m, const Job& job) {
   weights_dtype(job);
   kv_dtype(job);
   if (job.seq + 1 > (1ull << 30)) throw Error(ErrorKind::unsupported, "harness --mode infer: --seq is too long");
+  const std::uint64_t T = job.batch * job.seq;
+  const std::uint64_t widest = std::max({m.intermediate_size, m.hidden_size, m.num_heads * m.head_dim});
+  if (T * widest > (1ull << 31) || job.batch * m.vocab_size > (1ull << 31))
+    throw Error(ErrorKind::unsupported, "harness: the batch is too large for the harness's 32-bit kernel indices (--mode infer)");
 }
 
 InferDims harness_infer_dims(const ModelSpec& m, const Job& job) {

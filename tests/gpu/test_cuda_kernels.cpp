@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../helpers.hpp"
@@ -287,7 +288,7 @@ TEST_CASE("flash attention with GQA: forward (out, lse) and backward (dq, dk, dv
       CAPTURE(wmma);
       CAPTURE(c.S);
       CAPTURE(c.hd);
-      CAPTURE(name_of(d));
+      CAPTURE(std::string(name_of(d)));
       const AttnShape a{c.B, c.S, c.H, c.KV, c.hd};
       const std::size_t nq = std::size_t(c.B) * c.S * c.H * c.hd, nk = std::size_t(c.B) * c.S * c.KV * c.hd;
       const std::size_t nl = std::size_t(c.B) * c.H * c.S;
@@ -295,18 +296,22 @@ TEST_CASE("flash attention with GQA: forward (out, lse) and backward (dq, dk, dv
       Pair out = fx.zeros(d, nq), lse = fx.zeros(DType::fp32, nl);
       fx.cpu->attention_forward(out.cpu.v(), lse.cpu.f(), q.cpu.v(), k.cpu.v(), v.cpu.v(), a);
       fx.gpu->attention_forward(out.gpu.v(), lse.gpu.f(), q.gpu.v(), k.gpu.v(), v.gpu.v(), a);
-      compare("attention out", out, kEpsBf16, 4);
-      compare("attention lse", lse, kEpsBf16, 2);
+      // fp32 inputs are rounded to bf16 on their way into the tensor cores while the reference keeps
+      // them: that error does not shrink with the outputs as S grows (both kernel sets measured 1.1–1.75
+      // of the bf16 allowance at S = 200 and 333 on the H200), so fp32 cases get 3× the allowance.
+      const double kf = d == DType::fp32 ? 3.0 : 1.0;
+      compare("attention out", out, kEpsBf16, 4 * kf);
+      compare("attention lse", lse, kEpsBf16, 2 * kf);
       Pair dout = fx.make(d, randn(nq, 1.0f, 23)), delta = fx.zeros(DType::fp32, nl);
       Pair dq = fx.zeros(d, nq), dk = fx.zeros(d, nk), dv = fx.zeros(d, nk);
       fx.cpu->attention_backward(dq.cpu.v(), dk.cpu.v(), dv.cpu.v(), delta.cpu.f(), dout.cpu.v(), q.cpu.v(), k.cpu.v(),
                                  v.cpu.v(), out.cpu.v(), lse.cpu.f(), a);
       fx.gpu->attention_backward(dq.gpu.v(), dk.gpu.v(), dv.gpu.v(), delta.gpu.f(), dout.gpu.v(), q.gpu.v(), k.gpu.v(),
                                  v.gpu.v(), out.gpu.v(), lse.gpu.f(), a);
-      compare("attention delta", delta, kEpsBf16, 2);
-      compare("attention dq", dq, kEpsBf16, 8);
-      compare("attention dk", dk, kEpsBf16, 8);
-      compare("attention dv", dv, kEpsBf16, 8);
+      compare("attention delta", delta, kEpsBf16, 2 * kf);
+      compare("attention dq", dq, kEpsBf16, 8 * kf);
+      compare("attention dk", dk, kEpsBf16, 8 * kf);
+      compare("attention dv", dv, kEpsBf16, 8 * kf);
     }
 }
 
