@@ -223,3 +223,12 @@ TEST_CASE("CLI: predict and verify --mode infer --profile harness, table and JSO
   CHECK(test::run_cli("verify " + tiny_cfg + " --mode infer -b 2 -s 32 --kv-dtype fp8").exit_code == 2);
   CHECK(test::run_cli("verify " + tiny_cfg + " --mode infer -b 2 -s 32 --device-memory 100KiB").exit_code == 3);
 }
+
+TEST_CASE("the inference step's index limit counts its own widest tensors, not the training logits") {
+  // 8 × 4096 tokens: T × vocab is past 2^31 (a training step would refuse), T × intermediate is not
+  const ModelSpec m1 = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  CHECK_NOTHROW(check_harness_infer_supported(m1, infer_job(8, 4096)));
+  const ModelSpec m8 = load_model(test::source_path("configs/llama-3.1-8b.yaml"));
+  CHECK_NOTHROW(check_harness_infer_supported(m8, infer_job(4, 8192)));
+  CHECK_THROWS_AS(check_harness_infer_supported(m8, infer_job(64, 8192)), Error);
+}

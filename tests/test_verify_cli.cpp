@@ -53,6 +53,22 @@ TEST_CASE("verify --format json keeps the contract's keys") {
   CHECK(j["within_tolerance"] == true);
 }
 
+TEST_CASE("verify --lr sets the step's learning rate: 0 keeps the loss flat, the JSON reports it") {
+  auto r0 = test::run_cli("verify " + kTiny + " --format json --steps 2 --lr 0");
+  REQUIRE(r0.exit_code == 0);
+  auto j0 = nlohmann::json::parse(r0.out);
+  CHECK(j0["lr"] == 0.0);
+  const auto& p0 = j0["measured"]["per_step"];
+  CHECK(p0[0]["loss"].get<double>() == doctest::Approx(p0[1]["loss"].get<double>()).epsilon(1e-6));
+  auto r1 = test::run_cli("verify " + kTiny + " --format json --steps 2");
+  REQUIRE(r1.exit_code == 0);
+  auto j1 = nlohmann::json::parse(r1.out);
+  CHECK(j1["lr"].get<double>() == doctest::Approx(3e-3));
+  const auto& p1 = j1["measured"]["per_step"];
+  CHECK(p1[1]["loss"].get<double>() < p1[0]["loss"].get<double>());
+  CHECK(test::run_cli("verify " + kTiny + " --lr -1").exit_code == 2);
+}
+
 TEST_CASE("verify exits non-zero when a phase misses: the torch profile does not describe the harness") {
   auto r = test::run_cli("verify " + kTiny + " --profile torch --tolerance 1%");
   CHECK(r.exit_code == 1);

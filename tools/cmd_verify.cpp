@@ -32,6 +32,7 @@ struct VerifyFlags {
   std::string snapshot, plot;
   bool debug_leak = false;
   bool expandable = false;
+  float lr = 3e-3f;
 };
 
 Registrar reg("verify", 20, [](CLI::App& app) {
@@ -47,6 +48,7 @@ Registrar reg("verify", 20, [](CLI::App& app) {
   cmd->add_option("--tolerance", f->tolerance, "largest error per phase, e.g. 1% or 0.01 (default 1% for the harness profile, 10% otherwise)");
   cmd->add_option("--snapshot", f->snapshot, "write the allocation history as a PyTorch memory snapshot (.pickle)");
   cmd->add_option("--plot", f->plot, "draw the measured timeline with the predicted phase peaks (.svg)");
+  cmd->add_option("--lr", f->lr, "AdamW learning rate of the training step (default 3e-3; --mode infer has no optimizer)");
   cmd->add_flag("--expandable-segments", f->expandable, "the allocator maps pages into growing segments");
   cmd->add_flag("--debug-leak", f->debug_leak, "keep 4 KiB from every step (shows that the leak check fires)")
       ->group("");
@@ -69,6 +71,7 @@ Registrar reg("verify", 20, [](CLI::App& app) {
     vo.plot_path = f->plot;
     vo.leak_per_step = f->debug_leak;
     vo.expandable_segments = f->expandable;
+    vo.lr = f->lr;
     const measure::VerifyResult r = measure::run_verify(spec, job, vo);
     std::cout << measure::render_verify(r, format);
     if (!r.ok()) set_exit_status(1);

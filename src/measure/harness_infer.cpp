@@ -53,6 +53,10 @@ void check_harness_infer_supported(const ModelSpec& m, const Job& job) {
   t.optimizer = Optimizer::adamw;
   t.recompute = Recompute::none;
   t.attention = Attention::flash;
+  // the training step's index limit counts T × vocab logits; inference has logits for the last
+  // positions only (B × vocab) and its widest (T, ·) activation is the MLP's
+  t.batch = 1;
+  t.seq = 1;
   try {
     check_harness_supported(m, t);
   } catch (const Error& e) {
@@ -61,6 +65,10 @@ void check_harness_infer_supported(const ModelSpec& m, const Job& job) {
   weights_dtype(job);
   kv_dtype(job);
   if (job.seq + 1 > (1ull << 30)) throw Error(ErrorKind::unsupported, "harness --mode infer: --seq is too long");
+  const std::uint64_t T = job.batch * job.seq;
+  const std::uint64_t widest = std::max({m.intermediate_size, m.hidden_size, m.num_heads * m.head_dim});
+  if (T * widest > (1ull << 31) || job.batch * m.vocab_size > (1ull << 31))
+    throw Error(ErrorKind::unsupported, "harness: the batch is too large for the harness's 32-bit kernel indices (--mode infer)");
 }
 
 InferDims harness_infer_dims(const ModelSpec& m, const Job& job) {
@@ -177,19 +185,28 @@ struct InferHarness::Impl {
     lnf_w = add_param("norm.weight", h, Init::ones);
     lm_head = m.tied_embeddings ? emb : add_param("lm_head.weight", d.V * h, Init::normal);
 
+    // The values of one sequential splitmix64 stream, drawn by counter on several threads as the
+    // training harness does (an 8B model initialises in seconds, not minutes).
     Rng rng{opt.seed};
+    std::uint64_t drawn = 0;  // normals drawn so far (two uniforms each)
     for (auto& p : params) {
       p.w = make(p.n * element_bytes(wdt), wdt, p.name, "weight");
-      std::vector<float> host(p.n);
-      for (auto& x : host) x = p.init == Init::normal ? 0.02f * rng.normal() : (p.init == Init::ones ? 1.0f : 0.0f);
+      const std::uint64_t first = drawn;
+      auto value = [&](std::size_t i) {
+        return p.init == Init::normal ? 0.02f * Rng::normal_at(opt.seed, first + i) : (p.init == Init::ones ? 1.0f : 0.0f);
+      };
+      if (p.init == Init::normal) drawn += p.n;
       if (wdt == DType::fp32) {
+        std::vector<float> host(p.n);
+        parallel_for(p.n, [&](std::size_t i) { host[i] = value(i); });
         be.copy_to_device(p.w.view().data, host.data(), p.n * 4);
       } else {
         std::vector<std::uint16_t> bits(p.n);
-        for (std::size_t i = 0; i < p.n; ++i) bits[i] = to_bf16_bits(host[i]);
+        parallel_for(p.n, [&](std::size_t i) { bits[i] = to_bf16_bits(value(i)); });
         be.copy_to_device(p.w.view().data, bits.data(), p.n * 2);
       }
     }
+    rng.s = opt.seed + 2 * drawn * Rng::kGolden;  // where the sequential stream would be now
     for (std::size_t l = 0; l < d.L; ++l) {
       kpool.push_back(make(IBuf::k_pool, d, static_cast<int>(l), "kv pool"));
       be.zero(kpool.back().view(), d.B * d.P * d.kvd());

@@ -66,6 +66,8 @@ VerifyResult run_verify(const ModelSpec& model, const Job& job_in, const VerifyO
   if (options.steps < 1) throw Error(ErrorKind::invalid_argument, "--steps: must be at least 1");
   if (options.warmup < 0) throw Error(ErrorKind::invalid_argument, "--warmup: must be 0 or more");
   if (!(options.tolerance >= 0)) throw Error(ErrorKind::invalid_argument, "--tolerance: must be 0 or more");
+  if (!(options.lr >= 0) || !std::isfinite(options.lr))
+    throw Error(ErrorKind::invalid_argument, "--lr: must be a finite number, 0 or more");
   Job job = job_in;
   VerifyResult res;
   res.options = options;
@@ -79,6 +81,7 @@ VerifyResult run_verify(const ModelSpec& model, const Job& job_in, const VerifyO
   CachingAllocator allocator(backend->memory(), ao);
   HarnessOptions ho;
   ho.leak_per_step = options.leak_per_step;
+  ho.adamw.lr = options.lr;
   res.infer = job.mode == Mode::infer;
   std::optional<Harness> harness;
   std::optional<InferHarness> iharness;
@@ -205,6 +208,7 @@ std::string render_verify(const VerifyResult& r, Format format) {
     o["steps"] = r.options.steps;
     o["warmup"] = r.options.warmup;
     o["tolerance"] = r.options.tolerance;
+    if (!r.infer) o["lr"] = r.options.lr;
     o["predicted"] = phases_of(r.predicted, r.predicted.phases);
     if (r.infer) {
       o["predicted"]["kv_cache"] = r.predicted.terms.kv_cache;

@@ -33,6 +33,7 @@ struct VerifyOptions {
   std::string plot_path;
   bool leak_per_step = false;  // debug: inject a leak
   bool expandable_segments = false;
+  float lr = 3e-3f;  // AdamW learning rate of the training step (--lr)
 };
 
 struct PhaseCheck {

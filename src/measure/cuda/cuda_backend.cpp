@@ -215,6 +215,11 @@ class CudaBackend final : public Backend {
     Prof prof_(*this, "rotary_backward");
     cuda::rotary(stream_, ten(dx), rope_table(S, hd, theta), B, S, heads, hd, true);
   }
+  void rotary_forward_at(View x, int B, int S, int heads, int hd, float theta, int pos0) override {
+    Prof prof_(*this, "rotary_forward");
+    if (pos0 < 0) throw Error(ErrorKind::invalid_argument, "rotary_forward_at: negative position offset");
+    cuda::rotary(stream_, ten(x), rope_table(pos0 + S, hd, theta), B, S, heads, hd, false, pos0);
+  }
 
   void attention_forward(View out, float* lse, View q, View k, View v, const AttnShape& a) override {
     Prof prof_(*this, "attention_forward");
@@ -225,6 +230,14 @@ class CudaBackend final : public Backend {
     Prof prof_(*this, "attention_backward");
     cuda::attention_backward(stream_, ten(dq), ten(dk), ten(dv), delta, ten(dout), ten(q), ten(k), ten(v), ten(out),
                              lse, attn(a));
+  }
+
+  void attention_forward_cached(View out, View q, View k_cache, View v_cache, const AttnShape& a, int past,
+                                int max_tokens) override {
+    Prof prof_(*this, "attention_forward_cached");
+    if (past < 0 || past + a.S > max_tokens)
+      throw Error(ErrorKind::invalid_argument, "attention_forward_cached: past + new tokens exceed the cache");
+    cuda::attention_forward_cached(stream_, ten(out), ten(q), ten(k_cache), ten(v_cache), attn(a), past, max_tokens);
   }
 
   void swiglu_forward(View out, View gate, View up, std::size_t n) override {
@@ -339,10 +352,12 @@ class CudaBackend final : public Backend {
                            ldb, &beta, C.data, blas_type(C.dtype), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
+  // A table of at least S positions: row s does not depend on the length, so any longer table of
+  // the same (head_dim, theta) serves (a decode step at position S reuses the prompt's S + 1 table).
   const float* rope_table(int S, int hd, float theta) {
     const auto key = std::make_tuple(S, hd, theta);
-    auto it = rope_.find(key);
-    if (it != rope_.end()) return it->second;
+    for (const auto& [k, t] : rope_)
+      if (std::get<0>(k) >= S && std::get<1>(k) == hd && std::get<2>(k) == theta) return t;
     float* t = nullptr;
     CUDA_OK(cudaMalloc(&t, std::size_t(S) * (hd / 2) * 2 * sizeof(float)));
     rope_[key] = t;

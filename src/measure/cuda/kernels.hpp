@@ -44,15 +44,25 @@ void rmsnorm_backward(Stream s, Ten dx, bool accumulate_dx, Ten dw, Ten dout, Te
 
 // rotary.cu: table (S, head_dim/2) of (cos, sin) float2, made once per (S, head_dim, theta)
 void rotary_table(Stream s, float* table, int S, int head_dim, float theta);
-void rotary(Stream s, Ten x, const float* table, int B, int S, int heads, int head_dim, bool inverse);
+// positions pos0 + s (the table holds at least pos0 + S rows)
+void rotary(Stream s, Ten x, const float* table, int B, int S, int heads, int head_dim, bool inverse, int pos0 = 0);
 
-// attention.cu
+// attention.cu (mma.sync flash attention; MEMBUDGET_CUDA_ATTN=wmma switches training to attention_wmma.cu)
 struct Attn {
   int B, S, heads, kv_heads, head_dim;
 };
 void attention_forward(Stream s, Ten out, float* lse, Ten q, Ten k, Ten v, const Attn& a);
 void attention_backward(Stream s, Ten dq, Ten dk, Ten dv, float* delta, Ten dout, Ten q, Ten k, Ten v, Ten out,
                         const float* lse, const Attn& a);
+// a.S new queries per sequence at positions past … past + a.S − 1 over (B, max_tokens, kv_heads,
+// head_dim) caches holding positions 0 … past + a.S − 1; no log-sum-exp. The caches may be fp32 or
+// bf16 whatever q's dtype.
+void attention_forward_cached(Stream s, Ten out, Ten q, Ten k_cache, Ten v_cache, const Attn& a, int past,
+                              int max_tokens);
+// The first kernels (attention_wmma.cu), selected with MEMBUDGET_CUDA_ATTN=wmma.
+void attention_forward_wmma(Stream s, Ten out, float* lse, Ten q, Ten k, Ten v, const Attn& a);
+void attention_backward_wmma(Stream s, Ten dq, Ten dk, Ten dv, float* delta, Ten dout, Ten q, Ten k, Ten v, Ten out,
+                             const float* lse, const Attn& a);
 
 // swiglu.cu
 void swiglu_forward(Stream s, Ten out, Ten gate, Ten up, std::size_t n);

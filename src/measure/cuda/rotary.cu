@@ -14,15 +14,15 @@ __global__ void rotary_table_kernel(float2* table, int S, int hd, double theta) 
   table[i] = make_float2(static_cast<float>(cos(ang)), static_cast<float>(sin(ang)));
 }
 
-// One thread per (token, head, pair); `sign` −1 rotates back (the backward).
+// One thread per (token, head, pair) at position pos0 + s; `sign` −1 rotates back (the backward).
 template <class T>
-__global__ void rotary_kernel(T* x, const float2* table, int B, int S, int heads, int hd, float sign) {
+__global__ void rotary_kernel(T* x, const float2* table, int B, int S, int heads, int hd, float sign, int pos0) {
   const int half = hd / 2;
   const std::size_t n = std::size_t(B) * S * heads * half;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
     const int f = static_cast<int>(i % half);
     const std::size_t th = i / half;  // (b·S + s)·heads + h
-    const int s = static_cast<int>((th / heads) % S);
+    const int s = pos0 + static_cast<int>((th / heads) % S);
     const float2 cs = table[std::size_t(s) * half + f];
     const float c = cs.x, sn = sign * cs.y;
     T* p = x + th * hd;
@@ -41,14 +41,14 @@ void rotary_table(Stream s, float* table, int S, int head_dim, float theta) {
   CHECK_LAUNCH("rotary_table_kernel");
 }
 
-void rotary(Stream s, Ten x, const float* table, int B, int S, int heads, int head_dim, bool inverse) {
+void rotary(Stream s, Ten x, const float* table, int B, int S, int heads, int head_dim, bool inverse, int pos0) {
   REQUIRE(head_dim % 2 == 0, "rotary: head_dim must be even");
   const std::size_t n = std::size_t(B) * S * heads * (head_dim / 2);
   if (n == 0) return;
   dispatch(x.dt, [&](auto t) {
     using T = decltype(t);
     rotary_kernel<T><<<blocks_for(n, 256), 256, 0, s>>>(static_cast<T*>(x.p), reinterpret_cast<const float2*>(table), B,
-                                                        S, heads, head_dim, inverse ? -1.0f : 1.0f);
+                                                        S, heads, head_dim, inverse ? -1.0f : 1.0f, pos0);
   });
   CHECK_LAUNCH("rotary_kernel");
 }
