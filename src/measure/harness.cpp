@@ -29,18 +29,12 @@ Recipe recipe_of(Precision p) {
   throw Error(ErrorKind::unsupported, "--precision bf16-master: the harness implements fp32, amp-bf16 and bf16");
 }
 
-enum class Init { normal, ones, zeros };
-
 struct Param {
   std::string name;
   std::size_t n = 0;
   Init init = Init::normal;
   Buffer w, g, m, v, copy;
   View use() const { return copy ? copy.view() : w.view(); }  // what the kernels read
-};
-
-struct LayerParams {
-  int ln1, q, qb, k, kb, v, vb, o, ob, ln2, gate, gb, up, ub, down, db;
 };
 
 }  // namespace
@@ -150,34 +144,12 @@ struct Harness::Impl {
   View dW(int i) const { return i < 0 ? View{} : params[i].g.view(); }
 
   void build_params() {
-    const std::size_t h = d.h, I = d.I, qd = d.qd(), kvd = d.kvd();
-    emb = add_param("embed_tokens.weight", d.V * h, Init::normal);
-    lp.resize(d.L);
-    for (std::size_t l = 0; l < d.L; ++l) {
-      const std::string pre = "layers." + std::to_string(l) + ".";
-      auto& p = lp[l];
-      auto opt_bias = [&](bool on, const std::string& name, std::size_t n) {
-        return on ? add_param(pre + name, n, Init::zeros) : -1;
-      };
-      p.ln1 = add_param(pre + "input_layernorm.weight", h, Init::ones);
-      p.q = add_param(pre + "self_attn.q_proj.weight", qd * h, Init::normal);
-      p.qb = opt_bias(m.bias.qkv, "self_attn.q_proj.bias", qd);
-      p.k = add_param(pre + "self_attn.k_proj.weight", kvd * h, Init::normal);
-      p.kb = opt_bias(m.bias.qkv, "self_attn.k_proj.bias", kvd);
-      p.v = add_param(pre + "self_attn.v_proj.weight", kvd * h, Init::normal);
-      p.vb = opt_bias(m.bias.qkv, "self_attn.v_proj.bias", kvd);
-      p.o = add_param(pre + "self_attn.o_proj.weight", h * qd, Init::normal);
-      p.ob = opt_bias(m.bias.o, "self_attn.o_proj.bias", h);
-      p.ln2 = add_param(pre + "post_attention_layernorm.weight", h, Init::ones);
-      p.gate = add_param(pre + "mlp.gate_proj.weight", I * h, Init::normal);
-      p.gb = opt_bias(m.bias.mlp, "mlp.gate_proj.bias", I);
-      p.up = add_param(pre + "mlp.up_proj.weight", I * h, Init::normal);
-      p.ub = opt_bias(m.bias.mlp, "mlp.up_proj.bias", I);
-      p.down = add_param(pre + "mlp.down_proj.weight", h * I, Init::normal);
-      p.db = opt_bias(m.bias.mlp, "mlp.down_proj.bias", h);
-    }
-    lnf_w = add_param("norm.weight", h, Init::ones);
-    lm_head = m.tied_embeddings ? emb : add_param("lm_head.weight", d.V * h, Init::normal);
+    ParamLayout layout = declare_decoder_params(
+        m, [&](std::string name, std::size_t n, Init init) { return add_param(std::move(name), n, init); });
+    emb = layout.emb;
+    lp = std::move(layout.layers);
+    lnf_w = layout.lnf_w;
+    lm_head = layout.lm_head;
 
     // Parameters draw normals from one splitmix64 stream in order. The stream is a counter (the
     // k-th draw depends only on seed + k·golden), so each tensor is filled by several threads with

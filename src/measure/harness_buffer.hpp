@@ -11,6 +11,8 @@
 #include <cstring>
 
 #include "measure/backend.hpp"
+#include "membudget/spec.hpp"
+#include <string>
 
 namespace membudget::measure {
 
@@ -103,6 +105,55 @@ inline std::uint16_t to_bf16_bits(float f) {
   std::memcpy(&u, &f, 4);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>(u >> 16);
+}
+
+
+enum class Init { normal, ones, zeros };
+
+// Parameter indices of one decoder layer (-1: absent bias).
+struct LayerParams {
+  int ln1, q, qb, k, kb, v, vb, o, ob, ln2, gate, gb, up, ub, down, db;
+};
+
+struct ParamLayout {
+  int emb = -1;
+  std::vector<LayerParams> layers;
+  int lnf_w = -1, lm_head = -1;
+};
+
+// The decoder's parameter tensors, declared in the order both harnesses allocate and initialise
+// them (Hugging Face names). add(name, numel, init) registers one and returns its index.
+template <class Add>
+ParamLayout declare_decoder_params(const ModelSpec& m, Add&& add) {
+  const std::size_t h = m.hidden_size, I = m.intermediate_size, qd = m.q_dim(), kvd = m.kv_dim();
+  const std::size_t V = m.vocab_size;
+  ParamLayout out;
+  out.emb = add("embed_tokens.weight", V * h, Init::normal);
+  out.layers.resize(m.num_layers);
+  for (std::size_t l = 0; l < m.num_layers; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    auto& p = out.layers[l];
+    auto opt_bias = [&](bool on, const char* name, std::size_t n) { return on ? add(pre + name, n, Init::zeros) : -1; };
+    p.ln1 = add(pre + "input_layernorm.weight", h, Init::ones);
+    p.q = add(pre + "self_attn.q_proj.weight", qd * h, Init::normal);
+    p.qb = opt_bias(m.bias.qkv, "self_attn.q_proj.bias", qd);
+    p.k = add(pre + "self_attn.k_proj.weight", kvd * h, Init::normal);
+    p.kb = opt_bias(m.bias.qkv, "self_attn.k_proj.bias", kvd);
+    p.v = add(pre + "self_attn.v_proj.weight", kvd * h, Init::normal);
+    p.vb = opt_bias(m.bias.qkv, "self_attn.v_proj.bias", kvd);
+    p.o = add(pre + "self_attn.o_proj.weight", h * qd, Init::normal);
+    p.ob = opt_bias(m.bias.o, "self_attn.o_proj.bias", h);
+    p.ln2 = add(pre + "post_attention_layernorm.weight", h, Init::ones);
+    p.gate = add(pre + "mlp.gate_proj.weight", I * h, Init::normal);
+    p.gb = opt_bias(m.bias.mlp, "mlp.gate_proj.bias", I);
+    p.up = add(pre + "mlp.up_proj.weight", I * h, Init::normal);
+    p.ub = opt_bias(m.bias.mlp, "mlp.up_proj.bias", I);
+    p.down = add(pre + "mlp.down_proj.weight", h * I, Init::normal);
+    p.db = opt_bias(m.bias.mlp, "mlp.down_proj.bias", h);
+  }
+  out.lnf_w = add("norm.weight", h, Init::ones);
+  out.lm_head = m.tied_embeddings ? out.emb : add("lm_head.weight", V * h, Init::normal);
+  return out;
 }
 
 }  // namespace membudget::measure

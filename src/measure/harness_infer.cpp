@@ -11,17 +11,11 @@ namespace {
 
 constexpr std::size_t kLeakBytes = 4096;
 
-enum class Init { normal, ones, zeros };
-
 struct IParam {
   std::string name;
   std::size_t n = 0;
   Init init = Init::normal;
   Buffer w;
-};
-
-struct ILayer {
-  int ln1, q, qb, k, kb, v, vb, o, ob, ln2, gate, gb, up, ub, down, db;
 };
 
 DType weights_dtype(const Job& job) {
@@ -96,7 +90,7 @@ struct InferHarness::Impl {
   InferDims d;  // the prefill's
   DType wdt, kvdt;
   std::vector<IParam> params;
-  std::vector<ILayer> lp;
+  std::vector<LayerParams> lp;
   int emb = -1, lnf_w = -1, lm_head = -1;
   std::vector<Buffer> kpool, vpool;
   std::vector<std::int32_t> prompt;
@@ -156,34 +150,12 @@ struct InferHarness::Impl {
   View W(int i) const { return i < 0 ? View{} : params[i].w.view(); }
 
   void build() {
-    const std::size_t h = d.h, I = d.I, qd = d.qd(), kvd = d.kvd();
-    emb = add_param("embed_tokens.weight", d.V * h, Init::normal);
-    lp.resize(d.L);
-    for (std::size_t l = 0; l < d.L; ++l) {
-      const std::string pre = "layers." + std::to_string(l) + ".";
-      auto& p = lp[l];
-      auto opt_bias = [&](bool on, const std::string& name, std::size_t n) {
-        return on ? add_param(pre + name, n, Init::zeros) : -1;
-      };
-      p.ln1 = add_param(pre + "input_layernorm.weight", h, Init::ones);
-      p.q = add_param(pre + "self_attn.q_proj.weight", qd * h, Init::normal);
-      p.qb = opt_bias(m.bias.qkv, "self_attn.q_proj.bias", qd);
-      p.k = add_param(pre + "self_attn.k_proj.weight", kvd * h, Init::normal);
-      p.kb = opt_bias(m.bias.qkv, "self_attn.k_proj.bias", kvd);
-      p.v = add_param(pre + "self_attn.v_proj.weight", kvd * h, Init::normal);
-      p.vb = opt_bias(m.bias.qkv, "self_attn.v_proj.bias", kvd);
-      p.o = add_param(pre + "self_attn.o_proj.weight", h * qd, Init::normal);
-      p.ob = opt_bias(m.bias.o, "self_attn.o_proj.bias", h);
-      p.ln2 = add_param(pre + "post_attention_layernorm.weight", h, Init::ones);
-      p.gate = add_param(pre + "mlp.gate_proj.weight", I * h, Init::normal);
-      p.gb = opt_bias(m.bias.mlp, "mlp.gate_proj.bias", I);
-      p.up = add_param(pre + "mlp.up_proj.weight", I * h, Init::normal);
-      p.ub = opt_bias(m.bias.mlp, "mlp.up_proj.bias", I);
-      p.down = add_param(pre + "mlp.down_proj.weight", h * I, Init::normal);
-      p.db = opt_bias(m.bias.mlp, "mlp.down_proj.bias", h);
-    }
-    lnf_w = add_param("norm.weight", h, Init::ones);
-    lm_head = m.tied_embeddings ? emb : add_param("lm_head.weight", d.V * h, Init::normal);
+    ParamLayout layout = declare_decoder_params(
+        m, [&](std::string name, std::size_t n, Init init) { return add_param(std::move(name), n, init); });
+    emb = layout.emb;
+    lp = std::move(layout.layers);
+    lnf_w = layout.lnf_w;
+    lm_head = layout.lm_head;
 
     // The values of one sequential splitmix64 stream, drawn by counter on several threads as the
     // training harness does (an 8B model initialises in seconds, not minutes).
@@ -243,7 +215,7 @@ struct InferHarness::Impl {
     be.embedding_forward(A(IBuf::x).view(), A(IBuf::tokens).i32(), W(emb), T, h);
     drop(IBuf::tokens);
     for (int l = 0; l < static_cast<int>(d.L); ++l) {
-      const ILayer& p = lp[l];
+      const LayerParams& p = lp[l];
       A(IBuf::ln1) = make(IBuf::ln1, fd, l, "rmsnorm_forward");
       A(IBuf::ln1_rstd) = make(IBuf::ln1_rstd, fd, l, "rmsnorm_forward");
       be.rmsnorm_forward(A(IBuf::ln1).view(), A(IBuf::ln1_rstd).f32(), A(IBuf::x).view(), W(p.ln1), T, h, opt.norm_eps);
