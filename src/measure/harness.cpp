@@ -158,20 +158,7 @@ struct Harness::Impl {
     std::uint64_t drawn = 0;  // normals drawn so far (two uniforms each)
     for (auto& p : params) {
       p.w = make(p.n * element_bytes(r.param), r.param, p.name, "parameter");
-      const std::uint64_t first = drawn;
-      auto value = [&](std::size_t i) {
-        return p.init == Init::normal ? 0.02f * Rng::normal_at(opt.seed, first + i) : (p.init == Init::ones ? 1.0f : 0.0f);
-      };
-      if (p.init == Init::normal) drawn += p.n;
-      if (r.param == DType::fp32) {
-        std::vector<float> host(p.n);
-        parallel_for(p.n, [&](std::size_t i) { host[i] = value(i); });
-        be.copy_to_device(p.w.view().data, host.data(), p.n * 4);
-      } else {
-        std::vector<std::uint16_t> bits(p.n);
-        parallel_for(p.n, [&](std::size_t i) { bits[i] = to_bf16_bits(value(i)); });
-        be.copy_to_device(p.w.view().data, bits.data(), p.n * 2);
-      }
+      drawn += fill_param(be, p.w.view(), p.n, p.init, opt.seed, drawn, r.param);
     }
     rng.s = opt.seed + 2 * drawn * Rng::kGolden;  // where the sequential stream would be now
     // the fixed batch: random tokens, each target the next token of its sequence

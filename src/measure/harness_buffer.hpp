@@ -156,4 +156,25 @@ ParamLayout declare_decoder_params(const ModelSpec& m, Add&& add) {
   return out;
 }
 
+
+// Fills a parameter tensor on the device with the values the sequential splitmix64 stream of `seed`
+// gives from draw `first` on (normal: 0.02·N(0,1); ones; zeros), computed on several threads, in
+// fp32 or bf16. Returns how many normals it drew.
+inline std::uint64_t fill_param(Backend& be, View dst, std::size_t n, Init init, std::uint64_t seed,
+                                std::uint64_t first, DType dtype) {
+  auto value = [&](std::size_t i) {
+    return init == Init::normal ? 0.02f * Rng::normal_at(seed, first + i) : (init == Init::ones ? 1.0f : 0.0f);
+  };
+  if (dtype == DType::fp32) {
+    std::vector<float> host(n);
+    parallel_for(n, [&](std::size_t i) { host[i] = value(i); });
+    be.copy_to_device(dst.data, host.data(), n * 4);
+  } else {
+    std::vector<std::uint16_t> bits(n);
+    parallel_for(n, [&](std::size_t i) { bits[i] = to_bf16_bits(value(i)); });
+    be.copy_to_device(dst.data, bits.data(), n * 2);
+  }
+  return init == Init::normal ? n : 0;
+}
+
 }  // namespace membudget::measure

@@ -163,20 +163,7 @@ struct InferHarness::Impl {
     std::uint64_t drawn = 0;  // normals drawn so far (two uniforms each)
     for (auto& p : params) {
       p.w = make(p.n * element_bytes(wdt), wdt, p.name, "weight");
-      const std::uint64_t first = drawn;
-      auto value = [&](std::size_t i) {
-        return p.init == Init::normal ? 0.02f * Rng::normal_at(opt.seed, first + i) : (p.init == Init::ones ? 1.0f : 0.0f);
-      };
-      if (p.init == Init::normal) drawn += p.n;
-      if (wdt == DType::fp32) {
-        std::vector<float> host(p.n);
-        parallel_for(p.n, [&](std::size_t i) { host[i] = value(i); });
-        be.copy_to_device(p.w.view().data, host.data(), p.n * 4);
-      } else {
-        std::vector<std::uint16_t> bits(p.n);
-        parallel_for(p.n, [&](std::size_t i) { bits[i] = to_bf16_bits(value(i)); });
-        be.copy_to_device(p.w.view().data, bits.data(), p.n * 2);
-      }
+      drawn += fill_param(be, p.w.view(), p.n, p.init, opt.seed, drawn, wdt);
     }
     rng.s = opt.seed + 2 * drawn * Rng::kGolden;  // where the sequential stream would be now
     for (std::size_t l = 0; l < d.L; ++l) {
