@@ -181,48 +181,14 @@ class CpuBackend final : public Backend {
   }
 
   // Online softmax over the keys of each query: running max, running sum and running output, one
-  // key at a time (a tile of one); the S×S scores never exist.
-  void attention_forward(View out, float* lse, View q, View k, View v, const AttnShape& a) override {
+  // key at a time (a tile of one); the S×S scores never exist. Keys and values are rows of
+  // (B, max_tokens, kv_heads, head_dim); query i of each sequence sits at position past + i and
+  // attends rows 0..past + i. The log-sum-exp is written when `lse` is given.
+  void online_softmax(View out, float* lse, View q, View k, View v, const AttnShape& a, int past, int max_tokens) {
     const int B = a.B, S = a.S, H = a.heads, KV = a.kv_heads, D = a.head_dim, G = a.group();
-    std::vector<float> Q = load(q, static_cast<std::size_t>(B) * S * H * D);
-    std::vector<float> K = load(k, static_cast<std::size_t>(B) * S * KV * D);
-    std::vector<float> V = load(v, static_cast<std::size_t>(B) * S * KV * D);
-    std::vector<float> O(Q.size());
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    Eigen::VectorXf acc(D);
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < H; ++h) {
-        const int kh = h / G;
-        for (int i = 0; i < S; ++i) {
-          Eigen::Map<const Eigen::VectorXf> qi(&Q[((static_cast<std::size_t>(b) * S + i) * H + h) * D], D);
-          float m = -INFINITY, l = 0.0f;
-          acc.setZero();
-          for (int j = 0; j <= i; ++j) {
-            Eigen::Map<const Eigen::VectorXf> kj(&K[((static_cast<std::size_t>(b) * S + j) * KV + kh) * D], D);
-            Eigen::Map<const Eigen::VectorXf> vj(&V[((static_cast<std::size_t>(b) * S + j) * KV + kh) * D], D);
-            const float s = qi.dot(kj) * scale;
-            const float mn = std::max(m, s);
-            const float corr = std::exp(m - mn), p = std::exp(s - mn);
-            l = l * corr + p;
-            acc = acc * corr + p * vj;
-            m = mn;
-          }
-          Eigen::Map<Eigen::VectorXf>(&O[((static_cast<std::size_t>(b) * S + i) * H + h) * D], D) = acc / l;
-          lse[(static_cast<std::size_t>(b) * H + h) * S + i] = m + std::log(l);
-        }
-      }
-    store(out, O.data(), O.size());
-  }
-
-  // The same online softmax, keys and values read from the cache rows of each sequence.
-  void attention_forward_cached(View out, View q, View k_cache, View v_cache, const AttnShape& a, int past,
-                                int max_tokens) override {
-    const int B = a.B, S = a.S, H = a.heads, KV = a.kv_heads, D = a.head_dim, G = a.group();
-    if (past + S > max_tokens)
-      throw Error(ErrorKind::invalid_argument, "attention_forward_cached: past + new tokens exceed the cache");
     std::vector<float> Q = load(q, static_cast<std::size_t>(B) * S * H * D);
     const std::size_t nk = static_cast<std::size_t>(B) * max_tokens * KV * D;
-    std::vector<float> K = load(k_cache, nk), V = load(v_cache, nk);
+    std::vector<float> K = load(k, nk), V = load(v, nk);
     std::vector<float> O(Q.size());
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     Eigen::VectorXf acc(D);
@@ -244,9 +210,22 @@ class CpuBackend final : public Backend {
             m = mn;
           }
           Eigen::Map<Eigen::VectorXf>(&O[((static_cast<std::size_t>(b) * S + i) * H + h) * D], D) = acc / l;
+          if (lse) lse[(static_cast<std::size_t>(b) * H + h) * S + i] = m + std::log(l);
         }
       }
     store(out, O.data(), O.size());
+  }
+
+  void attention_forward(View out, float* lse, View q, View k, View v, const AttnShape& a) override {
+    online_softmax(out, lse, q, k, v, a, 0, a.S);
+  }
+
+  // The same online softmax, keys and values read from the cache rows of each sequence.
+  void attention_forward_cached(View out, View q, View k_cache, View v_cache, const AttnShape& a, int past,
+                                int max_tokens) override {
+    if (past + a.S > max_tokens)
+      throw Error(ErrorKind::invalid_argument, "attention_forward_cached: past + new tokens exceed the cache");
+    online_softmax(out, nullptr, q, k_cache, v_cache, a, past, max_tokens);
   }
 
   void attention_backward(View dq, View dk, View dv, float* delta, View dout, View q, View k, View v, View out,
