@@ -58,10 +58,9 @@ struct Step {
   TensorId emb = kNone, final_norm = kNone, lm_head = kNone, input_ids = kNone, labels = kNone;
   TensorId cos = kNone, sin = kNone;
   // autocast's cache of bf16 weight copies: parameter → copy (valid while autocast is active)
-  std::vector<std::pair<TensorId, TensorId>> cast_cache;
-  bool in_recompute = false;
-  std::vector<TensorId> layer_inputs;  // checkpoint keeps each layer's input
-  std::vector<TensorId> kv_cache;      // DynamicCache entries (use_cache=True while training)
+  std::vector<std::pair<TensorId, TensorId>> cast_cache{};
+  std::vector<TensorId> layer_inputs{};  // checkpoint keeps each layer's input
+  std::vector<TensorId> kv_cache{};     // DynamicCache entries (use_cache=True while training)
 
   void drop_kv_cache() {
     for (TensorId t : kv_cache) sim.drop(t);
@@ -238,7 +237,7 @@ struct Step {
     // values onto empty tensors created in the *keys'* dtype and hands the concatenations to
     // attention: under autocast the keys are fp32 after rotary, so both copies are fp32 (the values
     // are promoted). The cache holds them until the model's output dies.
-    if (job.recompute == Recompute::none && !in_recompute) {
+    if (job.recompute == Recompute::none) {
       const bytes_t kb = sim.info(ke).bytes / mul(d.T, d.kvd);
       TensorId kc = sim.make("DynamicCache keys (torch.cat copy)", mul(d.T, d.kvd, kb), Term::activations, "cat", "",
                              "b·kv·s·hd", true);
@@ -438,13 +437,6 @@ struct Step {
 
 namespace {
 
-void recompute_layer(AutogradSim& sim, void* ctx, int region);
-
-struct Runner {
-  Step& st;
-  bool checkpoint;
-};
-
 // Forward of layers, final norm, lm_head and loss. Returns the loss tensor.
 TensorId forward(Step& st, bool checkpoint) {
   auto& sim = st.sim;
@@ -558,13 +550,12 @@ TensorId forward(Step& st, bool checkpoint) {
 
 void recompute_layer(AutogradSim& sim, void* ctx, int region) {
   Step& st = *static_cast<Step*>(ctx);
-  (void)sim;
   TensorId out = kNone;
   // checkpoint restores the autocast state: weights are cast again into a fresh cache
   st.layer(static_cast<std::size_t>(region), st.layer_inputs[region], &out);
   st.clear_cast_cache();
-  st.sim.drop(out);
-  st.sim.drop(st.layer_inputs[region]);  // the checkpoint frame releases its input
+  sim.drop(out);
+  sim.drop(st.layer_inputs[region]);  // the checkpoint frame releases its input
 }
 
 // Optimizer state bytes and the step's transient bytes, for `params` parameters of `pb` bytes.
@@ -659,11 +650,12 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     st.input_ids = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
     st.labels = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
     const OptimizerCost oc = optimizer_cost(job, sm, n_params, r.param);
-    TensorId state = kNone, master = kNone;
-    if (steady) {
-      state = sim.alloc_raw("optimizer state", oc.state, Term::model_states, "optimizer", "", "");
-      master = sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, "optimizer", "fp32", "");
-    }
+    // Optimizer state (and the fp32 master copy) stay allocated for the rest of the run.
+    auto allocate_optimizer_state = [&] {
+      sim.alloc_raw("optimizer state", oc.state, Term::model_states, "optimizer", "", "");
+      sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, "optimizer", "fp32", "");
+    };
+    if (steady) allocate_optimizer_state();
     // cuBLAS workspace, one per handle: the forward thread's appears at the first matmul of step 0,
     // the autograd thread's at the first matmul of its backward; both stay (32 MiB each on Hopper,
     // CUBLAS_WORKSPACE_CONFIG :4096:8).
@@ -703,14 +695,10 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
       if (g != kNone) { grad_ids.push_back(g); grads += sim.info(g).rounded; }
     }
     sim.begin_phase("optimizer_peak");
-    if (!steady) {  // torch.optim creates its state lazily in the first step()
-      state = sim.alloc_raw("optimizer state", oc.state, Term::model_states, "optimizer", "", "");
-      master = sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, "optimizer", "fp32", "");
-    }
+    if (!steady) allocate_optimizer_state();  // torch.optim creates its state lazily in the first step()
     TensorId tmp = sim.alloc_raw("optimizer temporaries", oc.transient, Term::model_states, "optimizer.step", "", "");
     sim.drop(tmp);
     for (TensorId g : grad_ids) sim.drop(g);  // zero_grad(set_to_none=True)
-    (void)master;
     (steady ? res.steady_sections : res.step0_sections) = sim.section_peaks();
     auto phases = sim.take_phases();
     phases.erase(phases.begin());  // "floor" phase holds just the floor; keep it below
