@@ -54,12 +54,6 @@ std::vector<TensorBytes> top_tensors(const PhasePeak* p, std::size_t n) {
 }
 
 
-std::string gb(bytes_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(v) / 1e9);
-  return buf;
-}
-
 std::string bar(bytes_t v, bytes_t max, int width = 30) {
   if (max == 0) return "";
   int n = static_cast<int>(static_cast<double>(v) / static_cast<double>(max) * width + 0.5);
