@@ -53,7 +53,6 @@ std::vector<TensorBytes> top_tensors(const PhasePeak* p, std::size_t n) {
   return v;
 }
 
-
 std::string bar(bytes_t v, bytes_t max, int width = 30) {
   if (max == 0) return "";
   int n = static_cast<int>(static_cast<double>(v) / static_cast<double>(max) * width + 0.5);
@@ -173,7 +172,7 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
     case Format::table: break;
   }
   // A readable table.
-  out << b.model.name << " · " << (b.parameters.total / 1e9 >= 1 ? "" : "") << static_cast<double>(b.parameters.total) / 1e9
+  out << b.model.name << " · " << static_cast<double>(b.parameters.total) / 1e9
       << "B parameters · " << to_string(b.job.mode) << " · batch " << b.job.batch << " × seq " << b.job.seq << " · ";
   if (b.job.mode == Mode::infer)
     out << "weights " << to_string(b.job.weights) << " · KV " << to_string(b.job.kv_dtype)
