@@ -55,12 +55,10 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
     b.autocast_cache = r.after_forward_autocast;
     b.activations.layers = model.num_layers;
     b.activations.layer_tensors = r.saved;
-    b.activations.other_tensors = {};
     b.logits = detail::logits_breakdown(model, job);
     b.phases = std::move(r.steady);
     b.step0 = std::move(r.step0);
     if (job.activations == ActivationModel::inventory) {
-      b.activations.other = 0;
       b.activations.per_layer = r.after_forward_activations / std::max<std::uint64_t>(1, model.num_layers);
       b.activations.other = r.after_forward_activations - b.activations.per_layer * model.num_layers;
     } else {
