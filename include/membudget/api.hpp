@@ -13,10 +13,13 @@
 // MaxBatchResult::max_micro_batch == 0, a sweep point that is invalid (a sequence beyond the
 // model's max_positions) is a SweepPoint with ok == false.
 //
-// Speed. estimate() (and everything built on it) memoizes per thread: the same (model, job) pair
-// answers from a table in well under a microsecond; a new pair costs a few simulations of a 4-6
-// layer copy of the model (hundreds of microseconds), independent of the model's depth. The table
-// holds at most 65,536 entries per thread and is cleared when full. All functions are thread-safe.
+// Speed. A training job of the torch profile (the default) is answered from a plan compiled once
+// per thread for its (model, recipe): every job field except the micro-batch and the sequence
+// length. The first question about a (model, recipe) costs about a millisecond (probe simulations
+// of 4-6 layer copies); every later one, at any micro-batch and sequence, a few hundred nanoseconds,
+// exactly equal to a simulation at that shape (docs/api.md). Other jobs (mode infer, profile
+// harness) are simulated and memoized per thread: a repeated (model, job) answers from a table of at
+// most 65,536 entries, cleared when full. All functions are thread-safe.
 #pragma once
 
 #include <array>
@@ -47,10 +50,11 @@ struct Estimate {
   std::uint8_t n_step0 = 0;
 };
 
-// predict(model, job) reduced to an Estimate; memoized per thread. Throws Error for bad input.
+// predict(model, job) reduced to an Estimate (the same numbers, to the byte). Throws Error for bad
+// input.
 Estimate estimate(const ModelSpec& model, const Job& job);
 Estimate summarize(const Budget& budget);
-// Empties this thread's memo table (benchmarks of the uncached path; memory control).
+// Empties this thread's plans and memo table (benchmarks of the first question; memory control).
 void clear_estimate_cache() noexcept;
 
 // The largest number of bytes the card may hold: capacity · (1 − headroom). Throws

@@ -16,6 +16,7 @@ void AutogradSim::allocate(TensorId t) {
   ti.alive = true;
   live_ = checked_add(live_, ti.rounded, ti.name);
   if (explain_) log_.push_back(t);
+  if (trace_) trace_->events.push_back({t, section_});
   note_peak();
 }
 
@@ -69,6 +70,7 @@ void AutogradSim::release_if_dead(TensorId t) {
   ti.alive = false;
   live_ -= ti.rounded;
   if (explain_) log_.push_back(~t);
+  if (trace_) trace_->events.push_back({~t, section_});
 }
 
 TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, const char* op,
@@ -246,7 +248,18 @@ void AutogradSim::begin_phase(std::string name) {
   phases_.push_back(std::move(p));
   section_peaks_.emplace_back();
   peak_event_.push_back(log_.size());
+  if (trace_) trace_->events.push_back({SimTrace::kPhase, section_});
   note_peak();
+}
+
+void AutogradSim::finish_trace() {
+  if (!trace_) return;
+  trace_->bytes.resize(tensors_.size());
+  trace_->terms.resize(tensors_.size());
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    trace_->bytes[i] = tensors_[i].bytes;
+    trace_->terms[i] = tensors_[i].term;
+  }
 }
 
 std::array<bytes_t, 6> AutogradSim::live_by_term() const {

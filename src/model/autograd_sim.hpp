@@ -16,6 +16,7 @@
 #include <array>
 #include <initializer_list>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -41,6 +42,21 @@ struct TensorInfo {
   int holders = 0;  // Python references / autocast cache
   int saved = 0;    // saved-for-backward references
   bool alive = false;
+};
+
+// The allocation stream of one simulation, recorded for the compiled estimator
+// (src/model/step_plan.cpp): every allocation and free in order, and every phase start, each with
+// the section it happened in; then the logical size and term of every tensor.
+struct SimTrace {
+  static constexpr std::int32_t kPhase = std::numeric_limits<std::int32_t>::min();
+  struct Event {
+    std::int32_t t;        // ≥ 0: tensor t is allocated; kPhase: a phase begins; else ~t is freed
+    std::int32_t section;  // the section (see set_section) at that moment
+    bool operator==(const Event&) const = default;
+  };
+  std::vector<Event> events;
+  std::vector<bytes_t> bytes;  // per tensor id
+  std::vector<Term> terms;     // per tensor id
 };
 
 class AutogradSim {
@@ -75,6 +91,9 @@ class AutogradSim {
   // phase keeps the largest live value seen in each section (section_peaks()).
   void set_section(int s) { section_ = s; }
   int section() const { return section_; }
+  // Records the allocation stream into `trace` (nullptr: stop); finish_trace() adds the sizes.
+  void record_to(SimTrace* trace) { trace_ = trace; }
+  void finish_trace();
   // [phase][section] → largest live bytes at an allocation (or phase start) in that section.
   const std::vector<std::vector<bytes_t>>& section_peaks() const { return section_peaks_; }
   std::size_t node_count() const { return nodes_.size(); }
@@ -152,6 +171,7 @@ class AutogradSim {
   std::vector<std::size_t> peak_event_;   // explain: log position of each phase's peak
   std::vector<TensorBytes> groups_at(std::size_t event) const;
   std::vector<std::vector<bytes_t>> section_peaks_;
+  SimTrace* trace_ = nullptr;
 };
 
 inline bytes_t round512(bytes_t b) {

@@ -1,6 +1,7 @@
 // src/model/inventory.hpp: the inventory activation models (internal).
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "membudget/budget.hpp"
@@ -24,8 +25,10 @@ struct TorchStepResult {
 // Hugging Face transformers 5.x on PyTorch 2.11 (profile "torch").
 // `sizing` (default: m) is the model whose parameter count sizes the optimizer state; the fast
 // path simulates a few-layer copy of the model with the full model's optimizer.
+// `traces` (optional) receives the allocation streams of the two passes (0: step 0, 1: steady).
+struct SimTrace;
 TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain,
-                                     const ModelSpec* sizing = nullptr);
+                                     const ModelSpec* sizing = nullptr, std::array<SimTrace, 2>* traces = nullptr);
 
 // The same result without the explain lists, computed from simulations of 4, 5 and 6 layers and
 // extrapolated exactly in the layer count (src/model/fast_step.cpp). Falls back to

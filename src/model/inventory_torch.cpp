@@ -607,13 +607,15 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
 
 }  // namespace
 
-TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain, const ModelSpec* sizing) {
+TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain, const ModelSpec* sizing,
+                                     std::array<SimTrace, 2>* traces) {
   TorchStepResult res;
   const ModelSpec& sm = sizing ? *sizing : m;
   const std::uint64_t n_params = sm.parameters().total;
   for (int pass = 0; pass < 2; ++pass) {
     const bool steady = pass == 1;
     AutogradSim sim(explain);
+    if (traces) sim.record_to(&(*traces)[pass]);
     Step st{m, job, {}, recipe_of(job.precision), sim, {}};
     auto& d = st.d;
     d.b = job.batch; d.s = job.seq; d.T = mul(job.batch, job.seq);
@@ -700,6 +702,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     sim.drop(tmp);
     for (TensorId g : grad_ids) sim.drop(g);  // zero_grad(set_to_none=True)
     (steady ? res.steady_sections : res.step0_sections) = sim.section_peaks();
+    sim.finish_trace();
     auto phases = sim.take_phases();
     phases.erase(phases.begin());  // "floor" phase holds just the floor; keep it below
     std::vector<PhasePeak> out;

@@ -10,24 +10,19 @@ namespace {
 bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) {
   return checked_product("korthikanti activation size", a, b, c, d);
 }
-}  // namespace
 
-ActivationsBreakdown korthikanti(const ModelSpec& m, const Job& job) {
+// Calls add(name, shape, bytes, dtype) for each tensor one layer keeps.
+template <class Add>
+void korthikanti_layer(const ModelSpec& m, const Job& job, Add&& add) {
   const bytes_t s = job.seq, b = job.batch, h = m.hidden_size, I = m.intermediate_size, a = m.num_heads;
   const bytes_t sb = mul(s, b);
   const bytes_t qd = m.q_dim(), kvd = m.kv_dim();
-  ActivationsBreakdown out;
-  out.layers = m.num_layers;
-  auto add = [&](const char* name, const char* shape, bytes_t bytes, const char* dtype = "16-bit") {
-    out.layer_tensors.push_back({name, "Korthikanti §4.1", dtype, shape, 1, bytes, Term::activations});
-    out.per_layer = checked_add(out.per_layer, bytes, "korthikanti per-layer total");
-  };
   if (job.recompute == Recompute::full) {
     // Full recompute keeps only each layer's input ("2sbh" in 16-bit; 4sbh when the residual
     // stream is fp32, as under amp-bf16 and fp32 recipes).
     const bytes_t resid = job.precision == Precision::bf16 || job.precision == Precision::bf16_master ? 2 : 4;
     add("layer input (full recompute)", "s·b·h", mul(sb, h, resid), resid == 2 ? "16-bit" : "fp32");
-    return out;
+    return;
   }
   // Attention block: 11sbh + 5as²b, with K and V at kv width under GQA.
   add("QKV input (LayerNorm output)", "2sbh", mul(sb, h, 2));
@@ -58,7 +53,26 @@ ActivationsBreakdown korthikanti(const ModelSpec& m, const Job& job) {
   add("MLP dropout mask", "sbh", mul(sb, h), "uint8");
   // Norm inputs: 2sbh each.
   add("norm inputs", "2sbh × norms", mul(sb, h, 2, m.norms_per_layer));
+}
+
+}  // namespace
+
+ActivationsBreakdown korthikanti(const ModelSpec& m, const Job& job) {
+  ActivationsBreakdown out;
+  out.layers = m.num_layers;
+  korthikanti_layer(m, job, [&](const char* name, const char* shape, bytes_t bytes, const char* dtype = "16-bit") {
+    out.layer_tensors.push_back({name, "Korthikanti §4.1", dtype, shape, 1, bytes, Term::activations});
+    out.per_layer = checked_add(out.per_layer, bytes, "korthikanti per-layer total");
+  });
   return out;
+}
+
+bytes_t korthikanti_total(const ModelSpec& m, const Job& job) {
+  bytes_t per_layer = 0;
+  korthikanti_layer(m, job, [&](const char*, const char*, bytes_t bytes, const char* = nullptr) {
+    per_layer = checked_add(per_layer, bytes, "korthikanti per-layer total");
+  });
+  return checked_mul(per_layer, m.num_layers, "korthikanti activations");
 }
 
 LogitsLossBreakdown logits_breakdown(const ModelSpec& m, const Job& job) {

@@ -8,6 +8,8 @@ namespace membudget::detail {
 // Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 with fused-attention, gated-MLP and GQA
 // variants; see korthikanti.cpp for the line-by-line terms.
 ActivationsBreakdown korthikanti(const ModelSpec& m, const Job& job);
+// Its total (per layer × layers) without building the lists.
+bytes_t korthikanti_total(const ModelSpec& m, const Job& job);
 
 // Logits, their fp32 upcast in the loss, the loss's saved log-softmax and the logits' gradient.
 LogitsLossBreakdown logits_breakdown(const ModelSpec& m, const Job& job);

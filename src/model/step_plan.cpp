@@ -1,0 +1,427 @@
+// Compiling the torch training step in (b, s): see step_plan.hpp for what a plan is.
+//
+// How a plan is found. The step is simulated (simulate_torch_train, recording its allocation
+// stream) at three probe points P0 = (b0, s0), P1 = (2·b0, 3·s0), P2 = (5·b0, 7·s0). The simulation's
+// control flow does not depend on b or s, so the three streams are the same sequence of tensors;
+// each tensor's sizes give its class: v1 / v0 = 2^i · 3^j names the monomial, c = v0 / (b0^i · s0^j),
+// and P2 must agree. Replaying the stream with each tensor as a basis vector gives, at every moment
+// the allocator could peak (each allocation and each phase start), the live bytes as a vector.
+//
+// The model's depth is handled as in the fast path (fast_step.cpp): the probes run on 4-, 5- and
+// 6-layer copies, each moment's vector is extrapolated affinely in the layer count, and of the
+// interior layers only the first and last are kept (a vector affine in the layer index is at most
+// the larger of its ends for every b and s). Models of at most six layers are simulated as they are.
+//
+// Checks, each of which makes compile() return nullptr: every tensor has a monomial size; the
+// streams of the three probes are identical; replaying the vectors reproduces every phase peak of
+// every probe simulation exactly; the interior layers are affine in their index; every vector is
+// affine in the layer count (three points) and stays non-negative; the basis has at most
+// kMaxBasis components. tests/test_step_plan.cpp compares plans with full simulations.
+#include "step_plan.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <numeric>
+#include <optional>
+
+#include "autograd_sim.hpp"
+#include "inventory.hpp"
+
+namespace membudget::detail {
+namespace {
+
+using u128 = unsigned __int128;
+using i128 = __int128;
+constexpr u128 kMax64 = std::numeric_limits<std::uint64_t>::max();
+constexpr u128 kOver = kMax64 + 1;  // saturation value: "above 64 bits"
+constexpr std::size_t kMaxBasis = 32;
+constexpr std::size_t kMaxRows = 1024;  // rows of all phases together
+constexpr std::uint64_t kL0 = 4;  // the layer counts simulated for deep models: kL0, kL0 + 1, kL0 + 2
+
+struct Fail {};  // a check failed: no plan
+
+struct Probe {
+  std::uint64_t b, s;
+};
+
+u128 sat_mul(u128 a, u128 b) {
+  if (a == 0 || b == 0) return 0;
+  if (a >= kOver || b >= kOver) return kOver;
+  std::uint64_t r;
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(a), static_cast<std::uint64_t>(b), &r)) return kOver;
+  return r;
+}
+
+u128 monomial(std::uint64_t b, unsigned i, std::uint64_t s, unsigned j) {
+  u128 v = 1;
+  for (unsigned k = 0; k < i; ++k) v = sat_mul(v, b);
+  for (unsigned k = 0; k < j; ++k) v = sat_mul(v, s);
+  return v;
+}
+
+// The basis evaluated at (b, s); false when a component does not fit 64 bits.
+bool basis_values(const std::vector<StepPlan::Basis>& basis, std::uint64_t b, std::uint64_t s, std::uint64_t* out) {
+  for (std::size_t k = 0; k < basis.size(); ++k) {
+    const auto& e = basis[k];
+    u128 v = 1;
+    if (e.kind != StepPlan::Kind::constant) v = monomial(b, e.i, s, e.j);
+    if (e.kind == StepPlan::Kind::rounded) {
+      v = sat_mul(v, e.c);
+      if (v < kOver) v = ((v + 511) >> 9) << 9;
+    }
+    if (v > kMax64) return false;
+    out[k] = static_cast<std::uint64_t>(v);
+  }
+  return true;
+}
+
+u128 dot(const std::uint64_t* row, const std::uint64_t* vals, std::size_t n) {
+  u128 acc = 0;
+  for (std::size_t k = 0; k < n; ++k) acc += static_cast<u128>(row[k]) * vals[k];
+  return acc;
+}
+
+// What one tensor adds to the live vector: `coef` times basis component `component` (-1: nothing).
+struct Contribution {
+  int component = -1;
+  std::uint64_t coef = 0;
+};
+
+int find_or_add(std::vector<StepPlan::Basis>& basis, const StepPlan::Basis& e) {
+  for (std::size_t k = 0; k < basis.size(); ++k)
+    if (basis[k] == e) return static_cast<int>(k);
+  if (basis.size() >= kMaxBasis) throw Fail{};
+  basis.push_back(e);
+  return static_cast<int>(basis.size() - 1);
+}
+
+Contribution classify(bytes_t v0, bytes_t v1, bytes_t v2, const std::array<Probe, 3>& p,
+                      std::vector<StepPlan::Basis>& basis) {
+  if (v0 == 0) {
+    if (v1 || v2) throw Fail{};
+    return {};
+  }
+  if (v1 % v0) throw Fail{};
+  std::uint64_t r = v1 / v0;
+  unsigned i = 0, j = 0;
+  while (r % 2 == 0 && i <= 3) r /= 2, ++i;
+  while (r % 3 == 0 && j <= 3) r /= 3, ++j;
+  if (r != 1 || i > 3 || j > 3) throw Fail{};
+  const u128 m0 = monomial(p[0].b, i, p[0].s, j);
+  if (m0 > kMax64 || v0 % m0) throw Fail{};
+  const std::uint64_t c = static_cast<std::uint64_t>(v0 / static_cast<std::uint64_t>(m0));
+  if (sat_mul(c, monomial(p[2].b, i, p[2].s, j)) != v2) throw Fail{};
+  if (i == 0 && j == 0) return {0, round512(c)};
+  // A coefficient that is a multiple of 512 is never rounded: all such tensors of one monomial
+  // share one exact component, their coefficients summed.
+  if (c % 512 == 0) return {find_or_add(basis, {StepPlan::Kind::exact, static_cast<std::uint8_t>(i),
+                                                static_cast<std::uint8_t>(j), 0}),
+                            c};
+  return {find_or_add(basis, {StepPlan::Kind::rounded, static_cast<std::uint8_t>(i), static_cast<std::uint8_t>(j), c}),
+          1};
+}
+
+// The three probe simulations of one layer count, and the live vectors replayed from them.
+struct SimSet {
+  std::uint64_t layers = 0;
+  std::array<TorchStepResult, 3> res;
+  std::array<std::array<SimTrace, 2>, 3> traces;     // [probe][pass]; pass 0 is step 0, 1 steady
+  std::array<std::vector<Contribution>, 2> contrib;  // [pass][tensor]
+  std::vector<std::uint64_t> rows;                   // candidate vectors, D each
+  // [pass][phase][section] → candidate row indices, in time order
+  std::array<std::array<std::vector<std::vector<std::uint32_t>>, StepPlan::kPhases>, 2> cand;
+  std::vector<std::uint64_t> act;  // activations live when the steady backward begins
+};
+
+void classify_set(SimSet& ss, const std::array<Probe, 3>& probes, std::vector<StepPlan::Basis>& basis) {
+  for (int pass = 0; pass < 2; ++pass) {
+    const SimTrace& t0 = ss.traces[0][pass];
+    for (int k = 1; k < 3; ++k)
+      if (!(ss.traces[k][pass].events == t0.events) || ss.traces[k][pass].bytes.size() != t0.bytes.size())
+        throw Fail{};
+    auto& con = ss.contrib[pass];
+    con.resize(t0.bytes.size());
+    for (std::size_t t = 0; t < t0.bytes.size(); ++t)
+      con[t] = classify(t0.bytes[t], ss.traces[1][pass].bytes[t], ss.traces[2][pass].bytes[t], probes, basis);
+  }
+}
+
+void replay(SimSet& ss, std::size_t D) {
+  for (int pass = 0; pass < 2; ++pass) {
+    const SimTrace& tr = ss.traces[0][pass];
+    const auto& con = ss.contrib[pass];
+    std::vector<std::uint64_t> cur(D, 0), act(D, 0);
+    for (auto& ph : ss.cand[pass]) ph.assign(ss.layers + 2, {});
+    int phase = -1;
+    auto candidate = [&](std::int32_t section) {
+      if (phase < 0) return;
+      if (section < 0 || static_cast<std::uint64_t>(section) > ss.layers + 1) throw Fail{};
+      ss.cand[pass][phase][section].push_back(static_cast<std::uint32_t>(ss.rows.size() / D));
+      ss.rows.insert(ss.rows.end(), cur.begin(), cur.end());
+    };
+    for (const auto& ev : tr.events) {
+      if (ev.t == SimTrace::kPhase) {
+        if (++phase >= static_cast<int>(StepPlan::kPhases)) throw Fail{};
+        candidate(ev.section);
+        if (pass == 1 && phase == 2) ss.act = act;  // the backward begins right after the forward
+        continue;
+      }
+      const bool alloc = ev.t >= 0;
+      const std::size_t t = static_cast<std::size_t>(alloc ? ev.t : ~ev.t);
+      if (t >= con.size()) throw Fail{};
+      const Contribution& c = con[t];
+      if (c.component >= 0) {
+        const bool is_act = tr.terms[t] == Term::activations;
+        if (alloc) {
+          cur[c.component] += c.coef;
+          if (is_act) act[c.component] += c.coef;
+        } else {
+          if (cur[c.component] < c.coef || (is_act && act[c.component] < c.coef)) throw Fail{};
+          cur[c.component] -= c.coef;
+          if (is_act) act[c.component] -= c.coef;
+        }
+      }
+      if (alloc) candidate(ev.section);
+    }
+    if (phase != static_cast<int>(StepPlan::kPhases) - 1) throw Fail{};
+  }
+  if (ss.act.size() != D) throw Fail{};
+}
+
+// Replaying must reproduce every phase of every probe simulation to the byte.
+void self_check(const SimSet& ss, const std::vector<StepPlan::Basis>& basis, const std::array<Probe, 3>& probes) {
+  const std::size_t D = basis.size();
+  std::vector<std::uint64_t> vals(D);
+  for (int k = 0; k < 3; ++k) {
+    if (!basis_values(basis, probes[k].b, probes[k].s, vals.data())) throw Fail{};
+    for (int pass = 0; pass < 2; ++pass) {
+      const auto& phases = pass == 1 ? ss.res[k].steady : ss.res[k].step0;
+      if (phases.size() != StepPlan::kPhases) throw Fail{};
+      for (std::size_t p = 0; p < StepPlan::kPhases; ++p) {
+        if (phases[p].name != StepPlan::phase_names()[p]) throw Fail{};
+        u128 best = 0;
+        for (const auto& sec : ss.cand[pass][p])
+          for (std::uint32_t r : sec) best = std::max(best, dot(&ss.rows[std::size_t{r} * D], vals.data(), D));
+        if (best != phases[p].bytes) throw Fail{};
+      }
+    }
+  }
+}
+
+// Interior layers (sections 2 … layers − 1) must be affine in their index, moment by moment.
+void check_interior(const SimSet& ss, std::size_t D) {
+  if (ss.layers < 5) return;
+  for (const auto& pass : ss.cand)
+    for (const auto& ph : pass) {
+      for (std::uint64_t sec = 3; sec + 1 <= ss.layers - 1; ++sec) {
+        const auto &a = ph[sec - 1], &b = ph[sec], &c = ph[sec + 1];
+        if (a.size() != b.size() || b.size() != c.size()) throw Fail{};
+        for (std::size_t n = 0; n < a.size(); ++n)
+          for (std::size_t d = 0; d < D; ++d) {
+            const i128 x = ss.rows[a[n] * D + d], y = ss.rows[b[n] * D + d], z = ss.rows[c[n] * D + d];
+            if (z - y != y - x) throw Fail{};
+          }
+      }
+    }
+}
+
+std::uint64_t extrapolate(std::uint64_t v0, std::uint64_t v1, std::uint64_t v2, std::uint64_t L) {
+  const i128 a = v0, b = v1, c = v2;
+  if (c - b != b - a) throw Fail{};
+  const i128 v = c + (b - a) * (static_cast<i128>(L) - static_cast<i128>(kL0 + 2));
+  if (v < 0 || v > static_cast<i128>(kMax64)) throw Fail{};
+  return static_cast<std::uint64_t>(v);
+}
+
+// Keeps the vectors that no other vector dominates (componentwise ≤). Processing in decreasing
+// order of a strictly positive weighting puts every dominator before what it dominates.
+std::vector<std::uint64_t> prune(const std::vector<std::uint64_t>& rows, std::size_t D,
+                                 const std::vector<std::uint64_t>& weight) {
+  const std::size_t n = rows.size() / D;
+  std::vector<u128> score(n);
+  for (std::size_t r = 0; r < n; ++r) score[r] = dot(&rows[r * D], weight.data(), D);
+  std::vector<std::uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t x, std::uint32_t y) { return score[x] > score[y]; });
+  std::vector<std::uint64_t> out;
+  for (std::uint32_t r : order) {
+    const std::uint64_t* v = &rows[std::size_t{r} * D];
+    bool dominated = false;
+    for (std::size_t f = 0; f < out.size() && !dominated; f += D) {
+      bool le = true;
+      for (std::size_t d = 0; d < D && le; ++d) le = v[d] <= out[f + d];
+      dominated = le;
+    }
+    if (!dominated) out.insert(out.end(), v, v + D);
+  }
+  return out;
+}
+
+std::atomic<std::uint64_t> g_failures{0};
+
+}  // namespace
+
+struct PlanBuilder {
+  static std::shared_ptr<const StepPlan> build(const ModelSpec& m, const Job& job) {
+    const std::uint64_t L = m.num_layers;
+    // Probes inside the job's regime.
+    std::uint64_t b0 = 1, s0 = 1;
+    if (job.loss == Loss::chunked) {
+      if (StepPlan::regime(job) == 1) s0 = job.loss_chunk;                 // T ≥ loss_chunk at every probe
+      else if (job.loss_chunk < 35) throw Fail{};                           // T = 1, 6, 35 ≤ loss_chunk
+    }
+    const std::array<Probe, 3> probes{{{b0, s0}, {2 * b0, 3 * s0}, {5 * b0, 7 * s0}}};
+    if (probes[2].s > (1ull << 32) / probes[2].b) throw Fail{};
+
+    const bool direct = L <= kL0 + 2;
+    std::vector<SimSet> sets(direct ? 1 : 3);
+    for (std::size_t n = 0; n < sets.size(); ++n) {
+      SimSet& ss = sets[n];
+      ss.layers = direct ? L : kL0 + n;
+      ModelSpec small = m;
+      small.num_layers = ss.layers;
+      for (int k = 0; k < 3; ++k) {
+        Job pj = job;
+        pj.batch = probes[k].b;
+        pj.seq = probes[k].s;
+        ss.res[k] = simulate_torch_train(small, pj, false, &m, &ss.traces[k]);
+      }
+    }
+    auto plan = std::make_shared<StepPlan>();
+    auto& basis = plan->basis_;
+    basis.push_back({});  // component 0: the constant
+    for (auto& ss : sets) classify_set(ss, probes, basis);
+    const std::size_t D = basis.size();
+    for (auto& ss : sets) {
+      replay(ss, D);
+      self_check(ss, basis, probes);
+      if (!direct) check_interior(ss, D);
+    }
+
+    std::vector<std::uint64_t> weight(D);
+    if (!basis_values(basis, 4, 4096, weight.data())) throw Fail{};
+    std::vector<std::uint64_t>& rows = plan->rows_;
+    for (int pp = 0; pp < 2 * static_cast<int>(StepPlan::kPhases); ++pp) {
+      const int pass = pp < static_cast<int>(StepPlan::kPhases) ? 1 : 0;  // steady first
+      const std::size_t phase = static_cast<std::size_t>(pp) % StepPlan::kPhases;
+      std::vector<std::uint64_t> all;
+      if (direct) {
+        for (const auto& sec : sets[0].cand[pass][phase])
+          for (std::uint32_t r : sec) all.insert(all.end(), &sets[0].rows[r * D], &sets[0].rows[r * D] + D);
+      } else {
+        for (int q = 0; q < 6; ++q) {
+          const std::vector<std::uint32_t>* lists[3];
+          for (int n = 0; n < 3; ++n) {
+            const std::uint64_t ls = sets[n].layers;
+            const std::uint64_t sec[6] = {0, 1, 2, ls - 1, ls, ls + 1};
+            lists[n] = &sets[n].cand[pass][phase][sec[q]];
+          }
+          if (lists[0]->size() != lists[2]->size() || lists[1]->size() != lists[2]->size()) throw Fail{};
+          for (std::size_t r = 0; r < lists[2]->size(); ++r)
+            for (std::size_t d = 0; d < D; ++d)
+              all.push_back(extrapolate(sets[0].rows[(*lists[0])[r] * D + d], sets[1].rows[(*lists[1])[r] * D + d],
+                                        sets[2].rows[(*lists[2])[r] * D + d], L));
+        }
+      }
+      if (all.empty()) throw Fail{};
+      plan->phase_begin_[pp] = static_cast<std::uint32_t>(rows.size() / D);
+      const auto kept = prune(all, D, weight);
+      rows.insert(rows.end(), kept.begin(), kept.end());
+    }
+    plan->phase_begin_[2 * StepPlan::kPhases] = static_cast<std::uint32_t>(rows.size() / D);
+    // Entries below 2^58 keep every dot product (≤ 32 terms of entry × 64-bit value) inside 128 bits.
+    for (std::uint64_t v : rows)
+      if (v >= (1ull << 58)) throw Fail{};
+
+    auto scalar = [&](auto get) -> bytes_t {
+      if (direct) return get(sets[0].res[0]);
+      return extrapolate(get(sets[0].res[0]), get(sets[1].res[0]), get(sets[2].res[0]), L);
+    };
+    plan->weights = scalar([](const TorchStepResult& r) { return r.weights; });
+    plan->gradients = scalar([](const TorchStepResult& r) { return r.gradients; });
+    plan->optimizer_state = scalar([](const TorchStepResult& r) { return r.optimizer_state; });
+    plan->master = scalar([](const TorchStepResult& r) { return r.master; });
+    plan->activations_.resize(D);
+    for (std::size_t d = 0; d < D; ++d)
+      plan->activations_[d] = direct ? sets[0].act[d] : extrapolate(sets[0].act[d], sets[1].act[d], sets[2].act[d], L);
+    for (std::uint64_t v : plan->activations_)
+      if (v >= (1ull << 58)) throw Fail{};
+    plan->colmax_.assign(D, 0);
+    const std::size_t n = rows.size() / D;
+    if (n > kMaxRows) throw Fail{};
+    plan->cols_.assign(rows.size(), 0.0);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t d = 0; d < D; ++d) {
+        const std::uint64_t v = rows[i * D + d];
+        plan->cols_[d * n + i] = static_cast<double>(v);
+        plan->colmax_[d] = std::max(plan->colmax_[d], v);
+      }
+    return plan;
+  }
+};
+
+const std::array<const char*, StepPlan::kPhases>& StepPlan::phase_names() {
+  static const std::array<const char*, kPhases> names{"floor", "forward_peak", "backward_peak", "optimizer_peak"};
+  return names;
+}
+
+int StepPlan::regime(const Job& job) {
+  return job.loss == Loss::chunked && static_cast<u128>(job.batch) * job.seq > job.loss_chunk ? 1 : 0;
+}
+
+std::shared_ptr<const StepPlan> StepPlan::compile(const ModelSpec& m, const Job& job) {
+  try {
+    return PlanBuilder::build(m, job);
+  } catch (const Fail&) {
+    g_failures.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+}
+
+StepPlan::Result StepPlan::evaluate(std::uint64_t b, std::uint64_t s) const {
+  std::array<std::uint64_t, kMaxBasis> vals;
+  const std::size_t D = basis_.size();
+  auto overflow = [&] {
+    return Error(ErrorKind::overflow, "step bytes at batch " + std::to_string(b) + ", seq " + std::to_string(s) +
+                                          ": a size does not fit in 64 bits");
+  };
+  if (!basis_values(basis_, b, s, vals.data())) throw overflow();
+  Result r;
+  const u128 a = dot(activations_.data(), vals.data(), D);
+  if (a > kMax64) throw overflow();
+  r.activations = static_cast<bytes_t>(a);
+  auto put = [&](std::size_t p, u128 v) {
+    if (v > kMax64) throw overflow();
+    (p < kPhases ? r.steady[p] : r.step0[p - kPhases]) = static_cast<bytes_t>(v);
+  };
+  if (dot(colmax_.data(), vals.data(), D) < (u128{1} << 53)) {
+    // Every product and partial sum is an integer below 2^53: exact in doubles, and the rows of
+    // all phases are summed together column by column (vectorised across rows).
+    const std::size_t n = rows_.size() / D;
+    std::array<double, kMaxRows> acc;
+    std::fill_n(acc.begin(), n, 0.0);
+    for (std::size_t k = 0; k < D; ++k) {
+      const double* col = &cols_[k * n];
+      const double v = static_cast<double>(vals[k]);
+      for (std::size_t i = 0; i < n; ++i) acc[i] += col[i] * v;
+    }
+    for (std::size_t p = 0; p < 2 * kPhases; ++p) {
+      double best = 0;
+      for (std::size_t i = phase_begin_[p]; i < phase_begin_[p + 1]; ++i) best = acc[i] > best ? acc[i] : best;
+      put(p, static_cast<std::uint64_t>(best));
+    }
+    return r;
+  }
+  for (std::size_t p = 0; p < 2 * kPhases; ++p) {
+    u128 best = 0;
+    for (std::uint32_t row = phase_begin_[p]; row < phase_begin_[p + 1]; ++row)
+      best = std::max(best, dot(&rows_[std::size_t{row} * D], vals.data(), D));
+    put(p, best);
+  }
+  return r;
+}
+
+std::uint64_t step_plan_failures() { return g_failures.load(std::memory_order_relaxed); }
+
+}  // namespace membudget::detail

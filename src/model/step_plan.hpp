@@ -1,0 +1,77 @@
+// src/model/step_plan.hpp: the torch training step compiled in the micro-batch and sequence length.
+//
+// A scheduler asks about one model and recipe at many (micro-batch, sequence) points. Every
+// tensor of the simulated step has a size c · b^i · s^j (c from the model and the recipe), and the
+// allocator counts it rounded up to 512 B. So the live bytes at any moment of the step are a sum
+// over a small basis: a constant, the exact polynomial terms b^i·s^j (tensors whose c is a
+// multiple of 512 are never rounded), and one term round512(c · b^i · s^j) per other size class.
+// A phase peak is the largest live value over the moments of that phase: the maximum of a set of
+// vectors dotted with the basis evaluated at (b, s). StepPlan holds those vectors, pruned to the
+// ones no other vector dominates, and answers a new (b, s) with a few hundred multiply-adds.
+//
+// compile() finds the vectors by simulation (src/model/step_plan.cpp says how and what it checks)
+// and returns nullptr when the step does not have this form; the caller then simulates.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "membudget/budget.hpp"
+
+namespace membudget::detail {
+
+class StepPlan {
+ public:
+  static constexpr std::size_t kPhases = 4;  // floor, forward_peak, backward_peak, optimizer_peak
+  static const std::array<const char*, kPhases>& phase_names();
+
+  // The regime of a job: the chunked loss computes min(loss_chunk, b·s) logits rows, a different
+  // size class on either side of b·s = loss_chunk. Plans are compiled per regime.
+  static int regime(const Job& job);
+
+  // Compiles the torch-profile training step of `m` under `job` (its batch and seq are ignored;
+  // regime(job) is). nullptr when the step is not expressible or a check fails.
+  static std::shared_ptr<const StepPlan> compile(const ModelSpec& m, const Job& job);
+
+  struct Result {
+    std::array<bytes_t, kPhases> steady{}, step0{};
+    bytes_t activations = 0;  // activation tensors live at the end of the forward (steady state)
+  };
+  // The step at micro-batch b and sequence s (b, s ≥ 1, in the plan's regime). Throws
+  // Error(overflow) when a size does not fit 64 bits.
+  Result evaluate(std::uint64_t b, std::uint64_t s) const;
+
+  // Independent of b and s.
+  bytes_t weights = 0, gradients = 0, optimizer_state = 0, master = 0;
+
+  // Introspection for tests and benchmarks.
+  std::size_t basis_size() const { return basis_.size(); }
+  std::size_t rows() const { return rows_.size() / std::max<std::size_t>(1, basis_.size()); }
+
+  // The basis: component k is 1 (kind constant), b^i·s^j (exact) or round512(c·b^i·s^j).
+  enum class Kind : std::uint8_t { constant, exact, rounded };
+  struct Basis {
+    Kind kind = Kind::constant;
+    std::uint8_t i = 0, j = 0;
+    bytes_t c = 0;
+    bool operator==(const Basis&) const = default;
+  };
+
+ private:
+  std::vector<Basis> basis_;
+  std::vector<std::uint64_t> rows_;               // row-major, basis_.size() per row
+  std::array<std::uint32_t, 2 * kPhases + 1> phase_begin_{};  // rows of phase p: [begin[p], begin[p+1])
+  std::vector<std::uint64_t> activations_;        // one row
+  // The rows again as doubles, column-major (component k of row i at k · rows() + i), for the
+  // fast path of evaluate(): when no sum can reach 2^53 the doubles are exact and vectorise.
+  std::vector<double> cols_;
+  std::vector<std::uint64_t> colmax_;  // the largest entry of each component over all rows
+  friend struct PlanBuilder;
+};
+
+// How many compile() calls returned nullptr (tests assert none did for the shipped configs).
+std::uint64_t step_plan_failures();
+
+}  // namespace membudget::detail

@@ -1,0 +1,190 @@
+// The compiled training step (src/model/step_plan.cpp) behind estimate(): at every (b, s) it must
+// give exactly what predict() computes by simulating the step at that (b, s).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "helpers.hpp"
+#include "membudget/api.hpp"
+#include "membudget/budget.hpp"
+#include "model/step_plan.hpp"
+
+using namespace membudget;
+
+namespace {
+
+void check_same(const Estimate& got, const Estimate& want, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.n_phases == want.n_phases);
+  REQUIRE(got.n_step0 == want.n_step0);
+  for (std::size_t i = 0; i < want.n_phases; ++i) {
+    CHECK(std::string(got.phases[i].name) == want.phases[i].name);
+    CHECK(got.phases[i].bytes == want.phases[i].bytes);
+  }
+  for (std::size_t i = 0; i < want.n_step0; ++i) {
+    CHECK(std::string(got.step0[i].name) == want.step0[i].name);
+    CHECK(got.step0[i].bytes == want.step0[i].bytes);
+  }
+  CHECK(got.peak == want.peak);
+  CHECK(std::string(got.peak_phase) == want.peak_phase);
+  CHECK(got.required == want.required);
+  CHECK(got.overhead == want.overhead);
+  CHECK(got.terms.model_states == want.terms.model_states);
+  CHECK(got.terms.activations == want.terms.activations);
+  CHECK(got.terms.logits_loss == want.terms.logits_loss);
+  CHECK(got.terms.kv_cache == want.terms.kv_cache);
+  CHECK(got.states.weights == want.states.weights);
+  CHECK(got.states.gradients == want.states.gradients);
+  CHECK(got.states.master == want.states.master);
+  CHECK(got.states.optimizer == want.states.optimizer);
+}
+
+std::vector<std::string> all_configs() {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(test::source_path("configs")))
+    if (e.path().extension() == ".yaml") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string describe(const std::string& model, const Job& j) {
+  return model + " b=" + std::to_string(j.batch) + " s=" + std::to_string(j.seq) + " " + to_string(j.recompute) +
+         " " + to_string(j.precision) + " " + to_string(j.loss) + "/" + std::to_string(j.loss_chunk) + " " +
+         to_string(j.attention) + " " + to_string(j.optimizer) + " " + to_string(j.activations);
+}
+
+}  // namespace
+
+TEST_CASE("estimate() from a plan == predict() at every shape: every config and recipe") {
+  const auto failures_before = detail::step_plan_failures();
+  // Shapes with odd token counts (nothing 512-aligned), powers of two, and long sequences.
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> shapes = {
+      {1, 1}, {1, 7}, {3, 129}, {2, 1000}, {4, 4096}, {1, 16384}, {7, 333}, {64, 2048}};
+  int compared = 0;
+  for (const auto& path : all_configs()) {
+    const ModelSpec m = load_model(path);
+    const bool huge = m.num_layers > 100;
+    for (Precision p : {Precision::fp32, Precision::amp_bf16, Precision::bf16, Precision::bf16_master})
+      for (Recompute rc : {Recompute::none, Recompute::full})
+        for (Loss loss : {Loss::full, Loss::chunked}) {
+          if (huge && (p == Precision::fp32 || loss == Loss::chunked)) continue;
+          for (auto [b, s] : shapes) {
+            Job j;
+            j.batch = b;
+            j.seq = s;
+            j.precision = p;
+            j.recompute = rc;
+            j.loss = loss;
+            j.attention = (compared % 4 == 1 && b * s <= 8192) ? Attention::math : Attention::flash;
+            j.optimizer = compared % 3 == 0 ? Optimizer::adamw : compared % 3 == 1 ? Optimizer::adafactor : Optimizer::lion;
+            j.activations = compared % 5 == 0 ? ActivationModel::korthikanti : ActivationModel::inventory;
+            check_same(estimate(m, j), summarize(predict(m, j)), describe(path, j));
+            ++compared;
+          }
+        }
+  }
+  CHECK(compared > 1000);
+  CHECK(detail::step_plan_failures() == failures_before);  // every step compiled
+}
+
+TEST_CASE("plans against the full simulation, and on both sides of the chunked loss's chunk") {
+  PredictOptions full;
+  full.full_simulation = true;
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  for (std::uint64_t chunk : {64, 1024})
+    for (std::uint64_t T : {chunk - 1, chunk, chunk + 1, 3 * chunk + 5}) {
+      Job j;
+      j.loss = Loss::chunked;
+      j.loss_chunk = chunk;
+      j.batch = T % 2 == 0 ? 2 : 1;
+      j.seq = T / j.batch;
+      check_same(estimate(m, j), summarize(predict(m, j, full)), describe("llama-3.2-1b", j));
+    }
+  for (Attention a : {Attention::flash, Attention::math}) {
+    Job j;
+    j.attention = a;
+    j.batch = 3;
+    j.seq = 777;
+    check_same(estimate(m, j), summarize(predict(m, j, full)), describe("llama-3.2-1b", j));
+  }
+}
+
+TEST_CASE("plans for small and unusual models: 1 to 12 layers, qk-norm, biases, 4 norms, tiny chunks") {
+  const auto failures_before = detail::step_plan_failures();
+  for (std::uint64_t L = 1; L <= 12; ++L) {
+    ModelSpec m = test::toy_llama();
+    m.num_layers = L;
+    m.qk_norm = L % 2 == 0;
+    m.bias.qkv = L % 3 == 0;
+    m.norms_per_layer = L >= 10 ? 4 : 2;
+    m.tied_embeddings = L % 2 == 1;
+    for (std::uint64_t b : {1, 2, 5})
+      for (std::uint64_t s : {1, 96, 1001})
+        for (Attention a : {Attention::flash, Attention::math}) {
+          Job j;
+          j.batch = b;
+          j.seq = s;
+          j.attention = a;
+          j.optimizer = b == 1 ? Optimizer::sgd : b == 2 ? Optimizer::sgd_momentum : Optimizer::adamw_8bit;
+          check_same(estimate(m, j), summarize(predict(m, j)), describe("toy L=" + std::to_string(L), j));
+        }
+  }
+  CHECK(detail::step_plan_failures() == failures_before);
+  // A chunk below 35 tokens cannot be probed below the chunk: such jobs are simulated instead,
+  // with the same answer.
+  ModelSpec m = test::toy_llama();
+  m.num_layers = 8;
+  Job j;
+  j.loss = Loss::chunked;
+  j.loss_chunk = 20;
+  j.batch = 1;
+  j.seq = 10;
+  check_same(estimate(m, j), summarize(predict(m, j)), "toy chunk 20, 10 tokens");
+  CHECK(detail::step_plan_failures() == failures_before + 1);
+}
+
+TEST_CASE("plans: bad jobs are errors, absurd sizes overflow like the simulation") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.1-8b.yaml"));
+  Job j;
+  j.batch = 0;
+  CHECK_THROWS_AS(estimate(m, j), Error);
+  j.batch = 1;
+  j.seq = 0;
+  CHECK_THROWS_AS(estimate(m, j), Error);
+  // b·a·s² of the math path does not fit 64 bits at s = 2^31: both paths say overflow.
+  j.seq = 1ull << 31;
+  j.attention = Attention::math;
+  ErrorKind want = ErrorKind::invalid_job, got = ErrorKind::invalid_job;
+  try {
+    predict(m, j);
+  } catch (const Error& e) {
+    want = e.kind();
+  }
+  try {
+    estimate(m, j);
+  } catch (const Error& e) {
+    got = e.kind();
+  }
+  CHECK(want == ErrorKind::overflow);
+  CHECK(got == want);
+  // A model field the plan's key must see: the family switches Phi-3's fused projections.
+  ModelSpec phi = m;
+  phi.family = "phi3";
+  Job k;
+  CHECK(estimate(phi, k).peak == summarize(predict(phi, k)).peak);
+  CHECK(estimate(phi, k).peak != estimate(m, k).peak);
+}
+
+TEST_CASE("a plan is small: few basis components and rows") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.1-70b.yaml"));
+  for (Attention a : {Attention::flash, Attention::math}) {
+    Job j;
+    j.attention = a;
+    auto plan = detail::StepPlan::compile(m, j);
+    REQUIRE(plan);
+    MESSAGE("70B ", std::string(to_string(a)), ": ", plan->basis_size(), " basis components, ", plan->rows(), " rows");
+    CHECK(plan->basis_size() <= 16);
+    CHECK(plan->rows() <= 200);
+  }
+}
