@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/wait.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,12 +16,23 @@ extern char** environ;
 namespace {
 using namespace membudget;
 
+// The source tree and the CLI: compiled in, or from MEMBUDGET_SOURCE_DIR / MEMBUDGET_CLI in the
+// environment (a copy of the binary run on another machine).
+std::string source_dir() {
+  const char* e = std::getenv("MEMBUDGET_SOURCE_DIR");
+  return e ? e : MEMBUDGET_SOURCE_DIR;
+}
+std::string cli_path() {
+  const char* e = std::getenv("MEMBUDGET_CLI");
+  return e ? e : MEMBUDGET_CLI;
+}
+
 const ModelSpec& model8b() {
-  static const ModelSpec m = load_model(std::string(MEMBUDGET_SOURCE_DIR) + "/configs/llama-3.1-8b.yaml");
+  static const ModelSpec m = load_model(source_dir() + "/configs/llama-3.1-8b.yaml");
   return m;
 }
 const ModelSpec& model70b() {
-  static const ModelSpec m = load_model(std::string(MEMBUDGET_SOURCE_DIR) + "/configs/llama-3.1-70b.yaml");
+  static const ModelSpec m = load_model(source_dir() + "/configs/llama-3.1-70b.yaml");
   return m;
 }
 
@@ -164,8 +176,8 @@ void run_cli(const std::vector<std::string>& args) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("membudget predict failed");
 }
 void BM_cli_predict(benchmark::State& state) {
-  const std::vector<std::string> args = {MEMBUDGET_CLI, "predict",
-                                         std::string(MEMBUDGET_SOURCE_DIR) + "/configs/llama-3.1-8b.yaml", "--format",
+  const std::vector<std::string> args = {cli_path(), "predict",
+                                         source_dir() + "/configs/llama-3.1-8b.yaml", "--format",
                                          state.range(0) ? "table" : "json"};
   for (auto _ : state) run_cli(args);
 }

@@ -86,6 +86,8 @@ def parse_args(argv=None):
                    help="matrix mode: skip the remaining cases after this many seconds")
     p.add_argument("--output", required=True, help="JSON file to write")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--snapshot-dir", default=None,
+                   help="where cases with a \"snapshot\" entry write their allocator snapshot")
     args = p.parse_args(argv)
     if not args.matrix and not args.config:
         p.error("either --config or --matrix is required")
@@ -190,6 +192,26 @@ PHASE_FIELDS = ("floor", "forward_peak", "after_forward", "backward_peak", "afte
                 "optimizer_peak", "after_optimizer")
 
 
+# Allocator snapshot of one phase of one step (a case's "snapshot": {"phase": "forward" or
+# "backward", "step": N}; written to --snapshot-dir as <case name>.pickle with "/" replaced by "_").
+SNAPSHOT = {"phase": None, "step": None, "path": None}
+SNAPSHOT_DIR = [None]
+
+
+def _snapshot(rec, phase, begin):
+    import torch
+
+    if SNAPSHOT["phase"] != phase or rec["step"] != SNAPSHOT["step"] or not SNAPSHOT["path"]:
+        return
+    torch.cuda.synchronize()
+    if begin:
+        torch.cuda.memory._record_memory_history(max_entries=500000, stacks="python")
+    else:
+        torch.cuda.memory._dump_snapshot(SNAPSHOT["path"])
+        torch.cuda.memory._record_memory_history(enabled=None)
+        rec["snapshot"] = SNAPSHOT["path"]
+
+
 def run_step(model, opt, x, amp, rec, use_cache):
     """One training step; fills `rec` phase by phase (so a failure leaves partial data)."""
     import torch
@@ -205,6 +227,7 @@ def run_step(model, opt, x, amp, rec, use_cache):
     cuda.reset_peak_memory_stats()
 
     rec["phase"] = "forward"
+    _snapshot(rec, "forward", True)
     t0 = time.perf_counter()
     if amp:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -213,15 +236,18 @@ def run_step(model, opt, x, amp, rec, use_cache):
         loss = model(**kwargs).loss
     cuda.synchronize()
     t1 = time.perf_counter()
+    _snapshot(rec, "forward", False)
     rec["forward_peak"] = cuda.max_memory_allocated()
     rec["after_forward"] = cuda.memory_allocated()
     rec["reserved_after_forward"] = cuda.memory_reserved()
     cuda.reset_peak_memory_stats()
 
     rec["phase"] = "backward"
+    _snapshot(rec, "backward", True)
     loss.backward()
     cuda.synchronize()
     t2 = time.perf_counter()
+    _snapshot(rec, "backward", False)
     rec["backward_peak"] = cuda.max_memory_allocated()
     rec["after_backward"] = cuda.memory_allocated()
     rec["reserved_after_backward"] = cuda.memory_reserved()
@@ -289,6 +315,10 @@ def run_case(model, mstats, case, cfgd):
     t_case = time.perf_counter()
     err_text = None
     try:
+        snap = case.get("snapshot") or {}
+        SNAPSHOT["phase"], SNAPSHOT["step"] = snap.get("phase"), snap.get("step")
+        SNAPSHOT["path"] = (os.path.join(SNAPSHOT_DIR[0], case["name"].replace("/", "_") + ".pickle")
+                            if snap and SNAPSHOT_DIR[0] else None)
         res["job"]["gradient_checkpointing"] = set_recompute(model, case["recompute"])
         model.zero_grad(set_to_none=True)
         common.clean_cuda()
@@ -407,6 +437,9 @@ def run_all(cases, output, max_seconds=None, seed=0):
 
 def main(argv=None):
     args = parse_args(argv)
+    SNAPSHOT_DIR[0] = args.snapshot_dir
+    if args.snapshot_dir:
+        os.makedirs(args.snapshot_dir, exist_ok=True)
     cases = cases_from_matrix(args.matrix) if args.matrix else cases_from_args(args)
     doc = run_all(cases, args.output, args.max_seconds, args.seed)
     bad = [c for c in doc["cases"] if c["status"] not in ("ok", "oom", "skipped")]
