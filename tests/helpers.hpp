@@ -50,8 +50,9 @@ struct RunResult {
 };
 
 // Runs the built CLI with arguments (a shell string) and captures stdout and stderr.
-inline RunResult run_cli(const std::string& args) {
-  std::string cmd = std::string(MEMBUDGET_CLI) + " " + args + " 2>&1";
+// `env` (optional) prefixes the command with variable assignments, e.g. "NAME=value".
+inline RunResult run_cli(const std::string& args, const std::string& env = "") {
+  std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(MEMBUDGET_CLI) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   RunResult r{-1, ""};
   if (!p) return r;

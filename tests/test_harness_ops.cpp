@@ -3,6 +3,8 @@
 // host pointers, so the tests hand it std::vector storage directly.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #include <cmath>
 #include <functional>
 #include <numeric>
@@ -263,10 +265,24 @@ TEST_CASE("bf16 storage: a bf16 matmul agrees with fp32 within bf16 precision") 
   for (std::size_t i = 0; i < ref.size(); ++i) CHECK(std::fabs(got[i] - ref[i]) <= 0.02 * scale);
 }
 
-TEST_CASE("the cuda backend is a clear error when the binary has none") {
-#ifndef MEMBUDGET_HAVE_CUDA
-  CHECK_THROWS_WITH_AS(make_backend("cuda", 0), doctest::Contains("without the CUDA backend"), Error);
-#endif
+TEST_CASE("the cuda backend: a plugin loaded on demand, a clear error when missing or without a GPU") {
+  // A plugin path that does not exist: unsupported, naming the path.
+  ::setenv("MEMBUDGET_CUDA_PLUGIN", "/nonexistent/libmembudget_cuda.so", 1);
+  CHECK_THROWS_WITH_AS(make_backend("cuda", 0), doctest::Contains("/nonexistent/libmembudget_cuda.so"), Error);
+  // A file that is not a shared library: a device error naming it, no crash.
+  const std::string junk = std::string(MEMBUDGET_SOURCE_DIR) + "/README.md";
+  ::setenv("MEMBUDGET_CUDA_PLUGIN", junk.c_str(), 1);
+  CHECK_THROWS_WITH_AS(make_backend("cuda", 0), doctest::Contains("cannot load"), Error);
+  ::unsetenv("MEMBUDGET_CUDA_PLUGIN");
+  // The default search: a working backend on a machine with a GPU and the plugin; otherwise an
+  // Error that says what is missing.
+  try {
+    const auto be = make_backend("cuda", 0);
+    CHECK(be->name().find("cuda") == 0);
+  } catch (const Error& e) {
+    CHECK((e.kind() == ErrorKind::unsupported || e.kind() == ErrorKind::device));
+    CHECK(std::string(e.what()).find("--device-backend cuda") != std::string::npos);
+  }
   CHECK_THROWS_AS(make_backend("tpu", 0), Error);
   CHECK(make_backend("cpu", 0)->name().find("cpu") == 0);
 }

@@ -153,12 +153,12 @@ class Backend {
 // The Eigen reference backend on host memory of `capacity` bytes (0: unlimited).
 std::unique_ptr<Backend> make_cpu_backend(bytes_t capacity);
 
-// "cpu" or "cuda"; "cuda" is Error(unsupported) unless this binary has the CUDA backend.
+// "cpu" or "cuda". "cuda" loads the CUDA backend plugin (src/measure/backend_loader.cpp):
+// Error(unsupported) when it is not installed, Error(device) when it cannot start (no GPU).
 std::unique_ptr<Backend> make_backend(const std::string& name, bytes_t capacity);
 
-#ifdef MEMBUDGET_HAVE_CUDA
-// Defined by the CUDA backend (src/measure/cuda/); capacity caps what the allocator may take.
+// Defined by the CUDA backend (src/measure/cuda/, linked into the plugin and into
+// test_cuda_kernels); capacity caps what the allocator may take.
 std::unique_ptr<Backend> make_cuda_backend(bytes_t capacity);
-#endif
 
 }  // namespace membudget::measure

@@ -337,18 +337,4 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(bytes_t capacity) { return std::make_unique<CpuBackend>(capacity); }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, bytes_t capacity) {
-  if (name == "cpu") return make_cpu_backend(capacity);
-  if (name == "cuda") {
-#ifdef MEMBUDGET_HAVE_CUDA
-    return make_cuda_backend(capacity);
-#else
-    throw Error(ErrorKind::unsupported,
-                "--device-backend cuda: this binary was built without the CUDA backend (configure with nvcc "
-                "available and -DMEMBUDGET_CUDA=ON), or use --device-backend cpu");
-#endif
-  }
-  throw Error(ErrorKind::invalid_argument, "--device-backend: '" + name + "' is not one of cpu, cuda");
-}
-
 }  // namespace membudget::measure

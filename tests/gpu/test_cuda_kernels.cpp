@@ -115,7 +115,7 @@ struct Pair {
 
 struct Fixture {
   std::unique_ptr<Backend> cpu = make_cpu_backend(0);
-  std::unique_ptr<Backend> gpu = make_backend("cuda", 0);
+  std::unique_ptr<Backend> gpu = make_cuda_backend(0);
   Pair make(DType d, const std::vector<float>& host) { return {Buf(*cpu, d, host), Buf(*gpu, d, host)}; }
   Pair zeros(DType d, std::size_t n) { return make(d, std::vector<float>(n, 0.0f)); }
   Pair ints(const std::vector<std::int32_t>& host) {
@@ -431,7 +431,7 @@ TEST_CASE("whole steps: losses, gradients and measured peaks match the CPU backe
       j.recompute = l == Loss::chunked ? Recompute::full : Recompute::none;
       j.profile = Profile::harness;
       auto cpu = make_cpu_backend(0);
-      auto gpu = make_backend("cuda", 0);
+      auto gpu = make_cuda_backend(0);
       CachingAllocator ac(cpu->memory()), ag(gpu->memory());
       Harness hc(m, j, *cpu, ac), hg(m, j, *gpu, ag);
       for (int step = 0; step < 3; ++step) {
@@ -474,7 +474,7 @@ TEST_CASE("inference steps (prefill into the KV pool, one decode step): logits a
       j.weights = w;
       j.kv_dtype = kv;
       auto cpu = make_cpu_backend(0);
-      auto gpu = make_backend("cuda", 0);
+      auto gpu = make_cuda_backend(0);
       CachingAllocator ac(cpu->memory()), ag(gpu->memory());
       InferHarness hc(m, j, *cpu, ac), hg(m, j, *gpu, ag);
       for (int step = 0; step < 2; ++step) {
