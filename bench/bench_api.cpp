@@ -27,6 +27,10 @@ std::string cli_path() {
   return e ? e : MEMBUDGET_CLI;
 }
 
+const ModelSpec& model1b() {
+  static const ModelSpec m = load_model(source_dir() + "/configs/llama-3.2-1b.yaml");
+  return m;
+}
 const ModelSpec& model8b() {
   static const ModelSpec m = load_model(source_dir() + "/configs/llama-3.1-8b.yaml");
   return m;
@@ -51,7 +55,9 @@ const std::vector<std::pair<std::uint64_t, std::uint64_t>>& shapes() {
   return v;
 }
 
-const ModelSpec& model_of(std::int64_t billions) { return billions == 8 ? model8b() : model70b(); }
+const ModelSpec& model_of(std::int64_t billions) {
+  return billions == 1 ? model1b() : billions == 8 ? model8b() : model70b();
+}
 
 // estimate() at a new (micro-batch, sequence) every call, the model and recipe already compiled:
 // what a scheduler's loop costs once it has seen the model.
@@ -110,13 +116,17 @@ void BM_max_micro_batch(benchmark::State& state) {
   j.precision = Precision::bf16;  // fits an H200 with a micro-batch of several sequences
   const Device d = find_device("H200");
   max_micro_batch(m, j, d);  // compiles the plan
-  std::uint64_t i = 0;
+  std::uint64_t i = 0, evaluations = 0, answers = 0;
   for (auto _ : state) {
     j.seq = 512 + (i++ % 7681);
-    benchmark::DoNotOptimize(max_micro_batch(m, j, d).max_micro_batch);
+    const MaxBatchResult r = max_micro_batch(m, j, d);
+    evaluations += r.evaluations;
+    answers += r.max_micro_batch;
   }
+  state.counters["evaluations"] = static_cast<double>(evaluations) / static_cast<double>(i);
+  state.counters["mean_answer"] = static_cast<double>(answers) / static_cast<double>(i);
 }
-BENCHMARK(BM_max_micro_batch)->Arg(8)->Arg(70);
+BENCHMARK(BM_max_micro_batch)->Arg(1)->Arg(8);
 
 void BM_max_micro_batch_evaluations(benchmark::State& state) {  // how many estimates one search makes
   Job j;

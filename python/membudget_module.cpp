@@ -79,7 +79,7 @@ PYBIND11_MODULE(membudget, m) {
 
   m.def(
       "estimate", [](const py::object& model, const py::kwargs& kw) { return estimate_dict(estimate(model_of(model), job_of(kw))); },
-      py::arg("model"), "The numbers only (peak, required, terms, phases): memoized, microseconds.");
+      py::arg("model"), "The numbers only (peak, required, terms, phases): from a plan compiled per (model, recipe), microseconds.");
 
   m.def(
       "fits",
