@@ -160,6 +160,7 @@ PYBIND11_MODULE(membudget, m) {
             d["peak"] = p.estimate.peak;
             d["required"] = p.estimate.required;
             if (dev) d["fits"] = p.fits;
+            d["beyond_max_positions"] = p.beyond_max_positions;
           } else {
             d["error"] = p.error;
           }

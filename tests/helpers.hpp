@@ -50,9 +50,11 @@ struct RunResult {
 };
 
 // Runs the built CLI with arguments (a shell string) and captures stdout and stderr.
-// `env` (optional) prefixes the command with variable assignments, e.g. "NAME=value".
+// `env` (optional) prefixes the command with variable assignments, e.g. "NAME=value". stderr is
+// captured with stdout unless `args` redirects it itself ("2>/dev/null", "2>&1 >/dev/null").
 inline RunResult run_cli(const std::string& args, const std::string& env = "") {
-  std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(MEMBUDGET_CLI) + " " + args + " 2>&1";
+  std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(MEMBUDGET_CLI) + " " + args +
+                    (args.find("2>") == std::string::npos ? " 2>&1" : "");
   FILE* p = popen(cmd.c_str(), "r");
   RunResult r{-1, ""};
   if (!p) return r;

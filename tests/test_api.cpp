@@ -124,18 +124,20 @@ TEST_CASE("sweep: the grid, invalid points reported, fits against the device") {
   const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
   SweepGrid g;
   g.batches = {1, 2, 4};
-  g.seqs = {1024, 4096, 1u << 30};
+  g.seqs = {1024, 4096, 1u << 20, 1u << 31};  // 2^20 and 2^31 exceed max_positions (131,072)
   g.precisions = {Precision::amp_bf16, Precision::bf16};
   const auto pts = sweep(m, Job{}, g, find_device("H100"));
-  REQUIRE(pts.size() == 18);
-  int invalid = 0;
+  REQUIRE(pts.size() == 24);
+  int invalid = 0, beyond = 0;
   for (const auto& p : pts) {
-    if (!p.ok) {
+    CHECK(p.beyond_max_positions == (p.seq > m.max_positions));
+    if (!p.ok) {  // only 4 × 2^31 tokens, over the 2^32 limit
       ++invalid;
-      CHECK(p.seq == (1u << 30));
-      CHECK(p.error.find("max_positions") != std::string::npos);
+      CHECK(p.batch * p.seq > (1ull << 32));
+      CHECK(p.error.find("absurdly large") != std::string::npos);
       continue;
     }
+    beyond += p.beyond_max_positions;
     Job j;
     j.batch = p.batch;
     j.seq = p.seq;
@@ -143,6 +145,27 @@ TEST_CASE("sweep: the grid, invalid points reported, fits against the device") {
     CHECK(p.estimate.peak == predict(m, j).peak);
     CHECK(p.fits == fits(m, j, find_device("H100")).fits);
   }
-  CHECK(invalid == 6);
+  CHECK(invalid == 2);
+  CHECK(beyond == 10);
   CHECK(to_json(pts[0].estimate).find("\"peak\"") != std::string::npos);
+}
+
+TEST_CASE("a sequence beyond max_positions: predict, estimate, max_micro_batch and sweep agree") {
+  ModelSpec t = test::toy_llama();
+  t.max_positions = 512;
+  Job j;
+  j.seq = 4096;
+  const Device d = find_device("H100");
+  const auto r = max_micro_batch(t, j, d);
+  REQUIRE(r.max_micro_batch > 1);  // once, only batch 1 was allowed past max_positions
+  j.batch = r.max_micro_batch;
+  CHECK(fits(t, j, d).fits);
+  CHECK(r.at_max.peak == predict(t, j).peak);
+  j.batch = r.max_micro_batch + 1;
+  CHECK_FALSE(fits(t, j, d).fits);
+  SearchOptions o;
+  o.limit = 8192;  // an explicit limit searches past max_positions
+  j.batch = 1;
+  CHECK(max_sequence_length(t, j, d, o).max_seq == 8192);
+  CHECK(max_sequence_length(t, j, d).max_seq == 512);  // by default max_positions bounds the search
 }

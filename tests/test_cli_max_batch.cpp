@@ -56,3 +56,23 @@ TEST_CASE("sweep: csv and json over ranges and lists") {
   CHECK(test::run_cli("sweep " + model + " --batch x").exit_code == 2);
   CHECK(test::run_cli("sweep " + model + " --precision fp64").exit_code == 2);
 }
+
+TEST_CASE("a sequence beyond max_positions: predicted everywhere, with a warning on stderr") {
+  const std::string model = test::source_path("configs/tiny-llama.yaml");  // max_positions 512
+  const auto p = test::run_cli("predict " + model + " --seq 2048 --batch 2 --format json 2>/dev/null");
+  REQUIRE(p.exit_code == 0);
+  CHECK(nlohmann::json::parse(p.out)["peak"].get<std::uint64_t>() > 0);
+  const auto w = test::run_cli("predict " + model + " --seq 2048 --batch 2 --format json 2>&1 >/dev/null");
+  CHECK(w.out.find("exceeds tiny-llama's max_positions (512)") != std::string::npos);
+  const auto m = test::run_cli("max-batch " + model + " --device H100 --seq 100000 --format json 2>/dev/null");
+  REQUIRE(m.exit_code == 0);
+  const auto j = nlohmann::json::parse(m.out);
+  CHECK(j["max_micro_batch"].get<std::uint64_t>() > 1);
+  const auto s = test::run_cli("sweep " + model + " --batch 1 --seq 256,1024 --format json 2>/dev/null");
+  REQUIRE(s.exit_code == 0);
+  const auto sj = nlohmann::json::parse(s.out);
+  CHECK(sj["points"][0]["ok"] == true);
+  CHECK_FALSE(sj["points"][0].contains("beyond_max_positions"));
+  CHECK(sj["points"][1]["ok"] == true);
+  CHECK(sj["points"][1]["beyond_max_positions"] == true);
+}

@@ -1,5 +1,6 @@
 // membudget sweep MODEL --batch 1..64 --seq 1024,2048 --precision amp-bf16,bf16 [--device …]
 // [--format csv|json|table]: the estimate over a grid.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -31,11 +32,12 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     base.precision.clear();
     base.recompute.clear();
     const ModelSpec spec = base.model();
-    const Job job = base.job(spec);
+    const Job job = base.job(spec, false);  // the grid's sequences are checked below
     const auto dev = f->device_choice();
     std::string format = f->format;
     if (format != "csv" && format != "json" && format != "table")
       throw Error(ErrorKind::invalid_argument, "--format: sweep writes csv (default), json or table");
+    warn_beyond_context(spec, grid.seqs.empty() ? job.seq : *std::max_element(grid.seqs.begin(), grid.seqs.end()));
     const auto points = sweep(spec, job, grid, dev, f->headroom);
     if (format == "json") {
       nlohmann::ordered_json a = nlohmann::ordered_json::array();
@@ -50,6 +52,7 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
           o["activations"] = p.estimate.terms.activations;
           o["logits_loss"] = p.estimate.terms.logits_loss;
           if (dev) o["fits"] = p.fits;
+          if (p.beyond_max_positions) o["beyond_max_positions"] = true;
         } else {
           o["error"] = p.error;
         }

@@ -1,5 +1,7 @@
 #include "job_flags.hpp"
 
+#include <iostream>
+
 #include <cctype>
 
 #include "membudget/job_yaml.hpp"
@@ -49,7 +51,7 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
 
 ModelSpec JobFlags::model() const { return load_model(model_path); }
 
-Job JobFlags::job(const ModelSpec&) const {
+Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   Job j = load_job_section(model_path, Job{});
   if (!batch.empty()) j.batch = parse_count(batch, "--batch");
   if (!seq.empty()) j.seq = parse_count(seq, "--seq");
@@ -67,7 +69,15 @@ Job JobFlags::job(const ModelSpec&) const {
   if (!weights.empty()) j.weights = parse_dtype(weights, "--weights");
   if (!group_size.empty()) j.group_size = parse_count(group_size, "--group-size");
   j.validate();
+  if (warn) warn_beyond_context(spec, j.seq);
   return j;
+}
+
+void warn_beyond_context(const ModelSpec& spec, std::uint64_t seq) {
+  if (seq <= spec.max_positions) return;
+  std::cerr << "membudget: warning: --seq " << seq << " exceeds " << (spec.name.empty() ? "the model" : spec.name)
+            << "'s max_positions (" << spec.max_positions
+            << "); the memory is predicted as if the model ran at that length (RoPE scaling, a longer context)\n";
 }
 
 std::optional<Device> JobFlags::device_choice() const {

@@ -25,8 +25,13 @@ struct JobFlags {
   void add_job_options(CLI::App* cmd, bool with_batch_seq = true);
   // The model spec and the job: YAML `job:` section first, then the flags that were given.
   ModelSpec model() const;
-  Job job(const ModelSpec& spec) const;
+  // Warns on stderr when the sequence exceeds the model's max_positions (warn_beyond_context).
+  Job job(const ModelSpec& spec, bool warn = true) const;
   std::optional<Device> device_choice() const;
 };
+
+// A sequence beyond the model's max_positions is predicted (memory does not care whether the
+// positions were trained); the CLI says so on stderr.
+void warn_beyond_context(const ModelSpec& spec, std::uint64_t seq);
 
 }  // namespace membudget::cli

@@ -10,8 +10,10 @@
 // Errors. Bad input (a spec missing a field, a zero batch, an unknown enum) throws
 // membudget::Error with a typed ErrorKind (error.hpp). Expected outcomes are results, never
 // exceptions: "does not fit" is FitResult::fits == false, "not even batch 1 fits" is
-// MaxBatchResult::max_micro_batch == 0, a sweep point that is invalid (a sequence beyond the
-// model's max_positions) is a SweepPoint with ok == false.
+// MaxBatchResult::max_micro_batch == 0, a sweep point that is invalid (e.g. more than 2^32 tokens)
+// is a SweepPoint with ok == false. A sequence beyond the model's max_positions is predicted like
+// any other (memory does not depend on whether those positions were trained; RoPE scaling runs
+// there), in every function; SweepPoint::beyond_max_positions flags it.
 //
 // Speed. A training job of the torch profile (the default) is answered from a plan compiled once
 // per thread for its (model, recipe): every job field except the micro-batch and the sequence
@@ -72,7 +74,8 @@ FitResult fits(const ModelSpec& model, const Job& job, const Device& device, dou
 
 struct SearchOptions {
   double headroom = 0.05;
-  std::uint64_t limit = 0;  // largest value tried (0: 65,536 micro-batches; max_positions tokens)
+  std::uint64_t limit = 0;  // largest value tried (0: 65,536 micro-batches; max_positions tokens;
+                            // a larger limit searches beyond max_positions)
   // max_sequence_length: only multiples of this (e.g. 128). max_micro_batch: ignored.
   std::uint64_t multiple_of = 1;
   // max_micro_batch: the global batch to reach with gradient accumulation over data_parallel
@@ -102,7 +105,8 @@ struct MaxSeqResult {
   bytes_t limit = 0;
   std::uint32_t evaluations = 0;
 };
-// Longest sequence (≤ the model's max_positions) whose step fits at job.batch.
+// Longest sequence (≤ options.limit, by default the model's max_positions) whose step fits at
+// job.batch.
 MaxSeqResult max_sequence_length(const ModelSpec& model, Job job, const Device& device,
                                  const SearchOptions& options = {});
 
@@ -118,6 +122,7 @@ struct SweepPoint {
   Recompute recompute = Recompute::none;
   bool ok = false;         // false: the point is invalid (see error)
   bool fits = false;       // with a device: required ≤ limit
+  bool beyond_max_positions = false;  // seq > the model's max_positions (predicted all the same)
   Estimate estimate;
   ErrorKind error_kind = ErrorKind::invalid_job;
   std::string error;       // only when !ok

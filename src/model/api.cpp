@@ -164,8 +164,7 @@ std::unordered_map<Key, Estimate, KeyHash>& cache() {
 // Sizes the searches treat as "does not fit" rather than errors: a job beyond 2^32 tokens, or a
 // byte count beyond 64 bits.
 std::optional<Estimate> try_estimate(const ModelSpec& model, const Job& job) {
-  if (job.batch == 0 || job.seq == 0 || job.batch > (1ull << 32) / job.seq || job.seq > model.max_positions)
-    return std::nullopt;
+  if (job.batch == 0 || job.seq == 0 || job.batch > (1ull << 32) / job.seq) return std::nullopt;
   try {
     return estimate(model, job);
   } catch (const Error& e) {
@@ -314,7 +313,7 @@ MaxSeqResult max_sequence_length(const ModelSpec& model, Job job, const Device& 
   MaxSeqResult r;
   r.limit = usable_bytes(device, o.headroom);
   const std::uint64_t step = std::max<std::uint64_t>(1, o.multiple_of);
-  std::uint64_t max_seq = o.limit ? std::min(o.limit, model.max_positions) : model.max_positions;
+  std::uint64_t max_seq = o.limit ? o.limit : model.max_positions;
   if (job.batch) max_seq = std::min<std::uint64_t>(max_seq, (1ull << 32) / job.batch);
   const std::uint64_t kmax = max_seq / step;
   auto ok = [&](std::uint64_t k, Estimate* out) {
@@ -369,10 +368,8 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
           j.seq = s;
           j.precision = p;
           j.recompute = rc;
+          pt.beyond_max_positions = s > model.max_positions;
           try {
-            if (s > model.max_positions)
-              throw Error(ErrorKind::invalid_job, "--seq: " + std::to_string(s) + " exceeds the model's max_positions (" +
-                                                      std::to_string(model.max_positions) + ")");
             pt.estimate = estimate(model, j);
             pt.ok = true;
             pt.fits = device ? pt.estimate.required <= limit : false;

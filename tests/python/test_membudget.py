@@ -46,10 +46,15 @@ def test_fits_and_max_micro_batch():
 def test_max_sequence_length_and_sweep():
     r = membudget.max_sequence_length(LLAMA_1B, device="A100-40GB", multiple_of=256, batch=1)
     assert r["max_seq"] % 256 == 0 and r["max_seq"] > 0
-    pts = membudget.sweep(LLAMA_1B, batches=[1, 2], seqs=[1024, 10 ** 7], precisions=["bf16"], device="H100")
-    assert len(pts) == 4
-    assert [p["ok"] for p in pts] == [True, True, False, False]
-    assert "max_positions" in pts[2]["error"]
+    # 10^6 tokens is beyond the model's max_positions (predicted, flagged); 5*10^9 tokens is
+    # beyond 2^32 (an invalid point).
+    pts = membudget.sweep(LLAMA_1B, batches=[1, 2], seqs=[1024, 10 ** 6, 5 * 10 ** 9], precisions=["bf16"],
+                          device="H100")
+    assert len(pts) == 6
+    assert [p["ok"] for p in pts] == [True, True, True, True, False, False]
+    assert [p.get("beyond_max_positions") for p in pts[:4]] == [False, False, True, True]
+    assert not pts[2]["fits"] and pts[3]["required"] > pts[2]["required"]
+    assert "absurdly large" in pts[4]["error"]
 
 
 def test_errors_are_typed():
