@@ -1,4 +1,5 @@
-// The fast path (4/5/6-layer simulations extrapolated in L) gives the full simulation's numbers.
+// predict()'s fast path (the compiled plan, src/model/step_plan.cpp) gives the full simulation's
+// numbers, saved tensors by name included.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include "helpers.hpp"
 #include "membudget/budget.hpp"
 #include "model/inventory.hpp"
+#include "model/step_plan.hpp"
 
 using namespace membudget;
 
@@ -51,6 +53,7 @@ std::vector<std::string> all_configs() {
 }  // namespace
 
 TEST_CASE("fast path == full simulation: every config, recompute, precision, loss, attention, shape") {
+  const auto failures_before = detail::step_plan_failures();
   PredictOptions full;
   full.full_simulation = true;
   int compared = 0;
@@ -83,10 +86,11 @@ TEST_CASE("fast path == full simulation: every config, recompute, precision, los
           }
   }
   CHECK(compared > 500);
-  CHECK(detail::fast_path_fallbacks() == 0);  // the extrapolation held everywhere, no fallback
+  CHECK(detail::step_plan_failures() == failures_before);  // every step compiled: no fallback
 }
 
 TEST_CASE("fast path == full simulation: toy models with 7 to 12 layers, qk-norm, biases, 4 norms") {
+  const auto failures_before = detail::step_plan_failures();
   PredictOptions full;
   full.full_simulation = true;
   for (std::uint64_t L = 7; L <= 12; ++L) {
@@ -106,5 +110,5 @@ TEST_CASE("fast path == full simulation: toy models with 7 to 12 layers, qk-norm
         check_same(predict(m, j), predict(m, j, full), "toy L=" + std::to_string(L));
       }
   }
-  CHECK(detail::fast_path_fallbacks() == 0);
+  CHECK(detail::step_plan_failures() == failures_before);
 }

@@ -109,8 +109,8 @@ struct Budget {
 
 struct PredictOptions {
   bool explain = false;  // keep the live-tensor lists of each phase peak (implies full_simulation)
-  // Simulate every layer. The default simulates 4-, 5- and 6-layer copies of the model and
-  // extrapolates exactly in the layer count (same numbers, verified on every call; see
+  // Simulate every layer at this shape. The default evaluates the step's plan, compiled once per
+  // (model, recipe) from simulations of 4-6 layer copies at three probe shapes (same numbers; see
   // docs/api.md); this switch exists for tests and for checking that claim.
   bool full_simulation = false;
 };

@@ -1,13 +1,11 @@
 // The scheduler-facing API: memoized estimates, fit, searches and sweeps (include/membudget/api.hpp).
 #include "membudget/api.hpp"
 
-#include <bit>
 #include <cstring>
-#include <functional>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "job_key.hpp"
 #include "korthikanti.hpp"
 #include "step_plan.hpp"
 
@@ -25,96 +23,14 @@ const char* intern_phase(std::string_view name) {
   return "other";
 }
 
-// Every field that can change a number (the family selects Gemma's norms and Phi-3's fused
-// projections; the name changes nothing).
-constexpr std::size_t kKeyWords = 48;
-constexpr std::size_t kBatchWord = 0, kSeqWord = 1;  // where key_of puts job.batch and job.seq
-using Key = std::array<std::uint64_t, kKeyWords>;
-
-Key key_of(const ModelSpec& m, const Job& j) {
-  Key k{};
-  std::size_t i = 0;
-  auto put = [&](std::uint64_t v) { k[i++] = v; };
-  put(j.batch); put(j.seq);  // words kBatchWord and kSeqWord
-  put(m.vocab_size); put(m.hidden_size); put(m.intermediate_size); put(m.num_layers); put(m.num_heads);
-  put(m.num_kv_heads); put(m.head_dim); put(m.tied_embeddings); put(static_cast<std::uint64_t>(m.mlp));
-  put(static_cast<std::uint64_t>(m.norm)); put(m.bias.qkv | (m.bias.o << 1) | (m.bias.mlp << 2));
-  put(m.max_positions); put(m.norms_per_layer); put(m.qk_norm); put(std::bit_cast<std::uint64_t>(m.final_logit_softcap));
-  put(m.sliding.window); put(m.sliding.every_nth); put(m.mla.kv_lora_rank); put(m.mla.qk_rope_head_dim);
-  put(m.mla.q_lora_rank); put(m.mla.qk_nope_head_dim); put(m.mla.v_head_dim);
-  put(static_cast<std::uint64_t>(j.mode)); put(static_cast<std::uint64_t>(j.precision));
-  put(static_cast<std::uint64_t>(j.optimizer)); put(static_cast<std::uint64_t>(j.recompute));
-  put(static_cast<std::uint64_t>(j.attention)); put(static_cast<std::uint64_t>(j.loss)); put(j.loss_chunk);
-  put(static_cast<std::uint64_t>(j.activations)); put(static_cast<std::uint64_t>(j.profile));
-  put(j.parallel.tensor); put(j.parallel.pipeline); put(j.parallel.data);
-  put(static_cast<std::uint64_t>(j.parallel.zero_stage)); put(j.parallel.sequence_parallel);
-  put(j.overhead.has_value()); put(j.overhead.value_or(0)); put(static_cast<std::uint64_t>(j.kv_dtype));
-  put(static_cast<std::uint64_t>(j.weights)); put(j.group_size);
-  put(std::hash<std::string_view>{}(m.family));
-  return k;
-}
-
-struct KeyHash {
-  std::size_t operator()(const Key& k) const noexcept {
-    // Four independent multiply-xor lanes (a serial chain over 48 words costs more than a plan's
-    // evaluation), mixed at the end.
-    std::uint64_t h[4] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull, 0x2545f4914f6cdd1dull};
-    for (std::size_t i = 0; i < kKeyWords; i += 4)
-      for (std::size_t l = 0; l < 4; ++l) h[l] = (h[l] ^ k[i + l]) * 0xff51afd7ed558ccdull;
-    std::uint64_t x = h[0] ^ (h[1] >> 17) ^ (h[2] << 23) ^ (h[3] >> 31);
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return static_cast<std::size_t>(x ^ (x >> 29));
-  }
-};
-static_assert(kKeyWords % 4 == 0);
+using detail::Key;
+using detail::KeyHash;
+using detail::key_of;
 
 constexpr std::size_t kCacheLimit = 65536;
-constexpr std::size_t kPlanLimit = 256;
-
-// Compiled training steps (src/model/step_plan.hpp), per thread: (model, job without its batch and
-// sequence, regime) → plan; nullptr records a step that does not compile (the memo path serves it).
-using PlanPtr = std::shared_ptr<const detail::StepPlan>;
-std::unordered_map<Key, PlanPtr, KeyHash>& plans() {
-  thread_local std::unordered_map<Key, PlanPtr, KeyHash> table;
-  return table;
-}
 
 bool plan_applies(const Job& j) {
   return j.mode == Mode::train && j.profile == Profile::torch && j.parallel.tensor == 1 && j.parallel.pipeline == 1;
-}
-
-// The last plan this thread used: a scheduler's loop asks about one model and recipe many times
-// in a row, and comparing keys is cheaper than hashing one.
-struct LastPlan {
-  Key key{};
-  const detail::StepPlan* plan = nullptr;
-  bool valid = false;
-};
-LastPlan& last_plan() {
-  thread_local LastPlan last;
-  return last;
-}
-
-// The plan for a validated job, compiled on first use; nullptr when it does not compile.
-const detail::StepPlan* plan_for(const ModelSpec& m, const Job& j) {
-  Key k = key_of(m, j);
-  k[kBatchWord] = 0;
-  k[kSeqWord] = static_cast<std::uint64_t>(detail::StepPlan::regime(j));
-  LastPlan& last = last_plan();
-  if (last.valid && last.key == k) return last.plan;
-  auto& table = plans();
-  auto it = table.find(k);
-  if (it == table.end()) {
-    m.validate();
-    PlanPtr p = detail::StepPlan::compile(m, j);
-    if (table.size() >= kPlanLimit) table.clear();
-    it = table.emplace(k, std::move(p)).first;
-  }
-  last.key = k;
-  last.plan = it->second.get();
-  last.valid = true;
-  return last.plan;
 }
 
 // The Estimate that summarize(predict(m, j)) gives, from a plan.
@@ -193,7 +109,7 @@ Estimate summarize(const Budget& b) {
 Estimate estimate(const ModelSpec& model, const Job& job) {
   if (plan_applies(job)) {
     job.validate();
-    if (const detail::StepPlan* plan = plan_for(model, job)) return from_plan(*plan, model, job);
+    if (const detail::StepPlan* plan = detail::StepPlan::cached(model, job)) return from_plan(*plan, model, job);
   }
   auto& table = cache();
   const Key k = key_of(model, job);
@@ -206,8 +122,7 @@ Estimate estimate(const ModelSpec& model, const Job& job) {
 
 void clear_estimate_cache() noexcept {
   cache().clear();
-  plans().clear();
-  last_plan().valid = false;
+  detail::StepPlan::clear_cache();
 }
 
 bytes_t usable_bytes(const Device& device, double headroom) {

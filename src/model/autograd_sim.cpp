@@ -22,12 +22,6 @@ void AutogradSim::allocate(TensorId t) {
 
 void AutogradSim::note_peak() {
   if (phases_.empty()) return;
-  auto& sp = section_peaks_.back();
-  if (section_ >= 0) {
-    const auto si = static_cast<std::size_t>(section_);
-    if (si >= sp.size()) sp.resize(si + 1, 0);
-    if (live_ > sp[si]) sp[si] = live_;
-  }
   auto& p = phases_.back();
   if (live_ <= p.bytes) return;
   p.bytes = live_;
@@ -246,7 +240,6 @@ void AutogradSim::begin_phase(std::string name) {
   p.name = std::move(name);
   p.bytes = 0;
   phases_.push_back(std::move(p));
-  section_peaks_.emplace_back();
   peak_event_.push_back(log_.size());
   if (trace_) trace_->events.push_back({SimTrace::kPhase, section_});
   note_peak();
@@ -254,12 +247,7 @@ void AutogradSim::begin_phase(std::string name) {
 
 void AutogradSim::finish_trace() {
   if (!trace_) return;
-  trace_->bytes.resize(tensors_.size());
-  trace_->terms.resize(tensors_.size());
-  for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    trace_->bytes[i] = tensors_[i].bytes;
-    trace_->terms[i] = tensors_[i].term;
-  }
+  trace_->tensors = tensors_;
 }
 
 std::array<bytes_t, 6> AutogradSim::live_by_term() const {

@@ -46,7 +46,7 @@ struct TensorInfo {
 
 // The allocation stream of one simulation, recorded for the compiled estimator
 // (src/model/step_plan.cpp): every allocation and free in order, and every phase start, each with
-// the section it happened in; then the logical size and term of every tensor.
+// the section it happened in; then every tensor's description (finish_trace).
 struct SimTrace {
   static constexpr std::int32_t kPhase = std::numeric_limits<std::int32_t>::min();
   struct Event {
@@ -55,8 +55,7 @@ struct SimTrace {
     bool operator==(const Event&) const = default;
   };
   std::vector<Event> events;
-  std::vector<bytes_t> bytes;  // per tensor id
-  std::vector<Term> terms;     // per tensor id
+  std::vector<TensorInfo> tensors;  // by tensor id
 };
 
 class AutogradSim {
@@ -85,17 +84,15 @@ class AutogradSim {
   // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
   // checkpoint region records [first,last) node indices to be re-run by `recompute`.
   void set_discard_saves(bool on) { discard_saves_ = on; }
-  // Sections (used by the fast path, src/model/fast_step.cpp): the driver tags the forward with
-  // section ids (0: before the layers, 1 + i: layer i, L + 1: after the layers). Nodes remember the
-  // section they were recorded in; backward (and recompute) runs each node in its section. Each
-  // phase keeps the largest live value seen in each section (section_peaks()).
+  // Sections (used by the compiled plans, src/model/step_plan.cpp): the driver tags the forward
+  // with section ids (0: before the layers, 1 + i: layer i, L + 1: after the layers). Nodes
+  // remember the section they were recorded in; backward (and recompute) runs each node in its
+  // section. The trace records the section of every event.
   void set_section(int s) { section_ = s; }
   int section() const { return section_; }
-  // Records the allocation stream into `trace` (nullptr: stop); finish_trace() adds the sizes.
+  // Records the allocation stream into `trace` (nullptr: stop); finish_trace() adds the tensors.
   void record_to(SimTrace* trace) { trace_ = trace; }
   void finish_trace();
-  // [phase][section] → largest live bytes at an allocation (or phase start) in that section.
-  const std::vector<std::vector<bytes_t>>& section_peaks() const { return section_peaks_; }
   std::size_t node_count() const { return nodes_.size(); }
 
   // ---- backward ----
@@ -170,7 +167,6 @@ class AutogradSim {
   std::vector<TensorId> log_;             // explain: allocations (id) and frees (~id), in order
   std::vector<std::size_t> peak_event_;   // explain: log position of each phase's peak
   std::vector<TensorBytes> groups_at(std::size_t event) const;
-  std::vector<std::vector<bytes_t>> section_peaks_;
   SimTrace* trace_ = nullptr;
 };
 

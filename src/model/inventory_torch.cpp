@@ -459,7 +459,7 @@ TensorId forward(Step& st, bool checkpoint) {
   st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
   for (std::size_t i = 0; i < d.L; ++i) {
     TensorId out = kNone;
-    sim.set_section(static_cast<int>(i) + 1);  // fast path: layer i's section
+    sim.set_section(static_cast<int>(i) + 1);  // plans: layer i's section
     if (checkpoint) {
       // torch.utils.checkpoint(use_reentrant=False): saved tensors are dropped; the layer input
       // (held by the checkpoint frame) is kept; backward re-runs the layer first.
@@ -701,7 +701,6 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     TensorId tmp = sim.alloc_raw("optimizer temporaries", oc.transient, Term::model_states, "optimizer.step", "", "");
     sim.drop(tmp);
     for (TensorId g : grad_ids) sim.drop(g);  // zero_grad(set_to_none=True)
-    (steady ? res.steady_sections : res.step0_sections) = sim.section_peaks();
     sim.finish_trace();
     auto phases = sim.take_phases();
     phases.erase(phases.begin());  // "floor" phase holds just the floor; keep it below

@@ -22,11 +22,15 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
+#include <string>
 
 #include "autograd_sim.hpp"
 #include "inventory.hpp"
+#include "job_key.hpp"
+#include <unordered_map>
 
 namespace membudget::detail {
 namespace {
@@ -122,6 +126,13 @@ Contribution classify(bytes_t v0, bytes_t v1, bytes_t v2, const std::array<Probe
           1};
 }
 
+// Tensors of one name live at the end of the forward.
+struct PlanGroup {
+  const TensorInfo* first = nullptr;  // op, dtype, shape, term of the first one
+  std::uint64_t count = 0;
+  std::vector<std::uint64_t> row;
+};
+
 // The three probe simulations of one layer count, and the live vectors replayed from them.
 struct SimSet {
   std::uint64_t layers = 0;
@@ -131,19 +142,23 @@ struct SimSet {
   std::vector<std::uint64_t> rows;                   // candidate vectors, D each
   // [pass][phase][section] → candidate row indices, in time order
   std::array<std::array<std::vector<std::vector<std::uint32_t>>, StepPlan::kPhases>, 2> cand;
-  std::vector<std::uint64_t> act;  // activations live when the steady backward begins
+  // Live when the steady backward begins (= at the end of the forward): the activations, the
+  // logits and the model states as vectors, and the activation and logits tensors by name.
+  std::vector<std::uint64_t> act, logits, states;
+  std::array<std::map<std::string, PlanGroup>, 2> groups;  // [0] activations, [1] logits/loss
 };
 
 void classify_set(SimSet& ss, const std::array<Probe, 3>& probes, std::vector<StepPlan::Basis>& basis) {
   for (int pass = 0; pass < 2; ++pass) {
     const SimTrace& t0 = ss.traces[0][pass];
     for (int k = 1; k < 3; ++k)
-      if (!(ss.traces[k][pass].events == t0.events) || ss.traces[k][pass].bytes.size() != t0.bytes.size())
+      if (!(ss.traces[k][pass].events == t0.events) || ss.traces[k][pass].tensors.size() != t0.tensors.size())
         throw Fail{};
     auto& con = ss.contrib[pass];
-    con.resize(t0.bytes.size());
-    for (std::size_t t = 0; t < t0.bytes.size(); ++t)
-      con[t] = classify(t0.bytes[t], ss.traces[1][pass].bytes[t], ss.traces[2][pass].bytes[t], probes, basis);
+    con.resize(t0.tensors.size());
+    for (std::size_t t = 0; t < t0.tensors.size(); ++t)
+      con[t] = classify(t0.tensors[t].bytes, ss.traces[1][pass].tensors[t].bytes, ss.traces[2][pass].tensors[t].bytes,
+                        probes, basis);
   }
 }
 
@@ -151,7 +166,8 @@ void replay(SimSet& ss, std::size_t D) {
   for (int pass = 0; pass < 2; ++pass) {
     const SimTrace& tr = ss.traces[0][pass];
     const auto& con = ss.contrib[pass];
-    std::vector<std::uint64_t> cur(D, 0), act(D, 0);
+    std::vector<std::uint64_t> cur(D, 0);
+    std::vector<char> alive(con.size(), 0);
     for (auto& ph : ss.cand[pass]) ph.assign(ss.layers + 2, {});
     int phase = -1;
     auto candidate = [&](std::int32_t section) {
@@ -160,26 +176,44 @@ void replay(SimSet& ss, std::size_t D) {
       ss.cand[pass][phase][section].push_back(static_cast<std::uint32_t>(ss.rows.size() / D));
       ss.rows.insert(ss.rows.end(), cur.begin(), cur.end());
     };
+    // What the steady pass holds when its backward begins, right after the forward.
+    auto end_of_forward = [&] {
+      ss.act.assign(D, 0);
+      ss.logits.assign(D, 0);
+      ss.states.assign(D, 0);
+      for (std::size_t t = 0; t < con.size(); ++t) {
+        if (!alive[t]) continue;
+        const TensorInfo& info = tr.tensors[t];
+        const int g = info.term == Term::activations ? 0 : info.term == Term::logits_loss ? 1 : -1;
+        std::vector<std::uint64_t>* total = g == 0 ? &ss.act : g == 1 ? &ss.logits
+                                          : info.term == Term::model_states ? &ss.states : nullptr;
+        if (g >= 0) {
+          PlanGroup& grp = ss.groups[g][info.name];
+          if (!grp.first) grp.first = &info, grp.row.assign(D, 0);
+          ++grp.count;
+          if (con[t].component >= 0) grp.row[con[t].component] += con[t].coef;
+        }
+        if (total && con[t].component >= 0) (*total)[con[t].component] += con[t].coef;
+      }
+    };
     for (const auto& ev : tr.events) {
       if (ev.t == SimTrace::kPhase) {
         if (++phase >= static_cast<int>(StepPlan::kPhases)) throw Fail{};
         candidate(ev.section);
-        if (pass == 1 && phase == 2) ss.act = act;  // the backward begins right after the forward
+        if (pass == 1 && phase == 2) end_of_forward();
         continue;
       }
       const bool alloc = ev.t >= 0;
       const std::size_t t = static_cast<std::size_t>(alloc ? ev.t : ~ev.t);
-      if (t >= con.size()) throw Fail{};
+      if (t >= con.size() || alive[t] == alloc) throw Fail{};
+      alive[t] = alloc;
       const Contribution& c = con[t];
       if (c.component >= 0) {
-        const bool is_act = tr.terms[t] == Term::activations;
         if (alloc) {
           cur[c.component] += c.coef;
-          if (is_act) act[c.component] += c.coef;
         } else {
-          if (cur[c.component] < c.coef || (is_act && act[c.component] < c.coef)) throw Fail{};
+          if (cur[c.component] < c.coef) throw Fail{};
           cur[c.component] -= c.coef;
-          if (is_act) act[c.component] -= c.coef;
         }
       }
       if (alloc) candidate(ev.section);
@@ -342,11 +376,39 @@ struct PlanBuilder {
     plan->gradients = scalar([](const TorchStepResult& r) { return r.gradients; });
     plan->optimizer_state = scalar([](const TorchStepResult& r) { return r.optimizer_state; });
     plan->master = scalar([](const TorchStepResult& r) { return r.master; });
-    plan->activations_.resize(D);
-    for (std::size_t d = 0; d < D; ++d)
-      plan->activations_[d] = direct ? sets[0].act[d] : extrapolate(sets[0].act[d], sets[1].act[d], sets[2].act[d], L);
-    for (std::uint64_t v : plan->activations_)
-      if (v >= (1ull << 58)) throw Fail{};
+    auto row = [&](auto get) {
+      std::vector<std::uint64_t> out(D);
+      for (std::size_t d = 0; d < D; ++d)
+        out[d] = direct ? get(sets[0])[d] : extrapolate(get(sets[0])[d], get(sets[1])[d], get(sets[2])[d], L);
+      for (std::uint64_t v : out)
+        if (v >= (1ull << 58)) throw Fail{};
+      return out;
+    };
+    plan->activations_ = row([](const SimSet& ss) -> const std::vector<std::uint64_t>& { return ss.act; });
+    plan->logits_ = row([](const SimSet& ss) -> const std::vector<std::uint64_t>& { return ss.logits; });
+    plan->states_ = row([](const SimSet& ss) -> const std::vector<std::uint64_t>& { return ss.states; });
+    // The model-state tensors live after the forward are the weights, the optimizer state and the
+    // autocast copies: the constant component must hold the first two.
+    if (plan->states_[0] < plan->weights + plan->optimizer_state + plan->master) throw Fail{};
+    for (int g = 0; g < 2; ++g) {
+      for (std::size_t n = 1; n < sets.size(); ++n)
+        if (sets[n].groups[g].size() != sets[0].groups[g].size()) throw Fail{};
+      for (const auto& [name, grp] : sets[0].groups[g]) {
+        const PlanGroup* per[3] = {&grp, &grp, &grp};
+        for (std::size_t n = 1; n < sets.size(); ++n) {
+          auto it = sets[n].groups[g].find(name);
+          if (it == sets[n].groups[g].end()) throw Fail{};
+          per[n] = &it->second;
+        }
+        StepPlan::Group out;
+        out.info = *grp.first;
+        out.count = direct ? grp.count : extrapolate(per[0]->count, per[1]->count, per[2]->count, L);
+        out.row = row([&](const SimSet& ss) -> const std::vector<std::uint64_t>& {
+          return per[&ss - sets.data()]->row;
+        });
+        plan->groups_[g].push_back(std::move(out));
+      }
+    }
     plan->colmax_.assign(D, 0);
     const std::size_t n = rows.size() / D;
     if (n > kMaxRows) throw Fail{};
@@ -420,6 +482,89 @@ StepPlan::Result StepPlan::evaluate(std::uint64_t b, std::uint64_t s) const {
     put(p, best);
   }
   return r;
+}
+
+TorchStepResult StepPlan::result(std::uint64_t b, std::uint64_t s) const {
+  const Result r = evaluate(b, s);
+  std::array<std::uint64_t, kMaxBasis> vals;
+  basis_values(basis_, b, s, vals.data());  // fits: evaluate() checked
+  const std::size_t D = basis_.size();
+  auto bytes = [&](const std::vector<std::uint64_t>& row) {
+    const u128 v = dot(row.data(), vals.data(), D);
+    if (v > kMax64) throw Error(ErrorKind::overflow, "step bytes at batch " + std::to_string(b) + ", seq " +
+                                                         std::to_string(s) + ": a size does not fit in 64 bits");
+    return static_cast<bytes_t>(v);
+  };
+  TorchStepResult out;
+  for (std::size_t p = 0; p < kPhases; ++p) {
+    out.steady.push_back({phase_names()[p], r.steady[p], {}});
+    out.step0.push_back({phase_names()[p], r.step0[p], {}});
+  }
+  out.weights = weights;
+  out.gradients = gradients;
+  out.optimizer_state = optimizer_state;
+  out.master = master;
+  out.after_forward_activations = r.activations;
+  out.after_forward_logits = bytes(logits_);
+  out.after_forward_autocast = bytes(states_) - weights - optimizer_state - master;
+  for (int g = 0; g < 2; ++g) {
+    auto& list = g == 0 ? out.saved : out.saved_logits;
+    list.reserve(groups_[g].size());
+    for (const Group& grp : groups_[g])
+      list.push_back({grp.info.name, grp.info.op, grp.info.dtype, grp.info.shape, grp.count, bytes(grp.row),
+                      grp.info.term});
+  }
+  return out;
+}
+
+namespace {
+
+constexpr std::size_t kPlanLimit = 256;
+
+// This thread's plans: (model, job without its batch and sequence, regime) → plan; nullptr
+// records a step that does not compile. The last lookup is remembered: a loop over one model and
+// recipe compares keys instead of hashing one.
+struct PlanCache {
+  std::unordered_map<Key, std::shared_ptr<const StepPlan>, KeyHash> table;
+  Key last_key{};
+  const StepPlan* last = nullptr;
+  bool last_valid = false;
+};
+PlanCache& plan_cache() {
+  thread_local PlanCache c;
+  return c;
+}
+
+}  // namespace
+
+const StepPlan* StepPlan::cached(const ModelSpec& m, const Job& job) {
+  Key k = key_of(m, job);
+  k[kBatchWord] = 0;
+  k[kSeqWord] = static_cast<std::uint64_t>(regime(job));
+  PlanCache& c = plan_cache();
+  if (c.last_valid && c.last_key == k) return c.last;
+  auto it = c.table.find(k);
+  if (it == c.table.end()) {
+    m.validate();
+    auto plan = compile(m, job);
+    if (c.table.size() >= kPlanLimit) c.table.clear();
+    it = c.table.emplace(k, std::move(plan)).first;
+  }
+  c.last_key = k;
+  c.last = it->second.get();
+  c.last_valid = true;
+  return c.last;
+}
+
+void StepPlan::clear_cache() noexcept {
+  PlanCache& c = plan_cache();
+  c.table.clear();
+  c.last_valid = false;
+}
+
+TorchStepResult simulate_torch_train_fast(const ModelSpec& m, const Job& job) {
+  if (const StepPlan* plan = StepPlan::cached(m, job)) return plan->result(job.batch, job.seq);
+  return simulate_torch_train(m, job, false);
 }
 
 std::uint64_t step_plan_failures() { return g_failures.load(std::memory_order_relaxed); }

@@ -18,6 +18,8 @@
 #include <memory>
 #include <vector>
 
+#include "autograd_sim.hpp"
+#include "inventory.hpp"
 #include "membudget/budget.hpp"
 
 namespace membudget::detail {
@@ -35,6 +37,11 @@ class StepPlan {
   // regime(job) is). nullptr when the step is not expressible or a check fails.
   static std::shared_ptr<const StepPlan> compile(const ModelSpec& m, const Job& job);
 
+  // This thread's plan for (m, job), compiled on first use (validating m); nullptr when the step
+  // does not compile. The job must be valid. At most 256 plans per thread, cleared when full.
+  static const StepPlan* cached(const ModelSpec& m, const Job& job);
+  static void clear_cache() noexcept;
+
   struct Result {
     std::array<bytes_t, kPhases> steady{}, step0{};
     bytes_t activations = 0;  // activation tensors live at the end of the forward (steady state)
@@ -42,6 +49,10 @@ class StepPlan {
   // The step at micro-batch b and sequence s (b, s ≥ 1, in the plan's regime). Throws
   // Error(overflow) when a size does not fit 64 bits.
   Result evaluate(std::uint64_t b, std::uint64_t s) const;
+
+  // Everything simulate_torch_train(m, job at (b, s), false) returns except the section peaks:
+  // phases, model states, and the tensors live after the forward by name.
+  TorchStepResult result(std::uint64_t b, std::uint64_t s) const;
 
   // Independent of b and s.
   bytes_t weights = 0, gradients = 0, optimizer_state = 0, master = 0;
@@ -64,6 +75,13 @@ class StepPlan {
   std::vector<std::uint64_t> rows_;               // row-major, basis_.size() per row
   std::array<std::uint32_t, 2 * kPhases + 1> phase_begin_{};  // rows of phase p: [begin[p], begin[p+1])
   std::vector<std::uint64_t> activations_;        // one row
+  std::vector<std::uint64_t> logits_, states_;    // logits/loss and model-state tensors after the forward
+  struct Group {                                  // tensors of one name after the forward
+    TensorInfo info;                              // name, op, dtype, shape, term (static strings)
+    std::uint64_t count = 0;
+    std::vector<std::uint64_t> row;
+  };
+  std::array<std::vector<Group>, 2> groups_;      // [0] activations, [1] logits/loss
   // The rows again as doubles, column-major (component k of row i at k · rows() + i), for the
   // fast path of evaluate(): when no sum can reach 2^53 the doubles are exact and vectorise.
   std::vector<double> cols_;
