@@ -44,6 +44,18 @@ inline membudget::ModelSpec toy_llama() {
   return m;
 }
 
+// toy_llama with L layers and features varied by L: qk-norm on even L, qkv biases when 3 divides L,
+// four norms per layer from L = 10, tied embeddings on odd L.
+inline membudget::ModelSpec toy_llama_variant(std::uint64_t L) {
+  membudget::ModelSpec m = toy_llama();
+  m.num_layers = L;
+  m.qk_norm = L % 2 == 0;
+  m.bias.qkv = L % 3 == 0;
+  m.norms_per_layer = L >= 10 ? 4 : 2;
+  m.tied_embeddings = L % 2 == 1;
+  return m;
+}
+
 struct RunResult {
   int exit_code;
   std::string out;

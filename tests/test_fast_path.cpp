@@ -94,12 +94,7 @@ TEST_CASE("fast path == full simulation: toy models with 7 to 12 layers, qk-norm
   PredictOptions full;
   full.full_simulation = true;
   for (std::uint64_t L = 7; L <= 12; ++L) {
-    ModelSpec m = test::toy_llama();
-    m.num_layers = L;
-    m.qk_norm = L % 2 == 0;
-    m.bias.qkv = L % 3 == 0;
-    m.norms_per_layer = L >= 10 ? 4 : 2;
-    m.tied_embeddings = L % 2 == 1;
+    const ModelSpec m = test::toy_llama_variant(L);
     for (std::uint64_t b : {1, 2, 5})
       for (Attention a : {Attention::flash, Attention::math}) {
         Job j;

@@ -113,12 +113,7 @@ TEST_CASE("plans against the full simulation, and on both sides of the chunked l
 TEST_CASE("plans for small and unusual models: 1 to 12 layers, qk-norm, biases, 4 norms, tiny chunks") {
   const auto failures_before = detail::step_plan_failures();
   for (std::uint64_t L = 1; L <= 12; ++L) {
-    ModelSpec m = test::toy_llama();
-    m.num_layers = L;
-    m.qk_norm = L % 2 == 0;
-    m.bias.qkv = L % 3 == 0;
-    m.norms_per_layer = L >= 10 ? 4 : 2;
-    m.tied_embeddings = L % 2 == 1;
+    const ModelSpec m = test::toy_llama_variant(L);
     for (std::uint64_t b : {1, 2, 5})
       for (std::uint64_t s : {1, 96, 1001})
         for (Attention a : {Attention::flash, Attention::math}) {
