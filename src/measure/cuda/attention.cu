@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "measure/cuda/attention_common.cuh"
 #include "measure/cuda/common.cuh"
 
 namespace membudget::measure::cuda {
@@ -117,6 +118,23 @@ __device__ __forceinline__ void load_tile(bf16* dst, const T* src, int row0, int
     }
   }
 }
+// The K/V double buffer of a loop over key tiles: while tile `it` (buffer it & 1) is used, the
+// next tile starts loading into the other buffer; then waits until tile `it` has landed and every
+// thread sees it. Keys past `rows` are zero.
+template <class T, int HD>
+__device__ __forceinline__ void next_kv_tile(bf16* Ks, bf16* Vs, int te, int it, int ntiles, const T* kb, const T* vb,
+                                             int next_row0, int rows, std::size_t stride) {
+  if (it + 1 < ntiles) {
+    load_tile<T, HD>(Ks + ((it + 1) & 1) * te, kb, next_row0, rows, stride);
+    load_tile<T, HD>(Vs + ((it + 1) & 1) * te, vb, next_row0, rows, stride);
+    cp_commit();
+    cp_wait<1>();
+  } else {
+    cp_wait<0>();
+  }
+  __syncthreads();
+}
+
 // 64 fp32 statistics (lse or delta) of one (sequence, head) row into shared memory, 0 past `n`.
 __device__ __forceinline__ void load_stats(float* dst, const float* src, int i0, int n) {
   const int i = threadIdx.x;
@@ -191,15 +209,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(T* __restrict__ out
     const int k0 = it * kTile;
     const bf16* Kc = Ks + (it & 1) * te;
     const bf16* Vc = Vs + (it & 1) * te;
-    if (it + 1 < ntiles) {
-      load_tile<TK, HD>(Ks + ((it + 1) & 1) * te, kb, k0 + kTile, nkeys, kstride);
-      load_tile<TK, HD>(Vs + ((it + 1) & 1) * te, vb, k0 + kTile, nkeys, kstride);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
+    next_kv_tile<TK, HD>(Ks, Vs, te, it, ntiles, kb, vb, k0 + kTile, nkeys, kstride);
     if (it == 0) {
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk) ldsm4(qf[kk], a_addr(Qs, ld, warp * 16, kk * 16));
@@ -294,23 +304,6 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(T* __restrict__ out
     float* lb = lse + (std::size_t(b) * H + h) * S;
     if (r_lo < S) lb[r_lo] = m_lo * kLn2 + logf(l_lo);
     if (r_hi < S) lb[r_hi] = m_hi * kLn2 + logf(l_hi);
-  }
-}
-
-// delta[b, h, s] = Σ_d dout · out, one warp per row.
-template <class T, int HD>
-__global__ void attn_delta_kernel(float* delta, const T* dout, const T* out, int B, int S, int H) {
-  const std::size_t row = (blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) / 32;  // (b·S + s)·H + h
-  const int lane = threadIdx.x % 32;
-  if (row >= std::size_t(B) * S * H) return;
-  float acc = 0.0f;
-  for (int d = lane; d < HD; d += 32) acc += to_f(dout[row * HD + d]) * to_f(out[row * HD + d]);
-  acc = warp_sum(acc);
-  if (lane == 0) {
-    const int h = static_cast<int>(row % H);
-    const std::size_t bs = row / H;
-    const int s = static_cast<int>(bs % S), b = static_cast<int>(bs / S);
-    delta[(std::size_t(b) * H + h) * S + s] = acc;
   }
 }
 
@@ -495,15 +488,7 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(T* __restrict__ dq, 
     const int k0 = it * kTile;
     const bf16* Kc = Ks + (it & 1) * te;
     const bf16* Vc = Vs + (it & 1) * te;
-    if (it + 1 < ntiles) {
-      load_tile<T, HD>(Ks + ((it + 1) & 1) * te, kb, k0 + kTile, S, kstride);
-      load_tile<T, HD>(Vs + ((it + 1) & 1) * te, vb, k0 + kTile, S, kstride);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
+    next_kv_tile<T, HD>(Ks, Vs, te, it, ntiles, kb, vb, k0 + kTile, S, kstride);
     if (it == 0) {
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk) ldsm4(qf[kk], a_addr(Qs, ld, warp * 16, kk * 16));
@@ -612,23 +597,6 @@ void backward_impl(Stream s, T* dq, T* dk, T* dv, float* delta, const T* dout, c
   flash_dq_kernel<T, HD><<<gq, kThreads, dq_smem<HD>(), s>>>(dq, q, k, v, dout, lse, delta, a.S, a.heads, a.kv_heads,
                                                              scale);
   CHECK_LAUNCH("flash_dq_kernel");
-}
-
-// Calls f(std::integral_constant<int, HD>) for the supported head dims.
-template <class F>
-void with_head_dim(int hd, F&& f) {
-  switch (hd) {
-    case 16: f(std::integral_constant<int, 16>{}); break;
-    case 32: f(std::integral_constant<int, 32>{}); break;
-    case 64: f(std::integral_constant<int, 64>{}); break;
-    case 128: f(std::integral_constant<int, 128>{}); break;
-    default: fail("attention", "head_dim must be 16, 32, 64 or 128 on the CUDA backend", __FILE__, __LINE__);
-  }
-}
-
-void check_shape(const Attn& a) {
-  REQUIRE(a.kv_heads > 0 && a.heads % a.kv_heads == 0, "attention: heads must be a multiple of kv_heads");
-  REQUIRE(a.heads <= 65535 && a.B <= 65535, "attention: too many heads or sequences for one grid");
 }
 
 // MEMBUDGET_CUDA_ATTN=wmma selects the first (WMMA) kernels for training (read at every call, so a

@@ -16,6 +16,7 @@
 // shared memory: the products run on bf16 tensor cores there too) and all softmax math is fp32.
 #include <mma.h>
 
+#include "measure/cuda/attention_common.cuh"
 #include "measure/cuda/common.cuh"
 
 namespace membudget::measure::cuda {
@@ -166,23 +167,6 @@ __global__ void __launch_bounds__(kThreads) attn_forward_kernel(T* out, float* l
     const float* os = Os + r * ldo + half * (HD / 2);
     for (int c = 0; c < HD / 2; ++c) orow[c] = from_f<T>(os[c] * inv);
     if (half == 0) lse[(std::size_t(b) * H + h) * S + qi] = m * kLn2 + logf(l);
-  }
-}
-
-// delta[b, h, s] = Σ_d dout · out, one warp per row.
-template <class T, int HD>
-__global__ void attn_delta_kernel(float* delta, const T* dout, const T* out, int B, int S, int H) {
-  const std::size_t row = (blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) / 32;  // (b·S + s)·H + h
-  const int lane = threadIdx.x % 32;
-  if (row >= std::size_t(B) * S * H) return;
-  float acc = 0.0f;
-  for (int d = lane; d < HD; d += 32) acc += to_f(dout[row * HD + d]) * to_f(out[row * HD + d]);
-  acc = warp_sum(acc);
-  if (lane == 0) {
-    const int h = static_cast<int>(row % H);
-    const std::size_t bs = row / H;
-    const int s = static_cast<int>(bs % S), b = static_cast<int>(bs / S);
-    delta[(std::size_t(b) * H + h) * S + s] = acc;
   }
 }
 
@@ -395,23 +379,6 @@ void backward_impl(Stream s, T* dq, T* dk, T* dv, float* delta, const T* dout, c
   const dim3 gq((a.S + kTile - 1) / kTile, a.heads, a.B);
   attn_dq_kernel<T, HD><<<gq, kThreads, smem, s>>>(dq, q, k, v, dout, lse, delta, a.S, a.heads, a.kv_heads, scale);
   CHECK_LAUNCH("attn_dq_kernel");
-}
-
-// Calls f(std::integral_constant<int, HD>) for the supported head dims.
-template <class F>
-void with_head_dim(int hd, F&& f) {
-  switch (hd) {
-    case 16: f(std::integral_constant<int, 16>{}); break;
-    case 32: f(std::integral_constant<int, 32>{}); break;
-    case 64: f(std::integral_constant<int, 64>{}); break;
-    case 128: f(std::integral_constant<int, 128>{}); break;
-    default: fail("attention", "head_dim must be 16, 32, 64 or 128 on the CUDA backend", __FILE__, __LINE__);
-  }
-}
-
-void check_shape(const Attn& a) {
-  REQUIRE(a.kv_heads > 0 && a.heads % a.kv_heads == 0, "attention: heads must be a multiple of kv_heads");
-  REQUIRE(a.heads <= 65535 && a.B <= 65535, "attention: too many heads or sequences for one grid");
 }
 
 }  // namespace
