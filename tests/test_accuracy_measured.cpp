@@ -65,3 +65,7 @@ TEST_CASE("inventory predictions land within 3% of measured PyTorch steps, phase
 // Models and shapes measured after the mechanisms above were written (Qwen3, Llama 3.2 3B, Phi-3,
 // Gemma 2, Mistral): the same bar.
 TEST_CASE("held-out models land within 3% too") { check_file("tests/data/torch_train_holdout_h200.json", 14); }
+
+// The ordinary fine-tune size, measured on 2026-11-29 after everything above (Llama 3.1 8B,
+// Qwen2.5 7B, Gemma 2 9B; tools/matrices/train_8b_class_h200.json): the same bar.
+TEST_CASE("7-9B models land within 3% too") { check_file("tests/data/torch_train_8b_class_h200.json", 8); }
