@@ -30,78 +30,17 @@
 #include "autograd_sim.hpp"
 #include "inventory.hpp"
 #include "job_key.hpp"
+#include "plan_common.hpp"
 #include <unordered_map>
 
 namespace membudget::detail {
 namespace {
 
-using u128 = unsigned __int128;
-using i128 = __int128;
-constexpr u128 kMax64 = std::numeric_limits<std::uint64_t>::max();
-constexpr u128 kOver = kMax64 + 1;  // saturation value: "above 64 bits"
-constexpr std::size_t kMaxBasis = 32;
-constexpr std::size_t kMaxRows = 1024;  // rows of all phases together
+using namespace plan;
 constexpr std::uint64_t kL0 = 4;  // the layer counts simulated for deep models: kL0, kL0 + 1, kL0 + 2
 
-struct Fail {};  // a check failed: no plan
-
-struct Probe {
-  std::uint64_t b, s;
-};
-
-u128 sat_mul(u128 a, u128 b) {
-  if (a == 0 || b == 0) return 0;
-  if (a >= kOver || b >= kOver) return kOver;
-  std::uint64_t r;
-  if (__builtin_mul_overflow(static_cast<std::uint64_t>(a), static_cast<std::uint64_t>(b), &r)) return kOver;
-  return r;
-}
-
-u128 monomial(std::uint64_t b, unsigned i, std::uint64_t s, unsigned j) {
-  u128 v = 1;
-  for (unsigned k = 0; k < i; ++k) v = sat_mul(v, b);
-  for (unsigned k = 0; k < j; ++k) v = sat_mul(v, s);
-  return v;
-}
-
-// The basis evaluated at (b, s); false when a component does not fit 64 bits.
-bool basis_values(const std::vector<StepPlan::Basis>& basis, std::uint64_t b, std::uint64_t s, std::uint64_t* out) {
-  for (std::size_t k = 0; k < basis.size(); ++k) {
-    const auto& e = basis[k];
-    u128 v = 1;
-    if (e.kind != StepPlan::Kind::constant) v = monomial(b, e.i, s, e.j);
-    if (e.kind == StepPlan::Kind::rounded) {
-      v = sat_mul(v, e.c);
-      if (v < kOver) v = ((v + 511) >> 9) << 9;
-    }
-    if (v > kMax64) return false;
-    out[k] = static_cast<std::uint64_t>(v);
-  }
-  return true;
-}
-
-u128 dot(const std::uint64_t* row, const std::uint64_t* vals, std::size_t n) {
-  u128 acc = 0;
-  for (std::size_t k = 0; k < n; ++k) acc += static_cast<u128>(row[k]) * vals[k];
-  return acc;
-}
-
-// What one tensor adds to the live vector: `coef` times basis component `component` (-1: nothing).
-struct Contribution {
-  int component = -1;
-  std::uint64_t coef = 0;
-};
-
-int find_or_add(std::vector<StepPlan::Basis>& basis, const StepPlan::Basis& e) {
-  for (std::size_t k = 0; k < basis.size(); ++k)
-    if (basis[k] == e) return static_cast<int>(k);
-  if (basis.size() >= kMaxBasis) throw Fail{};
-  basis.push_back(e);
-  return static_cast<int>(basis.size() - 1);
-}
-
 Contribution classify(bytes_t v0, bytes_t v1, bytes_t v2, const std::array<Probe, 3>& p,
-                      std::vector<StepPlan::Basis>& basis) {
+                      std::vector<Basis>& basis) {
   if (v0 == 0) {
     if (v1 || v2) throw Fail{};
     return {};
@@ -116,14 +55,7 @@ Contribution classify(bytes_t v0, bytes_t v1, bytes_t v2, const std::array<Probe
   if (m0 > kMax64 || v0 % m0) throw Fail{};
   const std::uint64_t c = static_cast<std::uint64_t>(v0 / static_cast<std::uint64_t>(m0));
   if (sat_mul(c, monomial(p[2].b, i, p[2].s, j)) != v2) throw Fail{};
-  if (i == 0 && j == 0) return {0, round512(c)};
-  // A coefficient that is a multiple of 512 is never rounded: all such tensors of one monomial
-  // share one exact component, their coefficients summed.
-  if (c % 512 == 0) return {find_or_add(basis, {StepPlan::Kind::exact, static_cast<std::uint8_t>(i),
-                                                static_cast<std::uint8_t>(j), 0}),
-                            c};
-  return {find_or_add(basis, {StepPlan::Kind::rounded, static_cast<std::uint8_t>(i), static_cast<std::uint8_t>(j), c}),
-          1};
+  return contribution(c, i, j, 0, basis);
 }
 
 // Tensors of one name live at the end of the forward.
@@ -148,7 +80,7 @@ struct SimSet {
   std::array<std::map<std::string, PlanGroup>, 2> groups;  // [0] activations, [1] logits/loss
 };
 
-void classify_set(SimSet& ss, const std::array<Probe, 3>& probes, std::vector<StepPlan::Basis>& basis) {
+void classify_set(SimSet& ss, const std::array<Probe, 3>& probes, std::vector<Basis>& basis) {
   for (int pass = 0; pass < 2; ++pass) {
     const SimTrace& t0 = ss.traces[0][pass];
     for (int k = 1; k < 3; ++k)
@@ -224,7 +156,7 @@ void replay(SimSet& ss, std::size_t D) {
 }
 
 // Replaying must reproduce every phase of every probe simulation to the byte.
-void self_check(const SimSet& ss, const std::vector<StepPlan::Basis>& basis, const std::array<Probe, 3>& probes) {
+void self_check(const SimSet& ss, const std::vector<Basis>& basis, const std::array<Probe, 3>& probes) {
   const std::size_t D = basis.size();
   std::vector<std::uint64_t> vals(D);
   for (int k = 0; k < 3; ++k) {
@@ -268,30 +200,6 @@ std::uint64_t extrapolate(std::uint64_t v0, std::uint64_t v1, std::uint64_t v2, 
   return static_cast<std::uint64_t>(v);
 }
 
-// Keeps the vectors that no other vector dominates (componentwise ≤). Processing in decreasing
-// order of a strictly positive weighting puts every dominator before what it dominates.
-std::vector<std::uint64_t> prune(const std::vector<std::uint64_t>& rows, std::size_t D,
-                                 const std::vector<std::uint64_t>& weight) {
-  const std::size_t n = rows.size() / D;
-  std::vector<u128> score(n);
-  for (std::size_t r = 0; r < n; ++r) score[r] = dot(&rows[r * D], weight.data(), D);
-  std::vector<std::uint32_t> order(n);
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t x, std::uint32_t y) { return score[x] > score[y]; });
-  std::vector<std::uint64_t> out;
-  for (std::uint32_t r : order) {
-    const std::uint64_t* v = &rows[std::size_t{r} * D];
-    bool dominated = false;
-    for (std::size_t f = 0; f < out.size() && !dominated; f += D) {
-      bool le = true;
-      for (std::size_t d = 0; d < D && le; ++d) le = v[d] <= out[f + d];
-      dominated = le;
-    }
-    if (!dominated) out.insert(out.end(), v, v + D);
-  }
-  return out;
-}
-
 std::atomic<std::uint64_t> g_failures{0};
 
 }  // namespace
@@ -323,8 +231,7 @@ struct PlanBuilder {
       }
     }
     auto plan = std::make_shared<StepPlan>();
-    auto& basis = plan->basis_;
-    basis.push_back({});  // component 0: the constant
+    std::vector<Basis> basis{Basis{}};  // component 0: the constant
     for (auto& ss : sets) classify_set(ss, probes, basis);
     const std::size_t D = basis.size();
     for (auto& ss : sets) {
@@ -335,7 +242,7 @@ struct PlanBuilder {
 
     std::vector<std::uint64_t> weight(D);
     if (!basis_values(basis, 4, 4096, weight.data())) throw Fail{};
-    std::vector<std::uint64_t>& rows = plan->rows_;
+    std::vector<std::vector<std::uint64_t>> per_phase;
     for (int pp = 0; pp < 2 * static_cast<int>(StepPlan::kPhases); ++pp) {
       const int pass = pp < static_cast<int>(StepPlan::kPhases) ? 1 : 0;  // steady first
       const std::size_t phase = static_cast<std::size_t>(pp) % StepPlan::kPhases;
@@ -359,14 +266,8 @@ struct PlanBuilder {
         }
       }
       if (all.empty()) throw Fail{};
-      plan->phase_begin_[pp] = static_cast<std::uint32_t>(rows.size() / D);
-      const auto kept = prune(all, D, weight);
-      rows.insert(rows.end(), kept.begin(), kept.end());
+      per_phase.push_back(prune(all, D, weight));
     }
-    plan->phase_begin_[2 * StepPlan::kPhases] = static_cast<std::uint32_t>(rows.size() / D);
-    // Entries below 2^58 keep every dot product (≤ 32 terms of entry × 64-bit value) inside 128 bits.
-    for (std::uint64_t v : rows)
-      if (v >= (1ull << 58)) throw Fail{};
 
     auto scalar = [&](auto get) -> bytes_t {
       if (direct) return get(sets[0].res[0]);
@@ -409,16 +310,7 @@ struct PlanBuilder {
         plan->groups_[g].push_back(std::move(out));
       }
     }
-    plan->colmax_.assign(D, 0);
-    const std::size_t n = rows.size() / D;
-    if (n > kMaxRows) throw Fail{};
-    plan->cols_.assign(rows.size(), 0.0);
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t d = 0; d < D; ++d) {
-        const std::uint64_t v = rows[i * D + d];
-        plan->cols_[d * n + i] = static_cast<double>(v);
-        plan->colmax_[d] = std::max(plan->colmax_[d], v);
-      }
+    plan->rows_.set(std::move(basis), per_phase);
     return plan;
   }
 };
@@ -441,58 +333,34 @@ std::shared_ptr<const StepPlan> StepPlan::compile(const ModelSpec& m, const Job&
   }
 }
 
+namespace {
+Error overflow_at(std::uint64_t b, std::uint64_t s) {
+  return Error(ErrorKind::overflow, "step bytes at batch " + std::to_string(b) + ", seq " + std::to_string(s) +
+                                        ": a size does not fit in 64 bits");
+}
+}  // namespace
+
 StepPlan::Result StepPlan::evaluate(std::uint64_t b, std::uint64_t s) const {
   std::array<std::uint64_t, kMaxBasis> vals;
-  const std::size_t D = basis_.size();
-  auto overflow = [&] {
-    return Error(ErrorKind::overflow, "step bytes at batch " + std::to_string(b) + ", seq " + std::to_string(s) +
-                                          ": a size does not fit in 64 bits");
-  };
-  if (!basis_values(basis_, b, s, vals.data())) throw overflow();
+  std::array<bytes_t, 2 * kPhases> peaks;
+  if (!rows_.max_per_phase(b, s, vals.data(), peaks.data())) throw overflow_at(b, s);
   Result r;
-  const u128 a = dot(activations_.data(), vals.data(), D);
-  if (a > kMax64) throw overflow();
+  std::copy_n(peaks.begin(), kPhases, r.steady.begin());
+  std::copy_n(peaks.begin() + kPhases, kPhases, r.step0.begin());
+  const u128 a = dot(activations_.data(), vals.data(), rows_.basis().size());
+  if (a > kMax64) throw overflow_at(b, s);
   r.activations = static_cast<bytes_t>(a);
-  auto put = [&](std::size_t p, u128 v) {
-    if (v > kMax64) throw overflow();
-    (p < kPhases ? r.steady[p] : r.step0[p - kPhases]) = static_cast<bytes_t>(v);
-  };
-  if (dot(colmax_.data(), vals.data(), D) < (u128{1} << 53)) {
-    // Every product and partial sum is an integer below 2^53: exact in doubles, and the rows of
-    // all phases are summed together column by column (vectorised across rows).
-    const std::size_t n = rows_.size() / D;
-    std::array<double, kMaxRows> acc;
-    std::fill_n(acc.begin(), n, 0.0);
-    for (std::size_t k = 0; k < D; ++k) {
-      const double* col = &cols_[k * n];
-      const double v = static_cast<double>(vals[k]);
-      for (std::size_t i = 0; i < n; ++i) acc[i] += col[i] * v;
-    }
-    for (std::size_t p = 0; p < 2 * kPhases; ++p) {
-      double best = 0;
-      for (std::size_t i = phase_begin_[p]; i < phase_begin_[p + 1]; ++i) best = acc[i] > best ? acc[i] : best;
-      put(p, static_cast<std::uint64_t>(best));
-    }
-    return r;
-  }
-  for (std::size_t p = 0; p < 2 * kPhases; ++p) {
-    u128 best = 0;
-    for (std::uint32_t row = phase_begin_[p]; row < phase_begin_[p + 1]; ++row)
-      best = std::max(best, dot(&rows_[std::size_t{row} * D], vals.data(), D));
-    put(p, best);
-  }
   return r;
 }
 
 TorchStepResult StepPlan::result(std::uint64_t b, std::uint64_t s) const {
   const Result r = evaluate(b, s);
   std::array<std::uint64_t, kMaxBasis> vals;
-  basis_values(basis_, b, s, vals.data());  // fits: evaluate() checked
-  const std::size_t D = basis_.size();
+  basis_values(rows_.basis(), b, s, vals.data());  // fits: evaluate() checked
+  const std::size_t D = rows_.basis().size();
   auto bytes = [&](const std::vector<std::uint64_t>& row) {
     const u128 v = dot(row.data(), vals.data(), D);
-    if (v > kMax64) throw Error(ErrorKind::overflow, "step bytes at batch " + std::to_string(b) + ", seq " +
-                                                         std::to_string(s) + ": a size does not fit in 64 bits");
+    if (v > kMax64) throw overflow_at(b, s);
     return static_cast<bytes_t>(v);
   };
   TorchStepResult out;

@@ -21,6 +21,7 @@
 #include "autograd_sim.hpp"
 #include "inventory.hpp"
 #include "membudget/budget.hpp"
+#include "plan_common.hpp"
 
 namespace membudget::detail {
 
@@ -58,22 +59,11 @@ class StepPlan {
   bytes_t weights = 0, gradients = 0, optimizer_state = 0, master = 0;
 
   // Introspection for tests and benchmarks.
-  std::size_t basis_size() const { return basis_.size(); }
-  std::size_t rows() const { return rows_.size() / std::max<std::size_t>(1, basis_.size()); }
-
-  // The basis: component k is 1 (kind constant), b^i·s^j (exact) or round512(c·b^i·s^j).
-  enum class Kind : std::uint8_t { constant, exact, rounded };
-  struct Basis {
-    Kind kind = Kind::constant;
-    std::uint8_t i = 0, j = 0;
-    bytes_t c = 0;
-    bool operator==(const Basis&) const = default;
-  };
+  std::size_t basis_size() const { return rows_.basis().size(); }
+  std::size_t rows() const { return rows_.rows(); }
 
  private:
-  std::vector<Basis> basis_;
-  std::vector<std::uint64_t> rows_;               // row-major, basis_.size() per row
-  std::array<std::uint32_t, 2 * kPhases + 1> phase_begin_{};  // rows of phase p: [begin[p], begin[p+1])
+  plan::PhaseRows rows_;  // steady phases, then step-0 phases
   std::vector<std::uint64_t> activations_;        // one row
   std::vector<std::uint64_t> logits_, states_;    // logits/loss and model-state tensors after the forward
   struct Group {                                  // tensors of one name after the forward
@@ -82,10 +72,6 @@ class StepPlan {
     std::vector<std::uint64_t> row;
   };
   std::array<std::vector<Group>, 2> groups_;      // [0] activations, [1] logits/loss
-  // The rows again as doubles, column-major (component k of row i at k · rows() + i), for the
-  // fast path of evaluate(): when no sum can reach 2^53 the doubles are exact and vectorise.
-  std::vector<double> cols_;
-  std::vector<std::uint64_t> colmax_;  // the largest entry of each component over all rows
   friend struct PlanBuilder;
 };
 

@@ -1,0 +1,87 @@
+// src/model/plan_common.hpp: what the compiled plans (step_plan.cpp for training, serve_plan.cpp
+// for serving) share: the basis of size classes, classifying a tensor from its sizes at probe
+// shapes, pruning dominated vectors, and evaluating per-phase maxima fast and exactly.
+//
+// A tensor of c · b^i · s^j · (s + 1)^l bytes is counted by the allocator rounded up to 512 B. The
+// live bytes at a moment are a sum over a basis: the constant 1, exact terms b^i·s^j·(s+1)^l (all
+// tensors whose c is a multiple of 512 share one per monomial, their coefficients summed) and
+// round512(c · b^i · s^j · (s+1)^l) per other size class. A moment is a vector of coefficients.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "membudget/bytes.hpp"
+
+namespace membudget::detail::plan {
+
+using u128 = unsigned __int128;
+using i128 = __int128;
+inline constexpr u128 kMax64 = std::numeric_limits<std::uint64_t>::max();
+inline constexpr std::size_t kMaxBasis = 32;
+inline constexpr std::size_t kMaxRows = 1024;  // rows of all phases together
+
+struct Fail {};  // a check failed: no plan
+
+struct Probe {
+  std::uint64_t b, s;
+};
+
+enum class Kind : std::uint8_t { constant, exact, rounded };
+struct Basis {
+  Kind kind = Kind::constant;
+  std::uint8_t i = 0, j = 0, l = 0;  // b^i · s^j · (s + 1)^l
+  bytes_t c = 0;                     // rounded: the size class's coefficient
+  bool operator==(const Basis&) const = default;
+};
+
+// b^i · s^j · (s + 1)^l, saturated at 2^64 ("does not fit").
+u128 monomial(std::uint64_t b, unsigned i, std::uint64_t s, unsigned j, unsigned l = 0);
+u128 sat_mul(u128 a, u128 b);
+// The basis at (b, s); false when a component does not fit 64 bits.
+bool basis_values(const std::vector<Basis>& basis, std::uint64_t b, std::uint64_t s, std::uint64_t* out);
+inline u128 dot(const std::uint64_t* row, const std::uint64_t* vals, std::size_t n) {
+  u128 acc = 0;
+  for (std::size_t k = 0; k < n; ++k) acc += static_cast<u128>(row[k]) * vals[k];
+  return acc;
+}
+
+// What one tensor adds to a live vector: `coef` times component `component` (-1: nothing).
+struct Contribution {
+  int component = -1;
+  std::uint64_t coef = 0;
+};
+// The contribution of a tensor of c · b^i · s^j · (s+1)^l bytes, adding its class to `basis`
+// (component 0 must be the constant). Throws Fail when the basis would exceed kMaxBasis.
+Contribution contribution(bytes_t c, unsigned i, unsigned j, unsigned l, std::vector<Basis>& basis);
+
+// Keeps the vectors (D each) no other vector dominates componentwise.
+std::vector<std::uint64_t> prune(const std::vector<std::uint64_t>& rows, std::size_t D,
+                                 const std::vector<std::uint64_t>& weight);
+
+// Vectors grouped by phase over one basis; the maximum of each phase at (b, s).
+class PhaseRows {
+ public:
+  // per_phase[p]: phase p's vectors, D = basis.size() each (already pruned or not). Throws Fail
+  // when an entry is 2^58 or more (dot products must stay inside 128 bits) or there are more than
+  // kMaxRows vectors.
+  void set(std::vector<Basis> basis, const std::vector<std::vector<std::uint64_t>>& per_phase);
+  // out[p] = phase p's maximum; vals receives the basis at (b, s). false when something does not
+  // fit 64 bits.
+  bool max_per_phase(std::uint64_t b, std::uint64_t s, std::uint64_t* vals, bytes_t* out) const;
+  const std::vector<Basis>& basis() const { return basis_; }
+  std::size_t phases() const { return begin_.empty() ? 0 : begin_.size() - 1; }
+  std::size_t rows() const { return basis_.empty() ? 0 : rows_.size() / basis_.size(); }
+
+ private:
+  std::vector<Basis> basis_;
+  std::vector<std::uint64_t> rows_;   // row-major
+  std::vector<std::uint32_t> begin_;  // rows of phase p: [begin_[p], begin_[p + 1])
+  // The rows again as doubles, column-major (component k of row i at k · rows() + i): when no sum
+  // can reach 2^53 they are exact, and summing column by column vectorises across rows.
+  std::vector<double> cols_;
+  std::vector<std::uint64_t> colmax_;  // the largest entry of each component
+};
+
+}  // namespace membudget::detail::plan
