@@ -75,6 +75,33 @@ void BM_estimate_new_shape(benchmark::State& state) {
 }
 BENCHMARK(BM_estimate_new_shape)->Arg(8)->Arg(70);
 
+// The same for a serving job (--mode infer: a prefill of b prompts of s tokens and one decode step).
+void BM_estimate_new_shape_serving(benchmark::State& state) {
+  const ModelSpec& m = model_of(state.range(0));
+  Job j;
+  j.mode = Mode::infer;
+  estimate(m, j);  // compiles the plan
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const auto& [b, s] = shapes()[i++ % shapes().size()];
+    j.batch = b;
+    j.seq = s;
+    benchmark::DoNotOptimize(estimate(m, j).required);
+  }
+}
+BENCHMARK(BM_estimate_new_shape_serving)->Arg(8)->Arg(70);
+
+void BM_estimate_first_question_serving(benchmark::State& state) {
+  const ModelSpec& m = model_of(state.range(0));
+  Job j;
+  j.mode = Mode::infer;
+  for (auto _ : state) {
+    clear_estimate_cache();
+    benchmark::DoNotOptimize(estimate(m, j).required);
+  }
+}
+BENCHMARK(BM_estimate_first_question_serving)->Arg(8)->Arg(70)->Unit(benchmark::kMicrosecond);
+
 // The first question about a (model, recipe): compiling its plan (probe simulations of 4-6 layers).
 void BM_estimate_first_question(benchmark::State& state) {
   const ModelSpec& m = model_of(state.range(0));

@@ -15,13 +15,13 @@
 // any other (memory does not depend on whether those positions were trained; RoPE scaling runs
 // there), in every function; SweepPoint::beyond_max_positions flags it.
 //
-// Speed. A training job of the torch profile (the default) is answered from a plan compiled once
-// per thread for its (model, recipe): every job field except the micro-batch and the sequence
-// length. The first question about a (model, recipe) costs about a millisecond (probe simulations
-// of 4-6 layer copies); every later one, at any micro-batch and sequence, a few hundred nanoseconds,
-// exactly equal to a simulation at that shape (docs/api.md). Other jobs (mode infer, profile
-// harness) are simulated and memoized per thread: a repeated (model, job) answers from a table of at
-// most 65,536 entries, cleared when full. All functions are thread-safe.
+// Speed. A training or serving job of the torch profile (the default) is answered from a plan
+// compiled once per thread for its (model, recipe): every job field except the micro-batch and the
+// sequence length. The first question about a (model, recipe) costs about a millisecond (probe
+// simulations); every later one, at any micro-batch and sequence, a few hundred nanoseconds,
+// exactly equal to a simulation at that shape (docs/api.md). Harness-profile jobs are simulated
+// and memoized per thread: a repeated (model, job) answers from a table of at most 65,536 entries,
+// cleared when full. All functions are thread-safe.
 #pragma once
 
 #include <array>

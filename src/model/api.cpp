@@ -7,6 +7,8 @@
 
 #include "job_key.hpp"
 #include "korthikanti.hpp"
+#include "membudget/serving.hpp"
+#include "serve_plan.hpp"
 #include "step_plan.hpp"
 
 namespace membudget {
@@ -31,6 +33,33 @@ constexpr std::size_t kCacheLimit = 65536;
 
 bool plan_applies(const Job& j) {
   return j.mode == Mode::train && j.profile == Profile::torch && j.parallel.tensor == 1 && j.parallel.pipeline == 1;
+}
+bool serve_plan_applies(const Job& j) {
+  return j.mode == Mode::infer && j.profile == Profile::torch && j.parallel.tensor == 1 && j.parallel.pipeline == 1;
+}
+
+// The Estimate that summarize(predict(m, j)) gives for a serving job, from its plan.
+Estimate from_serve_plan(const detail::ServePlan& plan, const ModelSpec& m, const Job& j) {
+  const auto p = plan.evaluate(j.batch, j.seq);
+  Estimate e;
+  e.states.weights = plan.weights;
+  e.terms.model_states = plan.weights;
+  e.terms.kv_cache = kv_cache_bytes(m, j.kv_dtype, j.batch, j.seq);
+  e.terms.logits_loss = checked_product("serving logits", j.batch, m.vocab_size, 2);
+  e.terms.activations = detail::serving_activations(p[1], p[0], e.terms.kv_cache);
+  e.terms.overhead = j.overhead.value_or(default_overhead(j.profile));
+  e.overhead = e.terms.overhead;
+  static const char* const names[] = {"floor", "prefill_peak", "decode_peak"};
+  e.n_phases = detail::ServePlan::kPhases;
+  for (std::size_t k = 0; k < detail::ServePlan::kPhases; ++k) {
+    e.phases[k] = {names[k], p[k]};
+    if (p[k] > e.peak) {
+      e.peak = p[k];
+      e.peak_phase = names[k];
+    }
+  }
+  e.required = checked_add(e.peak, e.overhead, "peak + overhead");
+  return e;
 }
 
 // The Estimate that summarize(predict(m, j)) gives, from a plan.
@@ -110,6 +139,9 @@ Estimate estimate(const ModelSpec& model, const Job& job) {
   if (plan_applies(job)) {
     job.validate();
     if (const detail::StepPlan* plan = detail::StepPlan::cached(model, job)) return from_plan(*plan, model, job);
+  } else if (serve_plan_applies(job)) {
+    job.validate();
+    if (const detail::ServePlan* plan = detail::ServePlan::cached(model, job)) return from_serve_plan(*plan, model, job);
   }
   auto& table = cache();
   const Key k = key_of(model, job);
@@ -123,6 +155,7 @@ Estimate estimate(const ModelSpec& model, const Job& job) {
 void clear_estimate_cache() noexcept {
   cache().clear();
   detail::StepPlan::clear_cache();
+  detail::ServePlan::clear_cache();
 }
 
 bytes_t usable_bytes(const Device& device, double headroom) {

@@ -53,11 +53,28 @@ int find_or_add(std::vector<Basis>& basis, const Basis& e) {
 
 Contribution contribution(bytes_t c, unsigned i, unsigned j, unsigned l, std::vector<Basis>& basis) {
   const auto u8 = [](unsigned v) { return static_cast<std::uint8_t>(v); };
-  if (i == 0 && j == 0 && l == 0) return {0, (c + 511) / 512 * 512};
-  // A coefficient that is a multiple of 512 is never rounded: all such tensors of one monomial
-  // share one exact component, their coefficients summed.
-  if (c % 512 == 0) return {find_or_add(basis, {Kind::exact, u8(i), u8(j), u8(l), 0}), c};
-  return {find_or_add(basis, {Kind::rounded, u8(i), u8(j), u8(l), c}), 1};
+  Contribution out;
+  auto add = [&](int component, std::uint64_t coef) {
+    out.component[out.n] = component;
+    out.coef[out.n++] = coef;
+  };
+  if (i == 0 && j == 0 && l == 0) {
+    add(0, (c + 511) / 512 * 512);
+  } else if (c % 512 == 0) {
+    // A coefficient that is a multiple of 512 is never rounded: all such tensors of one monomial
+    // share one exact component, their coefficients summed; (s + 1)^l expands binomially.
+    static constexpr std::uint64_t kBinomial[4][4] = {{1, 0, 0, 0}, {1, 1, 0, 0}, {1, 2, 1, 0}, {1, 3, 3, 1}};
+    if (l > 3) throw Fail{};
+    for (unsigned k = 0; k <= l; ++k) {
+      std::uint64_t coef;
+      if (__builtin_mul_overflow(c, kBinomial[l][k], &coef)) throw Fail{};
+      if (i == 0 && j + k == 0) add(0, coef);  // c · 1: a constant (already a multiple of 512)
+      else add(find_or_add(basis, {Kind::exact, u8(i), u8(j + k), 0, 0}), coef);
+    }
+  } else {
+    add(find_or_add(basis, {Kind::rounded, u8(i), u8(j), u8(l), c}), 1);
+  }
+  return out;
 }
 
 // Processing in decreasing order of a strictly positive weighting puts every dominator before

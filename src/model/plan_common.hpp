@@ -8,6 +8,7 @@
 // round512(c · b^i · s^j · (s+1)^l) per other size class. A moment is a vector of coefficients.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -47,13 +48,24 @@ inline u128 dot(const std::uint64_t* row, const std::uint64_t* vals, std::size_t
   return acc;
 }
 
-// What one tensor adds to a live vector: `coef` times component `component` (-1: nothing).
+// What one tensor adds to a live vector: coef[k] times component[k], for k < n (n = 0: nothing).
 struct Contribution {
-  int component = -1;
-  std::uint64_t coef = 0;
+  std::uint8_t n = 0;
+  std::array<int, 4> component{};
+  std::array<std::uint64_t, 4> coef{};
+  // Adds (alloc) or removes the tensor; false when removing more than is there.
+  bool apply(std::uint64_t* v, bool alloc) const {
+    for (std::uint8_t k = 0; k < n; ++k) {
+      if (!alloc && v[component[k]] < coef[k]) return false;
+      v[component[k]] = alloc ? v[component[k]] + coef[k] : v[component[k]] - coef[k];
+    }
+    return true;
+  }
 };
 // The contribution of a tensor of c · b^i · s^j · (s+1)^l bytes, adding its class to `basis`
-// (component 0 must be the constant). Throws Fail when the basis would exceed kMaxBasis.
+// (component 0 must be the constant). An exact term in s + 1 is expanded into monomials of s
+// (b·(s+1) = b·s + b), so that a vector with more of it dominates one with less. Throws Fail when
+// the basis would exceed kMaxBasis.
 Contribution contribution(bytes_t c, unsigned i, unsigned j, unsigned l, std::vector<Basis>& basis);
 
 // Keeps the vectors (D each) no other vector dominates componentwise.

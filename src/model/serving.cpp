@@ -14,6 +14,7 @@
 #include "autograd_sim.hpp"
 #include "korthikanti.hpp"
 #include "membudget/serving.hpp"
+#include "serve_plan.hpp"
 
 namespace membudget::detail {
 namespace {
@@ -302,12 +303,12 @@ constexpr bytes_t kCublasWorkspace = 32 * MiB;
 
 }  // namespace
 
-void predict_infer(Budget& bud, const PredictOptions& options) {
-  const ModelSpec& m = bud.model;
-  const Job& job = bud.job;
-  AutogradSim sim(options.explain);
+ServeStepResult simulate_serving(const ModelSpec& m, const Job& job, bool explain, SimTrace* trace) {
+  ServeStepResult res;
+  AutogradSim sim(explain);
+  if (trace) sim.record_to(trace);
   load_weights(sim, m, job);
-  const bytes_t weights = sim.live();
+  res.weights = sim.live();
   Walk w{m, job, sim, {}};
   w.b = job.batch;
   w.s = job.seq;
@@ -328,38 +329,49 @@ void predict_infer(Budget& bud, const PredictOptions& options) {
   w.kv_e = kv_dtype_bytes(job.kv_dtype);
 
   sim.make("cuBLAS workspace", kCublasWorkspace, Term::other, "first matmul", "", "32 MiB", false);
-  TensorId ids = sim.make("input_ids", mul(w.T, 8), Term::other, "prompt", "int64", "b·s", false);
-  const bytes_t floor = sim.live();
+  sim.make("input_ids", mul(w.T, 8), Term::other, "prompt", "int64", "b·s", false);
+  res.floor = sim.live();
   sim.begin_phase("prefill_peak");
   std::vector<std::vector<TensorId>> cache(m.num_layers);
-  TensorId logits = w.forward(cache, 0);
+  w.forward(cache, 0);
   // decode: next token ids from the last logits; the prefill output (cache, logits) stays held
-  TensorId next = sim.make("next token ids", mul(w.b, 8), Term::other, "argmax", "int64", "b·1", false);
+  sim.make("next token ids", mul(w.b, 8), Term::other, "argmax", "int64", "b·1", false);
   sim.begin_phase("decode_peak");
   const bytes_t prompt = w.s;
   w.s = 1;
   w.T = w.b;
-  TensorId logits2 = w.forward(cache, prompt);
-  auto phases = sim.take_phases();
-  (void)logits;
-  (void)logits2;
-  (void)next;
-  (void)ids;
+  w.forward(cache, prompt);
+  res.phases = sim.take_phases();
+  sim.finish_trace();
+  return res;
+}
 
-  bud.states.weights = weights;
+void predict_infer(Budget& bud, const PredictOptions& options) {
+  const ModelSpec& m = bud.model;
+  const Job& job = bud.job;
+  ServeStepResult r;
+  const ServePlan* plan = options.explain || options.full_simulation ? nullptr : ServePlan::cached(m, job);
+  if (plan) {
+    const auto p = plan->evaluate(job.batch, job.seq);
+    r.weights = plan->weights;
+    r.floor = p[0];
+    r.phases.push_back({"prefill_peak", p[1], {}});
+    r.phases.push_back({"decode_peak", p[2], {}});
+  } else {
+    r = simulate_serving(m, job, options.explain);
+  }
+  bud.states.weights = r.weights;
   bud.terms.kv_cache = kv_cache_bytes(m, job.kv_dtype, job.batch, job.seq);
   bud.logits.logits = mul(job.batch, m.vocab_size, 2);
   bud.activations.layers = 0;
   PhasePeak fl;
   fl.name = "floor";
-  fl.bytes = floor;
+  fl.bytes = r.floor;
   bud.phases.clear();
   bud.phases.push_back(fl);
-  for (auto& p : phases) bud.phases.push_back(std::move(p));
+  for (auto& p : r.phases) bud.phases.push_back(std::move(p));
   // activations: the prefill peak beyond weights, ids and the full KV cache
-  const bytes_t pre = bud.phase("prefill_peak");
-  const bytes_t above = pre > floor ? pre - floor : 0;
-  bud.activations.other = above > bud.terms.kv_cache ? above - bud.terms.kv_cache : 0;
+  bud.activations.other = serving_activations(bud.phase("prefill_peak"), r.floor, bud.terms.kv_cache);
 }
 
 }  // namespace membudget::detail

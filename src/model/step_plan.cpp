@@ -29,9 +29,8 @@
 
 #include "autograd_sim.hpp"
 #include "inventory.hpp"
-#include "job_key.hpp"
+#include "plan_cache.hpp"
 #include "plan_common.hpp"
-#include <unordered_map>
 
 namespace membudget::detail {
 namespace {
@@ -123,9 +122,9 @@ void replay(SimSet& ss, std::size_t D) {
           PlanGroup& grp = ss.groups[g][info.name];
           if (!grp.first) grp.first = &info, grp.row.assign(D, 0);
           ++grp.count;
-          if (con[t].component >= 0) grp.row[con[t].component] += con[t].coef;
+          con[t].apply(grp.row.data(), true);
         }
-        if (total && con[t].component >= 0) (*total)[con[t].component] += con[t].coef;
+        if (total) con[t].apply(total->data(), true);
       }
     };
     for (const auto& ev : tr.events) {
@@ -140,14 +139,7 @@ void replay(SimSet& ss, std::size_t D) {
       if (t >= con.size() || alive[t] == alloc) throw Fail{};
       alive[t] = alloc;
       const Contribution& c = con[t];
-      if (c.component >= 0) {
-        if (alloc) {
-          cur[c.component] += c.coef;
-        } else {
-          if (cur[c.component] < c.coef) throw Fail{};
-          cur[c.component] -= c.coef;
-        }
-      }
+      if (!c.apply(cur.data(), alloc)) throw Fail{};
       if (alloc) candidate(ev.section);
     }
     if (phase != static_cast<int>(StepPlan::kPhases) - 1) throw Fail{};
@@ -385,50 +377,11 @@ TorchStepResult StepPlan::result(std::uint64_t b, std::uint64_t s) const {
   return out;
 }
 
-namespace {
-
-constexpr std::size_t kPlanLimit = 256;
-
-// This thread's plans: (model, job without its batch and sequence, regime) → plan; nullptr
-// records a step that does not compile. The last lookup is remembered: a loop over one model and
-// recipe compares keys instead of hashing one.
-struct PlanCache {
-  std::unordered_map<Key, std::shared_ptr<const StepPlan>, KeyHash> table;
-  Key last_key{};
-  const StepPlan* last = nullptr;
-  bool last_valid = false;
-};
-PlanCache& plan_cache() {
-  thread_local PlanCache c;
-  return c;
-}
-
-}  // namespace
-
 const StepPlan* StepPlan::cached(const ModelSpec& m, const Job& job) {
-  Key k = key_of(m, job);
-  k[kBatchWord] = 0;
-  k[kSeqWord] = static_cast<std::uint64_t>(regime(job));
-  PlanCache& c = plan_cache();
-  if (c.last_valid && c.last_key == k) return c.last;
-  auto it = c.table.find(k);
-  if (it == c.table.end()) {
-    m.validate();
-    auto plan = compile(m, job);
-    if (c.table.size() >= kPlanLimit) c.table.clear();
-    it = c.table.emplace(k, std::move(plan)).first;
-  }
-  c.last_key = k;
-  c.last = it->second.get();
-  c.last_valid = true;
-  return c.last;
+  return PlanCache<StepPlan>::mine().get(m, job, static_cast<std::uint64_t>(regime(job)), compile);
 }
 
-void StepPlan::clear_cache() noexcept {
-  PlanCache& c = plan_cache();
-  c.table.clear();
-  c.last_valid = false;
-}
+void StepPlan::clear_cache() noexcept { PlanCache<StepPlan>::mine().clear(); }
 
 TorchStepResult simulate_torch_train_fast(const ModelSpec& m, const Job& job) {
   if (const StepPlan* plan = StepPlan::cached(m, job)) return plan->result(job.batch, job.seq);

@@ -1,0 +1,53 @@
+// src/model/plan_cache.hpp: each thread's compiled plans of one kind (StepPlan, ServePlan).
+//
+// Keyed by the (model, job) words with the batch and sequence replaced by the job's regime;
+// nullptr records a step that does not compile (the caller simulates). The last lookup is
+// remembered: a loop over one model and recipe compares keys instead of hashing one. At most
+// kPlanLimit plans per kind and thread, cleared when full.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+
+#include "job_key.hpp"
+
+namespace membudget::detail {
+
+template <class P>
+struct PlanCache {
+  static constexpr std::size_t kPlanLimit = 256;
+  std::unordered_map<Key, std::shared_ptr<const P>, KeyHash> table;
+  Key last_key{};
+  const P* last = nullptr;
+  bool last_valid = false;
+
+  static PlanCache& mine() {
+    thread_local PlanCache c;
+    return c;
+  }
+  void clear() noexcept {
+    table.clear();
+    last_valid = false;
+  }
+  // The plan for (m, job) in `regime`, compiled (after m.validate()) on first use.
+  template <class Compile>
+  const P* get(const ModelSpec& m, const Job& job, std::uint64_t regime, Compile&& compile) {
+    Key k = key_of(m, job);
+    k[kBatchWord] = 0;
+    k[kSeqWord] = regime;
+    if (last_valid && last_key == k) return last;
+    auto it = table.find(k);
+    if (it == table.end()) {
+      m.validate();
+      auto plan = compile(m, job);
+      if (table.size() >= kPlanLimit) table.clear();
+      it = table.emplace(k, std::move(plan)).first;
+    }
+    last_key = k;
+    last = it->second.get();
+    last_valid = true;
+    return last;
+  }
+};
+
+}  // namespace membudget::detail
