@@ -62,7 +62,7 @@ PYBIND11_MODULE(membudget, m) {
         return "<membudget.Model " + s.name + ": " + std::to_string(s.parameters().total) + " parameters>";
       });
 
-  m.def("clear_cache", [] { clear_estimate_cache(); }, "Empties this thread's memo table of estimates.");
+  m.def("clear_cache", [] { clear_estimate_cache(); }, "Empties this thread's compiled plans and memo table of estimates.");
 
   m.def("load_model", [](const std::string& path) { return load_model(path); }, py::arg("path"),
         "A model from our YAML schema or a Hugging Face config.json.");
