@@ -97,6 +97,16 @@ struct Step {
   }
 
   // y = x W^T (+ bias). Linear saves its input and weight (aten::linear → mm; addmm with a bias).
+  // Both gradients come back as views (see AutogradSim::node): the weight's is
+  // mm_mat2_backward's transpose (W^T is column-major) transposed again by TBackward0, the input's
+  // is ViewBackward0's reshape of the 2-D mm over the flattened tokens (matmul's fold, or
+  // _flatten_nd_linear with a bias). A second contribution to such a gradient is summed out of
+  // place. Where it shows: with tied embeddings in bf16 or fp32, lm_head's weight gradient waits in
+  // the embedding's input buffer through the whole backward, and EmbeddingBackward's V×h gradient
+  // (embedding_dense_backward_cuda: at::zeros(V, h)) is added as old + new, so three V×h buffers
+  // coexist at the end of backward. Under autocast the weight cast's ToCopyBackward hands the
+  // buffer a fresh fp32 tensor, and the embedding's gradient is added to it in place.
+  static constexpr std::uint8_t kLinearViewGrads = 0b011;
   TensorId linear(TensorId x, bytes_t in, bytes_t out, TensorId w, TensorId bias, const char* name,
                   const char* shape) {
     TensorId xin = cast_input(x, mul(d.T, in), "linear inputs (autocast bf16 copies)");
@@ -104,7 +114,7 @@ struct Step {
     TensorId bc = bias == kNone ? kNone : weight(bias);
     TensorId y = sim.make(name, mul(d.T, out, r.compute), Term::activations, "linear output",
                           r.compute_name, shape, true);
-    sim.node("LinearBackward", {xin, wc, bc}, {y}, {xin, wc});
+    sim.node("LinearBackward", {xin, wc, bc}, {y}, {xin, wc}, 0, kLinearViewGrads);
     sim.drop(xin);
     return y;
   }
