@@ -374,7 +374,10 @@ struct Step {
     sim.drop(qs);
     sim.drop(ks);
     TensorId sm = sim.make("sdpa math: softmax output (saved)", mul(bas2, e), Term::activations, "softmax", "", "b·a·s·s", true);
-    sim.node("SoftmaxBackward", {sc}, {sm}, {sm});
+    // _safe_softmax's backward is _softmax_backward_data; on CUDA (SoftMax.cu,
+    // softmax_backward_cuda_out) it computes `Tensor tmp = grad * output` before the reduction:
+    // a temporary the size of the scores beside grad_input.
+    sim.node("SoftmaxBackward", {sc}, {sm}, {sm}, mul(bas2, e));
     sim.drop(sc);
     sim.drop(mask);
     TensorId o = sim.make("sdpa output", mul(d.T, d.qd, e), Term::activations, "matmul", "", "b·a·s·hd", true);
@@ -419,7 +422,9 @@ struct Step {
     sim.drop(mask);
     TensorId sm32 = sim.make("softmax output fp32 (saved)", mul(bas2, 4), Term::activations, "softmax(float32)", "fp32",
                              "b·a·s·s", true);
-    sim.node("SoftmaxBackward", {msk}, {sm32}, {sm32});
+    // _softmax_backward_data on CUDA allocates `tmp = grad * output` (fp32 here) beside grad_input
+    // (SoftMax.cu, softmax_backward_cuda_out).
+    sim.node("SoftmaxBackward", {msk}, {sm32}, {sm32}, mul(bas2, 4));
     sim.drop(msk);
     TensorId sm = sm32;
     if (e != 4) {
