@@ -61,6 +61,10 @@ struct Step {
   std::vector<std::pair<TensorId, TensorId>> cast_cache{};
   std::vector<TensorId> layer_inputs{};  // checkpoint keeps each layer's input
   std::vector<TensorId> kv_cache{};     // DynamicCache entries (use_cache=True while training)
+  // transformers materialises a sliding-window mask for SDPA (see forward()); `mask` is its bool
+  // b·1·s·s tensor while the model holds it.
+  bool masked = false;
+  TensorId mask = kNone;
 
   void drop_kv_cache() {
     for (TensorId t : kv_cache) sim.drop(t);
@@ -232,10 +236,24 @@ struct Step {
       TensorId a2 = sim.make("rotary rot*sin", mul(d.T, width, rb), Term::activations, "mul", "", "", true);
       sim.node("MulBackward0", {rh, sin}, {a2}, {sin});
       sim.drop(rh);
-      TensorId e = sim.make(name, mul(d.T, width, rb), Term::activations, "add", "", "b·s·n·hd", true);
+      const bool phi3 = m.family == "phi3";
+      TensorId e = sim.make(phi3 ? "rotary q*cos + rot*sin" : name, mul(d.T, width, rb), Term::activations, "add", "",
+                            "b·s·n·hd", true);
       sim.node("AddBackward0", {a1, a2}, {e}, {});
       sim.drop(a1);
       sim.drop(a2);
+      if (phi3) {
+        // Phi-3's apply_rotary_pos_emb supports partial rotary: q_embed = torch.cat([q_rot*cos +
+        // rotate_half(q_rot)*sin, q_pass], -1) with an empty q_pass. The cat is a copy, and a
+        // contiguous one (b·n·s·hd): the rotated tensor keeps qkv_proj's b·s·n·hd layout, cat does
+        // not (its output takes the inputs' suggested memory format, which for this permutation is
+        // the default contiguous one).
+        TensorId ec = sim.make(name, mul(d.T, width, rb), Term::activations, "cat (partial rotary)", "",
+                               "b·n·s·hd", true);
+        sim.node("CatBackward0", {e}, {ec}, {});
+        sim.drop(e);
+        e = ec;
+      }
       return e;
     };
     TensorId qe = rotary(q, d.qd, "q after rotary");
@@ -268,9 +286,17 @@ struct Step {
     sim.drop(qe);
     sim.drop(ke);
     sim.drop(v);
-    // attn_output.transpose(1, 2).contiguous(): the fused kernels (cuDNN / flash) already write
-    // the output as b·s·a·hd, so this is a view that o_proj saves; the math paths copy (above).
+    // attn_output.transpose(1, 2).contiguous(): cuDNN writes its output in q's layout (flash in
+    // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj
+    // saves; Phi-3's partial-rotary cat makes q contiguous b·a·s·hd, and then it is a copy, saved by
+    // o_proj beside the output SDPA saves. The math paths copy (below).
     TensorId attc = att;
+    if (fused && fused_sdpa()) {
+      attc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, d.qd, r.compute), Term::activations,
+                      "contiguous", r.compute_name, "b·s·a·hd", true);
+      sim.node("CloneBackward0", {att}, {attc}, {});
+      sim.drop(att);
+    }
     TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h");
     sim.drop(attc);
     if (m.norms_per_layer >= 4) {  // Gemma 2: post_attention_layernorm on the branch
@@ -321,22 +347,59 @@ struct Step {
   // scaled_dot_product_attention. Flash/cuDNN need 16-bit inputs: with GQA (enable_gqa) in fp32 no
   // fused kernel applies and PyTorch falls back to its math implementation. Under autocast q and k
   // (fp32 after rotary) are cast to bf16.
+  bool fused_sdpa() const { return job.attention == Attention::flash && r.compute != 4; }
+
   TensorId attention(TensorId qe, TensorId ke, TensorId v) {
+    // transformers' sdpa_attention_forward passes enable_gqa only without a mask
+    // (use_gqa_in_sdpa); with one it repeat_kv's keys and values first (expand + reshape: copies
+    // in their dtype, which backward sums back to the kv heads).
+    const bool repeat = masked && fused_sdpa() && d.a != d.kva;
+    if (repeat) {
+      const bytes_t kb = sim.info(ke).bytes / mul(d.T, d.kvd), vb = sim.info(v).bytes / mul(d.T, d.kvd);
+      TensorId kr = sim.make("repeat_kv keys (mask given: no enable_gqa)", mul(d.T, d.qd, kb), Term::activations,
+                             "repeat_kv", "", "b·a·s·hd", true);
+      sim.node("ExpandBackward0", {ke}, {kr}, {});
+      TensorId vr = sim.make("repeat_kv values (mask given: no enable_gqa)", mul(d.T, d.qd, vb), Term::activations,
+                             "repeat_kv", "", "b·a·s·hd", true);
+      sim.node("ExpandBackward0", {v}, {vr}, {});
+      ke = kr;
+      v = vr;
+    }
+    const bytes_t kw = repeat ? d.qd : d.kvd;
     TensorId q = cast_input(qe, d.qd * d.T, "sdpa inputs (bf16 casts of q, k)");
-    TensorId k = cast_input(ke, d.kvd * d.T, "sdpa inputs (bf16 casts of q, k)");
-    v = cast_input(v, d.kvd * d.T, "sdpa inputs (bf16 cast of the cached fp32 values)");
+    TensorId k = cast_input(ke, kw * d.T, "sdpa inputs (bf16 casts of q, k)");
+    TensorId vin = cast_input(v, kw * d.T, "sdpa inputs (bf16 cast of the cached fp32 values)");
+    if (repeat) {
+      sim.drop(ke);
+      sim.drop(v);
+    }
+    v = vin;
     TensorId out = kNone;
-    if (job.attention == Attention::flash && r.compute != 4) {
+    if (fused_sdpa()) {
       // cuDNN / flash: saves q, k, v (not repeated), the output and the fp32 log-sum-exp
       out = sim.make("sdpa output (saved)", mul(d.T, d.qd, r.compute), Term::activations, "sdpa",
                      r.compute_name, "b·s·a·hd", true);
       TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, d.a, d.s, 4), Term::activations,
                               "flash attention", "fp32", "b·a·s", false);
+      // With a mask, SDPA (convert_boolean_attn_mask) turns the bool mask into an additive one in
+      // q's dtype, at::where(mask.logical_not(), -inf, 0): a b·1·s·s tensor per layer, which cuDNN
+      // attention takes as attn_bias and saves for backward.
+      TensorId bias = kNone;
+      if (masked) {
+        sim.transient("sdpa mask: logical_not (bool)", mul(d.b, d.s, d.s));
+        bias = sim.make("sdpa attn_bias: additive mask (saved)", mul(d.b, d.s, d.s, r.compute), Term::activations,
+                        "convert_boolean_attn_mask", r.compute_name, "b·1·s·s", false);
+      }
       // backward: dq accumulator in fp32, and k/v gradients expanded to all query heads under GQA
       bytes_t ws = mul(d.T, d.qd, 4) + mul(d.b, d.a, d.s, 4);
-      if (d.a != d.kva) ws += mul(d.T, d.qd, r.compute, 2);
-      sim.node("FlashAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
+      if (d.a != d.kva && !repeat) ws += mul(d.T, d.qd, r.compute, 2);
+      if (bias != kNone) {
+        sim.node("CudnnAttentionBackward (attn_bias)", {q, k, v}, {out}, {q, k, v, out, lse, bias}, ws);
+      } else {
+        sim.node("FlashAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
+      }
       sim.drop(lse);
+      sim.drop(bias);
     } else if (job.attention == Attention::flash) {
       out = sdpa_math(q, k, v);
     } else {
@@ -472,6 +535,14 @@ TensorId forward(Step& st, bool checkpoint) {
   // LlamaRotaryEmbedding: cos and sin in the hidden states' dtype, shared by every layer.
   st.cos = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
   st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
+  // Sliding-window attention (Mistral, Phi-3: the window on every layer) through SDPA:
+  // create_sliding_window_causal_mask skips the mask and lets SDPA use is_causal only while
+  // kv_length < sliding_window (masking_utils._ignore_causal_mask_sdpa); from s = window on it
+  // materialises a bool b·1·s·s mask. The model's forward holds it through the layers; under
+  // checkpointing each layer's recompute closure holds it too, until that layer's backward.
+  if (st.masked)
+    st.mask = sim.make("sliding-window attention mask (bool)", mul(d.b, d.s, d.s), Term::activations,
+                       "create_sliding_window_causal_mask", "bool", "b·1·s·s", false);
   for (std::size_t i = 0; i < d.L; ++i) {
     TensorId out = kNone;
     sim.set_section(static_cast<int>(i) + 1);  // plans: layer i's section
@@ -496,6 +567,7 @@ TensorId forward(Step& st, bool checkpoint) {
   // (and the DynamicCache) until it returns, i.e. through the loss.
   TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
   sim.drop(x);
+  if (!checkpoint) sim.drop(st.mask);  // the model's forward returns
   sim.hold(hn);
   TensorId loss = kNone;
   const bytes_t TV = mul(d.T, d.V);
@@ -622,6 +694,13 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
 
 }  // namespace
 
+// transformers materialises an SDPA mask for a sliding window on every layer once the sequence
+// reaches the window (forward() says why). Gemma 2's alternating windows are not modelled.
+bool sliding_window_mask(const ModelSpec& m, const Job& job) {
+  return job.attention == Attention::flash && m.sliding.enabled() && m.sliding.every_nth <= 1 &&
+         job.seq >= m.sliding.window;
+}
+
 TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain, const ModelSpec* sizing,
                                      std::array<SimTrace, 2>* traces) {
   TorchStepResult res;
@@ -632,6 +711,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     AutogradSim sim(explain);
     if (traces) sim.record_to(&(*traces)[pass]);
     Step st{m, job, {}, recipe_of(job.precision), sim, {}};
+    st.masked = sliding_window_mask(m, job);
     auto& d = st.d;
     d.b = job.batch; d.s = job.seq; d.T = mul(job.batch, job.seq);
     d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.vocab_size;
@@ -703,6 +783,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     if (ckpt) {
       sim.drop(st.cos);
       sim.drop(st.sin);
+      sim.drop(st.mask);
     }
     bytes_t grads = 0;
     std::vector<TensorId> grad_ids;
