@@ -747,10 +747,46 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     st.input_ids = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
     st.labels = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
     const OptimizerCost oc = optimizer_cost(job, sm, n_params, r.param);
+    // The long-lived tensors the harness allocates once — the parameters (built on the device by
+    // from_config), torch.optim's state (zeros_like(p) per parameter at the first step) and the fp32
+    // master copy — mostly get segments of their own: each then holds its whole segment
+    // (own_segment_block). The extra bytes, per parameter tensor, for the full model (`sizing`):
+    // the fast path simulates fewer layers, and all layers are alike.
+    bytes_t param_tail = 0, layer_param_tail = 0, state_tail = 0, layer_state_tail = 0;
+    {
+      const bool master = job.precision == Precision::bf16_master;
+      const bytes_t sb = master ? 4 : r.param;  // torch.optim state follows the parameter dtype
+      const bytes_t per_param = job.optimizer == Optimizer::adamw ? 2
+                                : job.optimizer == Optimizer::sgd_momentum || job.optimizer == Optimizer::lion ? 1
+                                                                                                                : 0;
+      auto tail = [](bytes_t b) { return own_segment_block(b) - round512(b); };
+      std::vector<char> in_layer(static_cast<std::size_t>(st.input_ids), 0);  // layer 0's parameters
+      if (!st.layers.empty()) {
+        const LayerParams& l0 = st.layers[0];
+        for (TensorId t : {l0.norm1, l0.norm2, l0.norm3, l0.norm4, l0.q, l0.k, l0.v, l0.o, l0.qb, l0.kb, l0.vb, l0.gate,
+                           l0.up, l0.down, l0.q_norm, l0.k_norm})
+          if (t != kNone) in_layer[static_cast<std::size_t>(t)] = 1;
+      }
+      for (TensorId p = 0; p < st.input_ids; ++p) {
+        if (!sim.info(p).param) continue;
+        const bytes_t pb = sim.info(p).bytes, elems = pb / r.param;
+        const bytes_t pt = tail(pb), stt = per_param * tail(mul(elems, sb)) + (master ? tail(mul(elems, 4)) : 0);
+        param_tail += pt;
+        state_tail += stt;
+        if (in_layer[static_cast<std::size_t>(p)]) {
+          layer_param_tail += pt;
+          layer_state_tail += stt;
+        }
+      }
+      // state for the full model's layer count; the parameters are those simulated
+      state_tail = state_tail - layer_state_tail * d.L + layer_state_tail * sm.num_layers;
+    }
+    sim.alloc_raw("allocator: whole segments held by parameters", param_tail, Term::other, "caching allocator");
     // Optimizer state (and the fp32 master copy) stay allocated for the rest of the run.
     auto allocate_optimizer_state = [&] {
       sim.alloc_raw("optimizer state", oc.state, Term::model_states, "optimizer", "", "");
       sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, "optimizer", "fp32", "");
+      sim.alloc_raw("allocator: whole segments held by optimizer state", state_tail, Term::other, "caching allocator");
     };
     if (steady) allocate_optimizer_state();
     // cuBLAS workspace, one per handle: the forward thread's appears at the first matmul of step 0,
