@@ -110,6 +110,29 @@ TEST_CASE("plans against the full simulation, and on both sides of the chunked l
   }
 }
 
+TEST_CASE("plans on both sides of a sliding window's SDPA mask") {
+  const auto failures_before = detail::step_plan_failures();
+  PredictOptions full;
+  full.full_simulation = true;
+  for (const char* path : {"configs/phi-3-mini.yaml", "configs/mistral-7b.yaml"}) {
+    ModelSpec m = load_model(test::source_path(path));
+    m.num_layers = 3;  // the mask regime is per step, not per layer: three layers keep this quick
+    const std::uint64_t w = m.sliding.window;
+    for (std::uint64_t s : {w - 1, w, w + 1, 2 * w + 3})
+      for (Precision p : {Precision::bf16, Precision::amp_bf16})
+        for (Loss loss : {Loss::full, Loss::chunked}) {
+          Job j;
+          j.batch = 1;
+          j.seq = s;
+          j.precision = p;
+          j.loss = loss;
+          j.recompute = s % 2 == 0 ? Recompute::full : Recompute::none;
+          check_same(estimate(m, j), summarize(predict(m, j, full)), describe(path, j));
+        }
+  }
+  CHECK(detail::step_plan_failures() == failures_before);
+}
+
 TEST_CASE("plans for small and unusual models: 1 to 12 layers, qk-norm, biases, 4 norms, tiny chunks") {
   const auto failures_before = detail::step_plan_failures();
   for (std::uint64_t L = 1; L <= 12; ++L) {

@@ -8,6 +8,7 @@ TensorId AutogradSim::add(TensorInfo info) {
   info.rounded = round512(info.bytes);
   tensors_.push_back(info);
   grads_.push_back(kNone);
+  grad_view_.push_back(0);
   return static_cast<TensorId>(tensors_.size() - 1);
 }
 
@@ -125,7 +126,7 @@ void AutogradSim::transient(const char* name, bytes_t bytes, Term term) {
 
 void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
                        std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved,
-                       bytes_t bwd_workspace) {
+                       bytes_t bwd_workspace, std::uint8_t view_grads) {
   if (replaying()) {
     bool needs = false;
     for (TensorId i : inputs)
@@ -140,7 +141,7 @@ void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
   for (TensorId i : inputs)
     if (i != kNone && tensors_[i].requires_grad) any_grad = true;
   if (!any_grad) return;  // autograd records nothing for ops whose inputs need no grad
-  Node n{op, Ids(inputs), Ids(outputs), {}, bwd_workspace, section_};
+  Node n{op, Ids(inputs), Ids(outputs), {}, bwd_workspace, section_, view_grads};
   if (!discard_saves_) {
     n.saved = Ids(saved);
     for (TensorId s : n.saved) ++tensors_[s].saved;
@@ -152,23 +153,50 @@ TensorId AutogradSim::grad_of(TensorId t) const {
   return t >= 0 && static_cast<std::size_t>(t) < grads_.size() ? grads_[t] : kNone;
 }
 
-void AutogradSim::grad_contribution(TensorId input, const char* op) {
+bytes_t AutogradSim::grad_bytes(TensorId input) const {
   const auto& ti = tensors_[input];
+  return ti.param ? static_cast<bytes_t>(static_cast<double>(ti.bytes) * grad_scale_) : ti.bytes;
+}
+
+TensorId AutogradSim::make_grad(TensorId input, const char* op) {
+  const auto& ti = tensors_[input];
+  TensorInfo g;
+  g.name = ti.param ? "parameter gradients (.grad)" : "activation gradients";
+  g.op = op;
+  g.dtype = ti.dtype;
+  g.bytes = grad_bytes(input);
+  g.term = ti.param ? Term::model_states : Term::activations;
+  g.holders = 1;
+  TensorId gid = add(g);
+  allocate(gid);
+  return gid;
+}
+
+// torch/csrc/autograd/input_buffer.cpp, InputBuffer::add / accumulate: the first contribution to a
+// tensor's gradient is moved into the buffer (and AccumulateGrad steals it for .grad). A later one
+// is added with old_var.add_(var) when can_accumulate_inplace(old_var) — a dense tensor whose
+// TensorImpl *and storage* have one reference — and otherwise as old_var + var, a new tensor.
+// A gradient that the backward formula returned as a view (linear's weight gradient is
+// mm_mat2_backward's (gradᵀ·x)ᵀ, transposed again by TBackward0; its input gradient is the
+// reshape of a 2-D mm by ViewBackward0) shares its storage with the base that the view's ViewInfo
+// keeps alive (views made in no-grad backward are still autograd views), so its storage count is
+// two and the sum is out of place: the old buffer, the new contribution and the sum coexist. The
+// sum is a plain tensor, so later contributions are added to it in place.
+void AutogradSim::grad_contribution(TensorId input, const char* op, bool view) {
   if (grads_[input] == kNone) {
-    TensorInfo g;
-    g.name = ti.param ? "parameter gradients (.grad)" : "activation gradients";
-    g.op = op;
-    g.dtype = ti.dtype;
-    g.bytes = ti.param ? static_cast<bytes_t>(static_cast<double>(ti.bytes) * grad_scale_) : ti.bytes;
-    g.term = ti.param ? Term::model_states : Term::activations;
-    g.holders = 1;
-    TensorId gid = add(g);
-    allocate(gid);
-    grads_[input] = gid;
+    grads_[input] = make_grad(input, op);
+    grad_view_[input] = view ? 1 : 0;
+  } else if (grad_view_[input]) {
+    // The engine adds to the input buffer after the node returns (Engine::evaluate_function:
+    // call_function, then release_variables, then InputBuffer::add): the contribution stays
+    // allocated until then, and the sum is made after the node's incoming gradients are freed.
+    pending_.push_back({input, make("gradient accumulation temporary", grad_bytes(input),
+                                    tensors_[input].param ? Term::model_states : Term::activations,
+                                    op, tensors_[input].dtype, "", false)});
   } else {
-    // A second contribution is computed into a temporary, then added in place.
-    const bytes_t b = ti.param ? static_cast<bytes_t>(static_cast<double>(ti.bytes) * grad_scale_) : ti.bytes;
-    transient("gradient accumulation temporary", b, ti.param ? Term::model_states : Term::activations);
+    // A later contribution is computed into a temporary, then added in place.
+    transient("gradient accumulation temporary", grad_bytes(input),
+              tensors_[input].param ? Term::model_states : Term::activations);
   }
 }
 
@@ -207,11 +235,13 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
     if (active) {
       TensorId ws = kNone;
       if (n.workspace) ws = make("backward workspace", n.workspace, Term::activations, n.op, "", "", false);
-      for (TensorId i : n.inputs)
+      for (std::size_t slot = 0; slot < n.inputs.n; ++slot) {
+        const TensorId i = n.inputs.v[slot];
         if (i != kNone && tensors_[i].requires_grad) {
           if (grads_[i] == kNone) grad_holders.push_back(i);
-          grad_contribution(i, n.op);
+          grad_contribution(i, n.op, (n.view_grads >> slot) & 1u);
         }
+      }
       drop(ws);
       for (TensorId o : n.outputs) {
         if (grads_[o] == kNone) continue;
@@ -225,6 +255,15 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
       release_if_dead(s);
     }
     n.saved = Ids();
+    // Out-of-place sums (see grad_contribution): old_var + var, then both operands die.
+    for (const PendingSum& p : pending_) {
+      const TensorId old = grads_[p.input];
+      grads_[p.input] = make_grad(p.input, n.op);
+      grad_view_[p.input] = 0;
+      drop(old);
+      drop(p.incoming);
+    }
+    pending_.clear();
   }
   // The seed gradient and any gradient left on non-parameter leaves die with the graph.
   for (TensorId t : grad_holders) {

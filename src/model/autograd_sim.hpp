@@ -5,8 +5,9 @@
 // caching allocator's "allocated" counter is the sum of live tensors, each rounded to 512 B. Backward
 // visits the recorded nodes in reverse, allocates the gradients of each node's inputs (and any
 // workspace the kernel needs), frees the gradients of its outputs, and releases the node's saved
-// tensors. Parameter gradients are accumulated into .grad (the first contribution is stolen, later
-// ones are added in place).
+// tensors. Gradients are accumulated in autograd's input buffer and then into .grad (the first
+// contribution is stolen; a later one is added in place, unless the buffered gradient is a view,
+// which makes the engine allocate the sum out of place: see grad_contribution).
 //
 // The simulator knows nothing about transformers: the profile code (inventory_torch.cpp,
 // inventory_harness.cpp) drives it op by op. Phases are marked by the driver; each phase records
@@ -76,9 +77,12 @@ class AutogradSim {
   void drop(TensorId t);
   // Records a backward node: `inputs` receive gradients (those that require grad), `outputs` send
   // them, `saved` are kept until the node runs. `bwd_workspace` is transient memory of the
-  // backward kernel beyond the input gradients.
+  // backward kernel beyond the input gradients. Bit i of `view_grads` says that the backward
+  // formula returns input i's gradient as a view of a tensor it allocated (a reshape or a
+  // transpose of a matmul's result): the view keeps its base alive, so autograd's input buffer
+  // cannot add a later contribution into it in place.
   void node(const char* op, std::initializer_list<TensorId> inputs, std::initializer_list<TensorId> outputs,
-            std::initializer_list<TensorId> saved, bytes_t bwd_workspace = 0);
+            std::initializer_list<TensorId> saved, bytes_t bwd_workspace = 0, std::uint8_t view_grads = 0);
   // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
   void transient(const char* name, bytes_t bytes, Term term = Term::activations);
   // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
@@ -144,6 +148,11 @@ class AutogradSim {
     Ids inputs, outputs, saved;
     bytes_t workspace;
     int section;
+    std::uint8_t view_grads;  // bit i: input i's gradient is a view (see node())
+  };
+  // A contribution that the input buffer must add out of place, after the node has run.
+  struct PendingSum {
+    TensorId input, incoming;
   };
   static constexpr std::size_t kNoReplay = static_cast<std::size_t>(-1);
 
@@ -151,7 +160,9 @@ class AutogradSim {
   void allocate(TensorId t);
   void release_if_dead(TensorId t);
   void note_peak();
-  void grad_contribution(TensorId input, const char* op);
+  void grad_contribution(TensorId input, const char* op, bool view);
+  bytes_t grad_bytes(TensorId input) const;
+  TensorId make_grad(TensorId input, const char* op);
 
   bool explain_;
   bool discard_saves_ = false;
@@ -160,6 +171,8 @@ class AutogradSim {
   std::vector<Node> nodes_;
   std::vector<Region> regions_;
   std::vector<TensorId> grads_;  // tensor → its gradient buffer (kNone: none)
+  std::vector<char> grad_view_;  // tensor → its gradient buffer is a view (cannot be added to in place)
+  std::vector<PendingSum> pending_;  // out-of-place sums of the node being run
   std::size_t replay_cursor_ = kNoReplay;
   bytes_t live_ = 0;
   std::vector<PhasePeak> phases_;
@@ -173,6 +186,21 @@ class AutogradSim {
 inline bytes_t round512(bytes_t b) {
   if (b == 0) return 0;
   return checked_mul((b + 511) / 512, 512, "allocation rounding");
+}
+
+// What PyTorch's caching allocator counts for a tensor of `b` bytes that is given a segment of its
+// own (c10/cuda/CUDACachingAllocator.cpp): the request rounds to 512 B; above kSmallSize (1 MiB)
+// it gets a segment of kLargeBuffer (20 MiB) below kMinLargeAlloc (10 MiB), else of its size
+// rounded up to kRoundLarge (2 MiB); and the block is split off the segment only when more than
+// kSmallSize would remain (should_split). A tensor 1 MiB or less short of a 2 MiB multiple thus
+// holds, and memory_allocated() counts, the whole segment: an 81 MiB fp32 Gemma 2 MLP weight is an
+// 82 MiB block.
+inline bytes_t own_segment_block(bytes_t b) {
+  constexpr bytes_t kSmallSize = bytes_t{1} << 20, kMinLargeAlloc = 10 * kSmallSize, kRoundLarge = 2 * kSmallSize;
+  const bytes_t r = round512(b);
+  if (r < kMinLargeAlloc) return r;
+  const bytes_t segment = checked_mul((r + kRoundLarge - 1) / kRoundLarge, kRoundLarge, "allocation rounding");
+  return segment - r > kSmallSize ? r : segment;
 }
 
 }  // namespace membudget::detail

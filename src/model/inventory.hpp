@@ -26,6 +26,10 @@ struct SimTrace;
 TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain,
                                      const ModelSpec* sizing = nullptr, std::array<SimTrace, 2>* traces = nullptr);
 
+// Whether the step runs SDPA with a materialised sliding-window mask (a different allocation
+// stream: the step plan compiles it as its own regime).
+bool sliding_window_mask(const ModelSpec& m, const Job& job);
+
 // The same result without the explain lists and the section peaks, from this thread's compiled plan
 // for (m, job) (src/model/step_plan.hpp); the full simulation when the step does not compile.
 TorchStepResult simulate_torch_train_fast(const ModelSpec& m, const Job& job);

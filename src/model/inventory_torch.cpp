@@ -61,6 +61,10 @@ struct Step {
   std::vector<std::pair<TensorId, TensorId>> cast_cache{};
   std::vector<TensorId> layer_inputs{};  // checkpoint keeps each layer's input
   std::vector<TensorId> kv_cache{};     // DynamicCache entries (use_cache=True while training)
+  // transformers materialises a sliding-window mask for SDPA (see forward()); `mask` is its bool
+  // b·1·s·s tensor while the model holds it.
+  bool masked = false;
+  TensorId mask = kNone;
 
   void drop_kv_cache() {
     for (TensorId t : kv_cache) sim.drop(t);
@@ -97,6 +101,16 @@ struct Step {
   }
 
   // y = x W^T (+ bias). Linear saves its input and weight (aten::linear → mm; addmm with a bias).
+  // Both gradients come back as views (see AutogradSim::node): the weight's is
+  // mm_mat2_backward's transpose (W^T is column-major) transposed again by TBackward0, the input's
+  // is ViewBackward0's reshape of the 2-D mm over the flattened tokens (matmul's fold, or
+  // _flatten_nd_linear with a bias). A second contribution to such a gradient is summed out of
+  // place. Where it shows: with tied embeddings in bf16 or fp32, lm_head's weight gradient waits in
+  // the embedding's input buffer through the whole backward, and EmbeddingBackward's V×h gradient
+  // (embedding_dense_backward_cuda: at::zeros(V, h)) is added as old + new, so three V×h buffers
+  // coexist at the end of backward. Under autocast the weight cast's ToCopyBackward hands the
+  // buffer a fresh fp32 tensor, and the embedding's gradient is added to it in place.
+  static constexpr std::uint8_t kLinearViewGrads = 0b011;
   TensorId linear(TensorId x, bytes_t in, bytes_t out, TensorId w, TensorId bias, const char* name,
                   const char* shape) {
     TensorId xin = cast_input(x, mul(d.T, in), "linear inputs (autocast bf16 copies)");
@@ -104,7 +118,7 @@ struct Step {
     TensorId bc = bias == kNone ? kNone : weight(bias);
     TensorId y = sim.make(name, mul(d.T, out, r.compute), Term::activations, "linear output",
                           r.compute_name, shape, true);
-    sim.node("LinearBackward", {xin, wc, bc}, {y}, {xin, wc});
+    sim.node("LinearBackward", {xin, wc, bc}, {y}, {xin, wc}, 0, kLinearViewGrads);
     sim.drop(xin);
     return y;
   }
@@ -222,10 +236,24 @@ struct Step {
       TensorId a2 = sim.make("rotary rot*sin", mul(d.T, width, rb), Term::activations, "mul", "", "", true);
       sim.node("MulBackward0", {rh, sin}, {a2}, {sin});
       sim.drop(rh);
-      TensorId e = sim.make(name, mul(d.T, width, rb), Term::activations, "add", "", "b·s·n·hd", true);
+      const bool phi3 = m.family == "phi3";
+      TensorId e = sim.make(phi3 ? "rotary q*cos + rot*sin" : name, mul(d.T, width, rb), Term::activations, "add", "",
+                            "b·s·n·hd", true);
       sim.node("AddBackward0", {a1, a2}, {e}, {});
       sim.drop(a1);
       sim.drop(a2);
+      if (phi3) {
+        // Phi-3's apply_rotary_pos_emb supports partial rotary: q_embed = torch.cat([q_rot*cos +
+        // rotate_half(q_rot)*sin, q_pass], -1) with an empty q_pass. The cat is a copy, and a
+        // contiguous one (b·n·s·hd): the rotated tensor keeps qkv_proj's b·s·n·hd layout, cat does
+        // not (its output takes the inputs' suggested memory format, which for this permutation is
+        // the default contiguous one).
+        TensorId ec = sim.make(name, mul(d.T, width, rb), Term::activations, "cat (partial rotary)", "",
+                               "b·n·s·hd", true);
+        sim.node("CatBackward0", {e}, {ec}, {});
+        sim.drop(e);
+        e = ec;
+      }
       return e;
     };
     TensorId qe = rotary(q, d.qd, "q after rotary");
@@ -258,9 +286,17 @@ struct Step {
     sim.drop(qe);
     sim.drop(ke);
     sim.drop(v);
-    // attn_output.transpose(1, 2).contiguous(): the fused kernels (cuDNN / flash) already write
-    // the output as b·s·a·hd, so this is a view that o_proj saves; the math paths copy (above).
+    // attn_output.transpose(1, 2).contiguous(): cuDNN writes its output in q's layout (flash in
+    // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj
+    // saves; Phi-3's partial-rotary cat makes q contiguous b·a·s·hd, and then it is a copy, saved by
+    // o_proj beside the output SDPA saves. The math paths copy (below).
     TensorId attc = att;
+    if (fused && fused_sdpa()) {
+      attc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, d.qd, r.compute), Term::activations,
+                      "contiguous", r.compute_name, "b·s·a·hd", true);
+      sim.node("CloneBackward0", {att}, {attc}, {});
+      sim.drop(att);
+    }
     TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h");
     sim.drop(attc);
     if (m.norms_per_layer >= 4) {  // Gemma 2: post_attention_layernorm on the branch
@@ -311,22 +347,59 @@ struct Step {
   // scaled_dot_product_attention. Flash/cuDNN need 16-bit inputs: with GQA (enable_gqa) in fp32 no
   // fused kernel applies and PyTorch falls back to its math implementation. Under autocast q and k
   // (fp32 after rotary) are cast to bf16.
+  bool fused_sdpa() const { return job.attention == Attention::flash && r.compute != 4; }
+
   TensorId attention(TensorId qe, TensorId ke, TensorId v) {
+    // transformers' sdpa_attention_forward passes enable_gqa only without a mask
+    // (use_gqa_in_sdpa); with one it repeat_kv's keys and values first (expand + reshape: copies
+    // in their dtype, which backward sums back to the kv heads).
+    const bool repeat = masked && fused_sdpa() && d.a != d.kva;
+    if (repeat) {
+      const bytes_t kb = sim.info(ke).bytes / mul(d.T, d.kvd), vb = sim.info(v).bytes / mul(d.T, d.kvd);
+      TensorId kr = sim.make("repeat_kv keys (mask given: no enable_gqa)", mul(d.T, d.qd, kb), Term::activations,
+                             "repeat_kv", "", "b·a·s·hd", true);
+      sim.node("ExpandBackward0", {ke}, {kr}, {});
+      TensorId vr = sim.make("repeat_kv values (mask given: no enable_gqa)", mul(d.T, d.qd, vb), Term::activations,
+                             "repeat_kv", "", "b·a·s·hd", true);
+      sim.node("ExpandBackward0", {v}, {vr}, {});
+      ke = kr;
+      v = vr;
+    }
+    const bytes_t kw = repeat ? d.qd : d.kvd;
     TensorId q = cast_input(qe, d.qd * d.T, "sdpa inputs (bf16 casts of q, k)");
-    TensorId k = cast_input(ke, d.kvd * d.T, "sdpa inputs (bf16 casts of q, k)");
-    v = cast_input(v, d.kvd * d.T, "sdpa inputs (bf16 cast of the cached fp32 values)");
+    TensorId k = cast_input(ke, kw * d.T, "sdpa inputs (bf16 casts of q, k)");
+    TensorId vin = cast_input(v, kw * d.T, "sdpa inputs (bf16 cast of the cached fp32 values)");
+    if (repeat) {
+      sim.drop(ke);
+      sim.drop(v);
+    }
+    v = vin;
     TensorId out = kNone;
-    if (job.attention == Attention::flash && r.compute != 4) {
+    if (fused_sdpa()) {
       // cuDNN / flash: saves q, k, v (not repeated), the output and the fp32 log-sum-exp
       out = sim.make("sdpa output (saved)", mul(d.T, d.qd, r.compute), Term::activations, "sdpa",
                      r.compute_name, "b·s·a·hd", true);
       TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, d.a, d.s, 4), Term::activations,
                               "flash attention", "fp32", "b·a·s", false);
+      // With a mask, SDPA (convert_boolean_attn_mask) turns the bool mask into an additive one in
+      // q's dtype, at::where(mask.logical_not(), -inf, 0): a b·1·s·s tensor per layer, which cuDNN
+      // attention takes as attn_bias and saves for backward.
+      TensorId bias = kNone;
+      if (masked) {
+        sim.transient("sdpa mask: logical_not (bool)", mul(d.b, d.s, d.s));
+        bias = sim.make("sdpa attn_bias: additive mask (saved)", mul(d.b, d.s, d.s, r.compute), Term::activations,
+                        "convert_boolean_attn_mask", r.compute_name, "b·1·s·s", false);
+      }
       // backward: dq accumulator in fp32, and k/v gradients expanded to all query heads under GQA
       bytes_t ws = mul(d.T, d.qd, 4) + mul(d.b, d.a, d.s, 4);
-      if (d.a != d.kva) ws += mul(d.T, d.qd, r.compute, 2);
-      sim.node("FlashAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
+      if (d.a != d.kva && !repeat) ws += mul(d.T, d.qd, r.compute, 2);
+      if (bias != kNone) {
+        sim.node("CudnnAttentionBackward (attn_bias)", {q, k, v}, {out}, {q, k, v, out, lse, bias}, ws);
+      } else {
+        sim.node("FlashAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
+      }
       sim.drop(lse);
+      sim.drop(bias);
     } else if (job.attention == Attention::flash) {
       out = sdpa_math(q, k, v);
     } else {
@@ -364,7 +437,10 @@ struct Step {
     sim.drop(qs);
     sim.drop(ks);
     TensorId sm = sim.make("sdpa math: softmax output (saved)", mul(bas2, e), Term::activations, "softmax", "", "b·a·s·s", true);
-    sim.node("SoftmaxBackward", {sc}, {sm}, {sm});
+    // _safe_softmax's backward is _softmax_backward_data; on CUDA (SoftMax.cu,
+    // softmax_backward_cuda_out) it computes `Tensor tmp = grad * output` before the reduction:
+    // a temporary the size of the scores beside grad_input.
+    sim.node("SoftmaxBackward", {sc}, {sm}, {sm}, mul(bas2, e));
     sim.drop(sc);
     sim.drop(mask);
     TensorId o = sim.make("sdpa output", mul(d.T, d.qd, e), Term::activations, "matmul", "", "b·a·s·hd", true);
@@ -409,7 +485,9 @@ struct Step {
     sim.drop(mask);
     TensorId sm32 = sim.make("softmax output fp32 (saved)", mul(bas2, 4), Term::activations, "softmax(float32)", "fp32",
                              "b·a·s·s", true);
-    sim.node("SoftmaxBackward", {msk}, {sm32}, {sm32});
+    // _softmax_backward_data on CUDA allocates `tmp = grad * output` (fp32 here) beside grad_input
+    // (SoftMax.cu, softmax_backward_cuda_out).
+    sim.node("SoftmaxBackward", {msk}, {sm32}, {sm32}, mul(bas2, 4));
     sim.drop(msk);
     TensorId sm = sm32;
     if (e != 4) {
@@ -457,6 +535,14 @@ TensorId forward(Step& st, bool checkpoint) {
   // LlamaRotaryEmbedding: cos and sin in the hidden states' dtype, shared by every layer.
   st.cos = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
   st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
+  // Sliding-window attention (Mistral, Phi-3: the window on every layer) through SDPA:
+  // create_sliding_window_causal_mask skips the mask and lets SDPA use is_causal only while
+  // kv_length < sliding_window (masking_utils._ignore_causal_mask_sdpa); from s = window on it
+  // materialises a bool b·1·s·s mask. The model's forward holds it through the layers; under
+  // checkpointing each layer's recompute closure holds it too, until that layer's backward.
+  if (st.masked)
+    st.mask = sim.make("sliding-window attention mask (bool)", mul(d.b, d.s, d.s), Term::activations,
+                       "create_sliding_window_causal_mask", "bool", "b·1·s·s", false);
   for (std::size_t i = 0; i < d.L; ++i) {
     TensorId out = kNone;
     sim.set_section(static_cast<int>(i) + 1);  // plans: layer i's section
@@ -481,6 +567,7 @@ TensorId forward(Step& st, bool checkpoint) {
   // (and the DynamicCache) until it returns, i.e. through the loss.
   TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
   sim.drop(x);
+  if (!checkpoint) sim.drop(st.mask);  // the model's forward returns
   sim.hold(hn);
   TensorId loss = kNone;
   const bytes_t TV = mul(d.T, d.V);
@@ -607,6 +694,13 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
 
 }  // namespace
 
+// transformers materialises an SDPA mask for a sliding window on every layer once the sequence
+// reaches the window (forward() says why). Gemma 2's alternating windows are not modelled.
+bool sliding_window_mask(const ModelSpec& m, const Job& job) {
+  return job.attention == Attention::flash && m.sliding.enabled() && m.sliding.every_nth <= 1 &&
+         job.seq >= m.sliding.window;
+}
+
 TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain, const ModelSpec* sizing,
                                      std::array<SimTrace, 2>* traces) {
   TorchStepResult res;
@@ -617,6 +711,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     AutogradSim sim(explain);
     if (traces) sim.record_to(&(*traces)[pass]);
     Step st{m, job, {}, recipe_of(job.precision), sim, {}};
+    st.masked = sliding_window_mask(m, job);
     auto& d = st.d;
     d.b = job.batch; d.s = job.seq; d.T = mul(job.batch, job.seq);
     d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.vocab_size;
@@ -652,10 +747,46 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     st.input_ids = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
     st.labels = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
     const OptimizerCost oc = optimizer_cost(job, sm, n_params, r.param);
+    // The long-lived tensors the harness allocates once — the parameters (built on the device by
+    // from_config), torch.optim's state (zeros_like(p) per parameter at the first step) and the fp32
+    // master copy — mostly get segments of their own: each then holds its whole segment
+    // (own_segment_block). The extra bytes, per parameter tensor, for the full model (`sizing`):
+    // the fast path simulates fewer layers, and all layers are alike.
+    bytes_t param_tail = 0, layer_param_tail = 0, state_tail = 0, layer_state_tail = 0;
+    {
+      const bool master = job.precision == Precision::bf16_master;
+      const bytes_t sb = master ? 4 : r.param;  // torch.optim state follows the parameter dtype
+      const bytes_t per_param = job.optimizer == Optimizer::adamw ? 2
+                                : job.optimizer == Optimizer::sgd_momentum || job.optimizer == Optimizer::lion ? 1
+                                                                                                                : 0;
+      auto tail = [](bytes_t b) { return own_segment_block(b) - round512(b); };
+      std::vector<char> in_layer(static_cast<std::size_t>(st.input_ids), 0);  // layer 0's parameters
+      if (!st.layers.empty()) {
+        const LayerParams& l0 = st.layers[0];
+        for (TensorId t : {l0.norm1, l0.norm2, l0.norm3, l0.norm4, l0.q, l0.k, l0.v, l0.o, l0.qb, l0.kb, l0.vb, l0.gate,
+                           l0.up, l0.down, l0.q_norm, l0.k_norm})
+          if (t != kNone) in_layer[static_cast<std::size_t>(t)] = 1;
+      }
+      for (TensorId p = 0; p < st.input_ids; ++p) {
+        if (!sim.info(p).param) continue;
+        const bytes_t pb = sim.info(p).bytes, elems = pb / r.param;
+        const bytes_t pt = tail(pb), stt = per_param * tail(mul(elems, sb)) + (master ? tail(mul(elems, 4)) : 0);
+        param_tail += pt;
+        state_tail += stt;
+        if (in_layer[static_cast<std::size_t>(p)]) {
+          layer_param_tail += pt;
+          layer_state_tail += stt;
+        }
+      }
+      // state for the full model's layer count; the parameters are those simulated
+      state_tail = state_tail - layer_state_tail * d.L + layer_state_tail * sm.num_layers;
+    }
+    sim.alloc_raw("allocator: whole segments held by parameters", param_tail, Term::other, "caching allocator");
     // Optimizer state (and the fp32 master copy) stay allocated for the rest of the run.
     auto allocate_optimizer_state = [&] {
       sim.alloc_raw("optimizer state", oc.state, Term::model_states, "optimizer", "", "");
       sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, "optimizer", "fp32", "");
+      sim.alloc_raw("allocator: whole segments held by optimizer state", state_tail, Term::other, "caching allocator");
     };
     if (steady) allocate_optimizer_state();
     // cuBLAS workspace, one per handle: the forward thread's appears at the first matmul of step 0,
@@ -688,6 +819,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     if (ckpt) {
       sim.drop(st.cos);
       sim.drop(st.sin);
+      sim.drop(st.mask);
     }
     bytes_t grads = 0;
     std::vector<TensorId> grad_ids;

@@ -201,9 +201,20 @@ struct PlanBuilder {
     const std::uint64_t L = m.num_layers;
     // Probes inside the job's regime.
     std::uint64_t b0 = 1, s0 = 1;
+    const int regime = StepPlan::regime(m, job);
+    if (regime & 2) s0 = m.sliding.window;  // s ≥ window at every probe
     if (job.loss == Loss::chunked) {
-      if (StepPlan::regime(job) == 1) s0 = job.loss_chunk;                 // T ≥ loss_chunk at every probe
-      else if (job.loss_chunk < 35) throw Fail{};                           // T = 1, 6, 35 ≤ loss_chunk
+      if (regime & 1) {  // T ≥ loss_chunk at every probe: through s, or through b below the window
+        if (regime & 2) s0 = std::max(s0, job.loss_chunk);
+        else b0 = job.loss_chunk;
+      } else if (job.loss_chunk < 35 * s0) {  // T = s0, 6·s0, 35·s0 ≤ loss_chunk
+        throw Fail{};
+      }
+    }
+    if (!(regime & 2)) {  // s = s0, 3·s0, 7·s0 below the window
+      Job last = job;
+      last.seq = 7 * s0;
+      if (sliding_window_mask(m, last)) throw Fail{};
     }
     const std::array<Probe, 3> probes{{{b0, s0}, {2 * b0, 3 * s0}, {5 * b0, 7 * s0}}};
     if (probes[2].s > (1ull << 32) / probes[2].b) throw Fail{};
@@ -312,8 +323,9 @@ const std::array<const char*, StepPlan::kPhases>& StepPlan::phase_names() {
   return names;
 }
 
-int StepPlan::regime(const Job& job) {
-  return job.loss == Loss::chunked && static_cast<u128>(job.batch) * job.seq > job.loss_chunk ? 1 : 0;
+int StepPlan::regime(const ModelSpec& m, const Job& job) {
+  const int chunk = job.loss == Loss::chunked && static_cast<u128>(job.batch) * job.seq > job.loss_chunk ? 1 : 0;
+  return chunk | (sliding_window_mask(m, job) ? 2 : 0);
 }
 
 std::shared_ptr<const StepPlan> StepPlan::compile(const ModelSpec& m, const Job& job) {
@@ -378,7 +390,7 @@ TorchStepResult StepPlan::result(std::uint64_t b, std::uint64_t s) const {
 }
 
 const StepPlan* StepPlan::cached(const ModelSpec& m, const Job& job) {
-  return PlanCache<StepPlan>::mine().get(m, job, static_cast<std::uint64_t>(regime(job)), compile);
+  return PlanCache<StepPlan>::mine().get(m, job, static_cast<std::uint64_t>(regime(m, job)), compile);
 }
 
 void StepPlan::clear_cache() noexcept { PlanCache<StepPlan>::mine().clear(); }

@@ -31,11 +31,13 @@ class StepPlan {
   static const std::array<const char*, kPhases>& phase_names();
 
   // The regime of a job: the chunked loss computes min(loss_chunk, b·s) logits rows, a different
-  // size class on either side of b·s = loss_chunk. Plans are compiled per regime.
-  static int regime(const Job& job);
+  // size class on either side of b·s = loss_chunk (bit 0); a sliding window on every layer makes
+  // transformers build an SDPA mask from s = window on (bit 1; sliding_window_mask in
+  // inventory.hpp). Plans are compiled per regime.
+  static int regime(const ModelSpec& m, const Job& job);
 
   // Compiles the torch-profile training step of `m` under `job` (its batch and seq are ignored;
-  // regime(job) is). nullptr when the step is not expressible or a check fails.
+  // regime(m, job) is). nullptr when the step is not expressible or a check fails.
   static std::shared_ptr<const StepPlan> compile(const ModelSpec& m, const Job& job);
 
   // This thread's plan for (m, job), compiled on first use (validating m); nullptr when the step
