@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gt_common as common  # noqa: E402
 
 CASE_KEYS = ("config", "batch", "seq", "precision", "optimizer", "recompute", "attention",
-             "steps", "warmup", "overrides", "use_cache", "name")
+             "steps", "warmup", "overrides", "use_cache", "name", "lora")
 DEFAULTS = {"precision": "amp-bf16", "optimizer": "adamw", "recompute": "none",
             "attention": "flash", "steps": 4, "warmup": 2, "overrides": None,
             "use_cache": None}
@@ -138,7 +138,10 @@ def cases_from_matrix(path):
 def model_key(case):
     dtype = "bf16" if case["precision"] == "bf16" else "fp32"
     return (os.path.abspath(case["config"]), json.dumps(case.get("overrides"), sort_keys=True),
-            dtype, common.ATTENTION_IMPL[case["attention"]])
+            dtype, common.ATTENTION_IMPL[case["attention"]], case.get("lora") or 0)
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def build_model(case):
@@ -149,6 +152,14 @@ def build_model(case):
     dtype = torch.bfloat16 if case["precision"] == "bf16" else torch.float32
     torch.manual_seed(0)
     model = common.build_causal_lm(cfg, dtype, common.ATTENTION_IMPL[case["attention"]])
+    if case.get("lora"):
+        # peft LoRA on every decoder linear (what `membudget advise` assumes): rank r, alpha 2r,
+        # no dropout; the base is frozen and peft keeps the adapters in fp32.
+        from peft import LoraConfig, get_peft_model
+
+        r = int(case["lora"])
+        model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, bias="none",
+                                                 target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
     model.train()
     return model, cfgd
 
