@@ -127,23 +127,24 @@ void AutogradSim::transient(const char* name, bytes_t bytes, Term term) {
 void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
                        std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved,
                        bytes_t bwd_workspace, std::uint8_t view_grads) {
-  if (replaying()) {
-    bool needs = false;
-    for (TensorId i : inputs)
-      if (i != kNone && tensors_[i].requires_grad) needs = true;
-    if (!needs) return;
-    Node& n = nodes_.at(replay_cursor_++);
-    n.saved = Ids(saved);
-    for (TensorId s : n.saved) ++tensors_[s].saved;
-    return;
-  }
   bool any_grad = false;
   for (TensorId i : inputs)
     if (i != kNone && tensors_[i].requires_grad) any_grad = true;
-  if (!any_grad) return;  // autograd records nothing for ops whose inputs need no grad
+  // An op's output requires grad only when one of its inputs does: with frozen parameters (LoRA)
+  // the activations before the first adapter need no gradient, and autograd records nothing for
+  // the ops that make them.
+  for (TensorId o : outputs)
+    if (o != kNone && !any_grad) tensors_[o].requires_grad = false;
+  if (!any_grad) return;
+  if (replaying()) {
+    Node& n = nodes_.at(replay_cursor_++);
+    n.saved = Ids(saved, true);
+    for (TensorId s : n.saved) ++tensors_[s].saved;
+    return;
+  }
   Node n{op, Ids(inputs), Ids(outputs), {}, bwd_workspace, section_, view_grads};
   if (!discard_saves_) {
-    n.saved = Ids(saved);
+    n.saved = Ids(saved, true);  // kNone: a tensor saved only for a gradient nobody needs
     for (TensorId s : n.saved) ++tensors_[s].saved;
   }
   nodes_.push_back(n);

@@ -136,9 +136,10 @@ class AutogradSim {
     std::array<TensorId, 6> v{};
     std::uint8_t n = 0;
     Ids() = default;
-    Ids(std::initializer_list<TensorId> l) {
+    Ids(std::initializer_list<TensorId> l, bool drop_none = false) {
       if (l.size() > v.size()) throw Error(ErrorKind::unsupported, "internal: autograd node with too many tensors");
-      for (TensorId t : l) v[n++] = t;
+      for (TensorId t : l)
+        if (!drop_none || t != kNone) v[n++] = t;
     }
     const TensorId* begin() const { return v.data(); }
     const TensorId* end() const { return v.data() + n; }
