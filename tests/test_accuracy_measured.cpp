@@ -31,6 +31,7 @@ void check_file(const char* rel, int min_cases) {
     job.optimizer = parse_optimizer(j["optimizer"].get<std::string>());
     job.recompute = parse_recompute(j["recompute"].get<std::string>());
     job.attention = parse_attention(j["attention"].get<std::string>());
+    if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
     const Budget b = predict(m, job);
     // the last measured step (step ≥ 2: steady state), and step 0
     nlohmann::json steady, first;
@@ -84,3 +85,7 @@ TEST_CASE("held-out models land within 1% too") { check_file("tests/data/torch_t
 // The ordinary fine-tune size, measured on 2026-11-29 after everything above (Llama 3.1 8B,
 // Qwen2.5 7B, Gemma 2 9B; tools/matrices/train_8b_class_h200.json): the same bars.
 TEST_CASE("7-9B models land within 1% too") { check_file("tests/data/torch_train_8b_class_h200.json", 8); }
+
+// LoRA fine-tunes with peft (rank 16 on every decoder linear, fp32 adapters, base frozen; Llama 3.2
+// 1B and 3.1 8B, bf16 and amp-bf16, with and without recompute; tools/matrices/lora_h200.json).
+TEST_CASE("LoRA fine-tunes land within 1% too") { check_file("tests/data/torch_train_lora_h200.json", 5); }

@@ -6,6 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
+#include "membudget/api.hpp"
+
+using namespace membudget;
 
 namespace {
 std::string write_temp(const std::string& name, const std::string& text) {
@@ -103,4 +106,30 @@ TEST_CASE("a Hugging Face config.json predicts the same as our YAML") {
       test::run_cli("predict " + test::source_path("tests/data/hf/llama-3.2-1b.json") + " --format json --batch 1 --seq 512").out);
   CHECK(a["phases"] == b["phases"]);
   CHECK(a["model"]["parameters"] == b["model"]["parameters"]);
+}
+
+TEST_CASE("--lora: the LoRA job from the flag, the YAML job section and set_job_option; bad ranks are errors") {
+  const std::string model = test::source_path("configs/llama-3.2-1b.yaml");
+  const auto r = test::run_cli("predict " + model + " --lora 16 --batch 1 --seq 2048 --precision bf16 --format json");
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["job"]["lora_rank"] == 16);
+  const auto full = nlohmann::json::parse(
+      test::run_cli("predict " + model + " --batch 1 --seq 2048 --precision bf16 --format json").out);
+  CHECK_FALSE(full["job"].contains("lora_rank"));
+  CHECK(j["breakdown"]["model_states"]["gradients"].get<std::uint64_t>() * 50 <
+        full["breakdown"]["model_states"]["gradients"].get<std::uint64_t>());
+  Job viaopt;
+  set_job_option(viaopt, "lora", "8");
+  CHECK(viaopt.lora_rank == 8);
+  CHECK_THROWS_AS(set_job_option(viaopt, "lora", "-1"), Error);
+  const std::string yaml = write_temp("lora.yaml",
+      "name: t\nfamily: llama\nvocab_size: 1024\nhidden_size: 128\nintermediate_size: 384\nnum_layers: 2\n"
+      "num_heads: 8\nnum_kv_heads: 2\nmax_positions: 4096\njob:\n  lora: 4\n  seq: 64\n");
+  const auto y = test::run_cli("predict " + yaml + " --format json");
+  REQUIRE(y.exit_code == 0);
+  CHECK(nlohmann::json::parse(y.out)["job"]["lora_rank"] == 4);
+  CHECK(test::run_cli("predict " + model + " --lora x").exit_code == 2);
+  CHECK(test::run_cli("predict " + model + " --lora 100000").exit_code == 2);
+  CHECK(test::run_cli("predict " + model + " --lora 16 --optimizer adafactor").exit_code == 2);
 }

@@ -107,3 +107,20 @@ TEST_CASE("fast path == full simulation: toy models with 7 to 12 layers, qk-norm
   }
   CHECK(detail::step_plan_failures() == failures_before);
 }
+
+TEST_CASE("fast path == full simulation for LoRA jobs, saved tensors by name included") {
+  PredictOptions full;
+  full.full_simulation = true;
+  for (const char* c : {"configs/llama-3.2-1b.yaml", "configs/llama-3.1-8b.yaml"})
+    for (Precision p : {Precision::amp_bf16, Precision::bf16})
+      for (Recompute rc : {Recompute::none, Recompute::full}) {
+        const ModelSpec m = load_model(test::source_path(c));
+        Job j;
+        j.lora_rank = 16;
+        j.batch = 2;
+        j.seq = 777;
+        j.precision = p;
+        j.recompute = rc;
+        check_same(predict(m, j), predict(m, j, full), std::string(c) + " lora");
+      }
+}

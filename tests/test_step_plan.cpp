@@ -206,3 +206,45 @@ TEST_CASE("a plan is small: few basis components and rows") {
     CHECK(plan->rows() <= 200);
   }
 }
+
+TEST_CASE("plans for LoRA jobs (frozen base, fp32 adapters) == the full simulation") {
+  const auto failures_before = detail::step_plan_failures();
+  PredictOptions full;
+  full.full_simulation = true;
+  std::vector<ModelSpec> models;
+  for (const char* c : {"configs/llama-3.2-1b.yaml", "configs/qwen2.5-1.5b.yaml", "configs/gemma-2-9b.yaml"})
+    models.push_back(load_model(test::source_path(c)));
+  for (std::uint64_t L : {1, 3, 7, 10}) models.push_back(test::toy_llama_variant(L));
+  int compared = 0;
+  for (const ModelSpec& m : models)
+    for (Precision p : {Precision::fp32, Precision::amp_bf16, Precision::bf16, Precision::bf16_master})
+      for (Recompute rc : {Recompute::none, Recompute::full})
+        for (auto [b, s] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{{1, 7}, {3, 129}, {2, 1024}}) {
+          Job j;
+          j.lora_rank = compared % 2 ? 16 : 8;
+          j.batch = b;
+          j.seq = s;
+          j.precision = p;
+          j.recompute = rc;
+          j.loss = compared % 3 == 0 ? Loss::chunked : Loss::full;
+          j.attention = compared % 4 == 1 ? Attention::math : Attention::flash;
+          const std::string what = m.name + " lora " + std::to_string(j.lora_rank) + " " + describe(m.name, j);
+          check_same(estimate(m, j), summarize(predict(m, j, full)), what);
+          ++compared;
+        }
+  CHECK(compared == 7 * 4 * 2 * 3);
+  CHECK(detail::step_plan_failures() == failures_before);
+  // LoRA changes the prediction (a frozen base needs no gradients or optimizer state for it)
+  Job full_ft, lora;
+  lora.lora_rank = 16;
+  const Estimate a = estimate(models[0], full_ft), l = estimate(models[0], lora);
+  CHECK(l.states.gradients < a.states.gradients / 100);
+  CHECK(l.states.optimizer < a.states.optimizer / 100);
+  CHECK(l.peak < a.peak);
+  // Phi-3's fused projections are refused with LoRA, Adafactor over adapters too
+  Job phi_job;
+  phi_job.lora_rank = 16;
+  CHECK_THROWS_AS(estimate(load_model(test::source_path("configs/phi-3-mini.yaml")), phi_job), Error);
+  phi_job.optimizer = Optimizer::adafactor;
+  CHECK_THROWS_AS(estimate(models[0], phi_job), Error);
+}

@@ -20,6 +20,8 @@ def run(exe, job, activations):
     args = [exe, "predict", job["config"], "--batch", str(job["batch"]), "--seq", str(job["seq"]),
             "--precision", job["precision"], "--optimizer", job["optimizer"], "--recompute", job["recompute"],
             "--attention", job["attention"], "--activations", activations, "--format", "json"]
+    if job.get("lora"):
+        args += ["--lora", str(job["lora"])]
     return json.loads(subprocess.run(args, capture_output=True, text=True, check=False).stdout)
 
 

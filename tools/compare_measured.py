@@ -20,6 +20,8 @@ def predict(exe, case, activations):
     args = [exe, "predict", j["config"], "--batch", str(j["batch"]), "--seq", str(j["seq"]),
             "--precision", j["precision"], "--optimizer", j["optimizer"], "--recompute", j["recompute"],
             "--attention", j["attention"], "--activations", activations, "--format", "json"]
+    if j.get("lora"):
+        args += ["--lora", str(j["lora"])]
     out = subprocess.run(args, capture_output=True, text=True)
     if out.returncode not in (0, 1):
         raise RuntimeError(" ".join(args) + "\n" + out.stdout + out.stderr)

@@ -37,6 +37,7 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--loss", loss, "full (default) | chunked");
   cmd->add_option("--loss-chunk", loss_chunk, "tokens per chunk for --loss chunked (default 1024)");
   cmd->add_option("--activations", activations, "inventory (default) | korthikanti");
+  cmd->add_option("--lora", lora, "LoRA rank on every decoder linear, base frozen (peft; default 0: full fine-tune)");
   cmd->add_option("--profile", profile, "torch (default: transformers 5 on PyTorch 2.11) | harness");
   cmd->add_option("--overhead", overhead, "memory outside the allocator, e.g. 800MiB (default: docs/model.md)");
   cmd->add_option("--kv-dtype", kv_dtype, "KV cache dtype when serving: bf16 | fp16 | fp8 | int8");
@@ -68,6 +69,7 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (!kv_dtype.empty()) j.kv_dtype = parse_dtype(kv_dtype, "--kv-dtype");
   if (!weights.empty()) j.weights = parse_dtype(weights, "--weights");
   if (!group_size.empty()) j.group_size = parse_count(group_size, "--group-size");
+  if (!lora.empty()) j.lora_rank = lora == "0" ? 0 : parse_count(lora, "--lora");
   j.validate();
   if (warn) warn_beyond_context(spec, j.seq);
   return j;

@@ -75,6 +75,9 @@ struct Job {
   Loss loss = Loss::full;
   std::uint64_t loss_chunk = 1024;  // tokens per chunk for --loss chunked
   ActivationModel activations = ActivationModel::inventory;
+  // LoRA (training): rank r adapters (peft: fp32, alpha 2r, no dropout) on every decoder linear
+  // (q, k, v, o, gate, up, down); the base model is frozen. 0: full fine-tuning.
+  std::uint64_t lora_rank = 0;
   Profile profile = Profile::torch;
   Parallelism parallel;
   // Memory outside the allocator (CUDA context, cuBLAS/cuDNN handles): see docs/model.md.

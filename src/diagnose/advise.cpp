@@ -47,7 +47,7 @@ LiveStates live_states(const PhasePeak& p) {
     else if (t.name == "master weights (fp32)") s.master += t.bytes;
     else if (t.name == "optimizer state") s.optimizer += t.bytes;
     else if (t.name == "optimizer temporaries") s.temporaries += t.bytes;
-    else if (t.name.rfind("autocast cache", 0) == 0) s.autocast += t.bytes;
+    else if (t.name.rfind("autocast", 0) == 0) s.autocast += t.bytes;  // cached, or frozen weights' copies
   }
   return s;
 }
@@ -66,7 +66,8 @@ struct PredictCache {
   static bool same(const Job& a, const Job& b) {
     return a.batch == b.batch && a.seq == b.seq && a.precision == b.precision && a.optimizer == b.optimizer &&
            a.recompute == b.recompute && a.attention == b.attention && a.loss == b.loss &&
-           a.loss_chunk == b.loss_chunk && a.activations == b.activations && a.profile == b.profile;
+           a.loss_chunk == b.loss_chunk && a.activations == b.activations && a.profile == b.profile &&
+           a.lora_rank == b.lora_rank;
   }
   std::shared_ptr<const Budget> get(const Job& job) {
     for (const auto& [j, b] : entries)
@@ -352,31 +353,21 @@ std::vector<Fix> advise(const ModelSpec& model, const Job& job, const Device& de
   }
 
   // ---- model: LoRA and QLoRA ----
+  // LoRA is a job change: the inventory simulates the adapted step (frozen base, peft's fp32
+  // adapters and casts; --lora). QLoRA starts from the same step and quantizes the frozen base.
   const std::uint64_t rank = 16;
   const std::uint64_t adapter_params = L * rank * lin.in_out;
-  const double opt_pp = optimizer_bytes_per_param(job.optimizer);
-  // fp32 adapters: weights 4 + grads 4 + optimizer state + one temporary of 4 bytes per parameter
-  const auto adapter_state = static_cast<bytes_t>(std::ceil(static_cast<double>(adapter_params) * (12.0 + opt_pp)));
-  // the adapters' rank-r intermediate x·A of each adapted linear, saved for backward
-  const bytes_t adapter_acts =
-      checked_product("advise: LoRA activations", job.batch, job.seq, rank, lin.count * L, compute_bytes(job.precision));
+  const bool lora_applies = job.lora_rank == 0 && model.family != "phi3" && job.optimizer != Optimizer::adafactor;
   {
-    Candidate c;
-    c.fix.name = "LoRA";
-    c.fix.change = "LoRA rank 16 on q,k,v,o,gate,up,down; base frozen";
-    c.fix.cost_class = CostClass::model;
-    c.fix.compute = -0.25;
-    c.fix.cost = "≈ −25% compute (no weight gradients for the base); trains " + std::to_string(adapter_params) +
-                 " adapter parameters instead of the full model: a different fine-tune";
-    c.fix.note = "no gradients, master weights or optimizer state for the base; adapters fp32 with their own "
-                 "gradients and optimizer state; activations kept as predicted (each adapted linear's input is "
-                 "still saved, for the adapter's A), plus the rank-16 intermediates; lora_dropout 0 assumed";
-    c.apply = [adapter_state, adapter_acts](Plan p) {
-      p.grads = p.master = p.optimizer = p.temporaries = 0;
-      p.extra += adapter_state + adapter_acts;
-      return p;
-    };
-    cands.push_back(std::move(c));
+    auto* c = job_fix("LoRA", "--lora 16 (rank 16 on q,k,v,o,gate,up,down; base frozen)", CostClass::model, -0.25,
+                      "≈ −25% compute (no weight gradients for the base); trains " + std::to_string(adapter_params) +
+                          " adapter parameters instead of the full model: a different fine-tune",
+                      "the adapted step simulated (peft: fp32 adapters, alpha 32, no dropout): no gradients, master "
+                      "weights or optimizer state for the base; 16-bit adapted inputs are cast to fp32 and saved by "
+                      "lora_A; frozen linears and norms save no inputs for their weights",
+                      [](Job& j) { j.lora_rank = 16; }, false);
+    if (!lora_applies)
+      skip(c, job.lora_rank ? "already LoRA" : "not modelled for this job (Phi-3's fused projections or Adafactor)");
   }
   {
     Candidate c;
@@ -386,21 +377,26 @@ std::vector<Fix> advise(const ModelSpec& model, const Job& job, const Device& de
     c.fix.compute = 0.05;
     c.fix.cost = "≈ +5% compute vs full fine-tuning (dequantization, no base weight gradients); 4-bit base: "
                  "slightly lower quality than LoRA";
-    c.fix.note = "decoder-layer linears as NF4 (4 bits + one double-quantized scale per 64 values); embeddings, "
-                 "norms and lm_head kept in bf16; no autocast weight copies; one layer weight dequantized at a "
-                 "time; adapters as LoRA";
+    c.fix.note = "the LoRA step simulated, then its decoder-layer linears as NF4 (4 bits + one double-quantized "
+                 "scale per 64 values; embeddings, norms and lm_head kept), no bf16 copies of the frozen weights, "
+                 "one layer weight dequantized at a time (modelled, not measured)";
     const std::uint64_t qparams = lin.params * L;
-    const double qbytes = static_cast<double>(qparams) * (0.5 + 1.0 / 64) + static_cast<double>(n - qparams) * 2.0;
-    const double wbytes = static_cast<double>(bb.states.weights);
+    const double pbytes = job.precision == Precision::bf16 || job.precision == Precision::bf16_master ? 2.0 : 4.0;
+    const double qbytes = static_cast<double>(qparams) * (0.5 + 1.0 / 64) + static_cast<double>(n - qparams) * pbytes;
+    const double wbytes = static_cast<double>(n) * pbytes;
     const double f = wbytes > 0 ? std::min(1.0, qbytes / wbytes) : 1.0;
     const bytes_t dequant = checked_mul(lin.largest, 2, "advise: dequantized weight");
-    c.apply = [adapter_state, adapter_acts, f, dequant](Plan p) {
-      p.grads = p.master = p.optimizer = p.temporaries = 0;
+    c.apply = [f, dequant](Plan p) {
+      p.job.lora_rank = 16;
       p.weights *= f;
       p.autocast = 0;
-      p.extra += adapter_state + adapter_acts + dequant;
+      p.extra += dequant;
       return p;
     };
+    if (!lora_applies) {
+      c.fix.skipped = true;
+      c.fix.note = job.lora_rank ? "already LoRA" : "not modelled for this job (Phi-3's fused projections or Adafactor)";
+    }
     cands.push_back(std::move(c));
   }
   // ---- offload ----

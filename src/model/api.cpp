@@ -356,11 +356,12 @@ void set_job_option(Job& j, std::string_view key, std::string_view value) {
   else if (k == "kv-dtype") j.kv_dtype = parse_dtype(v, "--kv-dtype");
   else if (k == "weights") j.weights = parse_dtype(v, "--weights");
   else if (k == "group-size") j.group_size = count("--group-size");
+  else if (k == "lora") j.lora_rank = v == "0" ? 0 : count("--lora");
   else
     throw Error(ErrorKind::invalid_argument,
                 "unknown job option '" + std::string(key) +
                     "' (batch, seq, mode, precision, optimizer, recompute, attention, loss, loss-chunk, activations, "
-                    "profile, overhead, kv-dtype, weights, group-size)");
+                    "profile, overhead, kv-dtype, weights, group-size, lora)");
 }
 
 std::string to_json(const Estimate& e, int indent) {

@@ -44,8 +44,14 @@ bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) {
   return checked_product("activation size", a, b, c, d);
 }
 
+// A LoRA adapter: A (r × in) and B (out × r), fp32 as peft keeps them.
+struct Adapter {
+  TensorId a = kNone, b = kNone;
+};
+
 struct LayerParams {
   TensorId norm1, norm2, norm3, norm4, q, k, v, o, qb, kb, vb, gate, up, down, q_norm, k_norm;
+  Adapter aq, ak, av, ao, agate, aup, adown;  // LoRA (job.lora_rank > 0)
 };
 
 struct Step {
@@ -72,16 +78,24 @@ struct Step {
   }
 
   // Weight as used by a matmul: under autocast a bf16 copy, cached per forward (per recompute).
+  // autocast caches only leaves that require grad (cached_cast in autocast_mode.cpp): a frozen
+  // weight (LoRA's base) is cast again at every use, and its copy lives only as long as the matmul
+  // keeps it (release_weight).
   TensorId weight(TensorId w) {
     if (!r.autocast) return w;
     for (auto& [p, c] : cast_cache)
       if (p == w) return c;
     const auto& wi = sim.info(w);
-    TensorId c = sim.make("autocast cache: bf16 weight copies", wi.bytes / r.param * r.compute,
-                          Term::model_states, "autocast cast", "bf16", "weight", true);
+    const bool frozen = !wi.requires_grad;
+    TensorId c = sim.make(frozen ? "autocast: bf16 copies of frozen weights (saved by their matmul)"
+                                 : "autocast cache: bf16 weight copies",
+                          wi.bytes / r.param * r.compute, Term::model_states, "autocast cast", "bf16", "weight", true);
     sim.node("ToCopyBackward (weight cast)", {w}, {c}, {});
-    cast_cache.push_back({w, c});  // the cache holds it (one holder)
+    if (!frozen) cast_cache.push_back({w, c});  // the cache holds it (one holder)
     return c;
+  }
+  void release_weight(TensorId w, TensorId c) {
+    if (r.autocast && w != kNone && !sim.info(w).requires_grad) sim.drop(c);
   }
   void clear_cast_cache() {
     for (auto& [p, c] : cast_cache) sim.drop(c);
@@ -111,16 +125,61 @@ struct Step {
   // coexist at the end of backward. Under autocast the weight cast's ToCopyBackward hands the
   // buffer a fresh fp32 tensor, and the embedding's gradient is added to it in place.
   static constexpr std::uint8_t kLinearViewGrads = 0b011;
+  // `out_b`: the output's element bytes when autocast is off (default: the compute dtype).
+  // `ad`: the linear's LoRA adapter, if any. Linear saves the input for the weight's gradient and
+  // the weight for the input's: with a frozen weight (LoRA's base) it keeps no input.
   TensorId linear(TensorId x, bytes_t in, bytes_t out, TensorId w, TensorId bias, const char* name,
-                  const char* shape) {
+                  const char* shape, const Adapter* ad = nullptr, bytes_t out_b = 0) {
     TensorId xin = cast_input(x, mul(d.T, in), "linear inputs (autocast bf16 copies)");
     TensorId wc = weight(w);
     TensorId bc = bias == kNone ? kNone : weight(bias);
-    TensorId y = sim.make(name, mul(d.T, out, r.compute), Term::activations, "linear output",
-                          r.compute_name, shape, true);
-    sim.node("LinearBackward", {xin, wc, bc}, {y}, {xin, wc}, 0, kLinearViewGrads);
+    const bytes_t ob = r.autocast || out_b == 0 ? r.compute : out_b;
+    TensorId y = sim.make(name, mul(d.T, out, ob), Term::activations, "linear output",
+                          ob == 4 ? "fp32" : r.compute_name, shape, true);
+    const bool wg = sim.info(wc).requires_grad, xg = sim.info(xin).requires_grad;
+    sim.node("LinearBackward", {xin, wc, bc}, {y}, {wg ? xin : kNone, xg ? wc : kNone}, 0, kLinearViewGrads);
     sim.drop(xin);
+    release_weight(w, wc);
+    release_weight(bias, bc);
+    if (ad && ad->a != kNone) y = lora(x, in, out, *ad, y);
     return y;
+  }
+
+  // peft's LoRA Linear.forward (peft 0.21, lora/layer.py): result = base_layer(x);
+  // x = _cast_input_dtype(x, lora_A.weight.dtype) — a fp32 copy when x is 16-bit, which lora_A
+  // saves; result = result + lora_B(lora_A(dropout(x))) * scaling (dropout 0: nn.Identity;
+  // lora_B saves the rank-r intermediate; the scalar multiply saves nothing; the sum promotes to
+  // fp32 when the base output is 16-bit and autocast is off); result.to(the base output's dtype).
+  TensorId lora(TensorId x, bytes_t in, bytes_t out, const Adapter& ad, TensorId y) {
+    const bytes_t rank = job.lora_rank;
+    TensorId xl = x;
+    if (sim.info(x).bytes != mul(d.T, in, 4)) {
+      xl = sim.make("LoRA: adapter inputs cast to fp32 (saved by lora_A)", mul(d.T, in, 4), Term::activations,
+                    "x.to(float32)", "fp32", "b·s·in", true);
+      sim.node("ToCopyBackward", {x}, {xl}, {});
+    } else {
+      sim.hold(xl);
+    }
+    TensorId a = linear(xl, in, rank, ad.a, kNone, "LoRA: lora_A output (saved by lora_B)", "b·s·r", nullptr, 4);
+    sim.drop(xl);
+    TensorId bo = linear(a, rank, out, ad.b, kNone, "LoRA: lora_B output", "b·s·out", nullptr, 4);
+    sim.drop(a);
+    const bytes_t lb = sim.info(bo).bytes / mul(d.T, out);
+    TensorId sc = sim.make("LoRA: lora_B output × scaling", mul(d.T, out, lb), Term::activations, "mul", "", "b·s·out", true);
+    sim.node("MulBackward1", {bo}, {sc}, {});
+    sim.drop(bo);
+    const bytes_t yb = sim.info(y).bytes / mul(d.T, out);
+    const bytes_t sb = std::max(yb, lb);
+    TensorId sum = sim.make("LoRA: base + adapter", mul(d.T, out, sb), Term::activations, "add", "", "b·s·out", true);
+    sim.node("AddBackward0", {y, sc}, {sum}, {});
+    sim.drop(y);
+    sim.drop(sc);
+    if (sb == yb) return sum;
+    TensorId back = sim.make("LoRA: result cast back to the base dtype", mul(d.T, out, yb), Term::activations,
+                             "to(dtype)", r.compute_name, "b·s·out", true);
+    sim.node("ToCopyBackward", {sum}, {back}, {});
+    sim.drop(sum);
+    return back;
   }
 
   // RMSNorm over `width` values per token (`rows` normalised groups per token: 1, or the heads of
@@ -162,7 +221,8 @@ struct Step {
       sim.node("AddBackward1", {w}, {w1}, {});
       TensorId y32 = sim.make(in_b == 4 ? tag : "gemma norm fp32 output", mul(Tw, 4), Term::activations, "hs * (1 + w)",
                               "fp32", "b·s·h", true);
-      sim.node("MulBackward0", {n32, w1}, {y32}, {n32, w1}, mul(Tw, 4));
+      const bool w1g = sim.info(w1).requires_grad, n32g = sim.info(n32).requires_grad;
+      sim.node("MulBackward0", {n32, w1}, {y32}, {w1g ? n32 : kNone, n32g ? w1 : kNone}, w1g ? mul(Tw, 4) : 0);
       sim.drop(n32);
       sim.drop(w1);
       if (in_b == 4) return y32;
@@ -180,7 +240,10 @@ struct Step {
     }
     const bytes_t out_b = std::max<bytes_t>(in_b, r.param);  // weight * x promotes
     TensorId y = sim.make(tag, mul(Tw, out_b), Term::activations, "weight * hs", "", "b·s·h", true);
-    sim.node("MulBackward0", {w, nc}, {y}, {w, nc}, mul(Tw, out_b));
+    // MulBackward0 keeps each factor only for the other's gradient; a frozen weight (LoRA) needs no
+    // normalised input and no per-token product to sum into its gradient.
+    const bool wg = sim.info(w).requires_grad, ng = sim.info(nc).requires_grad;
+    sim.node("MulBackward0", {w, nc}, {y}, {ng ? w : kNone, wg ? nc : kNone}, wg ? mul(Tw, out_b) : 0);
     sim.drop(nc);
     return y;
   }
@@ -207,9 +270,9 @@ struct Step {
         sim.node("CloneBackward", {qkv}, {v}, {});
       }
     } else {
-      q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd");
-      k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd");
-      v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd");
+      q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq);
+      k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak);
+      v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av);
     }
     sim.drop(n1);
     if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary
@@ -297,7 +360,7 @@ struct Step {
       sim.node("CloneBackward0", {att}, {attc}, {});
       sim.drop(att);
     }
-    TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h");
+    TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
     sim.drop(attc);
     if (m.norms_per_layer >= 4) {  // Gemma 2: post_attention_layernorm on the branch
       TensorId on = rmsnorm(o, p.norm3, "post-attention norm output");
@@ -316,20 +379,20 @@ struct Step {
       g = u = linear(n2, d.h, 2 * d.I, p.gate, kNone, "gate_up_proj output (saved by act and mul)", "b·s·2I");
       sim.hold(g);
     } else {
-      g = linear(n2, d.h, d.I, p.gate, kNone, "gate_proj output (saved by act)", "b·s·I");
+      g = linear(n2, d.h, d.I, p.gate, kNone, "gate_proj output (saved by act)", "b·s·I", &p.agate);
     }
     TensorId act = sim.make("activation output (saved by mul)", mul(TI, r.compute), Term::activations,
                             m.mlp == MlpKind::gated_gelu ? "gelu_tanh" : "silu", r.compute_name, "b·s·I", true);
     sim.node(m.mlp == MlpKind::gated_gelu ? "GeluBackward0" : "SiluBackward0", {g}, {act}, {g});
     sim.drop(g);
-    if (!fused) u = linear(n2, d.h, d.I, p.up, kNone, "up_proj output (saved by mul)", "b·s·I");
+    if (!fused) u = linear(n2, d.h, d.I, p.up, kNone, "up_proj output (saved by mul)", "b·s·I", &p.aup);
     sim.drop(n2);
     TensorId prod = sim.make("act*up (saved by down_proj)", mul(TI, r.compute), Term::activations, "mul",
                              r.compute_name, "b·s·I", true);
     sim.node("MulBackward0", {act, u}, {prod}, {act, u});
     sim.drop(act);
     sim.drop(u);
-    TensorId dn = linear(prod, d.I, d.h, p.down, kNone, "down_proj output", "b·s·h");
+    TensorId dn = linear(prod, d.I, d.h, p.down, kNone, "down_proj output", "b·s·h", &p.adown);
     sim.drop(prod);
     if (m.norms_per_layer >= 4) {
       TensorId dnn = rmsnorm(dn, p.norm4, "post-feedforward norm output");
@@ -611,8 +674,11 @@ TensorId forward(Step& st, bool checkpoint) {
     const bytes_t c = std::min<bytes_t>(st.job.loss_chunk, d.T);
     TensorId gh = sim.make("chunked loss: saved grad of hidden states", mul(d.T, d.h, r.compute), Term::logits_loss,
                            "fused linear cross-entropy", r.compute_name, "b·s·h", true);
-    TensorId gw = sim.make("chunked loss: saved grad of output weight", mul(d.V, d.h, 4), Term::logits_loss,
-                           "fused linear cross-entropy", "fp32", "V·h", true);
+    // (a frozen output weight, under LoRA, gets no gradient)
+    const bool head_grad = sim.info(st.lm_head).requires_grad;
+    TensorId gw = head_grad ? sim.make("chunked loss: saved grad of output weight", mul(d.V, d.h, 4), Term::logits_loss,
+                                       "fused linear cross-entropy", "fp32", "V·h", true)
+                            : kNone;
     TensorId chunk = sim.make("chunked loss: logits of one chunk", mul(c, d.V, r.compute), Term::logits_loss, "chunk", r.compute_name, "c·V", false);
     TensorId c32 = sim.make("chunked loss: fp32 logits / grad of one chunk", mul(c, d.V, 8), Term::logits_loss, "chunk", "fp32", "c·V", false);
     sim.drop(c32);
@@ -620,6 +686,7 @@ TensorId forward(Step& st, bool checkpoint) {
     loss = sim.make("loss", 4, Term::logits_loss, "fused linear cross-entropy", "fp32", "1", true);
     TensorId wc = st.weight(st.lm_head);
     sim.node("FusedLinearCrossEntropyBackward", {hn, wc}, {loss}, {gh, gw});
+    st.release_weight(st.lm_head, wc);
     sim.drop(gh);
     sim.drop(gw);
     sim.drop(hn);
@@ -655,7 +722,7 @@ struct OptimizerCost {
 OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params, bytes_t pb) {
   OptimizerCost c;
   const bytes_t n = params;
-  const bool master = job.precision == Precision::bf16_master;
+  const bool master = job.precision == Precision::bf16_master && job.lora_rank == 0;  // adapters are fp32
   const bytes_t sb = master ? 4 : pb;  // torch.optim state follows the parameter dtype
   if (master) c.master = mul(n, 4);
   switch (job.optimizer) {
@@ -719,7 +786,20 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     d.hd = m.head_dim; d.L = m.num_layers;
     const Recipe& r = st.r;
 
-    auto P = [&](bytes_t n) { return sim.param("parameters", mul(n, r.param), Term::model_states, r.param_name); };
+    const bytes_t rank = job.lora_rank;
+    // Under LoRA the base is frozen (requires_grad=False) and peft adds fp32 adapters.
+    auto P = [&](bytes_t n) {
+      return sim.param("parameters", mul(n, r.param), Term::model_states, r.param_name, rank == 0);
+    };
+    auto AP = [&](bytes_t in, bytes_t out) {
+      Adapter a;
+      if (rank == 0) return a;
+      a.a = sim.param("LoRA adapters (fp32)", mul(rank, in, 4), Term::model_states, "fp32");
+      a.b = sim.param("LoRA adapters (fp32)", mul(out, rank, 4), Term::model_states, "fp32");
+      return a;
+    };
+    if (rank && m.family == "phi3")
+      throw Error(ErrorKind::unsupported, "--lora: Phi-3's fused qkv_proj and gate_up_proj are not modelled with LoRA");
     st.emb = P(mul(d.V, d.h));
     st.layers.resize(d.L);
     for (auto& lp : st.layers) {
@@ -741,12 +821,22 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
       }
       if (m.qk_norm) { lp.q_norm = P(d.hd); lp.k_norm = P(d.hd); }
     }
+    for (auto& lp : st.layers) {  // peft adds the adapters after the model is built
+      lp.aq = AP(d.h, d.qd); lp.ak = AP(d.h, d.kvd); lp.av = AP(d.h, d.kvd); lp.ao = AP(d.qd, d.h);
+      lp.agate = AP(d.h, d.I); lp.aup = AP(d.h, d.I); lp.adown = AP(d.I, d.h);
+    }
     st.final_norm = P(d.h);
     st.lm_head = m.tied_embeddings ? st.emb : P(mul(d.V, d.h));
     const bytes_t weights = sim.live();
     st.input_ids = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
     st.labels = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
-    const OptimizerCost oc = optimizer_cost(job, sm, n_params, r.param);
+    // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
+    const std::uint64_t adapter_params =
+        rank ? checked_product("LoRA parameters", sm.num_layers, rank,
+                               (sm.hidden_size + sm.q_dim()) + 2 * (sm.hidden_size + sm.kv_dim()) +
+                                   (sm.q_dim() + sm.hidden_size) + 3 * (sm.hidden_size + sm.intermediate_size))
+             : 0;
+    const OptimizerCost oc = rank ? optimizer_cost(job, sm, adapter_params, 4) : optimizer_cost(job, sm, n_params, r.param);
     // The long-lived tensors the harness allocates once — the parameters (built on the device by
     // from_config), torch.optim's state (zeros_like(p) per parameter at the first step) and the fp32
     // master copy — mostly get segments of their own: each then holds its whole segment
@@ -767,10 +857,18 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
                            l0.up, l0.down, l0.q_norm, l0.k_norm})
           if (t != kNone) in_layer[static_cast<std::size_t>(t)] = 1;
       }
+      for (const auto& l : st.layers)
+        for (const Adapter* a : {&l.aq, &l.ak, &l.av, &l.ao, &l.agate, &l.aup, &l.adown})
+          for (TensorId t : {a->a, a->b})
+            if (t != kNone && &l == &st.layers[0]) in_layer[static_cast<std::size_t>(t)] = 1;
       for (TensorId p = 0; p < st.input_ids; ++p) {
         if (!sim.info(p).param) continue;
-        const bytes_t pb = sim.info(p).bytes, elems = pb / r.param;
-        const bytes_t pt = tail(pb), stt = per_param * tail(mul(elems, sb)) + (master ? tail(mul(elems, 4)) : 0);
+        const bool trainable = sim.info(p).requires_grad;
+        const bytes_t pdt = rank ? 4 : r.param;  // a trainable parameter's element bytes
+        const bytes_t pb = sim.info(p).bytes, elems = pb / pdt;
+        const bytes_t sbb = rank ? 4 : sb;
+        const bytes_t pt = tail(pb);
+        const bytes_t stt = !trainable ? 0 : per_param * tail(mul(elems, sbb)) + (master && !rank ? tail(mul(elems, 4)) : 0);
         param_tail += pt;
         state_tail += stt;
         if (in_layer[static_cast<std::size_t>(p)]) {

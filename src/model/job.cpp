@@ -127,6 +127,11 @@ void Job::validate() const {
   if (parallel.zero_stage < 0 || parallel.zero_stage > 3)
     throw bad("--zero", "ZeRO stage must be 0, 1, 2 or 3");
   if (group_size == 0) throw bad("--group-size", "must be at least 1");
+  if (lora_rank > 65536) throw bad("--lora", "rank " + std::to_string(lora_rank) + " is absurdly large (limit 65536)");
+  if (lora_rank && mode == Mode::train && profile == Profile::harness)
+    throw Error(ErrorKind::unsupported, "--lora: the harness trains the full model; use --profile torch");
+  if (lora_rank && mode == Mode::train && optimizer == Optimizer::adafactor)
+    throw Error(ErrorKind::unsupported, "--lora: Adafactor's factored state over adapters is not modelled");
   if (mode == Mode::infer && precision == Precision::fp32 && weights != DType::fp32) {
     // serving precision is chosen by --weights; nothing to reject
   }

@@ -39,6 +39,7 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   put(j.overhead.has_value()); put(j.overhead.value_or(0)); put(static_cast<std::uint64_t>(j.kv_dtype));
   put(static_cast<std::uint64_t>(j.weights)); put(j.group_size);
   put(std::hash<std::string_view>{}(m.family));
+  put(j.lora_rank);
   return k;
 }
 

@@ -51,9 +51,11 @@ Job load_job_section(const std::string& path, Job job) {
       else if (key == "activations") job.activations = parse_activation_model(text_of(), where);
       else if (key == "profile") job.profile = parse_profile(text_of(), where);
       else if (key == "overhead") job.overhead = parse_bytes(text_of(), where);
+      else if (key == "lora") job.lora_rank = count_of();
       else
         throw Error(ErrorKind::invalid_job, where + ": unknown job key (known: batch, seq, mode, precision, optimizer, "
-                                                    "recompute, attention, loss, loss_chunk, activations, profile, overhead)");
+                                                    "recompute, attention, loss, loss_chunk, activations, profile, overhead, "
+                                                    "lora)");
     } catch (const YAML::Exception& e) {
       throw Error(ErrorKind::invalid_job, where + ": " + e.msg);
     }

@@ -37,6 +37,7 @@ ordered_json job_json(const Job& j) {
                     {"activations", to_string(j.activations)},
                     {"profile", to_string(j.profile)}};
   if (j.loss == Loss::chunked) o["loss_chunk"] = j.loss_chunk;
+  if (j.mode == Mode::train && j.lora_rank) o["lora_rank"] = j.lora_rank;
   if (j.mode == Mode::infer) {
     o["weights"] = to_string(j.weights);
     o["kv_dtype"] = to_string(j.kv_dtype);
@@ -182,7 +183,8 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
     out << to_string(b.job.precision);
   if (b.job.mode == Mode::train)
     out << " · " << to_string(b.job.optimizer) << " · recompute " << to_string(b.job.recompute) << " · "
-        << to_string(b.job.attention) << " attention · " << to_string(b.job.loss) << " loss";
+        << to_string(b.job.attention) << " attention · " << to_string(b.job.loss) << " loss"
+        << (b.job.lora_rank ? " · LoRA rank " + std::to_string(b.job.lora_rank) + " (base frozen)" : std::string());
   out << "\n\nTerms\n";
   const std::pair<const char*, bytes_t> terms[] = {{"model states", b.terms.model_states},
                                                    {"activations", b.terms.activations},
