@@ -69,3 +69,9 @@ TEST_CASE("held-out models land within 3% too") { check_file("tests/data/torch_t
 // The ordinary fine-tune size, measured on 2026-11-29 after everything above (Llama 3.1 8B,
 // Qwen2.5 7B, Gemma 2 9B; tools/matrices/train_8b_class_h200.json): the same bar.
 TEST_CASE("7-9B models land within 3% too") { check_file("tests/data/torch_train_8b_class_h200.json", 8); }
+
+// Gemma 2 2B around its 4,096-token sliding window (a mask on every other layer) and Qwen2.5 1.5B
+// at 2,048 and 4,096 tokens (tools/matrices/gemma2_long_h200.json): the same bar.
+TEST_CASE("Gemma 2 past its sliding window lands within 3% too") {
+  check_file("tests/data/torch_train_gemma2_long_h200.json", 10);
+}
