@@ -89,3 +89,9 @@ TEST_CASE("7-9B models land within 1% too") { check_file("tests/data/torch_train
 // LoRA fine-tunes with peft (rank 16 on every decoder linear, fp32 adapters, base frozen; Llama 3.2
 // 1B and 3.1 8B, bf16 and amp-bf16, with and without recompute; tools/matrices/lora_h200.json).
 TEST_CASE("LoRA fine-tunes land within 1% too") { check_file("tests/data/torch_train_lora_h200.json", 5); }
+
+// Gemma 2 2B around its 4,096-token sliding window (a mask on every other layer) and Qwen2.5 1.5B
+// at 2,048 and 4,096 tokens (tools/matrices/gemma2_long_h200.json): the same bars.
+TEST_CASE("Gemma 2 past its sliding window lands within 1% too") {
+  check_file("tests/data/torch_train_gemma2_long_h200.json", 10);
+}

@@ -143,7 +143,8 @@ TEST_CASE("inventory differences: activations are linear in b; full recompute sa
 TEST_CASE("invariance: serving-only fields change nothing in a training budget") {
   ModelSpec m = test::toy_llama();
   const Budget a = predict(m, train_job(2, 128));
-  m.sliding.window = 64;
+  // A sliding window longer than the sequence changes nothing in training (SDPA keeps is_causal).
+  m.sliding.window = 256;
   m.sliding.every_nth = 2;
   Job j = train_job(2, 128);
   j.kv_dtype = DType::fp8;
@@ -151,6 +152,12 @@ TEST_CASE("invariance: serving-only fields change nothing in a training budget")
   const Budget b = predict(m, j);
   CHECK(a.peak == b.peak);
   CHECK(a.terms.activations == b.terms.activations);
+  // From s = window on, transformers builds the mask for the sliding layers (every other one here).
+  m.sliding.window = 64;
+  const Budget c = predict(m, j);
+  CHECK(c.terms.activations > a.terms.activations);
+  m.sliding.every_nth = 1;
+  CHECK(predict(m, j).terms.activations > c.terms.activations);
 }
 
 TEST_CASE("worked example: Llama 3.2 1B, micro-batch 4 × 4096, amp-bf16 AdamW") {

@@ -130,6 +130,22 @@ TEST_CASE("plans on both sides of a sliding window's SDPA mask") {
           check_same(estimate(m, j), summarize(predict(m, j, full)), describe(path, j));
         }
   }
+  // Gemma 2: the window on every other layer. Past the window the layers alternate, and the plan
+  // steps its layer counts by two (even and odd depths, and one too shallow for that).
+  for (std::uint64_t L : {5, 10, 13}) {
+    ModelSpec m = load_model(test::source_path("configs/gemma-2-9b.yaml"));
+    m.num_layers = L;
+    const std::uint64_t w = m.sliding.window;
+    for (std::uint64_t s : {w - 1, w, 2 * w + 3})
+      for (Precision p : {Precision::bf16, Precision::amp_bf16}) {
+        Job j;
+        j.batch = 1;
+        j.seq = s;
+        j.precision = p;
+        j.recompute = (s + L) % 2 == 0 ? Recompute::full : Recompute::none;
+        check_same(estimate(m, j), summarize(predict(m, j, full)), describe("gemma-2-9b L=" + std::to_string(L), j));
+      }
+  }
   CHECK(detail::step_plan_failures() == failures_before);
 }
 

@@ -68,8 +68,10 @@ struct Step {
   std::vector<TensorId> layer_inputs{};  // checkpoint keeps each layer's input
   std::vector<TensorId> kv_cache{};     // DynamicCache entries (use_cache=True while training)
   // transformers materialises a sliding-window mask for SDPA (see forward()); `mask` is its bool
-  // b·1·s·s tensor while the model holds it.
+  // b·1·s·s tensor while the model holds it. `layer_masked`: the layer being run is one of the
+  // sliding layers (all of them, or Gemma 2's every other one) and gets the mask.
   bool masked = false;
+  bool layer_masked = false;
   TensorId mask = kNone;
 
   void drop_kv_cache() {
@@ -250,6 +252,12 @@ struct Step {
 
   void layer(std::size_t i, TensorId x, TensorId* out) {
     const auto& p = layers[i];
+    // Gemma 2 alternates: config.layer_types is "sliding_attention" for layers 0, 2, 4, … and
+    // "full_attention" for the others, and each decoder layer gets
+    // causal_mask_mapping[layer.attention_type]. The full layers' create_causal_mask is skipped for
+    // SDPA (no padding, no local window: _ignore_causal_mask_sdpa), so only the sliding layers see
+    // the mask, repeat their keys and values and save the additive mask.
+    layer_masked = masked && (m.sliding.every_nth <= 1 || i % m.sliding.every_nth == 0);
     const bytes_t Th = mul(d.T, d.h);
     // residual = hidden_states; hidden_states = input_layernorm(hidden_states)
     TensorId n1 = rmsnorm(x, p.norm1, "input_layernorm output");
@@ -416,7 +424,7 @@ struct Step {
     // transformers' sdpa_attention_forward passes enable_gqa only without a mask
     // (use_gqa_in_sdpa); with one it repeat_kv's keys and values first (expand + reshape: copies
     // in their dtype, which backward sums back to the kv heads).
-    const bool repeat = masked && fused_sdpa() && d.a != d.kva;
+    const bool repeat = layer_masked && fused_sdpa() && d.a != d.kva;
     if (repeat) {
       const bytes_t kb = sim.info(ke).bytes / mul(d.T, d.kvd), vb = sim.info(v).bytes / mul(d.T, d.kvd);
       TensorId kr = sim.make("repeat_kv keys (mask given: no enable_gqa)", mul(d.T, d.qd, kb), Term::activations,
@@ -448,7 +456,7 @@ struct Step {
       // q's dtype, at::where(mask.logical_not(), -inf, 0): a b·1·s·s tensor per layer, which cuDNN
       // attention takes as attn_bias and saves for backward.
       TensorId bias = kNone;
-      if (masked) {
+      if (layer_masked) {
         sim.transient("sdpa mask: logical_not (bool)", mul(d.b, d.s, d.s));
         bias = sim.make("sdpa attn_bias: additive mask (saved)", mul(d.b, d.s, d.s, r.compute), Term::activations,
                         "convert_boolean_attn_mask", r.compute_name, "b·1·s·s", false);
@@ -598,11 +606,13 @@ TensorId forward(Step& st, bool checkpoint) {
   // LlamaRotaryEmbedding: cos and sin in the hidden states' dtype, shared by every layer.
   st.cos = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
   st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
-  // Sliding-window attention (Mistral, Phi-3: the window on every layer) through SDPA:
-  // create_sliding_window_causal_mask skips the mask and lets SDPA use is_causal only while
-  // kv_length < sliding_window (masking_utils._ignore_causal_mask_sdpa); from s = window on it
-  // materialises a bool b·1·s·s mask. The model's forward holds it through the layers; under
-  // checkpointing each layer's recompute closure holds it too, until that layer's backward.
+  // Sliding-window attention (Mistral, Phi-3: the window on every layer; Gemma 2: on every other
+  // layer) through SDPA: create_sliding_window_causal_mask skips the mask and lets SDPA use
+  // is_causal only while kv_length < sliding_window (masking_utils._ignore_causal_mask_sdpa); from
+  // s = window on it materialises a bool b·1·s·s mask, once per forward, shared by the sliding
+  // layers. The model's forward holds it through the layers; under checkpointing each sliding
+  // layer's recompute closure holds it too, until that layer's backward (layer 0 is a sliding
+  // layer in Gemma 2 as well, so the mask lives through the whole backward either way).
   if (st.masked)
     st.mask = sim.make("sliding-window attention mask (bool)", mul(d.b, d.s, d.s), Term::activations,
                        "create_sliding_window_causal_mask", "bool", "b·1·s·s", false);
@@ -761,11 +771,11 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
 
 }  // namespace
 
-// transformers materialises an SDPA mask for a sliding window on every layer once the sequence
-// reaches the window (forward() says why). Gemma 2's alternating windows are not modelled.
+// transformers materialises an SDPA mask for a sliding window once the sequence reaches the window
+// (forward() says why), for a window on every layer (Mistral, Phi-3) or on every other one
+// (Gemma 2: the mask goes to the sliding layers only, Step::layer()).
 bool sliding_window_mask(const ModelSpec& m, const Job& job) {
-  return job.attention == Attention::flash && m.sliding.enabled() && m.sliding.every_nth <= 1 &&
-         job.seq >= m.sliding.window;
+  return job.attention == Attention::flash && m.sliding.enabled() && job.seq >= m.sliding.window;
 }
 
 TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain, const ModelSpec* sizing,

@@ -11,6 +11,10 @@
 // 6-layer copies, each moment's vector is extrapolated affinely in the layer count, and of the
 // interior layers only the first and last are kept (a vector affine in the layer index is at most
 // the larger of its ends for every b and s). Models of at most six layers are simulated as they are.
+// Where the layers alternate with a period P (Gemma 2 in the sliding-mask regime: a masked layer,
+// then a plain one), the copies have L0, L0 + P and L0 + 2·P layers with L0 ≡ L (mod P), the
+// vectors are affine in the number of periods, and the first and last P interior layers are kept
+// (affine in the index along each residue class mod P).
 //
 // Checks, each of which makes compile() return nullptr: every tensor has a monomial size; the
 // streams of the three probes are identical; replaying the vectors reproduces every phase peak of
@@ -167,13 +171,14 @@ void self_check(const SimSet& ss, const std::vector<Basis>& basis, const std::ar
   }
 }
 
-// Interior layers (sections 2 … layers − 1) must be affine in their index, moment by moment.
-void check_interior(const SimSet& ss, std::size_t D) {
-  if (ss.layers < 5) return;
+// Interior layers (sections 2 … layers − 1) must be affine in their index, moment by moment (with
+// period P: along each residue class of the index mod P).
+void check_interior(const SimSet& ss, std::size_t D, std::uint64_t P) {
+  if (ss.layers < 4 + 2 * P - 1) return;
   for (const auto& pass : ss.cand)
     for (const auto& ph : pass) {
-      for (std::uint64_t sec = 3; sec + 1 <= ss.layers - 1; ++sec) {
-        const auto &a = ph[sec - 1], &b = ph[sec], &c = ph[sec + 1];
+      for (std::uint64_t sec = 2 + P; sec + P <= ss.layers - 1; ++sec) {
+        const auto &a = ph[sec - P], &b = ph[sec], &c = ph[sec + P];
         if (a.size() != b.size() || b.size() != c.size()) throw Fail{};
         for (std::size_t n = 0; n < a.size(); ++n)
           for (std::size_t d = 0; d < D; ++d) {
@@ -184,10 +189,15 @@ void check_interior(const SimSet& ss, std::size_t D) {
     }
 }
 
-std::uint64_t extrapolate(std::uint64_t v0, std::uint64_t v1, std::uint64_t v2, std::uint64_t L) {
+// The value at L layers from those at L2 − 2·P, L2 − P and L2 layers (L ≡ L2 mod P).
+struct Depth {
+  std::uint64_t L, L2, P;
+};
+
+std::uint64_t extrapolate(std::uint64_t v0, std::uint64_t v1, std::uint64_t v2, const Depth& dp) {
   const i128 a = v0, b = v1, c = v2;
   if (c - b != b - a) throw Fail{};
-  const i128 v = c + (b - a) * (static_cast<i128>(L) - static_cast<i128>(kL0 + 2));
+  const i128 v = c + (b - a) * ((static_cast<i128>(dp.L) - static_cast<i128>(dp.L2)) / static_cast<i128>(dp.P));
   if (v < 0 || v > static_cast<i128>(kMax64)) throw Fail{};
   return static_cast<std::uint64_t>(v);
 }
@@ -219,11 +229,17 @@ struct PlanBuilder {
     const std::array<Probe, 3> probes{{{b0, s0}, {2 * b0, 3 * s0}, {5 * b0, 7 * s0}}};
     if (probes[2].s > (1ull << 32) / probes[2].b) throw Fail{};
 
-    const bool direct = L <= kL0 + 2;
+    // Gemma 2's alternating windows: in the mask regime only every P-th layer is masked
+    // (inventory_torch.cpp, Step::layer), so the layers repeat with period P.
+    const std::uint64_t P = (regime & 2) && m.sliding.every_nth > 1 ? m.sliding.every_nth : 1;
+    const std::uint64_t base = std::max<std::uint64_t>(kL0, P + 2);  // the last P interior layers are interior
+    const std::uint64_t L0 = base + (L > base ? (L - base) % P : 0);
+    const bool direct = L <= L0 + 2 * P;
+    const Depth dp{L, L0 + 2 * P, P};
     std::vector<SimSet> sets(direct ? 1 : 3);
     for (std::size_t n = 0; n < sets.size(); ++n) {
       SimSet& ss = sets[n];
-      ss.layers = direct ? L : kL0 + n;
+      ss.layers = direct ? L : L0 + n * P;
       ModelSpec small = m;
       small.num_layers = ss.layers;
       for (int k = 0; k < 3; ++k) {
@@ -240,7 +256,7 @@ struct PlanBuilder {
     for (auto& ss : sets) {
       replay(ss, D);
       self_check(ss, basis, probes);
-      if (!direct) check_interior(ss, D);
+      if (!direct) check_interior(ss, D, P);
     }
 
     std::vector<std::uint64_t> weight(D);
@@ -254,18 +270,20 @@ struct PlanBuilder {
         for (const auto& sec : sets[0].cand[pass][phase])
           for (std::uint32_t r : sec) all.insert(all.end(), &sets[0].rows[r * D], &sets[0].rows[r * D] + D);
       } else {
-        for (int q = 0; q < 6; ++q) {
+        // sections kept: before the layers, layer 0, the first and last P interior layers, the
+        // last layer, after the layers
+        for (std::uint64_t q = 0; q < 2 * P + 4; ++q) {
           const std::vector<std::uint32_t>* lists[3];
           for (int n = 0; n < 3; ++n) {
             const std::uint64_t ls = sets[n].layers;
-            const std::uint64_t sec[6] = {0, 1, 2, ls - 1, ls, ls + 1};
-            lists[n] = &sets[n].cand[pass][phase][sec[q]];
+            const std::uint64_t sec = q < P + 2 ? q : q < 2 * P + 2 ? ls - P + (q - P - 2) : ls + (q - 2 * P - 2);
+            lists[n] = &sets[n].cand[pass][phase][sec];
           }
           if (lists[0]->size() != lists[2]->size() || lists[1]->size() != lists[2]->size()) throw Fail{};
           for (std::size_t r = 0; r < lists[2]->size(); ++r)
             for (std::size_t d = 0; d < D; ++d)
               all.push_back(extrapolate(sets[0].rows[(*lists[0])[r] * D + d], sets[1].rows[(*lists[1])[r] * D + d],
-                                        sets[2].rows[(*lists[2])[r] * D + d], L));
+                                        sets[2].rows[(*lists[2])[r] * D + d], dp));
         }
       }
       if (all.empty()) throw Fail{};
@@ -274,7 +292,7 @@ struct PlanBuilder {
 
     auto scalar = [&](auto get) -> bytes_t {
       if (direct) return get(sets[0].res[0]);
-      return extrapolate(get(sets[0].res[0]), get(sets[1].res[0]), get(sets[2].res[0]), L);
+      return extrapolate(get(sets[0].res[0]), get(sets[1].res[0]), get(sets[2].res[0]), dp);
     };
     plan->weights = scalar([](const TorchStepResult& r) { return r.weights; });
     plan->gradients = scalar([](const TorchStepResult& r) { return r.gradients; });
@@ -283,7 +301,7 @@ struct PlanBuilder {
     auto row = [&](auto get) {
       std::vector<std::uint64_t> out(D);
       for (std::size_t d = 0; d < D; ++d)
-        out[d] = direct ? get(sets[0])[d] : extrapolate(get(sets[0])[d], get(sets[1])[d], get(sets[2])[d], L);
+        out[d] = direct ? get(sets[0])[d] : extrapolate(get(sets[0])[d], get(sets[1])[d], get(sets[2])[d], dp);
       for (std::uint64_t v : out)
         if (v >= (1ull << 58)) throw Fail{};
       return out;
@@ -306,7 +324,7 @@ struct PlanBuilder {
         }
         StepPlan::Group out;
         out.info = *grp.first;
-        out.count = direct ? grp.count : extrapolate(per[0]->count, per[1]->count, per[2]->count, L);
+        out.count = direct ? grp.count : extrapolate(per[0]->count, per[1]->count, per[2]->count, dp);
         out.row = row([&](const SimSet& ss) -> const std::vector<std::uint64_t>& {
           return per[&ss - sets.data()]->row;
         });
