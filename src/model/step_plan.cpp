@@ -7,8 +7,10 @@
 // and P2 must agree. Replaying the stream with each tensor as a basis vector gives, at every moment
 // the allocator could peak (each allocation and each phase start), the live bytes as a vector.
 //
-// The model's depth is handled as in the fast path (fast_step.cpp): the probes run on 4-, 5- and
-// 6-layer copies, each moment's vector is extrapolated affinely in the layer count, and of the
+// The model's depth: decoder layers are alike, so the live bytes at a moment inside layer i are the
+// parameters (affine in L), what the other layers left (affine in i and L) and the layer's own
+// tensors (docs/api.md). The probes run on 4-, 5- and 6-layer copies (the optimizer sized from the
+// full model), each moment's vector is extrapolated affinely in the layer count, and of the
 // interior layers only the first and last are kept (a vector affine in the layer index is at most
 // the larger of its ends for every b and s). Models of at most six layers are simulated as they are.
 // Where the layers alternate with a period P (Gemma 2 in the sliding-mask regime: a masked layer,
