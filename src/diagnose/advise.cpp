@@ -158,21 +158,7 @@ Linears layer_linears(const ModelSpec& m) {
   return l;
 }
 
-// Bytes of optimizer state per trainable parameter for the adapters (fp32 adapters).
-double optimizer_bytes_per_param(Optimizer o) {
-  switch (o) {
-    case Optimizer::adamw: return 8;
-    case Optimizer::sgd: return 0;
-    case Optimizer::sgd_momentum: return 4;
-    case Optimizer::lion: return 4;
-    case Optimizer::adamw_8bit: return 2.03;
-    case Optimizer::adafactor: return 4;  // conservative: adapters are thin matrices
-  }
-  return 8;
-}
-
 bytes_t param_bytes(Precision p) { return (p == Precision::bf16 || p == Precision::bf16_master) ? 2 : 4; }
-bytes_t compute_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 
 struct Candidate {
   Fix fix;
@@ -381,7 +367,7 @@ std::vector<Fix> advise(const ModelSpec& model, const Job& job, const Device& de
                  "scale per 64 values; embeddings, norms and lm_head kept), no bf16 copies of the frozen weights, "
                  "one layer weight dequantized at a time (modelled, not measured)";
     const std::uint64_t qparams = lin.params * L;
-    const double pbytes = job.precision == Precision::bf16 || job.precision == Precision::bf16_master ? 2.0 : 4.0;
+    const double pbytes = static_cast<double>(param_bytes(job.precision));
     const double qbytes = static_cast<double>(qparams) * (0.5 + 1.0 / 64) + static_cast<double>(n - qparams) * pbytes;
     const double wbytes = static_cast<double>(n) * pbytes;
     const double f = wbytes > 0 ? std::min(1.0, qbytes / wbytes) : 1.0;
