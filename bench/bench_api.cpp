@@ -61,9 +61,8 @@ const ModelSpec& model_of(std::int64_t billions) {
 
 // estimate() at a new (micro-batch, sequence) every call, the model and recipe already compiled:
 // what a scheduler's loop costs once it has seen the model.
-void BM_estimate_new_shape(benchmark::State& state) {
+void new_shapes(benchmark::State& state, Job j) {
   const ModelSpec& m = model_of(state.range(0));
-  Job j;
   estimate(m, j);  // compiles the plan
   std::size_t i = 0;
   for (auto _ : state) {
@@ -73,21 +72,14 @@ void BM_estimate_new_shape(benchmark::State& state) {
     benchmark::DoNotOptimize(estimate(m, j).required);
   }
 }
+void BM_estimate_new_shape(benchmark::State& state) { new_shapes(state, Job{}); }
 BENCHMARK(BM_estimate_new_shape)->Arg(8)->Arg(70);
 
 // The same for a serving job (--mode infer: a prefill of b prompts of s tokens and one decode step).
 void BM_estimate_new_shape_serving(benchmark::State& state) {
-  const ModelSpec& m = model_of(state.range(0));
   Job j;
   j.mode = Mode::infer;
-  estimate(m, j);  // compiles the plan
-  std::size_t i = 0;
-  for (auto _ : state) {
-    const auto& [b, s] = shapes()[i++ % shapes().size()];
-    j.batch = b;
-    j.seq = s;
-    benchmark::DoNotOptimize(estimate(m, j).required);
-  }
+  new_shapes(state, j);
 }
 BENCHMARK(BM_estimate_new_shape_serving)->Arg(8)->Arg(70);
 

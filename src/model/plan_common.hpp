@@ -68,6 +68,19 @@ struct Contribution {
 // the basis would exceed kMaxBasis.
 Contribution contribution(bytes_t c, unsigned i, unsigned j, unsigned l, std::vector<Basis>& basis);
 
+// The live vector while replaying an allocation stream: apply(t, alloc) adds or removes tensor t's
+// contribution. Throws Fail for a stream that frees what is not live (or allocates twice).
+struct LiveVector {
+  std::vector<std::uint64_t> cur;
+  std::vector<char> alive;
+  LiveVector(std::size_t D, std::size_t tensors) : cur(D, 0), alive(tensors, 0) {}
+  void apply(std::size_t t, bool alloc, const std::vector<Contribution>& con) {
+    if (t >= con.size() || static_cast<bool>(alive[t]) == alloc) throw Fail{};
+    alive[t] = alloc;
+    if (!con[t].apply(cur.data(), alloc)) throw Fail{};
+  }
+};
+
 // Keeps the vectors (D each) no other vector dominates componentwise.
 std::vector<std::uint64_t> prune(const std::vector<std::uint64_t>& rows, std::size_t D,
                                  const std::vector<std::uint64_t>& weight);

@@ -73,8 +73,8 @@ struct ServePlanBuilder {
     // Replay: the floor is the live vector when the prefill begins; each phase's candidates are
     // its start and every allocation in it.
     std::vector<std::vector<std::uint64_t>> per_phase(ServePlan::kPhases);
-    std::vector<std::uint64_t> cur(D, 0);
-    std::vector<char> alive(con.size(), 0);
+    LiveVector live(D, con.size());
+    const auto& cur = live.cur;
     int phase = -1;
     for (const auto& ev : t0.events) {
       if (ev.t == SimTrace::kPhase) {
@@ -84,11 +84,7 @@ struct ServePlanBuilder {
         continue;
       }
       const bool alloc = ev.t >= 0;
-      const std::size_t t = static_cast<std::size_t>(alloc ? ev.t : ~ev.t);
-      if (t >= con.size() || alive[t] == alloc) throw Fail{};
-      alive[t] = alloc;
-      const Contribution& c = con[t];
-      if (!c.apply(cur.data(), alloc)) throw Fail{};
+      live.apply(static_cast<std::size_t>(alloc ? ev.t : ~ev.t), alloc, con);
       if (alloc && phase >= 0) per_phase[1 + phase].insert(per_phase[1 + phase].end(), cur.begin(), cur.end());
     }
     if (phase != 1) throw Fail{};

@@ -103,8 +103,9 @@ void replay(SimSet& ss, std::size_t D) {
   for (int pass = 0; pass < 2; ++pass) {
     const SimTrace& tr = ss.traces[0][pass];
     const auto& con = ss.contrib[pass];
-    std::vector<std::uint64_t> cur(D, 0);
-    std::vector<char> alive(con.size(), 0);
+    LiveVector live(D, con.size());
+    const auto& cur = live.cur;
+    const auto& alive = live.alive;
     for (auto& ph : ss.cand[pass]) ph.assign(ss.layers + 2, {});
     int phase = -1;
     auto candidate = [&](std::int32_t section) {
@@ -141,11 +142,7 @@ void replay(SimSet& ss, std::size_t D) {
         continue;
       }
       const bool alloc = ev.t >= 0;
-      const std::size_t t = static_cast<std::size_t>(alloc ? ev.t : ~ev.t);
-      if (t >= con.size() || alive[t] == alloc) throw Fail{};
-      alive[t] = alloc;
-      const Contribution& c = con[t];
-      if (!c.apply(cur.data(), alloc)) throw Fail{};
+      live.apply(static_cast<std::size_t>(alloc ? ev.t : ~ev.t), alloc, con);
       if (alloc) candidate(ev.section);
     }
     if (phase != static_cast<int>(StepPlan::kPhases) - 1) throw Fail{};
