@@ -68,7 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1, help="micro-batch size (default 1)")
     p.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
     p.add_argument("--precision", choices=common.PRECISIONS, default="amp-bf16")
-    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("--optimizer", choices=("adamw", "adamw-fused", "sgd"), default="adamw")
     p.add_argument("--recompute", choices=("none", "full"), default="none",
                    help="full = HF gradient checkpointing of every decoder layer (non-reentrant)")
     p.add_argument("--attention", choices=("flash", "math"), default="flash",
@@ -181,6 +181,8 @@ def make_optimizer(model, name):
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-5)
+    if name == "adamw-fused":  # what `membudget advise` calls the fused optimizer
+        return torch.optim.AdamW(params, lr=1e-5, fused=True)
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-5)
     raise ValueError(name)
