@@ -111,14 +111,7 @@ struct Harness::Impl {
   static std::size_t elem_bytes(Elem e, DType act) { return e == Elem::act ? element_bytes(act) : 4; }
 
   Buffer make(std::size_t bytes, DType dt, const std::string& tensor, const char* op) {
-    AllocTag tag{op, tensor, phase};
-    try {
-      return Buffer(alloc, bytes, dt, tag);
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::out_of_memory) throw;
-      throw Error(ErrorKind::out_of_memory, std::string(e.what()) + "\nharness: step " + std::to_string(step_index) +
-                                                ", " + phase + ", allocating " + tensor + " (" + op + ")");
-    }
+    return make_buffer(alloc, bytes, dt, tensor, op, phase, step_index);
   }
 
   // A buffer of the table; `layer` names it ("layers.3.q"), -1 for step-scoped rows.
@@ -132,35 +125,21 @@ struct Harness::Impl {
   Buffer& G(Buf b) { return g[static_cast<std::size_t>(b)]; }
 
   // ---- parameters ----
-  int add_param(std::string name, std::size_t n, Init init) {
-    Param p;
-    p.name = std::move(name);
-    p.n = n;
-    p.init = init;
-    params.push_back(std::move(p));
-    return static_cast<int>(params.size()) - 1;
-  }
   View W(int i) const { return i < 0 ? View{} : params[i].use(); }
   View dW(int i) const { return i < 0 ? View{} : params[i].g.view(); }
 
   void build_params() {
-    ParamLayout layout = declare_decoder_params(
-        m, [&](std::string name, std::size_t n, Init init) { return add_param(std::move(name), n, init); });
-    emb = layout.emb;
-    lp = std::move(layout.layers);
-    lnf_w = layout.lnf_w;
-    lm_head = layout.lm_head;
-
     // Parameters draw normals from one splitmix64 stream in order. The stream is a counter (the
     // k-th draw depends only on seed + k·golden), so each tensor is filled by several threads with
     // exactly the values a sequential loop would give: an 8B model initialises in seconds.
     Rng rng{opt.seed};
-    std::uint64_t drawn = 0;  // normals drawn so far (two uniforms each)
-    for (auto& p : params) {
-      p.w = make(p.n * element_bytes(r.param), r.param, p.name, "parameter");
-      drawn += fill_param(be, p.w.view(), p.n, p.init, opt.seed, drawn, r.param);
-    }
-    rng.s = opt.seed + 2 * drawn * Rng::kGolden;  // where the sequential stream would be now
+    ParamLayout layout = build_decoder_params(m, be, params, r.param, opt.seed, rng, [&](std::size_t bytes, const std::string& name) {
+      return make(bytes, r.param, name, "parameter");
+    });
+    emb = layout.emb;
+    lp = std::move(layout.layers);
+    lnf_w = layout.lnf_w;
+    lm_head = layout.lm_head;
     // the fixed batch: random tokens, each target the next token of its sequence
     host_tokens.resize(d.T);
     host_targets.resize(d.T);

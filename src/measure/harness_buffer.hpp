@@ -99,6 +99,19 @@ class Buffer {
   DType dtype_ = DType::fp32;
 };
 
+// A Buffer for `tensor`, made by `op` during `phase` of step `step`. Running out of memory is
+// rethrown with those named, so the harness's OOM report says what it was allocating.
+inline Buffer make_buffer(CachingAllocator& alloc, std::size_t bytes, DType dt, const std::string& tensor,
+                          const char* op, const std::string& phase, int step) {
+  try {
+    return Buffer(alloc, bytes, dt, AllocTag{op, tensor, phase});
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::out_of_memory) throw;
+    throw Error(ErrorKind::out_of_memory, std::string(e.what()) + "\nharness: step " + std::to_string(step) + ", " +
+                                              phase + ", allocating " + tensor + " (" + op + ")");
+  }
+}
+
 // fp32 → bf16 with round-to-nearest-even (the values here are finite).
 inline std::uint16_t to_bf16_bits(float f) {
   std::uint32_t u;
@@ -175,6 +188,30 @@ inline std::uint64_t fill_param(Backend& be, View dst, std::size_t n, Init init,
     be.copy_to_device(dst.data, bits.data(), n * 2);
   }
   return init == Init::normal ? n : 0;
+}
+
+// Declares the decoder's parameters into `params` (a P has name, n, init and a Buffer w), allocates
+// each in `dt` through alloc(bytes, name) and fills it from the sequential splitmix64 stream of
+// `seed`. Returns the layout; `rng` is left where that stream stands after the parameters (the
+// training harness draws its batch from there).
+template <class P, class Alloc>
+ParamLayout build_decoder_params(const ModelSpec& m, Backend& be, std::vector<P>& params, DType dt,
+                                 std::uint64_t seed, Rng& rng, Alloc&& alloc) {
+  ParamLayout layout = declare_decoder_params(m, [&](std::string name, std::size_t n, Init init) {
+    P p;
+    p.name = std::move(name);
+    p.n = n;
+    p.init = init;
+    params.push_back(std::move(p));
+    return static_cast<int>(params.size()) - 1;
+  });
+  std::uint64_t drawn = 0;  // normals drawn so far (two uniforms each)
+  for (auto& p : params) {
+    p.w = alloc(p.n * element_bytes(dt), p.name);
+    drawn += fill_param(be, p.w.view(), p.n, p.init, seed, drawn, dt);
+  }
+  rng.s = seed + 2 * drawn * Rng::kGolden;
+  return layout;
 }
 
 }  // namespace membudget::measure

@@ -118,14 +118,7 @@ struct InferHarness::Impl {
   }
 
   Buffer make(std::size_t bytes, DType dt, const std::string& tensor, const char* op) {
-    AllocTag tag{op, tensor, phase};
-    try {
-      return Buffer(alloc, bytes, dt, tag);
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::out_of_memory) throw;
-      throw Error(ErrorKind::out_of_memory, std::string(e.what()) + "\nharness: step " + std::to_string(step_index) +
-                                                ", " + phase + ", allocating " + tensor + " (" + op + ")");
-    }
+    return make_buffer(alloc, bytes, dt, tensor, op, phase, step_index);
   }
 
   // A buffer of the table for a forward of dims `fd`; `layer` names it ("layers.3.q"), -1 for the head.
@@ -139,33 +132,19 @@ struct InferHarness::Impl {
   void drop(IBuf b) { A(b).reset(); }
 
   // ---- weights and pool ----
-  int add_param(std::string name, std::size_t n, Init init) {
-    IParam p;
-    p.name = std::move(name);
-    p.n = n;
-    p.init = init;
-    params.push_back(std::move(p));
-    return static_cast<int>(params.size()) - 1;
-  }
   View W(int i) const { return i < 0 ? View{} : params[i].w.view(); }
 
   void build() {
-    ParamLayout layout = declare_decoder_params(
-        m, [&](std::string name, std::size_t n, Init init) { return add_param(std::move(name), n, init); });
+    // The values of one sequential splitmix64 stream, drawn by counter on several threads as the
+    // training harness does (an 8B model initialises in seconds, not minutes).
+    Rng rng{opt.seed};
+    ParamLayout layout = build_decoder_params(m, be, params, wdt, opt.seed, rng, [&](std::size_t bytes, const std::string& name) {
+      return make(bytes, wdt, name, "weight");
+    });
     emb = layout.emb;
     lp = std::move(layout.layers);
     lnf_w = layout.lnf_w;
     lm_head = layout.lm_head;
-
-    // The values of one sequential splitmix64 stream, drawn by counter on several threads as the
-    // training harness does (an 8B model initialises in seconds, not minutes).
-    Rng rng{opt.seed};
-    std::uint64_t drawn = 0;  // normals drawn so far (two uniforms each)
-    for (auto& p : params) {
-      p.w = make(p.n * element_bytes(wdt), wdt, p.name, "weight");
-      drawn += fill_param(be, p.w.view(), p.n, p.init, opt.seed, drawn, wdt);
-    }
-    rng.s = opt.seed + 2 * drawn * Rng::kGolden;  // where the sequential stream would be now
     for (std::size_t l = 0; l < d.L; ++l) {
       kpool.push_back(make(IBuf::k_pool, d, static_cast<int>(l), "kv pool"));
       be.zero(kpool.back().view(), d.B * d.P * d.kvd());
