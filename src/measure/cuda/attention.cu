@@ -609,9 +609,8 @@ bool use_wmma() {
 }  // namespace
 
 void attention_forward(Stream s, Ten out, float* lse, Ten q, Ten k, Ten v, const Attn& a) {
-  check_shape(a);
-  REQUIRE(out.dt == q.dt && k.dt == q.dt && v.dt == q.dt, "attention_forward: q, k, v, out must share one dtype");
-  if (use_wmma()) return attention_forward_wmma(s, out, lse, q, k, v, a);
+  if (use_wmma()) return attention_forward_wmma(s, out, lse, q, k, v, a);  // it checks its arguments
+  check_forward(a, out, q, k, v);
   if (a.B == 0 || a.S == 0) return;
   with_head_dim(a.head_dim, [&](auto hd) {
     dispatch(q.dt, [&](auto t) {
@@ -643,11 +642,8 @@ void attention_forward_cached(Stream s, Ten out, Ten q, Ten k_cache, Ten v_cache
 
 void attention_backward(Stream s, Ten dq, Ten dk, Ten dv, float* delta, Ten dout, Ten q, Ten k, Ten v, Ten out,
                         const float* lse, const Attn& a) {
-  check_shape(a);
-  REQUIRE(dq.dt == q.dt && dk.dt == q.dt && dv.dt == q.dt && dout.dt == q.dt && k.dt == q.dt && v.dt == q.dt &&
-              out.dt == q.dt,
-          "attention_backward: every tensor must share one dtype");
   if (use_wmma()) return attention_backward_wmma(s, dq, dk, dv, delta, dout, q, k, v, out, lse, a);
+  check_backward(a, dq, dk, dv, dout, q, k, v, out);
   if (a.B == 0 || a.S == 0) return;
   with_head_dim(a.head_dim, [&](auto hd) {
     dispatch(q.dt, [&](auto t) {

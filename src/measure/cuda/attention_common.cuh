@@ -44,5 +44,17 @@ inline void check_shape(const Attn& a) {
   REQUIRE(a.heads <= 65535 && a.B <= 65535, "attention: too many heads or sequences for one grid");
 }
 
+// What both implementations' entry points require of their arguments.
+inline void check_forward(const Attn& a, Ten out, Ten q, Ten k, Ten v) {
+  check_shape(a);
+  REQUIRE(out.dt == q.dt && k.dt == q.dt && v.dt == q.dt, "attention_forward: q, k, v, out must share one dtype");
+}
+inline void check_backward(const Attn& a, Ten dq, Ten dk, Ten dv, Ten dout, Ten q, Ten k, Ten v, Ten out) {
+  check_shape(a);
+  REQUIRE(dq.dt == q.dt && dk.dt == q.dt && dv.dt == q.dt && dout.dt == q.dt && k.dt == q.dt && v.dt == q.dt &&
+              out.dt == q.dt,
+          "attention_backward: every tensor must share one dtype");
+}
+
 }  // namespace
 }  // namespace membudget::measure::cuda

@@ -384,8 +384,7 @@ void backward_impl(Stream s, T* dq, T* dk, T* dv, float* delta, const T* dout, c
 }  // namespace
 
 void attention_forward_wmma(Stream s, Ten out, float* lse, Ten q, Ten k, Ten v, const Attn& a) {
-  check_shape(a);
-  REQUIRE(out.dt == q.dt && k.dt == q.dt && v.dt == q.dt, "attention_forward: q, k, v, out must share one dtype");
+  check_forward(a, out, q, k, v);
   if (a.B == 0 || a.S == 0) return;
   with_head_dim(a.head_dim, [&](auto hd) {
     dispatch(q.dt, [&](auto t) {
@@ -398,10 +397,7 @@ void attention_forward_wmma(Stream s, Ten out, float* lse, Ten q, Ten k, Ten v, 
 
 void attention_backward_wmma(Stream s, Ten dq, Ten dk, Ten dv, float* delta, Ten dout, Ten q, Ten k, Ten v, Ten out,
                         const float* lse, const Attn& a) {
-  check_shape(a);
-  REQUIRE(dq.dt == q.dt && dk.dt == q.dt && dv.dt == q.dt && dout.dt == q.dt && k.dt == q.dt && v.dt == q.dt &&
-              out.dt == q.dt,
-          "attention_backward: every tensor must share one dtype");
+  check_backward(a, dq, dk, dv, dout, q, k, v, out);
   if (a.B == 0 || a.S == 0) return;
   with_head_dim(a.head_dim, [&](auto hd) {
     dispatch(q.dt, [&](auto t) {
