@@ -34,7 +34,7 @@ __global__ void column_partials(float* partial, const T* dout, int N, int OC) {
 }
 
 // dst[c] += Σ_p partial[p, c], one rounding into dst's dtype.
-__global__ void reduce_partials(void* dst, Dt dt, const float* partial, int parts, int C) {
+__global__ void add_partials_kernel(void* dst, Dt dt, const float* partial, int parts, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float acc = 0.0f;
@@ -43,6 +43,11 @@ __global__ void reduce_partials(void* dst, Dt dt, const float* partial, int part
 }
 
 }  // namespace
+
+void add_partials(Stream s, Ten dst, const float* partial, int parts, int C) {
+  add_partials_kernel<<<(C + 255) / 256, 256, 0, s>>>(dst.p, dst.dt, partial, parts, C);
+  CHECK_LAUNCH("add_partials_kernel");
+}
 
 void cast(Stream s, Ten dst, Ten src, std::size_t n) {
   if (n == 0) return;
@@ -91,8 +96,7 @@ void bias_backward(Stream s, Ten dbias, Ten dout, int N, int OC, float* scratch,
     column_partials<T><<<parts, 256, 0, s>>>(scratch, static_cast<const T*>(dout.p), N, OC);
   });
   CHECK_LAUNCH("column_partials");
-  reduce_partials<<<(OC + 255) / 256, 256, 0, s>>>(dbias.p, dbias.dt, scratch, parts, OC);
-  CHECK_LAUNCH("reduce_partials");
+  add_partials(s, dbias, scratch, parts, OC);
 }
 
 }  // namespace membudget::measure::cuda

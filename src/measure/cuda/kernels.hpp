@@ -32,6 +32,9 @@ void cast(Stream s, Ten dst, Ten src, std::size_t n);
 void residual_forward(Stream s, Ten out, Ten a, Ten b, std::size_t n);
 void add_bias(Stream s, Ten out, Ten bias, int N, int OC);                         // out[n, :] += bias
 void bias_backward(Stream s, Ten dbias, Ten dout, int N, int OC, float* scratch, std::size_t scratch_floats);
+// dst[c] += Σ_p partial[p, c] for c < C (per-block partial sums of a weight or bias gradient),
+// rounded once into dst's dtype.
+void add_partials(Stream s, Ten dst, const float* partial, int parts, int C);
 
 // embedding.cu
 void embedding_forward(Stream s, Ten out, const std::int32_t* tokens, Ten table, int T, int C);

@@ -52,14 +52,6 @@ __global__ void rmsnorm_backward_kernel(T* dx, bool accumulate, float* partial, 
   for (int c = threadIdx.x; c < C; c += blockDim.x) partial[std::size_t(blockIdx.x) * C + c] = dw_acc[c];
 }
 
-__global__ void add_partials(void* dst, Dt dt, const float* partial, int parts, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float acc = 0.0f;
-  for (int p = 0; p < parts; ++p) acc += partial[std::size_t(p) * C + c];
-  st(dst, dt, c, ld(dst, dt, c) + acc);
-}
-
 }  // namespace
 
 void rmsnorm_forward(Stream s, Ten out, float* rstd, Ten x, Ten w, int N, int C, float eps) {
@@ -99,8 +91,7 @@ void rmsnorm_backward(Stream s, Ten dx, bool accumulate_dx, Ten dw, Ten dout, Te
     });
   });
   CHECK_LAUNCH("rmsnorm_backward_kernel");
-  add_partials<<<(C + 255) / 256, 256, 0, s>>>(dw.p, dw.dt, scratch, parts, C);
-  CHECK_LAUNCH("add_partials");
+  add_partials(s, dw, scratch, parts, C);
 }
 
 }  // namespace membudget::measure::cuda
