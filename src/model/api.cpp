@@ -204,6 +204,36 @@ std::uint64_t largest_fitting(std::uint64_t n_max, Ok&& ok, Estimate& best) {
   return lo;
 }
 
+// The searches: the largest n in [1, n_max] whose job fits `limit`, set(job, n) placing the point.
+// 0 when n = 1 does not fit or its sizes overflow; a bad spec or job at n = 1 throws. `at` gets the
+// estimate at the answer (at n = 1 when the answer is 0); `evaluations` counts the estimates made.
+template <class Set>
+std::uint64_t largest_that_fits(const ModelSpec& model, Job& job, std::uint64_t n_max, bytes_t limit, Set&& set,
+                                Estimate& at, std::uint32_t& evaluations) {
+  auto ok = [&](std::uint64_t n, Estimate* out) {
+    set(job, n);
+    ++evaluations;
+    auto e = try_estimate(model, job);
+    if (!e) return false;
+    if (out) *out = *e;
+    return e->required <= limit;
+  };
+  Estimate best;
+  set(job, 1);
+  try {
+    best = estimate(model, job);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::overflow) throw;
+    return 0;
+  }
+  ++evaluations;
+  at = best;
+  if (best.required > limit) return 0;
+  const std::uint64_t lo = largest_fitting(n_max, ok, best);
+  at = best;
+  return lo;
+}
+
 FitResult fits(const ModelSpec& model, const Job& job, const Device& device, double headroom) {
   FitResult f;
   f.capacity = device.capacity;
@@ -224,30 +254,10 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
                                                  std::to_string(o.data_parallel));
   std::uint64_t hi_limit = o.limit ? o.limit : 65536;
   if (job.seq) hi_limit = std::min<std::uint64_t>(hi_limit, std::max<std::uint64_t>(1, (1ull << 32) / job.seq));
-  auto ok = [&](std::uint64_t b, Estimate* out) {
-    job.batch = b;
-    ++r.evaluations;
-    auto e = try_estimate(model, job);
-    if (!e) return false;
-    if (out) *out = *e;
-    return e->required <= r.limit;
-  };
-  // The smallest point: a bad spec or job is an error here (not "does not fit").
-  Estimate best;
-  job.batch = 1;
-  try {
-    best = estimate(model, job);
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::overflow) throw;
-    return r;
-  }
-  ++r.evaluations;
-  r.at_max = best;
-  if (best.required > r.limit) return r;
-  const std::uint64_t lo = largest_fitting(hi_limit, ok, best);
+  const std::uint64_t lo = largest_that_fits(
+      model, job, hi_limit, r.limit, [](Job& j, std::uint64_t b) { j.batch = b; }, r.at_max, r.evaluations);
   r.max_micro_batch = lo;
-  r.at_max = best;
-  if (o.global_batch) {
+  if (lo && o.global_batch) {
     const std::uint64_t per_rank = o.global_batch / o.data_parallel;
     std::uint64_t mb = std::min(lo, per_rank);
     while (mb > 1 && per_rank % mb) --mb;
@@ -264,29 +274,10 @@ MaxSeqResult max_sequence_length(const ModelSpec& model, Job job, const Device& 
   std::uint64_t max_seq = o.limit ? o.limit : model.max_positions;
   if (job.batch) max_seq = std::min<std::uint64_t>(max_seq, (1ull << 32) / job.batch);
   const std::uint64_t kmax = max_seq / step;
-  auto ok = [&](std::uint64_t k, Estimate* out) {
-    job.seq = k * step;
-    ++r.evaluations;
-    auto e = try_estimate(model, job);
-    if (!e) return false;
-    if (out) *out = *e;
-    return e->required <= r.limit;
-  };
   if (kmax == 0) return r;
-  Estimate best;
-  job.seq = step;
-  try {
-    best = estimate(model, job);
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::overflow) throw;
-    return r;
-  }
-  ++r.evaluations;
-  r.at_max = best;
-  if (best.required > r.limit) return r;
-  const std::uint64_t lo = largest_fitting(kmax, ok, best);
-  r.max_seq = lo * step;
-  r.at_max = best;
+  r.max_seq = step * largest_that_fits(
+                         model, job, kmax, r.limit, [step](Job& j, std::uint64_t k) { j.seq = k * step; }, r.at_max,
+                         r.evaluations);
   return r;
 }
 
