@@ -16,14 +16,6 @@ std::string gib(bytes_t v) {
   return buf;
 }
 
-std::string pad(std::string s, std::size_t w) {
-  // display width: count UTF-8 lead bytes only
-  std::size_t cols = 0;
-  for (unsigned char c : s)
-    if ((c & 0xC0) != 0x80) ++cols;
-  if (cols < w) s.append(w - cols, ' ');
-  return s;
-}
 
 Registrar reg("advise", 40, [](CLI::App& app) {
   auto flags = std::make_shared<JobFlags>();
@@ -76,14 +68,15 @@ Registrar reg("advise", 40, [](CLI::App& app) {
                 << gib(fit.required) << " — "
                 << (fit.fits ? (tight ? "fits, with little headroom" : "FITS: no fix needed") : "DOES NOT FIT")
                 << "\n\n";
-      std::cout << "  #  " << pad("fix", 22) << pad("peak", 12) << pad("required", 12) << pad("fits", 6) << "cost\n";
+      std::cout << "  #  " << pad_columns("fix", 22) << pad_columns("peak", 12) << pad_columns("required", 12)
+                << pad_columns("fits", 6) << "cost\n";
       int i = 0;
       for (const auto& f : fixes) {
         if (f.skipped) continue;
-        std::cout << (++i < 10 ? "  " : " ") << i << "  " << pad(f.name.substr(0, 60), 22) << pad(gib(f.peak), 12)
-                  << pad(gib(f.required), 12) << pad(f.fits ? "yes" : "no", 6) << f.cost << "\n";
-        std::cout << "     " << pad("", 22) << "change: " << f.change << "\n";
-        std::cout << "     " << pad("", 22) << f.note << "\n";
+        std::cout << (++i < 10 ? "  " : " ") << i << "  " << pad_columns(f.name.substr(0, 60), 22)
+                  << pad_columns(gib(f.peak), 12) << pad_columns(gib(f.required), 12) << pad_columns(f.fits ? "yes" : "no", 6) << f.cost << "\n";
+        std::cout << "     " << pad_columns("", 22) << "change: " << f.change << "\n";
+        std::cout << "     " << pad_columns("", 22) << f.note << "\n";
       }
       bool header = false;
       for (const auto& f : fixes) {

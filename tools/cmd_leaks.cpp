@@ -22,6 +22,18 @@ struct LeaksOptions {
   std::string format = "table";
 };
 
+// The table lines both inputs share: the verdict, the growth when there is a leak, the explanation.
+void print_verdict(const LeakReport& r) {
+  std::printf("leak:            %s\n", r.leak ? "yes" : "no");
+  if (r.leak) {
+    std::printf("growth per step: %s (%llu B)\n", format_bytes(r.growth_per_step).c_str(),
+                static_cast<unsigned long long>(r.growth_per_step));
+    std::printf("from step:       %lld\n", static_cast<long long>(*r.start_step));
+    std::printf("growth in total: %s\n", format_bytes(r.growth_total).c_str());
+  }
+  std::printf("%s\n", r.explanation.c_str());
+}
+
 void run(const LeaksOptions& o) {
   if (o.path.ends_with(".pickle") || o.path.ends_with(".pkl")) {
     const SnapshotLeaks l = snapshot_leaks_file(o.path);
@@ -34,14 +46,7 @@ void run(const LeaksOptions& o) {
       std::printf("steps:           %zu\n", r.steps);
       for (std::size_t i = 0; i < l.series.allocated.size(); ++i)
         std::printf("  step %-4zu      %s\n", i, format_bytes(l.series.allocated[i]).c_str());
-      std::printf("leak:            %s\n", r.leak ? "yes" : "no");
-      if (r.leak) {
-        std::printf("growth per step: %s (%llu B)\n", format_bytes(r.growth_per_step).c_str(),
-                    static_cast<unsigned long long>(r.growth_per_step));
-        std::printf("from step:       %lld\n", static_cast<long long>(*r.start_step));
-        std::printf("growth in total: %s\n", format_bytes(r.growth_total).c_str());
-      }
-      std::printf("%s\n", r.explanation.c_str());
+      print_verdict(r);
       std::printf("never freed, born after warm-up: %s\n", format_bytes(l.survivor_bytes).c_str());
       for (const auto& g : l.survivors)
         std::printf("  %-12s %6llu  from step %lld  %s\n", format_bytes(g.bytes).c_str(),
@@ -56,14 +61,7 @@ void run(const LeaksOptions& o) {
     std::cout << to_json(r).dump(2) << "\n";
   } else {
     std::printf("steps:           %zu\n", r.steps);
-    std::printf("leak:            %s\n", r.leak ? "yes" : "no");
-    if (r.leak) {
-      std::printf("growth per step: %s (%llu B)\n", format_bytes(r.growth_per_step).c_str(),
-                  static_cast<unsigned long long>(r.growth_per_step));
-      std::printf("from step:       %lld\n", static_cast<long long>(*r.start_step));
-      std::printf("growth in total: %s\n", format_bytes(r.growth_total).c_str());
-    }
-    std::printf("%s\n", r.explanation.c_str());
+    print_verdict(r);
   }
   if (r.leak) set_exit_status(1);
 }

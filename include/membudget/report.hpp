@@ -23,5 +23,7 @@ struct ReportOptions {
 
 std::string render(const Budget& budget, const std::optional<Fit>& fit, const ReportOptions& options);
 std::string to_json_string(const Budget& budget, const std::optional<Fit>& fit, bool explain = false, int indent = 2);
+// `s` padded with spaces to `width` display columns (UTF-8 aware), for text tables.
+std::string pad_columns(std::string s, std::size_t width);
 
 }  // namespace membudget

@@ -62,21 +62,20 @@ std::string bar(bytes_t v, bytes_t max, int width = 30) {
   return s;
 }
 
-std::string pad(std::string s, std::size_t w) {
-  // pad by display columns (UTF-8 continuation bytes do not count)
-  std::size_t cols = 0;
-  for (unsigned char c : s)
-    if ((c & 0xC0) != 0x80) ++cols;
-  if (cols < w) s.append(w - cols, ' ');
-  return s;
-}
-
 std::string rpad(std::string s, std::size_t w) {
   if (s.size() < w) s.insert(0, w - s.size(), ' ');
   return s;
 }
 
 }  // namespace
+
+std::string pad_columns(std::string s, std::size_t width) {
+  std::size_t cols = 0;  // display columns: UTF-8 continuation bytes do not count
+  for (unsigned char c : s)
+    if ((c & 0xC0) != 0x80) ++cols;
+  if (cols < width) s.append(width - cols, ' ');
+  return s;
+}
 
 Format parse_format(std::string_view s) {
   if (s == "table") return Format::table;
@@ -194,7 +193,7 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
   bytes_t tmax = 0;
   for (const auto& [n, v] : terms) tmax = std::max(tmax, v);
   for (const auto& [n, v] : terms)
-    out << "  " << pad(n, 17) << rpad(format_bytes(v), 11) << "  " << bar(v, tmax) << "\n";
+    out << "  " << pad_columns(n, 17) << rpad(format_bytes(v), 11) << "  " << bar(v, tmax) << "\n";
   if (b.job.mode == Mode::train) {
     out << "    weights " << format_bytes(b.states.weights) << ", gradients " << format_bytes(b.states.gradients)
         << ", master " << format_bytes(b.states.master) << ", optimizer " << format_bytes(b.states.optimizer) << "\n";
@@ -212,12 +211,12 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
   out << "\nPhases (max_memory_allocated)\n";
   bytes_t pmax = b.peak;
   for (const auto& p : b.phases)
-    out << "  " << pad(p.name, 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
+    out << "  " << pad_columns(p.name, 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
         << (("step0." + p.name) != b.peak_phase && p.name == b.peak_phase ? "  ← peak" : "") << "\n";
   if (!b.step0.empty()) {
     out << "  step 0 (no optimizer state yet)\n";
     for (const auto& p : b.step0)
-      out << "  " << pad("  " + p.name, 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
+      out << "  " << pad_columns("  " + p.name, 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
           << ("step0." + p.name == b.peak_phase ? "  ← peak" : "") << "\n";
   }
   out << "\nPeak " << format_bytes(b.peak) << " in " << b.peak_phase;
