@@ -40,9 +40,10 @@ void check_file(const char* rel, int min_cases) {
       if (s["step"].get<int>() == 0 && s.value("phase", "") == "done") first = s;
     }
     REQUIRE(!steady.is_null());
-    for (const char* phase : {"floor", "forward_peak", "backward_peak", "optimizer_peak"}) {
+    for (Phase ph : kTrainPhases) {
+      const char* phase = to_string(ph);
       const double measured = steady[phase].get<double>();
-      const double predicted = static_cast<double>(b.phase(phase));
+      const double predicted = static_cast<double>(b.phase(ph));
       const double err = (predicted - measured) / measured;
       CAPTURE(c["name"].get<std::string>());
       CAPTURE(phase);
@@ -55,10 +56,10 @@ void check_file(const char* rel, int min_cases) {
       }
       // Step 0's floor (and so its optimizer phase) holds what earlier cases of the measuring
       // process left in the allocator (cuBLAS workspaces): only its forward and backward peaks count.
-      if (first.is_null() || (std::string(phase) != "forward_peak" && std::string(phase) != "backward_peak")) continue;
+      if (first.is_null() || (ph != Phase::forward_peak && ph != Phase::backward_peak)) continue;
       bytes_t want0 = 0;
       for (const auto& p : b.step0)
-        if (p.name == phase) want0 = p.bytes;
+        if (p.phase == ph) want0 = p.bytes;
       const double measured0 = first[phase].get<double>();
       const double err0 = (static_cast<double>(want0) - measured0) / measured0;
       CAPTURE(measured0);

@@ -16,7 +16,7 @@ TEST_CASE("estimate equals predict and is memoized") {
   CHECK(e.required == b.peak + b.terms.overhead);
   CHECK(e.n_phases == 4);
   CHECK(e.n_step0 == 4);
-  CHECK(e.phases[2].bytes == b.phase("backward_peak"));
+  CHECK(e.phases[2].bytes == b.phase(Phase::backward_peak));
   CHECK(e.terms.activations == b.terms.activations);
   const Estimate again = estimate(m, j);
   CHECK(again.peak == e.peak);

@@ -19,7 +19,7 @@ void check_same(const Budget& fast, const Budget& full, const std::string& what)
   REQUIRE(fast.phases.size() == full.phases.size());
   REQUIRE(fast.step0.size() == full.step0.size());
   for (std::size_t i = 0; i < full.phases.size(); ++i) {
-    CHECK(fast.phases[i].name == full.phases[i].name);
+    CHECK(fast.phases[i].phase == full.phases[i].phase);
     CHECK(fast.phases[i].bytes == full.phases[i].bytes);
   }
   for (std::size_t i = 0; i < full.step0.size(); ++i) CHECK(fast.step0[i].bytes == full.step0[i].bytes);

@@ -89,7 +89,7 @@ TEST_CASE("the KV pool is exactly kv_cache_bytes(batch, seq + 1), measured and p
         CHECK(formula == m.num_layers * 2 * B * (S + 1) * m.num_kv_heads * m.head_dim * (kv == DType::fp32 ? 4 : 2));
         // the floor is the weights plus the pool, each buffer rounded to 512 B
         const Budget b = predict(m, j);
-        CHECK(b.phase("floor") == static_cast<bytes_t>(alloc.stats().allocated.current));
+        CHECK(b.phase(Phase::floor) == static_cast<bytes_t>(alloc.stats().allocated.current));
       }
   // tiny-llama in bf16 at 2 × 32: 2 layers × 2 × 2 × 33 × 32 × 2 B = 16,896 B
   CHECK(kv_cache_bytes(tiny(), DType::bf16, 2, 33) == 16'896);
@@ -168,7 +168,7 @@ TEST_CASE("the inference step returns every byte and rejects what it does not im
   // the HF walk is still the default profile of --mode infer
   Job torch = infer_job(1, 8);
   torch.profile = Profile::torch;
-  CHECK(predict(tiny(), torch).phase("prefill_peak") != predict(tiny(), infer_job(1, 8)).phase("prefill_peak"));
+  CHECK(predict(tiny(), torch).phase(Phase::prefill_peak) != predict(tiny(), infer_job(1, 8)).phase(Phase::prefill_peak));
 }
 
 TEST_CASE("verify --mode infer: out of memory is Error(out_of_memory) with the prediction beside it") {

@@ -87,20 +87,20 @@ TEST_CASE("verify: measured phase peaks equal the harness prediction within 1%")
 
 TEST_CASE("the prediction reacts to the job as the design says") {
   const ModelSpec m = tiny();
-  auto peak = [&](Job j, const char* phase) { return predict(m, j).phase(phase); };
+  auto peak = [&](Job j, Phase phase) { return predict(m, j).phase(phase); };
   const Job base = tiny_job(Precision::fp32);
   Job full = base;
   full.recompute = Recompute::full;
-  CHECK(peak(full, "forward_peak") < peak(base, "forward_peak"));
+  CHECK(peak(full, Phase::forward_peak) < peak(base, Phase::forward_peak));
   Job big = base;
   big.batch = 4;
-  CHECK(peak(big, "backward_peak") > peak(base, "backward_peak"));
+  CHECK(peak(big, Phase::backward_peak) > peak(base, Phase::backward_peak));
   // the floor is the model states plus the token ids: counted by hand for tiny-llama in fp32
   // (20 tensors: 65,536 + 2 × 173,056 + 512 bytes after 512 B rounding; tokens 2 × 512 B)
   const Budget b = predict(m, base);
   CHECK(b.step0.front().bytes == 412'160 + 1'024);
   CHECK(b.states.weights == 412'160);
-  CHECK(b.phase("floor") == 4 * 412'160 + 1'024);  // + gradients + two moments
+  CHECK(b.phase(Phase::floor) == 4 * 412'160 + 1'024);  // + gradients + two moments
 }
 
 TEST_CASE("predict --profile harness rejects what the harness does not run") {

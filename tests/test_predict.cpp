@@ -110,19 +110,19 @@ TEST_CASE("phases: ordering and step 0") {
   const ModelSpec m = test::toy_llama();
   const Budget b = predict(m, train_job(2, 128));
   REQUIRE(b.phases.size() == 4);
-  CHECK(b.phases[0].name == "floor");
-  CHECK(b.phases[1].name == "forward_peak");
-  CHECK(b.phases[2].name == "backward_peak");
-  CHECK(b.phases[3].name == "optimizer_peak");
-  CHECK(b.phase("forward_peak") > b.phase("floor"));
-  CHECK(b.phase("backward_peak") > b.phase("floor"));
+  CHECK(b.phases[0].phase == Phase::floor);
+  CHECK(b.phases[1].phase == Phase::forward_peak);
+  CHECK(b.phases[2].phase == Phase::backward_peak);
+  CHECK(b.phases[3].phase == Phase::optimizer_peak);
+  CHECK(b.phase(Phase::forward_peak) > b.phase(Phase::floor));
+  CHECK(b.phase(Phase::backward_peak) > b.phase(Phase::floor));
   // The optimizer step runs with the gradients present.
-  CHECK(b.phase("optimizer_peak") >= b.phase("floor") + b.states.gradients);
+  CHECK(b.phase(Phase::optimizer_peak) >= b.phase(Phase::floor) + b.states.gradients);
   // Step 0 starts without optimizer state and before cuBLAS has made its two 32 MiB workspaces
   // (forward thread, autograd thread): its floor is lower by exactly those.
   REQUIRE(b.step0.size() == 4);
-  CHECK(b.phase("floor") - b.step0[0].bytes == b.states.optimizer + 2 * 32 * MiB);
-  CHECK(b.peak >= b.phase("backward_peak"));
+  CHECK(b.phase(Phase::floor) - b.step0[0].bytes == b.states.optimizer + 2 * 32 * MiB);
+  CHECK(b.peak >= b.phase(Phase::backward_peak));
 }
 
 TEST_CASE("inventory differences: activations are linear in b; full recompute saves less") {
@@ -135,7 +135,7 @@ TEST_CASE("inventory differences: activations are linear in b; full recompute sa
   full.recompute = Recompute::full;
   const Budget bf = predict(m, full);
   CHECK(bf.terms.activations < b1.terms.activations / 4);
-  CHECK(bf.phase("forward_peak") < b1.phase("forward_peak"));
+  CHECK(bf.phase(Phase::forward_peak) < b1.phase(Phase::forward_peak));
   // Full recompute leaves the model states alone.
   CHECK(bf.terms.model_states == b1.terms.model_states);
 }

@@ -18,7 +18,7 @@ void check_same(const Budget& got, const Budget& want, const std::string& what) 
   INFO(what);
   REQUIRE(got.phases.size() == want.phases.size());
   for (std::size_t i = 0; i < want.phases.size(); ++i) {
-    CHECK(got.phases[i].name == want.phases[i].name);
+    CHECK(got.phases[i].phase == want.phases[i].phase);
     CHECK(got.phases[i].bytes == want.phases[i].bytes);
   }
   CHECK(got.peak == want.peak);

@@ -224,11 +224,11 @@ TEST_CASE("predict --mode infer: phases, exact KV, weights by dtype") {
   j.seq = 1024;
   const Budget b = predict(m, j);
   CHECK(b.terms.kv_cache == 2ull * 1024 * 131072);
-  REQUIRE(b.find_phase("floor"));
-  REQUIRE(b.find_phase("prefill_peak"));
-  REQUIRE(b.find_phase("decode_peak"));
-  CHECK(b.phase("prefill_peak") > b.phase("floor") + b.terms.kv_cache);
-  CHECK(b.phase("decode_peak") > b.phase("floor") + b.terms.kv_cache);
+  REQUIRE(b.find_phase(Phase::floor));
+  REQUIRE(b.find_phase(Phase::prefill_peak));
+  REQUIRE(b.find_phase(Phase::decode_peak));
+  CHECK(b.phase(Phase::prefill_peak) > b.phase(Phase::floor) + b.terms.kv_cache);
+  CHECK(b.phase(Phase::decode_peak) > b.phase(Phase::floor) + b.terms.kv_cache);
   CHECK(b.peak_phase == "prefill_peak");
   CHECK(b.states.gradients == 0);
   CHECK(b.states.optimizer == 0);

@@ -27,9 +27,9 @@ TEST_CASE("HF prefill on the H200: prefill_peak within 3%, KV cache exact") {
       j.seq = r["seq"].get<std::uint64_t>();
       const Budget b = predict(spec, j);
       const double measured = r["prefill_peak"].get<double>();
-      const double predicted = static_cast<double>(b.phase("prefill_peak"));
+      const double predicted = static_cast<double>(b.phase(Phase::prefill_peak));
       const double err = (predicted - measured) / measured;
-      const double derr = (static_cast<double>(b.phase("decode_peak")) - r["decode_peak"].get<double>()) /
+      const double derr = (static_cast<double>(b.phase(Phase::decode_peak)) - r["decode_peak"].get<double>()) /
                           r["decode_peak"].get<double>();
       MESSAGE(model["config"].get<std::string>() << " " << j.batch << "x" << j.seq << ": prefill_peak measured "
                                                  << measured << " predicted " << predicted << " error "

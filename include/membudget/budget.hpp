@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "membudget/bytes.hpp"
@@ -22,6 +23,42 @@ namespace membudget {
 
 enum class Term { model_states, activations, logits_loss, kv_cache, overhead, other };
 const char* to_string(Term t) noexcept;
+
+// What a tensor is for, independent of the name the simulator gives it: advise, attribute and the
+// term breakdown switch on roles (a label can be reworded without breaking them).
+enum class Role {
+  parameter,            // weights in their storage dtype
+  adapter,              // LoRA adapter weights (trainable, fp32) beside a frozen base
+  gradient,             // .grad of a parameter
+  master_weight,        // fp32 master copy (bf16-master)
+  optimizer_state,      // moments and other optimizer state
+  optimizer_temporary,  // temporaries of optimizer.step()
+  weight_copy,          // autocast's 16-bit copies of weights (cached, or saved by a matmul)
+  saved_activation,     // activations created in the forward (saved or in flight)
+  temporary,            // transient buffers of one op (kernel workspaces, masks)
+  logits_loss,          // logits, their fp32 copies, the loss and what it saves
+  workspace,            // library workspaces (cuBLAS) and allocator slack
+  kv_cache,             // serving: the KV cache
+  input,                // input ids and labels
+};
+const char* to_string(Role r) noexcept;
+
+// The phases a step is measured at; to_string gives the one name used in JSON, CSV, the C ABI and
+// the measurement scripts. Training: floor, forward_peak, backward_peak, optimizer_peak. Serving:
+// floor, prefill_peak, decode_peak.
+enum class Phase { floor, forward_peak, backward_peak, optimizer_peak, prefill_peak, decode_peak };
+inline constexpr Phase kAllPhases[] = {Phase::floor,          Phase::forward_peak, Phase::backward_peak,
+                                       Phase::optimizer_peak, Phase::prefill_peak, Phase::decode_peak};
+inline constexpr Phase kTrainPhases[] = {Phase::floor, Phase::forward_peak, Phase::backward_peak,
+                                         Phase::optimizer_peak};
+inline constexpr Phase kServePhases[] = {Phase::floor, Phase::prefill_peak, Phase::decode_peak};
+const char* to_string(Phase p) noexcept;
+// "backward_peak" → Phase::backward_peak; false for an unknown name.
+bool parse_phase(std::string_view name, Phase* out) noexcept;
+// The prefix of step-0 phases in names ("step0.backward_peak").
+inline constexpr std::string_view kStep0Prefix = "step0.";
+// The phase's name, or its step-0 name ("step0.backward_peak"), with static storage.
+const char* phase_label(Phase p, bool step0) noexcept;
 
 struct ModelStates {
   bytes_t weights = 0;    // parameters in their storage dtype
@@ -40,6 +77,7 @@ struct TensorBytes {
   std::uint64_t count = 1;  // how many such tensors (e.g. layers)
   bytes_t bytes = 0;        // total over count
   Term term = Term::activations;
+  Role role = Role::saved_activation;
 };
 
 struct ActivationsBreakdown {
@@ -68,9 +106,10 @@ struct Terms {
 };
 
 struct PhasePeak {
-  std::string name;  // "forward_peak"
+  Phase phase = Phase::floor;
   bytes_t bytes = 0;
   std::vector<TensorBytes> live;  // tensors live at this phase's peak (filled with explain)
+  const char* name() const noexcept { return to_string(phase); }
 };
 
 struct Budget {
@@ -87,22 +126,24 @@ struct Budget {
   bytes_t peak = 0;               // max over phases (and step 0)
   std::string peak_phase;         // e.g. "backward_peak" or "step0.backward_peak"
 
-  bytes_t phase(std::string_view name) const {  // 0 when absent
-    const PhasePeak* p = find_phase(name);
+  bytes_t phase(Phase ph) const {  // 0 when absent
+    const PhasePeak* p = find_phase(ph);
     return p ? p->bytes : 0;
   }
-  const PhasePeak* find_phase(std::string_view name) const {
+  const PhasePeak* find_phase(Phase ph) const {
     for (const auto& p : phases)
-      if (p.name == name) return &p;
+      if (p.phase == ph) return &p;
     return nullptr;
   }
   // The phase named by peak_phase ("backward_peak" or "step0.backward_peak"), or nullptr.
   const PhasePeak* peak_entry() const {
     std::string_view name = peak_phase;
-    if (name.rfind("step0.", 0) != 0) return find_phase(name);
-    name.remove_prefix(6);
-    for (const auto& p : step0)
-      if (p.name == name) return &p;
+    const bool in_step0 = name.rfind(kStep0Prefix, 0) == 0;
+    if (in_step0) name.remove_prefix(kStep0Prefix.size());
+    Phase ph{};
+    if (!parse_phase(name, &ph)) return nullptr;
+    for (const auto& p : in_step0 ? step0 : phases)
+      if (p.phase == ph) return &p;
     return nullptr;
   }
 };

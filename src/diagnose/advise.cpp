@@ -33,8 +33,7 @@ struct Plan {
   bytes_t extra = 0;  // added to every phase peak
 };
 
-// Model-state bytes live at one phase peak, from the prediction's live tensors (their names are
-// those of inventory_torch.cpp / autograd_sim.cpp).
+// Model-state bytes live at one phase peak, from the roles of the prediction's live tensors.
 struct LiveStates {
   bytes_t weights = 0, grads = 0, master = 0, optimizer = 0, temporaries = 0, autocast = 0;
 };
@@ -42,12 +41,15 @@ struct LiveStates {
 LiveStates live_states(const PhasePeak& p) {
   LiveStates s;
   for (const auto& t : p.live) {
-    if (t.name == "parameters") s.weights += t.bytes;
-    else if (t.name == "parameter gradients (.grad)") s.grads += t.bytes;
-    else if (t.name == "master weights (fp32)") s.master += t.bytes;
-    else if (t.name == "optimizer state") s.optimizer += t.bytes;
-    else if (t.name == "optimizer temporaries") s.temporaries += t.bytes;
-    else if (t.name.rfind("autocast", 0) == 0) s.autocast += t.bytes;  // cached, or frozen weights' copies
+    switch (t.role) {
+      case Role::parameter: s.weights += t.bytes; break;
+      case Role::gradient: s.grads += t.bytes; break;
+      case Role::master_weight: s.master += t.bytes; break;
+      case Role::optimizer_state: s.optimizer += t.bytes; break;
+      case Role::optimizer_temporary: s.temporaries += t.bytes; break;
+      case Role::weight_copy: s.autocast += t.bytes; break;  // cached, or frozen weights' copies
+      default: break;  // adapters, activations, workspaces: no fix scales them
+    }
   }
   return s;
 }

@@ -228,13 +228,24 @@ std::array<bytes_t, kMemoryTerms> predicted_terms(const Budget& b) {
   if (!p) return out;
   auto add = [&](MemoryTerm t, bytes_t v) { out[static_cast<std::size_t>(t)] += v; };
   for (const auto& t : p->live) {
-    if (t.name == "parameters") add(MemoryTerm::parameters, t.bytes);
-    else if (t.name == "parameter gradients (.grad)") add(MemoryTerm::gradients, t.bytes);
-    else if (t.name == "optimizer state" || t.name == "master weights (fp32)" || t.name == "optimizer temporaries")
-      add(MemoryTerm::optimizer_state, t.bytes);
-    else if (t.term == Term::logits_loss) add(MemoryTerm::logits_loss, t.bytes);
-    else if (t.term == Term::other) add(MemoryTerm::other, t.bytes);
-    else add(MemoryTerm::activations, t.bytes);
+    switch (t.role) {
+      case Role::parameter:
+      case Role::adapter: add(MemoryTerm::parameters, t.bytes); break;
+      case Role::gradient: add(MemoryTerm::gradients, t.bytes); break;
+      case Role::optimizer_state:
+      case Role::master_weight:
+      case Role::optimizer_temporary: add(MemoryTerm::optimizer_state, t.bytes); break;
+      case Role::logits_loss: add(MemoryTerm::logits_loss, t.bytes); break;
+      case Role::workspace:
+      case Role::input: add(MemoryTerm::other, t.bytes); break;
+      default:
+        // the rest follows its term: activations, weight copies and temporaries of the forward
+        // and backward, and a loss-side temporary (the logits gradient) with the loss
+        add(t.term == Term::logits_loss ? MemoryTerm::logits_loss
+            : t.term == Term::other     ? MemoryTerm::other
+                                        : MemoryTerm::activations,
+            t.bytes);
+    }
   }
   return out;
 }

@@ -33,7 +33,7 @@ OomAttribution attribute_oom(const OomReport& report, const ModelSpec& model, co
           a.matched = true;
           a.term = to_string(t.term);
           a.tensor = t.name;
-          a.phase = std::string(prefix) + p.name;
+          a.phase = std::string(prefix) + p.name();
           a.tensor_bytes = one;
         }
       }

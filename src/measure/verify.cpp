@@ -10,40 +10,45 @@
 
 #include "measure/snapshot.hpp"
 
+#include <span>
+
 namespace membudget::measure {
 namespace {
 
 using nlohmann::ordered_json;
 
-const std::vector<const char*> kTrainPhases = {"floor", "forward_peak", "backward_peak", "optimizer_peak"};
-const std::vector<const char*> kInferPhases = {"floor", "prefill_peak", "decode_peak"};
-
-const std::vector<const char*>& phases_of_mode(bool infer) { return infer ? kInferPhases : kTrainPhases; }
-
-bytes_t measured_phase(const StepMeasure& m, std::string_view phase) {
-  if (phase == "floor") return m.floor;
-  if (phase == "forward_peak") return m.forward_peak;
-  if (phase == "backward_peak") return m.backward_peak;
-  if (phase == "prefill_peak") return m.prefill_peak;
-  if (phase == "decode_peak") return m.decode_peak;
-  return m.optimizer_peak;
+std::span<const Phase> phases_of_mode(bool infer) {
+  if (infer) return kServePhases;
+  return kTrainPhases;
 }
 
-bytes_t predicted_phase(const Budget& b, int step, std::string_view phase) {
+bytes_t measured_phase(const StepMeasure& m, Phase phase) {
+  switch (phase) {
+    case Phase::floor: return m.floor;
+    case Phase::forward_peak: return m.forward_peak;
+    case Phase::backward_peak: return m.backward_peak;
+    case Phase::optimizer_peak: return m.optimizer_peak;
+    case Phase::prefill_peak: return m.prefill_peak;
+    case Phase::decode_peak: return m.decode_peak;
+  }
+  return 0;
+}
+
+bytes_t predicted_phase(const Budget& b, int step, Phase phase) {
   const auto& list = step == 0 && !b.step0.empty() ? b.step0 : b.phases;
   for (const auto& p : list)
-    if (p.name == phase) return p.bytes;
+    if (p.phase == phase) return p.bytes;
   return 0;
 }
 
 StepCheck check_step(const Budget& b, const StepMeasure& m, double tolerance, bool infer) {
   StepCheck sc;
   sc.measure = m;
-  for (const char* name : phases_of_mode(infer)) {
+  for (Phase phase : phases_of_mode(infer)) {
     PhaseCheck pc;
-    pc.phase = name;
-    pc.predicted = predicted_phase(b, m.index, name);
-    pc.measured = measured_phase(m, name);
+    pc.phase = to_string(phase);
+    pc.predicted = predicted_phase(b, m.index, phase);
+    pc.measured = measured_phase(m, phase);
     pc.error = static_cast<std::int64_t>(pc.measured) - static_cast<std::int64_t>(pc.predicted);
     pc.error_pct = pc.predicted ? 100.0 * static_cast<double>(pc.error) / static_cast<double>(pc.predicted)
                                 : (pc.measured ? 100.0 : 0.0);
@@ -137,7 +142,7 @@ namespace {
 ordered_json phases_of(const Budget& b, const std::vector<PhasePeak>& list) {
   (void)b;
   ordered_json o = ordered_json::object();
-  for (const auto& p : list) o[p.name] = p.bytes;
+  for (const auto& p : list) o[p.name()] = p.bytes;
   return o;
 }
 
@@ -217,7 +222,7 @@ std::string render_verify(const VerifyResult& r, Format format) {
       o["predicted"]["step0"] = phases_of(r.predicted, r.predicted.step0);
     }
     ordered_json meas;
-    for (const char* p : phases_of_mode(r.infer)) meas[p] = last ? measured_phase(last->measure, p) : 0;
+    for (Phase p : phases_of_mode(r.infer)) meas[to_string(p)] = last ? measured_phase(last->measure, p) : 0;
     if (r.infer) {
       meas["kv_pool"] = r.kv_pool;
       meas["weights"] = r.weights;
@@ -335,8 +340,8 @@ std::string timeline_svg(const std::vector<TraceEvent>& history, const std::vect
       << Y(0) - top << "\" fill=\"" << fill << "\"/>\n";
     s << "<text x=\"" << x0 + 2 << "\" y=\"" << top - 4 << "\" font-size=\"9\">" << m.step << ":" << m.phase
       << "</text>\n";
-    const std::string key = m.phase + "_peak";
-    const bytes_t pred = predicted_phase(r.predicted, m.step, key);
+    Phase marked{};
+    const bytes_t pred = parse_phase(m.phase + "_peak", &marked) ? predicted_phase(r.predicted, m.step, marked) : 0;
     s << "<line x1=\"" << x0 << "\" y1=\"" << Y(static_cast<double>(pred)) << "\" x2=\"" << x1 << "\" y2=\""
       << Y(static_cast<double>(pred)) << "\" stroke=\"#c00\" stroke-width=\"1.5\" stroke-dasharray=\"5,3\"/>\n";
   }

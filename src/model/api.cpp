@@ -14,15 +14,13 @@
 namespace membudget {
 namespace {
 
-// Phase names with static storage (Estimate never owns a string).
-const char* intern_phase(std::string_view name) {
-  static const char* const known[] = {"floor",        "forward_peak",       "backward_peak",       "optimizer_peak",
-                                      "prefill_peak", "decode_peak",        "step0.floor",         "step0.forward_peak",
-                                      "step0.backward_peak", "step0.optimizer_peak", "step0.prefill_peak",
-                                      "step0.decode_peak"};
-  for (const char* k : known)
-    if (name == k) return k;
-  return "other";
+// A phase label ("backward_peak", "step0.backward_peak") with static storage (Estimate never owns
+// a string).
+const char* intern_phase(std::string_view label) {
+  const bool step0 = label.rfind(kStep0Prefix, 0) == 0;
+  if (step0) label.remove_prefix(kStep0Prefix.size());
+  Phase p{};
+  return parse_phase(label, &p) ? phase_label(p, step0) : "other";
 }
 
 using detail::Key;
@@ -49,13 +47,12 @@ Estimate from_serve_plan(const detail::ServePlan& plan, const ModelSpec& m, cons
   e.terms.activations = detail::serving_activations(p[1], p[0], e.terms.kv_cache);
   e.terms.overhead = j.overhead.value_or(default_overhead(j.profile));
   e.overhead = e.terms.overhead;
-  static const char* const names[] = {"floor", "prefill_peak", "decode_peak"};
   e.n_phases = detail::ServePlan::kPhases;
   for (std::size_t k = 0; k < detail::ServePlan::kPhases; ++k) {
-    e.phases[k] = {names[k], p[k]};
+    e.phases[k] = {to_string(kServePhases[k]), p[k]};
     if (p[k] > e.peak) {
       e.peak = p[k];
-      e.peak_phase = names[k];
+      e.peak_phase = to_string(kServePhases[k]);
     }
   }
   e.required = checked_add(e.peak, e.overhead, "peak + overhead");
@@ -75,22 +72,19 @@ Estimate from_plan(const detail::StepPlan& plan, const ModelSpec& m, const Job& 
   e.terms.logits_loss = detail::logits_breakdown(m, j).total();
   e.terms.overhead = j.overhead.value_or(default_overhead(j.profile));
   e.overhead = e.terms.overhead;
-  const auto& names = detail::StepPlan::phase_names();
   e.n_phases = e.n_step0 = detail::StepPlan::kPhases;
   for (std::size_t p = 0; p < detail::StepPlan::kPhases; ++p) {
-    e.phases[p] = {names[p], r.steady[p]};
+    e.phases[p] = {to_string(kTrainPhases[p]), r.steady[p]};
     if (r.steady[p] > e.peak) {
       e.peak = r.steady[p];
-      e.peak_phase = names[p];
+      e.peak_phase = to_string(kTrainPhases[p]);
     }
   }
-  static const char* const step0_names[] = {"step0.floor", "step0.forward_peak", "step0.backward_peak",
-                                            "step0.optimizer_peak"};
   for (std::size_t p = 0; p < detail::StepPlan::kPhases; ++p) {
-    e.step0[p] = {names[p], r.step0[p]};
+    e.step0[p] = {to_string(kTrainPhases[p]), r.step0[p]};
     if (r.step0[p] > e.peak) {
       e.peak = r.step0[p];
-      e.peak_phase = step0_names[p];
+      e.peak_phase = phase_label(kTrainPhases[p], true);
     }
   }
   e.required = checked_add(e.peak, e.overhead, "peak + overhead");
@@ -129,9 +123,9 @@ Estimate summarize(const Budget& b) {
   e.terms = b.terms;
   e.states = b.states;
   for (const auto& p : b.phases)
-    if (e.n_phases < e.phases.size()) e.phases[e.n_phases++] = {intern_phase(p.name), p.bytes};
+    if (e.n_phases < e.phases.size()) e.phases[e.n_phases++] = {p.name(), p.bytes};
   for (const auto& p : b.step0)
-    if (e.n_step0 < e.step0.size()) e.step0[e.n_step0++] = {intern_phase(p.name), p.bytes};
+    if (e.n_step0 < e.step0.size()) e.step0[e.n_step0++] = {p.name(), p.bytes};
   return e;
 }
 

@@ -49,6 +49,7 @@ std::vector<TensorBytes> AutogradSim::groups_at(std::size_t event) const {
       g.dtype = t.dtype;
       g.shape = t.shape;
       g.term = t.term;
+      g.role = t.role;
       g.count = 0;
     }
     g.count += 1;
@@ -70,7 +71,13 @@ void AutogradSim::release_if_dead(TensorId t) {
 
 TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, const char* op,
                            const char* dtype, const char* shape, bool requires_grad) {
+  return make(name, bytes, term, default_role(term), op, dtype, shape, requires_grad);
+}
+
+TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, Role role, const char* op,
+                           const char* dtype, const char* shape, bool requires_grad) {
   TensorInfo info;
+  info.role = role;
   info.name = name;
   info.op = op;
   info.dtype = dtype;
@@ -85,13 +92,14 @@ TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, const cha
 }
 
 TensorId AutogradSim::param(const char* name, bytes_t bytes, Term term, const char* dtype,
-                            bool requires_grad) {
+                            bool requires_grad, Role role) {
   TensorInfo info;
   info.name = name;
   info.op = "parameter";
   info.dtype = dtype;
   info.bytes = bytes;
   info.term = term;
+  info.role = role;
   info.param = true;
   info.requires_grad = requires_grad;
   info.holders = 1;
@@ -100,9 +108,9 @@ TensorId AutogradSim::param(const char* name, bytes_t bytes, Term term, const ch
   return id;
 }
 
-TensorId AutogradSim::alloc_raw(const char* name, bytes_t bytes, Term term, const char* op,
+TensorId AutogradSim::alloc_raw(const char* name, bytes_t bytes, Term term, Role role, const char* op,
                                 const char* dtype, const char* shape) {
-  return make(name, bytes, term, op, dtype, shape, false);
+  return make(name, bytes, term, role, op, dtype, shape, false);
 }
 
 void AutogradSim::free_raw(TensorId t) { drop(t); }
@@ -118,9 +126,9 @@ void AutogradSim::drop(TensorId t) {
   release_if_dead(t);
 }
 
-void AutogradSim::transient(const char* name, bytes_t bytes, Term term) {
+void AutogradSim::transient(const char* name, bytes_t bytes, Term term, Role role) {
   if (bytes == 0) return;
-  TensorId t = make(name, bytes, term, name, "", "", false);
+  TensorId t = make(name, bytes, term, role, name, "", "", false);
   drop(t);
 }
 
@@ -167,6 +175,7 @@ TensorId AutogradSim::make_grad(TensorId input, const char* op) {
   g.dtype = ti.dtype;
   g.bytes = grad_bytes(input);
   g.term = ti.param ? Term::model_states : Term::activations;
+  g.role = ti.param ? Role::gradient : Role::temporary;  // activation gradients live only in backward
   g.holders = 1;
   TensorId gid = add(g);
   allocate(gid);
@@ -193,7 +202,7 @@ void AutogradSim::grad_contribution(TensorId input, const char* op, bool view) {
     // allocated until then, and the sum is made after the node's incoming gradients are freed.
     pending_.push_back({input, make("gradient accumulation temporary", grad_bytes(input),
                                     tensors_[input].param ? Term::model_states : Term::activations,
-                                    op, tensors_[input].dtype, "", false)});
+                                    Role::temporary, op, tensors_[input].dtype, "", false)});
   } else {
     // A later contribution is computed into a temporary, then added in place.
     transient("gradient accumulation temporary", grad_bytes(input),
@@ -208,6 +217,7 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
   seed.bytes = 4;
   seed.holders = 1;
   seed.term = Term::logits_loss;
+  seed.role = Role::logits_loss;
   TensorId g = add(seed);
   allocate(g);
   grads_[root] = g;
@@ -275,9 +285,9 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
   }
 }
 
-void AutogradSim::begin_phase(std::string name) {
+void AutogradSim::begin_phase(Phase phase) {
   PhasePeak p;
-  p.name = std::move(name);
+  p.phase = phase;
   p.bytes = 0;
   phases_.push_back(std::move(p));
   peak_event_.push_back(log_.size());
@@ -303,7 +313,7 @@ std::vector<TensorBytes> AutogradSim::live_groups(Term term) const {
     if (!t.alive || t.term != term) continue;
     auto& g = groups[t.name];
     if (g.name.empty()) {
-      g.name = t.name; g.op = t.op; g.dtype = t.dtype; g.shape = t.shape; g.term = t.term; g.count = 0;
+      g.name = t.name; g.op = t.op; g.dtype = t.dtype; g.shape = t.shape; g.term = t.term; g.role = t.role; g.count = 0;
     }
     g.count += 1;
     g.bytes += t.rounded;

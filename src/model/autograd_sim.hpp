@@ -38,6 +38,7 @@ struct TensorInfo {
   bytes_t bytes = 0;       // logical size (numel × element size)
   bytes_t rounded = 0;     // what the allocator counts (multiple of 512)
   Term term = Term::activations;
+  Role role = Role::saved_activation;
   bool param = false;
   bool requires_grad = false;
   int holders = 0;  // Python references / autocast cache
@@ -68,11 +69,15 @@ class AutogradSim {
   }
 
   // ---- forward ----
-  // A new tensor held by one Python reference.
+  // A new tensor held by one Python reference. Its role defaults to the term's usual one
+  // (default_role); tensors whose role differs (inputs, workspaces) name theirs.
   TensorId make(const char* name, bytes_t bytes, Term term, const char* op, const char* dtype,
                 const char* shape, bool requires_grad);
+  TensorId make(const char* name, bytes_t bytes, Term term, Role role, const char* op, const char* dtype,
+                const char* shape, bool requires_grad);
   // A parameter (or any tensor already allocated before the step): counted, never freed.
-  TensorId param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad = true);
+  TensorId param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad = true,
+                 Role role = Role::parameter);
   void hold(TensorId t);
   void drop(TensorId t);
   // Records a backward node: `inputs` receive gradients (those that require grad), `outputs` send
@@ -84,7 +89,7 @@ class AutogradSim {
   void node(const char* op, std::initializer_list<TensorId> inputs, std::initializer_list<TensorId> outputs,
             std::initializer_list<TensorId> saved, bytes_t bwd_workspace = 0, std::uint8_t view_grads = 0);
   // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
-  void transient(const char* name, bytes_t bytes, Term term = Term::activations);
+  void transient(const char* name, bytes_t bytes, Term term = Term::activations, Role role = Role::temporary);
   // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
   // checkpoint region records [first,last) node indices to be re-run by `recompute`.
   void set_discard_saves(bool on) { discard_saves_ = on; }
@@ -118,11 +123,11 @@ class AutogradSim {
   void set_grad_dtype_bytes(double per_param_byte) { grad_scale_ = per_param_byte; }
 
   // ---- phases ----
-  void begin_phase(std::string name);
+  void begin_phase(Phase phase);
   std::vector<PhasePeak> take_phases();
   bytes_t live() const { return live_; }
-  // Explicit allocation outside the tensor model (optimizer temporaries): alloc then free.
-  TensorId alloc_raw(const char* name, bytes_t bytes, Term term, const char* op = "",
+  // Explicit allocation outside the tensor model (optimizer state, workspaces): alloc then free.
+  TensorId alloc_raw(const char* name, bytes_t bytes, Term term, Role role, const char* op = "",
                      const char* dtype = "", const char* shape = "");
   void free_raw(TensorId t);
   const TensorInfo& info(TensorId t) const { return tensors_[t]; }
@@ -183,6 +188,19 @@ class AutogradSim {
   std::vector<TensorBytes> groups_at(std::size_t event) const;
   SimTrace* trace_ = nullptr;
 };
+
+// The role a tensor of `term` has unless its creator says otherwise.
+constexpr Role default_role(Term term) noexcept {
+  switch (term) {
+    case Term::model_states: return Role::weight_copy;
+    case Term::activations: return Role::saved_activation;
+    case Term::logits_loss: return Role::logits_loss;
+    case Term::kv_cache: return Role::kv_cache;
+    case Term::overhead: return Role::workspace;
+    case Term::other: return Role::temporary;
+  }
+  return Role::temporary;
+}
 
 inline bytes_t round512(bytes_t b) {
   if (b == 0) return 0;

@@ -53,7 +53,7 @@ class Walk {
  public:
   explicit Walk(bool explain) : explain_(explain) {}
 
-  void add(const std::string& name, bytes_t logical, Term term) {
+  void add(const std::string& name, bytes_t logical, Term term, Role role) {
     const bytes_t b = round512(logical);
     live_ = checked_add(live_, b, name);
     if (explain_) {
@@ -65,6 +65,7 @@ class Walk {
         e.count = 0;
       }
       e.term = term;
+      e.role = role;
       e.count += 1;
       e.bytes += b;
     }
@@ -86,9 +87,10 @@ class Walk {
       e.bytes -= b;
     }
   }
-  void phase(const std::string& name) {
+  void add(const std::string& name, bytes_t logical, Term term) { add(name, logical, term, default_role(term)); }
+  void phase(Phase phase) {
     PhasePeak p;
-    p.name = name;
+    p.phase = phase;
     p.bytes = live_;
     if (explain_)
       for (const auto& [_, g] : groups_)
@@ -221,7 +223,7 @@ struct Step {
   void backward(Walk& w, bool first) const {
     const bytes_t C = by.act;
     if (first)
-      for (bytes_t n : params) w.add("parameter gradients", n * by.grad, Term::model_states);
+      for (bytes_t n : params) w.add("parameter gradients", n * by.grad, Term::model_states, Role::gradient);
     if (job.loss == Loss::full) {
       w.add("dln", Th() * C, Term::activations);  // the logits' gradient overwrites the logits
       w.sub("logits", T * V * C);
@@ -298,7 +300,7 @@ void check_supported_infer(const ModelSpec& m, const Job& job) {
 void infer_forward(Walk& w, bytes_t Bt, bytes_t T, bytes_t h, bytes_t I, bytes_t V, bytes_t qd, bytes_t kvd,
                    bytes_t L, bytes_t e) {
   const bytes_t Th = T * h * e, TI = T * I * e, st = T * 4;
-  w.add("token ids", T * 4, Term::other);
+  w.add("token ids", T * 4, Term::other, Role::input);
   w.add("hidden states x", Th, Term::activations);
   w.sub("token ids", T * 4);
   for (bytes_t l = 0; l < L; ++l) {
@@ -362,15 +364,15 @@ void predict_harness_infer(Budget& b, const PredictOptions& options) {
   Walk w(options.explain);
   bytes_t weights = 0;
   for (bytes_t n : parameter_tensors(m)) {
-    w.add("weights", n * e, Term::model_states);
+    w.add("weights", n * e, Term::model_states, Role::parameter);
     weights += round512(n * e);
   }
   const bytes_t per_buffer = B * P * kvd * kve;  // one K or V buffer of one layer
-  for (bytes_t l = 0; l < 2 * L; ++l) w.add("KV pool", per_buffer, Term::kv_cache);
-  w.phase("floor");
-  w.phase("prefill_peak");
+  for (bytes_t l = 0; l < 2 * L; ++l) w.add("KV pool", per_buffer, Term::kv_cache, Role::kv_cache);
+  w.phase(Phase::floor);
+  w.phase(Phase::prefill_peak);
   infer_forward(w, B, T, h, I, V, qd, kvd, L, e);
-  w.phase("decode_peak");
+  w.phase(Phase::decode_peak);
   infer_forward(w, B, B, h, I, V, qd, kvd, L, e);
   b.phases = w.take();
   b.step0.clear();
@@ -380,7 +382,7 @@ void predict_harness_infer(Budget& b, const PredictOptions& options) {
   b.logits = {};
   b.logits.logits = round512(B * V * e);
   b.activations = {};
-  const bytes_t floor = b.phase("floor"), pre = b.phase("prefill_peak");
+  const bytes_t floor = b.phase(Phase::floor), pre = b.phase(Phase::prefill_peak);
   b.activations.other = pre > floor ? pre - floor : 0;
 }
 
@@ -401,18 +403,18 @@ void predict_harness(Budget& b, const PredictOptions& options) {
   for (int pass = 0; pass < 2; ++pass) {
     const bool first = pass == 0;
     Walk w(options.explain);
-    for (bytes_t n : st.params) w.add("parameters", n * st.by.param, Term::model_states);
+    for (bytes_t n : st.params) w.add("parameters", n * st.by.param, Term::model_states, Role::parameter);
     if (!first) {
-      for (bytes_t n : st.params) w.add("parameter gradients", n * st.by.grad, Term::model_states);
+      for (bytes_t n : st.params) w.add("parameter gradients", n * st.by.grad, Term::model_states, Role::gradient);
       for (bytes_t n : st.params) {
-        w.add("adamw moments", n * st.by.moment, Term::model_states);
-        w.add("adamw moments", n * st.by.moment, Term::model_states);
+        w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
+        w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
       }
     }
-    w.add("tokens, targets", st.T * 4, Term::other);
-    w.add("tokens, targets", st.T * 4, Term::other);
-    w.phase("floor");
-    w.phase("forward_peak");
+    w.add("tokens, targets", st.T * 4, Term::other, Role::input);
+    w.add("tokens, targets", st.T * 4, Term::other, Role::input);
+    w.phase(Phase::floor);
+    w.phase(Phase::forward_peak);
     st.forward(w);
     if (!first) {
       // what the forward leaves for backward, by term
@@ -450,13 +452,13 @@ void predict_harness(Budget& b, const PredictOptions& options) {
       b.logits = {};
       b.logits.logits = round512((job.loss == Loss::full ? st.T : st.c) * st.V * C);
     }
-    w.phase("backward_peak");
+    w.phase(Phase::backward_peak);
     st.backward(w, first);
-    w.phase("optimizer_peak");
+    w.phase(Phase::optimizer_peak);
     if (first)
       for (bytes_t n : st.params) {
-        w.add("adamw moments", n * st.by.moment, Term::model_states);
-        w.add("adamw moments", n * st.by.moment, Term::model_states);
+        w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
+        w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
       }
     // floor (nothing is allocated between it and the forward), forward, backward, optimizer peaks
     (first ? b.step0 : b.phases) = w.take();

@@ -668,7 +668,7 @@ TensorId forward(Step& st, bool checkpoint) {
     } else {
       sim.hold(l32);
     }
-    TensorId shift = sim.make("shifted labels", mul(d.T, 8), Term::other, "pad + contiguous", "int64", "b·s", false);
+    TensorId shift = sim.make("shifted labels", mul(d.T, 8), Term::other, Role::input, "pad + contiguous", "int64", "b·s", false);
     TensorId lsm = sim.make("log-softmax output (saved by the loss)", mul(TV, 4), Term::logits_loss, "log_softmax", "fp32", "b·s·V", true);
     sim.node("LogSoftmaxBackward0", {l32}, {lsm}, {lsm});
     sim.drop(l32);
@@ -804,8 +804,8 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     auto AP = [&](bytes_t in, bytes_t out) {
       Adapter a;
       if (rank == 0) return a;
-      a.a = sim.param("LoRA adapters (fp32)", mul(rank, in, 4), Term::model_states, "fp32");
-      a.b = sim.param("LoRA adapters (fp32)", mul(out, rank, 4), Term::model_states, "fp32");
+      a.a = sim.param("LoRA adapters (fp32)", mul(rank, in, 4), Term::model_states, "fp32", true, Role::adapter);
+      a.b = sim.param("LoRA adapters (fp32)", mul(out, rank, 4), Term::model_states, "fp32", true, Role::adapter);
       return a;
     };
     if (rank && m.family == "phi3")
@@ -838,8 +838,8 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     st.final_norm = P(d.h);
     st.lm_head = m.tied_embeddings ? st.emb : P(mul(d.V, d.h));
     const bytes_t weights = sim.live();
-    st.input_ids = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
-    st.labels = sim.make("input_ids and labels", mul(d.T, 8), Term::other, "inputs", "int64", "b·s", false);
+    st.input_ids = sim.make("input_ids and labels", mul(d.T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
+    st.labels = sim.make("input_ids and labels", mul(d.T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
     const std::uint64_t adapter_params =
         rank ? checked_product("LoRA parameters", sm.num_layers, rank,
@@ -889,26 +889,26 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
       // state for the full model's layer count; the parameters are those simulated
       state_tail = state_tail - layer_state_tail * d.L + layer_state_tail * sm.num_layers;
     }
-    sim.alloc_raw("allocator: whole segments held by parameters", param_tail, Term::other, "caching allocator");
+    sim.alloc_raw("allocator: whole segments held by parameters", param_tail, Term::other, Role::workspace, "caching allocator");
     // Optimizer state (and the fp32 master copy) stay allocated for the rest of the run.
     auto allocate_optimizer_state = [&] {
-      sim.alloc_raw("optimizer state", oc.state, Term::model_states, "optimizer", "", "");
-      sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, "optimizer", "fp32", "");
-      sim.alloc_raw("allocator: whole segments held by optimizer state", state_tail, Term::other, "caching allocator");
+      sim.alloc_raw("optimizer state", oc.state, Term::model_states, Role::optimizer_state, "optimizer", "", "");
+      sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, Role::master_weight, "optimizer", "fp32", "");
+      sim.alloc_raw("allocator: whole segments held by optimizer state", state_tail, Term::other, Role::workspace, "caching allocator");
     };
     if (steady) allocate_optimizer_state();
     // cuBLAS workspace, one per handle: the forward thread's appears at the first matmul of step 0,
     // the autograd thread's at the first matmul of its backward; both stay (32 MiB each on Hopper,
     // CUBLAS_WORKSPACE_CONFIG :4096:8).
     if (steady) {
-      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, "cublas");
-      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, "cublas");
+      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, Role::workspace, "cublas");
+      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, Role::workspace, "cublas");
     }
-    sim.begin_phase("floor");
+    sim.begin_phase(Phase::floor);
     const bytes_t floor = sim.live();
-    sim.begin_phase("forward_peak");
+    sim.begin_phase(Phase::forward_peak);
     if (!steady)
-      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, "cublas");
+      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, Role::workspace, "cublas");
     const bool ckpt = job.recompute == Recompute::full;
     TensorId loss = forward(st, ckpt);
     if (steady) {
@@ -919,9 +919,9 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
       res.saved = sim.live_groups(Term::activations);
       res.saved_logits = sim.live_groups(Term::logits_loss);
     }
-    sim.begin_phase("backward_peak");
+    sim.begin_phase(Phase::backward_peak);
     if (!steady)
-      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, "cublas");
+      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, Role::workspace, "cublas");
     sim.backward(loss, ckpt ? recompute_layer : nullptr, &st);
     sim.drop(loss);
     if (ckpt) {
@@ -936,9 +936,9 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
       TensorId g = sim.grad_of(p);
       if (g != kNone) { grad_ids.push_back(g); grads += sim.info(g).rounded; }
     }
-    sim.begin_phase("optimizer_peak");
+    sim.begin_phase(Phase::optimizer_peak);
     if (!steady) allocate_optimizer_state();  // torch.optim creates its state lazily in the first step()
-    TensorId tmp = sim.alloc_raw("optimizer temporaries", oc.transient, Term::model_states, "optimizer.step", "", "");
+    TensorId tmp = sim.alloc_raw("optimizer temporaries", oc.transient, Term::model_states, Role::optimizer_temporary, "optimizer.step", "", "");
     sim.drop(tmp);
     for (TensorId g : grad_ids) sim.drop(g);  // zero_grad(set_to_none=True)
     sim.finish_trace();
@@ -946,7 +946,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     phases.erase(phases.begin());  // "floor" phase holds just the floor; keep it below
     std::vector<PhasePeak> out;
     PhasePeak fl;
-    fl.name = "floor";
+    fl.phase = Phase::floor;
     fl.bytes = floor;
     out.push_back(fl);
     for (auto& p : phases) out.push_back(std::move(p));

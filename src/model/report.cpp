@@ -15,13 +15,14 @@ ordered_json tensors_json(const std::vector<TensorBytes>& ts) {
   ordered_json a = ordered_json::array();
   for (const auto& t : ts)
     a.push_back({{"name", t.name}, {"op", t.op}, {"dtype", t.dtype}, {"shape", t.shape},
-                 {"count", t.count}, {"bytes", t.bytes}, {"term", to_string(t.term)}});
+                 {"count", t.count}, {"bytes", t.bytes}, {"term", to_string(t.term)},
+                 {"role", to_string(t.role)}});
   return a;
 }
 
 ordered_json phases_json(const std::vector<PhasePeak>& phases) {
   ordered_json o = ordered_json::object();
-  for (const auto& p : phases) o[p.name] = p.bytes;
+  for (const auto& p : phases) o[p.name()] = p.bytes;
   return o;
 }
 
@@ -117,8 +118,8 @@ std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool 
   j["peak_phase"] = b.peak_phase;
   if (explain) {
     ordered_json ex = ordered_json::object();
-    for (const auto& p : b.phases) ex[p.name] = tensors_json(p.live);
-    for (const auto& p : b.step0) ex["step0." + p.name] = tensors_json(p.live);
+    for (const auto& p : b.phases) ex[p.name()] = tensors_json(p.live);
+    for (const auto& p : b.step0) ex[phase_label(p.phase, true)] = tensors_json(p.live);
     j["explain"] = ex;
   }
   if (fit) {
@@ -142,8 +143,8 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
       out << "terms,logits_loss," << b.terms.logits_loss << "\n";
       out << "terms,kv_cache," << b.terms.kv_cache << "\n";
       out << "terms,overhead," << b.terms.overhead << "\n";
-      for (const auto& p : b.phases) out << "phases," << p.name << "," << p.bytes << "\n";
-      for (const auto& p : b.step0) out << "step0," << p.name << "," << p.bytes << "\n";
+      for (const auto& p : b.phases) out << "phases," << p.name() << "," << p.bytes << "\n";
+      for (const auto& p : b.step0) out << "step0," << p.name() << "," << p.bytes << "\n";
       out << "peak," << b.peak_phase << "," << b.peak << "\n";
       if (fit) out << "device," << fit->device.name << "," << fit->required << "\n";
       return out.str();
@@ -159,9 +160,9 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
                                                        {"overhead", b.terms.overhead}};
       for (const auto& [n, v] : terms) out << "| " << n << " | " << v << " | " << format_bytes(v) << " |\n";
       out << "\n| phase | bytes | size |\n|---|---:|---:|\n";
-      for (const auto& p : b.phases) out << "| " << p.name << " | " << p.bytes << " | " << format_bytes(p.bytes) << " |\n";
+      for (const auto& p : b.phases) out << "| " << p.name() << " | " << p.bytes << " | " << format_bytes(p.bytes) << " |\n";
       for (const auto& p : b.step0)
-        out << "| step0." << p.name << " | " << p.bytes << " | " << format_bytes(p.bytes) << " |\n";
+        out << "| " << phase_label(p.phase, true) << " | " << p.bytes << " | " << format_bytes(p.bytes) << " |\n";
       out << "\nPeak: **" << format_bytes(b.peak) << "** in `" << b.peak_phase << "`.\n";
       if (fit)
         out << "\n" << (fit->fits ? "Fits" : "Does not fit") << " " << fit->device.name << " ("
@@ -211,13 +212,13 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
   out << "\nPhases (max_memory_allocated)\n";
   bytes_t pmax = b.peak;
   for (const auto& p : b.phases)
-    out << "  " << pad_columns(p.name, 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
-        << (("step0." + p.name) != b.peak_phase && p.name == b.peak_phase ? "  ← peak" : "") << "\n";
+    out << "  " << pad_columns(p.name(), 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
+        << (p.name() == b.peak_phase ? "  ← peak" : "") << "\n";
   if (!b.step0.empty()) {
     out << "  step 0 (no optimizer state yet)\n";
     for (const auto& p : b.step0)
-      out << "  " << pad_columns("  " + p.name, 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
-          << ("step0." + p.name == b.peak_phase ? "  ← peak" : "") << "\n";
+      out << "  " << pad_columns(std::string("  ") + p.name(), 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
+          << (phase_label(p.phase, true) == b.peak_phase ? "  ← peak" : "") << "\n";
   }
   out << "\nPeak " << format_bytes(b.peak) << " in " << b.peak_phase;
   auto top = top_tensors(b.peak_entry(), o.top);

@@ -328,15 +328,15 @@ ServeStepResult simulate_serving(const ModelSpec& m, const Job& job, bool explai
   }
   w.kv_e = kv_dtype_bytes(job.kv_dtype);
 
-  sim.make("cuBLAS workspace", kCublasWorkspace, Term::other, "first matmul", "", "32 MiB", false);
-  sim.make("input_ids", mul(w.T, 8), Term::other, "prompt", "int64", "b·s", false);
+  sim.make("cuBLAS workspace", kCublasWorkspace, Term::other, Role::workspace, "first matmul", "", "32 MiB", false);
+  sim.make("input_ids", mul(w.T, 8), Term::other, Role::input, "prompt", "int64", "b·s", false);
   res.floor = sim.live();
-  sim.begin_phase("prefill_peak");
+  sim.begin_phase(Phase::prefill_peak);
   std::vector<std::vector<TensorId>> cache(m.num_layers);
   w.forward(cache, 0);
   // decode: next token ids from the last logits; the prefill output (cache, logits) stays held
-  sim.make("next token ids", mul(w.b, 8), Term::other, "argmax", "int64", "b·1", false);
-  sim.begin_phase("decode_peak");
+  sim.make("next token ids", mul(w.b, 8), Term::other, Role::input, "argmax", "int64", "b·1", false);
+  sim.begin_phase(Phase::decode_peak);
   const bytes_t prompt = w.s;
   w.s = 1;
   w.T = w.b;
@@ -355,8 +355,8 @@ void predict_infer(Budget& bud, const PredictOptions& options) {
     const auto p = plan->evaluate(job.batch, job.seq);
     r.weights = plan->weights;
     r.floor = p[0];
-    r.phases.push_back({"prefill_peak", p[1], {}});
-    r.phases.push_back({"decode_peak", p[2], {}});
+    r.phases.push_back({Phase::prefill_peak, p[1], {}});
+    r.phases.push_back({Phase::decode_peak, p[2], {}});
   } else {
     r = simulate_serving(m, job, options.explain);
   }
@@ -365,13 +365,13 @@ void predict_infer(Budget& bud, const PredictOptions& options) {
   bud.logits.logits = mul(job.batch, m.vocab_size, 2);
   bud.activations.layers = 0;
   PhasePeak fl;
-  fl.name = "floor";
+  fl.phase = Phase::floor;
   fl.bytes = r.floor;
   bud.phases.clear();
   bud.phases.push_back(fl);
   for (auto& p : r.phases) bud.phases.push_back(std::move(p));
   // activations: the prefill peak beyond weights, ids and the full KV cache
-  bud.activations.other = serving_activations(bud.phase("prefill_peak"), r.floor, bud.terms.kv_cache);
+  bud.activations.other = serving_activations(bud.phase(Phase::prefill_peak), r.floor, bud.terms.kv_cache);
 }
 
 }  // namespace membudget::detail

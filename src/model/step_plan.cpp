@@ -160,7 +160,7 @@ void self_check(const SimSet& ss, const std::vector<Basis>& basis, const std::ar
       const auto& phases = pass == 1 ? ss.res[k].steady : ss.res[k].step0;
       if (phases.size() != StepPlan::kPhases) throw Fail{};
       for (std::size_t p = 0; p < StepPlan::kPhases; ++p) {
-        if (phases[p].name != StepPlan::phase_names()[p]) throw Fail{};
+        if (phases[p].phase != kTrainPhases[p]) throw Fail{};
         u128 best = 0;
         for (const auto& sec : ss.cand[pass][p])
           for (std::uint32_t r : sec) best = std::max(best, dot(&ss.rows[std::size_t{r} * D], vals.data(), D));
@@ -335,11 +335,6 @@ struct PlanBuilder {
   }
 };
 
-const std::array<const char*, StepPlan::kPhases>& StepPlan::phase_names() {
-  static const std::array<const char*, kPhases> names{"floor", "forward_peak", "backward_peak", "optimizer_peak"};
-  return names;
-}
-
 int StepPlan::regime(const ModelSpec& m, const Job& job) {
   const int chunk = job.loss == Loss::chunked && static_cast<u128>(job.batch) * job.seq > job.loss_chunk ? 1 : 0;
   return chunk | (sliding_window_mask(m, job) ? 2 : 0);
@@ -386,8 +381,8 @@ TorchStepResult StepPlan::result(std::uint64_t b, std::uint64_t s) const {
   };
   TorchStepResult out;
   for (std::size_t p = 0; p < kPhases; ++p) {
-    out.steady.push_back({phase_names()[p], r.steady[p], {}});
-    out.step0.push_back({phase_names()[p], r.step0[p], {}});
+    out.steady.push_back({kTrainPhases[p], r.steady[p], {}});
+    out.step0.push_back({kTrainPhases[p], r.step0[p], {}});
   }
   out.weights = weights;
   out.gradients = gradients;
@@ -401,7 +396,7 @@ TorchStepResult StepPlan::result(std::uint64_t b, std::uint64_t s) const {
     list.reserve(groups_[g].size());
     for (const Group& grp : groups_[g])
       list.push_back({grp.info.name, grp.info.op, grp.info.dtype, grp.info.shape, grp.count, bytes(grp.row),
-                      grp.info.term});
+                      grp.info.term, grp.info.role});
   }
   return out;
 }

@@ -28,7 +28,6 @@ namespace membudget::detail {
 class StepPlan {
  public:
   static constexpr std::size_t kPhases = 4;  // floor, forward_peak, backward_peak, optimizer_peak
-  static const std::array<const char*, kPhases>& phase_names();
 
   // The regime of a job: the chunked loss computes min(loss_chunk, b·s) logits rows, a different
   // size class on either side of b·s = loss_chunk (bit 0); a sliding window on every layer makes
