@@ -3,6 +3,7 @@
 
 #include "helpers.hpp"
 #include "membudget/budget.hpp"
+#include "model/korthikanti.hpp"
 
 using namespace membudget;
 
@@ -20,10 +21,10 @@ TEST_CASE("Korthikanti: the paper's canonical layer is 34sbh + 5as²b") {
   Job j = train_job(2, 32);
   j.activations = ActivationModel::korthikanti;
   j.attention = Attention::math;  // unfused attention keeps the s×s matrices
-  const Budget b = predict(m, j);
+  const ActivationsBreakdown b = detail::korthikanti(m, j);
   const bytes_t s = 32, bb = 2, h = 64, a = 4;
-  CHECK(b.activations.per_layer == 34 * s * bb * h + 5 * a * s * s * bb);
-  CHECK(b.terms.activations == m.num_layers * (34 * s * bb * h + 5 * a * s * s * bb));
+  CHECK(b.per_layer == 34 * s * bb * h + 5 * a * s * s * bb);
+  CHECK(detail::korthikanti_total(m, j) == m.num_layers * (34 * s * bb * h + 5 * a * s * s * bb));
 }
 
 TEST_CASE("Korthikanti variants: fused attention, selective and full recompute") {
@@ -33,19 +34,19 @@ TEST_CASE("Korthikanti variants: fused attention, selective and full recompute")
   j.activations = ActivationModel::korthikanti;
   SUBCASE("flash drops 5as²b and keeps the fp32 log-sum-exp") {
     j.attention = Attention::flash;
-    CHECK(predict(m, j).activations.per_layer == 34 * s * bb * h + 4 * a * s * bb);
+    CHECK(detail::korthikanti(m, j).per_layer == 34 * s * bb * h + 4 * a * s * bb);
   }
   SUBCASE("selective recompute: 34sbh") {
     j.attention = Attention::math;
     j.recompute = Recompute::selective;
-    CHECK(predict(m, j).activations.per_layer == 34 * s * bb * h);
+    CHECK(detail::korthikanti(m, j).per_layer == 34 * s * bb * h);
   }
   SUBCASE("full recompute: the layer input only, 2sbh in 16-bit, 4sbh with an fp32 residual stream") {
     j.recompute = Recompute::full;
     j.precision = Precision::bf16;
-    CHECK(predict(m, j).activations.per_layer == 2 * s * bb * h);
+    CHECK(detail::korthikanti(m, j).per_layer == 2 * s * bb * h);
     j.precision = Precision::amp_bf16;
-    CHECK(predict(m, j).activations.per_layer == 4 * s * bb * h);
+    CHECK(detail::korthikanti(m, j).per_layer == 4 * s * bb * h);
   }
   SUBCASE("a gated MLP counts gate, up, activation and product at width I") {
     ModelSpec g = m;
@@ -53,7 +54,7 @@ TEST_CASE("Korthikanti variants: fused attention, selective and full recompute")
     g.intermediate_size = 96;
     j.attention = Attention::math;
     const bytes_t I = 96;
-    CHECK(predict(g, j).activations.per_layer == (11 + 3 + 4) * s * bb * h + 8 * s * bb * I + 5 * a * s * s * bb);
+    CHECK(detail::korthikanti(g, j).per_layer == (11 + 3 + 4) * s * bb * h + 8 * s * bb * I + 5 * a * s * s * bb);
   }
 }
 
@@ -62,14 +63,32 @@ TEST_CASE("Korthikanti differences: doubling s or b") {
   Job j = train_job(2, 64);
   j.activations = ActivationModel::korthikanti;
   j.attention = Attention::math;
-  const bytes_t base = predict(m, j).activations.per_layer;
+  const bytes_t base = detail::korthikanti(m, j).per_layer;
   j.batch = 4;
-  CHECK(predict(m, j).activations.per_layer == 2 * base);  // everything is linear in b
+  CHECK(detail::korthikanti(m, j).per_layer == 2 * base);  // everything is linear in b
   j.batch = 2;
   j.seq = 128;
   const bytes_t sbh = 64 * 2 * 64, as2b = 4 * 64 * 64 * 2;
   // 34sbh doubles, 5as²b quadruples
-  CHECK(predict(m, j).activations.per_layer == 2 * 34 * sbh + 4 * 5 * as2b);
+  CHECK(detail::korthikanti(m, j).per_layer == 2 * 34 * sbh + 4 * 5 * as2b);
+}
+
+TEST_CASE("a layer the training inventory does not walk is an error, never a Llama layer in disguise") {
+  Job j = train_job(2, 32);
+  for (auto activations : {ActivationModel::inventory, ActivationModel::korthikanti}) {
+    j.activations = activations;
+    ModelSpec m = test::toy_textbook(64, 4);  // layernorm, plain GeLU MLP
+    CHECK_THROWS_WITH_AS(predict(m, j), doctest::Contains("norm: layernorm"), Error);
+    m.norm = NormKind::rmsnorm;
+    CHECK_THROWS_WITH_AS(predict(m, j), doctest::Contains("mlp: plain_gelu"), Error);
+    m = test::toy_llama();
+    m.bias.o = true;
+    CHECK_THROWS_WITH_AS(predict(m, j), doctest::Contains("bias.o"), Error);
+    m = test::toy_llama();
+    m.mla = {16, 8, 0, 8, 8};
+    m.head_dim = 16;
+    CHECK_THROWS_WITH_AS(predict(m, j), doctest::Contains("mla"), Error);
+  }
 }
 
 TEST_CASE("model states: bytes per parameter follow the recipe") {

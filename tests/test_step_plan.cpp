@@ -202,9 +202,9 @@ TEST_CASE("plans: bad jobs are errors, absurd sizes overflow like the simulation
   }
   CHECK(want == ErrorKind::overflow);
   CHECK(got == want);
-  // A model field the plan's key must see: the family switches Phi-3's fused projections.
+  // A model field the plan's key must see: a quirk switches Phi-3's fused projections.
   ModelSpec phi = m;
-  phi.family = "phi3";
+  phi.quirks.fused_qkv = phi.quirks.fused_gate_up = phi.quirks.partial_rotary = true;
   Job k;
   CHECK(estimate(phi, k).peak == summarize(predict(phi, k)).peak);
   CHECK(estimate(phi, k).peak != estimate(m, k).peak);

@@ -50,14 +50,6 @@ bytes_t kv_bytes_per_sequence(const ModelSpec& m, DType kv, std::uint64_t contex
 // KV bytes of `batch` sequences of `context` tokens.
 bytes_t kv_cache_bytes(const ModelSpec& m, DType kv, std::uint64_t batch, std::uint64_t context);
 
-// One linear layer of the decoder: K inputs, N outputs, `count` of them in the model.
-struct LinearShape {
-  std::string name;  // "q_proj"
-  std::uint64_t in = 0, out = 0, count = 0;
-};
-// The quantizable linear layers (all decoder layers; not the embedding or lm_head).
-std::vector<LinearShape> linear_layers(const ModelSpec& m);
-
 struct WeightBytes {
   bytes_t quantized = 0;      // packed weights of the linear layers
   bytes_t scales = 0;         // scales and zero points

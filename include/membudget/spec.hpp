@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "membudget/bytes.hpp"
 
@@ -45,6 +46,42 @@ struct LatentAttention {
   std::uint64_t qk_nope_head_dim = 0;  // DeepSeek-V3: 128
   std::uint64_t v_head_dim = 0;        // DeepSeek-V3: 128
   bool enabled() const noexcept { return kv_lora_rank > 0; }
+};
+
+// Architecture quirks: behaviour that differs between families of the same layer layout, as typed
+// fields. The loaders set them once (from config.json's model_type, or the YAML `family` and
+// `quirks:` keys); nothing downstream compares family names.
+struct ArchQuirks {
+  bool fused_qkv = false;           // one qkv_proj whose output is sliced into q, k, v (Phi-3)
+  bool fused_gate_up = false;       // one gate_up_proj whose output is chunked (Phi-3)
+  bool norm_weight_offset = false;  // RMSNorm scales by (1 + w), in fp32 (Gemma, Gemma 2)
+  bool embedding_scale = false;     // embeddings multiplied by sqrt(hidden_size) (Gemma, Gemma 2)
+  bool partial_rotary = false;      // rotary through the partial-rotary path: rotated part cat'ed
+                                    // with the pass-through part, a copy (Phi-3)
+};
+
+// The modules of a decoder layer (and of the model's two ends) that own parameters.
+enum class Module : std::uint8_t {
+  embedding, final_norm, lm_head,
+  attn_norm,      // before attention (input_layernorm)
+  mlp_norm,       // before the MLP (Llama's post_attention_layernorm, Gemma 2's pre_feedforward_layernorm)
+  attn_out_norm,  // on the attention branch (Gemma 2's post_attention_layernorm)
+  mlp_out_norm,   // on the MLP branch (Gemma 2's post_feedforward_layernorm)
+  q, k, v, qkv, o, q_norm, k_norm,
+  q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b,  // multi-head latent attention
+  gate, up, gate_up, down, fc1, fc2,
+};
+const char* to_string(Module m) noexcept;
+
+// One parameter tensor: a projection's weight (in → out features), or a vector of `out` values (a
+// norm's weight, any bias).
+struct ParamTensor {
+  Module module = Module::embedding;
+  std::uint64_t in = 0;   // input features of a projection weight; 0 for a vector
+  std::uint64_t out = 0;  // output features, or the vector's length
+  bool bias = false;      // the module's bias (a layernorm's too), not its weight
+  bool projection() const noexcept { return in > 0; }  // LoRA's targets; what quantization packs
+  std::uint64_t elements() const;                      // checked in·out (or out)
 };
 
 struct Biases {
@@ -85,6 +122,20 @@ struct ModelSpec {
   double final_logit_softcap = 0;     // Gemma 2: 30 (adds elementwise ops over the logits)
   SlidingWindow sliding;
   LatentAttention mla;
+  ArchQuirks quirks;
+
+  // ---- the model's tensors: the one description that the parameter count, weight bytes, the
+  // inventories, serving, advise and the KV cache derive from ----
+  // Decoder layer `il`'s parameter tensors, in a fixed order (norms, attention, biases, MLP, q/k
+  // norms). Per-layer accessors take the layer index so that layers may differ (a dense first
+  // layer before mixture-of-experts layers; today every layer has the same shapes).
+  std::vector<ParamTensor> layer_tensors(std::uint64_t il) const;
+  // The embedding, the final norm and an untied lm_head.
+  std::vector<ParamTensor> outer_tensors() const;
+  std::uint64_t n_ff(std::uint64_t il) const noexcept { (void)il; return intermediate_size; }
+  bool sliding_layer(std::uint64_t il) const noexcept {
+    return sliding.enabled() && (sliding.every_nth <= 1 || il % sliding.every_nth == 0);
+  }
 
   std::uint64_t q_dim() const noexcept { return num_heads * head_dim; }
   std::uint64_t kv_dim() const noexcept { return num_kv_heads * head_dim; }

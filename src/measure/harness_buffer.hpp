@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "measure/backend.hpp"
+#include "membudget/error.hpp"
 #include "membudget/spec.hpp"
 #include <string>
 
@@ -125,7 +126,8 @@ enum class Init { normal, ones, zeros };
 
 // Parameter indices of one decoder layer (-1: absent bias).
 struct LayerParams {
-  int ln1, q, qb, k, kb, v, vb, o, ob, ln2, gate, gb, up, ub, down, db;
+  int ln1 = -1, q = -1, qb = -1, k = -1, kb = -1, v = -1, vb = -1, o = -1, ob = -1, ln2 = -1;
+  int gate = -1, gb = -1, up = -1, ub = -1, down = -1, db = -1;
 };
 
 struct ParamLayout {
@@ -134,38 +136,42 @@ struct ParamLayout {
   int lnf_w = -1, lm_head = -1;
 };
 
-// The decoder's parameter tensors, declared in the order both harnesses allocate and initialise
-// them (Hugging Face names). add(name, numel, init) registers one and returns its index.
+// The decoder's parameter tensors (ModelSpec's tensor description), declared in its order — the
+// order both harnesses allocate and initialise them — under their Hugging Face names.
+// add(name, numel, init) registers one and returns its index. The harness runs Llama-family
+// layers only (check_supported); any other module is a logic error caught here.
 template <class Add>
 ParamLayout declare_decoder_params(const ModelSpec& m, Add&& add) {
-  const std::size_t h = m.hidden_size, I = m.intermediate_size, qd = m.q_dim(), kvd = m.kv_dim();
-  const std::size_t V = m.vocab_size;
   ParamLayout out;
-  out.emb = add("embed_tokens.weight", V * h, Init::normal);
+  const auto outer = m.outer_tensors();
+  out.emb = add("embed_tokens.weight", outer.front().elements(), Init::normal);
   out.layers.resize(m.num_layers);
   for (std::size_t l = 0; l < m.num_layers; ++l) {
-    const std::string pre = "layers." + std::to_string(l) + ".";
     auto& p = out.layers[l];
-    auto opt_bias = [&](bool on, const char* name, std::size_t n) { return on ? add(pre + name, n, Init::zeros) : -1; };
-    p.ln1 = add(pre + "input_layernorm.weight", h, Init::ones);
-    p.q = add(pre + "self_attn.q_proj.weight", qd * h, Init::normal);
-    p.qb = opt_bias(m.bias.qkv, "self_attn.q_proj.bias", qd);
-    p.k = add(pre + "self_attn.k_proj.weight", kvd * h, Init::normal);
-    p.kb = opt_bias(m.bias.qkv, "self_attn.k_proj.bias", kvd);
-    p.v = add(pre + "self_attn.v_proj.weight", kvd * h, Init::normal);
-    p.vb = opt_bias(m.bias.qkv, "self_attn.v_proj.bias", kvd);
-    p.o = add(pre + "self_attn.o_proj.weight", h * qd, Init::normal);
-    p.ob = opt_bias(m.bias.o, "self_attn.o_proj.bias", h);
-    p.ln2 = add(pre + "post_attention_layernorm.weight", h, Init::ones);
-    p.gate = add(pre + "mlp.gate_proj.weight", I * h, Init::normal);
-    p.gb = opt_bias(m.bias.mlp, "mlp.gate_proj.bias", I);
-    p.up = add(pre + "mlp.up_proj.weight", I * h, Init::normal);
-    p.ub = opt_bias(m.bias.mlp, "mlp.up_proj.bias", I);
-    p.down = add(pre + "mlp.down_proj.weight", h * I, Init::normal);
-    p.db = opt_bias(m.bias.mlp, "mlp.down_proj.bias", h);
+    for (const ParamTensor& t : m.layer_tensors(l)) {
+      struct Slot { const char* path; int* weight; int* bias; };
+      const Slot slot = [&]() -> Slot {
+        switch (t.module) {
+          case Module::attn_norm: return {"input_layernorm", &p.ln1, nullptr};
+          case Module::q: return {"self_attn.q_proj", &p.q, &p.qb};
+          case Module::k: return {"self_attn.k_proj", &p.k, &p.kb};
+          case Module::v: return {"self_attn.v_proj", &p.v, &p.vb};
+          case Module::o: return {"self_attn.o_proj", &p.o, &p.ob};
+          case Module::mlp_norm: return {"post_attention_layernorm", &p.ln2, nullptr};
+          case Module::gate: return {"mlp.gate_proj", &p.gate, &p.gb};
+          case Module::up: return {"mlp.up_proj", &p.up, &p.ub};
+          case Module::down: return {"mlp.down_proj", &p.down, &p.db};
+          default: throw Error(ErrorKind::unsupported, std::string("harness: no ") + to_string(t.module) + " in its decoder layer");
+        }
+      }();
+      int* index = t.bias ? slot.bias : slot.weight;
+      if (!index) throw Error(ErrorKind::unsupported, std::string("harness: no bias on ") + slot.path);
+      const Init init = t.bias ? Init::zeros : t.projection() ? Init::normal : Init::ones;
+      *index = add("layers." + std::to_string(l) + "." + slot.path + (t.bias ? ".bias" : ".weight"), t.elements(), init);
+    }
   }
-  out.lnf_w = add("norm.weight", h, Init::ones);
-  out.lm_head = m.tied_embeddings ? out.emb : add("lm_head.weight", V * h, Init::normal);
+  out.lnf_w = add("norm.weight", m.hidden_size, Init::ones);
+  out.lm_head = m.tied_embeddings ? out.emb : add("lm_head.weight", outer.back().elements(), Init::normal);
   return out;
 }
 

@@ -23,11 +23,19 @@ namespace {
 
 void reject(const std::string& what) { throw Error(ErrorKind::unsupported, "--profile harness: " + what); }
 
-void check_supported(const ModelSpec& m, const Job& job) {
+// The decoder the harness implements (both modes): a Llama-family layer.
+void check_model_supported(const ModelSpec& m) {
   if (m.mlp != MlpKind::gated_silu) reject("the harness step has a SwiGLU MLP (mlp: gated_silu)");
   if (m.norm != NormKind::rmsnorm || m.norms_per_layer != 2) reject("the harness step has two RMSNorms per layer");
   if (m.qk_norm || m.final_logit_softcap != 0 || m.sliding.enabled() || m.mla.enabled())
     reject("qk_norm, logit soft-capping, sliding windows and MLA are not in the harness step");
+  const ArchQuirks& q = m.quirks;
+  if (q.fused_qkv || q.fused_gate_up || q.norm_weight_offset || q.embedding_scale || q.partial_rotary)
+    reject("fused projections, Gemma's (1 + w) norms and embedding scale, and partial rotary are not in the harness step");
+}
+
+void check_supported(const ModelSpec& m, const Job& job) {
+  check_model_supported(m);
   if (job.optimizer != Optimizer::adamw) reject("the harness step uses AdamW");
   if (job.recompute == Recompute::selective) reject("--recompute selective: the harness step has none and full");
   if (job.attention != Attention::flash) reject("--attention math: the harness step has flash-style attention");
@@ -250,29 +258,14 @@ struct Step {
   }
 };
 
+// Elements of each parameter tensor, in the order the harness allocates them (harness_buffer.hpp):
+// the embedding, the decoder layers, the final norm, an untied lm_head.
 std::vector<bytes_t> parameter_tensors(const ModelSpec& m) {
-  const bytes_t h = m.hidden_size, I = m.intermediate_size, V = m.vocab_size, qd = m.q_dim(), kvd = m.kv_dim();
-  std::vector<bytes_t> p{V * h};
-  for (bytes_t l = 0; l < m.num_layers; ++l) {
-    p.push_back(h);  // input norm
-    p.push_back(qd * h);
-    if (m.bias.qkv) p.push_back(qd);
-    p.push_back(kvd * h);
-    if (m.bias.qkv) p.push_back(kvd);
-    p.push_back(kvd * h);
-    if (m.bias.qkv) p.push_back(kvd);
-    p.push_back(h * qd);
-    if (m.bias.o) p.push_back(h);
-    p.push_back(h);  // post-attention norm
-    for (int i = 0; i < 2; ++i) {  // gate, up
-      p.push_back(I * h);
-      if (m.bias.mlp) p.push_back(I);
-    }
-    p.push_back(h * I);
-    if (m.bias.mlp) p.push_back(h);
-  }
-  p.push_back(h);  // final norm
-  if (!m.tied_embeddings) p.push_back(V * h);
+  const auto outer = m.outer_tensors();
+  std::vector<bytes_t> p{outer.front().elements()};
+  for (std::uint64_t il = 0; il < m.num_layers; ++il)
+    for (const ParamTensor& t : m.layer_tensors(il)) p.push_back(t.elements());
+  for (std::size_t i = 1; i < outer.size(); ++i) p.push_back(outer[i].elements());
   return p;
 }
 
@@ -283,10 +276,7 @@ std::vector<bytes_t> parameter_tensors(const ModelSpec& m) {
 namespace {
 
 void check_supported_infer(const ModelSpec& m, const Job& job) {
-  if (m.mlp != MlpKind::gated_silu) reject("the harness step has a SwiGLU MLP (mlp: gated_silu)");
-  if (m.norm != NormKind::rmsnorm || m.norms_per_layer != 2) reject("the harness step has two RMSNorms per layer");
-  if (m.qk_norm || m.final_logit_softcap != 0 || m.sliding.enabled() || m.mla.enabled())
-    reject("qk_norm, logit soft-capping, sliding windows and MLA are not in the harness step");
+  check_model_supported(m);
   if (job.weights != DType::bf16 && job.weights != DType::fp32)
     reject(std::string("--mode infer --weights ") + to_string(job.weights) + ": the harness serves bf16 or fp32 weights");
   if (job.kv_dtype != DType::bf16 && job.kv_dtype != DType::fp32)

@@ -49,8 +49,12 @@ struct Adapter {
   TensorId a = kNone, b = kNone;
 };
 
+// A decoder layer's parameters (kNone where the model has no such tensor). Fused projections
+// (Phi-3) sit in q (qkv_proj) and gate (gate_up_proj).
 struct LayerParams {
-  TensorId norm1, norm2, norm3, norm4, q, k, v, o, qb, kb, vb, gate, up, down, q_norm, k_norm;
+  TensorId norm1 = kNone, norm2 = kNone, norm3 = kNone, norm4 = kNone;  // attn, mlp, attn_out, mlp_out norms
+  TensorId q = kNone, k = kNone, v = kNone, o = kNone, qb = kNone, kb = kNone, vb = kNone;
+  TensorId gate = kNone, up = kNone, down = kNone, q_norm = kNone, k_norm = kNone;
   Adapter aq, ak, av, ao, agate, aup, adown;  // LoRA (job.lora_rank > 0)
 };
 
@@ -61,6 +65,7 @@ struct Step {
   Recipe r;
   AutogradSim& sim;
   std::vector<LayerParams> layers;
+  std::vector<TensorId> layer0_params{};  // decoder layer 0's parameters and adapters
   TensorId emb = kNone, final_norm = kNone, lm_head = kNone, input_ids = kNone, labels = kNone;
   TensorId cos = kNone, sin = kNone;
   // autocast's cache of bf16 weight copies: parameter → copy (valid while autocast is active)
@@ -195,7 +200,7 @@ struct Step {
     if (width == 0) width = d.h;
     const bytes_t Tw = mul(d.T, width);
     const bytes_t in_b = sim.info(x).bytes / Tw;  // element bytes of the input
-    const bool gemma = m.family.rfind("gemma", 0) == 0;
+    const bool gemma = m.quirks.norm_weight_offset;
     TensorId hs32 = x;
     if (in_b != 4) {
       hs32 = sim.make("rmsnorm fp32 input copy (saved by pow, mul)", mul(Tw, 4), Term::activations,
@@ -257,13 +262,13 @@ struct Step {
     // causal_mask_mapping[layer.attention_type]. The full layers' create_causal_mask is skipped for
     // SDPA (no padding, no local window: _ignore_causal_mask_sdpa), so only the sliding layers see
     // the mask, repeat their keys and values and save the additive mask.
-    layer_masked = masked && (m.sliding.every_nth <= 1 || i % m.sliding.every_nth == 0);
+    layer_masked = masked && m.sliding_layer(i);
     const bytes_t Th = mul(d.T, d.h);
     // residual = hidden_states; hidden_states = input_layernorm(hidden_states)
     TensorId n1 = rmsnorm(x, p.norm1, "input_layernorm output");
     // Phi-3 fuses the projections: qkv_proj's output is sliced into q, k, v views (their gradients
     // come back as full-size slice_backward buffers), and SDPA makes v contiguous.
-    const bool fused = m.family == "phi3";
+    const bool fused = m.quirks.fused_qkv;
     TensorId q, k, v, qkv = kNone;
     if (fused) {
       qkv = linear(n1, d.h, d.qd + 2 * d.kvd, p.q, p.qb, "qkv_proj output (sliced into q, k, v)", "b·s·(q+2kv)");
@@ -307,7 +312,7 @@ struct Step {
       TensorId a2 = sim.make("rotary rot*sin", mul(d.T, width, rb), Term::activations, "mul", "", "", true);
       sim.node("MulBackward0", {rh, sin}, {a2}, {sin});
       sim.drop(rh);
-      const bool phi3 = m.family == "phi3";
+      const bool phi3 = m.quirks.partial_rotary;
       TensorId e = sim.make(phi3 ? "rotary q*cos + rot*sin" : name, mul(d.T, width, rb), Term::activations, "add", "",
                             "b·s·n·hd", true);
       sim.node("AddBackward0", {a1, a2}, {e}, {});
@@ -362,7 +367,7 @@ struct Step {
     // saves; Phi-3's partial-rotary cat makes q contiguous b·a·s·hd, and then it is a copy, saved by
     // o_proj beside the output SDPA saves. The math paths copy (below).
     TensorId attc = att;
-    if (fused && fused_sdpa()) {
+    if (m.quirks.partial_rotary && fused_sdpa()) {
       attc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, d.qd, r.compute), Term::activations,
                       "contiguous", r.compute_name, "b·s·a·hd", true);
       sim.node("CloneBackward0", {att}, {attc}, {});
@@ -383,7 +388,7 @@ struct Step {
     // MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
     const bytes_t TI = mul(d.T, d.I);
     TensorId g, u;
-    if (fused) {  // Phi-3: gate_up_proj, chunked; both chunks are views of one buffer
+    if (m.quirks.fused_gate_up) {  // Phi-3: gate_up_proj, chunked; both chunks are views of one buffer
       g = u = linear(n2, d.h, 2 * d.I, p.gate, kNone, "gate_up_proj output (saved by act and mul)", "b·s·2I");
       sim.hold(g);
     } else {
@@ -393,7 +398,7 @@ struct Step {
                             m.mlp == MlpKind::gated_gelu ? "gelu_tanh" : "silu", r.compute_name, "b·s·I", true);
     sim.node(m.mlp == MlpKind::gated_gelu ? "GeluBackward0" : "SiluBackward0", {g}, {act}, {g});
     sim.drop(g);
-    if (!fused) u = linear(n2, d.h, d.I, p.up, kNone, "up_proj output (saved by mul)", "b·s·I", &p.aup);
+    if (!m.quirks.fused_gate_up) u = linear(n2, d.h, d.I, p.up, kNone, "up_proj output (saved by mul)", "b·s·I", &p.aup);
     sim.drop(n2);
     TensorId prod = sim.make("act*up (saved by down_proj)", mul(TI, r.compute), Term::activations, "mul",
                              r.compute_name, "b·s·I", true);
@@ -598,7 +603,7 @@ TensorId forward(Step& st, bool checkpoint) {
   // Gemma scales the embeddings by sqrt(h): a new tensor; inputs_embeds stays referenced by the
   // model's forward until the layers are done.
   TensorId inputs_embeds = kNone;
-  if (st.m.family.rfind("gemma", 0) == 0) {
+  if (st.m.quirks.embedding_scale) {
     inputs_embeds = x;
     x = sim.make("embedding × sqrt(h)", mul(d.T, d.h, r.param), Term::activations, "mul", r.param_name, "b·s·h", true);
     sim.node("MulBackward0", {inputs_embeds}, {x}, {});
@@ -757,16 +762,157 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
       // torch.optim.Adafactor: factored second moment (row and column fp32 vectors) for matrices,
       // full for vectors; no first moment. The update allocates one parameter-sized temporary for
       // the largest tensor at a time.
-      const bytes_t h = m.hidden_size, I = m.intermediate_size, V = m.vocab_size;
-      bytes_t rows_cols = mul(m.num_layers, (h + m.q_dim()) + 2 * (h + m.kv_dim()) + (m.q_dim() + h) + 3 * (h + I));
-      rows_cols += (V + h) * (m.tied_embeddings ? 1 : 2);
-      c.state = mul(rows_cols, sb);
-      c.transient = mul(std::max(mul(V, h), mul(h, I)), 4, 2);
+      // (The vectors' state is not counted: norms are a few KiB.)
+      bytes_t layer_rows_cols = 0, outer_rows_cols = 0, largest = 0;
+      for (const ParamTensor& t : m.layer_tensors(0))
+        if (t.projection()) {
+          layer_rows_cols += t.in + t.out;
+          largest = std::max(largest, t.elements());
+        }
+      for (const ParamTensor& t : m.outer_tensors())
+        if (t.projection()) {
+          outer_rows_cols += t.in + t.out;
+          largest = std::max(largest, t.elements());
+        }
+      c.state = mul(checked_add(mul(m.num_layers, layer_rows_cols), outer_rows_cols, "Adafactor state"), sb);
+      c.transient = mul(largest, 4, 2);
       break;
     }
   }
   if (master) c.transient += mul(n, 4);  // fp32 copy of the bf16 gradients
   return c;
+}
+
+// The slot of a layer's parameter in the inventory's LayerParams; nullptr for a tensor the torch
+// inventory does not simulate (check_torch_coverage refuses such models first).
+TensorId* slot_of(LayerParams& lp, const ParamTensor& t) {
+  switch (t.module) {
+    case Module::attn_norm: return t.bias ? nullptr : &lp.norm1;
+    case Module::mlp_norm: return t.bias ? nullptr : &lp.norm2;
+    case Module::attn_out_norm: return t.bias ? nullptr : &lp.norm3;
+    case Module::mlp_out_norm: return t.bias ? nullptr : &lp.norm4;
+    case Module::q:
+    case Module::qkv: return t.bias ? &lp.qb : &lp.q;
+    case Module::k: return t.bias ? &lp.kb : &lp.k;
+    case Module::v: return t.bias ? &lp.vb : &lp.v;
+    case Module::o: return t.bias ? nullptr : &lp.o;
+    case Module::gate:
+    case Module::gate_up: return t.bias ? nullptr : &lp.gate;
+    case Module::up: return t.bias ? nullptr : &lp.up;
+    case Module::down: return t.bias ? nullptr : &lp.down;
+    case Module::q_norm: return &lp.q_norm;
+    case Module::k_norm: return &lp.k_norm;
+    default: return nullptr;
+  }
+}
+
+Adapter* adapter_of(LayerParams& lp, Module m) {
+  switch (m) {
+    case Module::q: return &lp.aq;
+    case Module::k: return &lp.ak;
+    case Module::v: return &lp.av;
+    case Module::o: return &lp.ao;
+    case Module::gate: return &lp.agate;
+    case Module::up: return &lp.aup;
+    case Module::down: return &lp.adown;
+    default: return nullptr;
+  }
+}
+
+// What the op walk of Step::layer covers: a Llama-style decoder (RMSNorm, gated MLP, separate or
+// fused projections, q/k/v biases). Anything else would be simulated as something it is not.
+void check_torch_coverage(const ModelSpec& m, const Job& job) {
+  auto refuse = [&](const std::string& what) {
+    throw Error(ErrorKind::unsupported, m.name + ": " + what + " is not modelled by the training inventory (serving, --mode infer, is)");
+  };
+  if (m.mla.enabled()) refuse("multi-head latent attention (mla) in training");
+  if (m.norm != NormKind::rmsnorm) refuse("norm: layernorm");
+  if (m.mlp == MlpKind::plain_gelu) refuse("mlp: plain_gelu");
+  if (m.bias.o) refuse("bias.o (an o_proj bias)");
+  if (m.bias.mlp) refuse("bias.mlp (MLP biases)");
+  if (m.norms_per_layer != 2 && m.norms_per_layer != 4) refuse("norms_per_layer " + std::to_string(m.norms_per_layer) + " (2 or 4 are)");
+  if (job.lora_rank && (m.quirks.fused_qkv || m.quirks.fused_gate_up))
+    throw Error(ErrorKind::unsupported, "--lora: Phi-3's fused qkv_proj and gate_up_proj are not modelled with LoRA");
+}
+
+// The model's parameters as transformers allocates them (ModelSpec's tensor description), then
+// peft's adapters. Under LoRA the base is frozen (requires_grad=False) and the adapters are fp32.
+void build_parameters(Step& st) {
+  AutogradSim& sim = st.sim;
+  const ModelSpec& m = st.m;
+  const bytes_t rank = st.job.lora_rank;
+  auto P = [&](bytes_t n) {
+    return sim.param("parameters", mul(n, st.r.param), Term::model_states, st.r.param_name, rank == 0);
+  };
+  const auto outer = m.outer_tensors();
+  st.emb = P(outer.front().elements());
+  st.layers.resize(st.d.L);
+  for (std::size_t il = 0; il < st.layers.size(); ++il)
+    for (const ParamTensor& t : m.layer_tensors(il)) {
+      TensorId* slot = slot_of(st.layers[il], t);
+      if (!slot) throw Error(ErrorKind::unsupported, std::string("internal: no inventory slot for ") + to_string(t.module));
+      *slot = P(t.elements());
+      if (il == 0) st.layer0_params.push_back(*slot);
+    }
+  if (rank)  // peft adds the adapters after the model is built, on every decoder projection
+    for (std::size_t il = 0; il < st.layers.size(); ++il)
+      for (const ParamTensor& t : m.layer_tensors(il))
+        if (Adapter* a = t.projection() ? adapter_of(st.layers[il], t.module) : nullptr) {
+          a->a = sim.param("LoRA adapters (fp32)", mul(rank, t.in, 4), Term::model_states, "fp32", true, Role::adapter);
+          a->b = sim.param("LoRA adapters (fp32)", mul(t.out, rank, 4), Term::model_states, "fp32", true, Role::adapter);
+          if (il == 0) st.layer0_params.insert(st.layer0_params.end(), {a->a, a->b});
+        }
+  st.lm_head = st.emb;
+  for (const ParamTensor& t : outer) {
+    if (t.module == Module::final_norm) st.final_norm = P(t.elements());
+    if (t.module == Module::lm_head) st.lm_head = P(t.elements());
+  }
+}
+
+// Parameters of rank-r adapters (A: r × in, B: out × r) on every decoder projection.
+std::uint64_t lora_parameters(const ModelSpec& m, std::uint64_t rank) {
+  std::uint64_t per_layer = 0;
+  for (const ParamTensor& t : m.layer_tensors(0))
+    if (t.projection()) per_layer = checked_add(per_layer, checked_add(t.in, t.out, "LoRA parameters"), "LoRA parameters");
+  return checked_product("LoRA parameters", m.num_layers, rank, per_layer);
+}
+
+// The long-lived tensors a run allocates once — the parameters (built on the device by
+// from_config), torch.optim's state (zeros_like(p) per parameter at the first step) and the fp32
+// master copy — mostly get segments of their own: each then holds its whole segment
+// (own_segment_block). The extra bytes, per parameter tensor, for the full model (`sizing`): the
+// fast path simulates fewer layers, and all layers are alike.
+struct SegmentTails {
+  bytes_t params = 0, state = 0;
+};
+
+SegmentTails segment_tails(const Step& st, const ModelSpec& sizing) {
+  const Job& job = st.job;
+  const bytes_t rank = job.lora_rank;
+  const bool master = job.precision == Precision::bf16_master;
+  const bytes_t sb = rank ? 4 : master ? 4 : st.r.param;  // torch.optim state follows the parameter dtype
+  const bytes_t per_param = job.optimizer == Optimizer::adamw                                                  ? 2
+                            : job.optimizer == Optimizer::sgd_momentum || job.optimizer == Optimizer::lion ? 1
+                                                                                                            : 0;
+  auto tail = [](bytes_t b) { return own_segment_block(b) - round512(b); };
+  std::vector<char> in_layer0(static_cast<std::size_t>(st.input_ids), 0);
+  for (TensorId t : st.layer0_params) in_layer0[static_cast<std::size_t>(t)] = 1;
+  SegmentTails out;
+  bytes_t layer0_state = 0;
+  for (TensorId p = 0; p < st.input_ids; ++p) {
+    const TensorInfo& info = st.sim.info(p);
+    if (!info.param) continue;
+    const bytes_t elems = info.bytes / (rank ? 4 : st.r.param);  // a trainable parameter's elements
+    const bytes_t state = !info.requires_grad ? 0
+                                              : per_param * tail(mul(elems, sb)) +
+                                                    (master && !rank ? tail(mul(elems, 4)) : 0);
+    out.params += tail(info.bytes);
+    out.state += state;
+    if (in_layer0[static_cast<std::size_t>(p)]) layer0_state += state;
+  }
+  // state for the full model's layer count; the parameters are those simulated
+  out.state = out.state - layer0_state * st.d.L + layer0_state * sizing.num_layers;
+  return out;
 }
 
 }  // namespace
@@ -787,6 +933,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     const bool steady = pass == 1;
     AutogradSim sim(explain);
     if (traces) sim.record_to(&(*traces)[pass]);
+    check_torch_coverage(m, job);
     Step st{m, job, {}, recipe_of(job.precision), sim, {}};
     st.masked = sliding_window_mask(m, job);
     auto& d = st.d;
@@ -796,105 +943,21 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     d.hd = m.head_dim; d.L = m.num_layers;
     const Recipe& r = st.r;
 
-    const bytes_t rank = job.lora_rank;
-    // Under LoRA the base is frozen (requires_grad=False) and peft adds fp32 adapters.
-    auto P = [&](bytes_t n) {
-      return sim.param("parameters", mul(n, r.param), Term::model_states, r.param_name, rank == 0);
-    };
-    auto AP = [&](bytes_t in, bytes_t out) {
-      Adapter a;
-      if (rank == 0) return a;
-      a.a = sim.param("LoRA adapters (fp32)", mul(rank, in, 4), Term::model_states, "fp32", true, Role::adapter);
-      a.b = sim.param("LoRA adapters (fp32)", mul(out, rank, 4), Term::model_states, "fp32", true, Role::adapter);
-      return a;
-    };
-    if (rank && m.family == "phi3")
-      throw Error(ErrorKind::unsupported, "--lora: Phi-3's fused qkv_proj and gate_up_proj are not modelled with LoRA");
-    st.emb = P(mul(d.V, d.h));
-    st.layers.resize(d.L);
-    for (auto& lp : st.layers) {
-      lp.norm1 = P(d.h);
-      lp.norm2 = P(d.h);
-      if (m.norms_per_layer >= 4) { lp.norm3 = P(d.h); lp.norm4 = P(d.h); }
-      if (m.family == "phi3") {  // fused qkv_proj and gate_up_proj
-        lp.q = P(mul(d.h, d.qd + 2 * d.kvd)); lp.k = lp.v = kNone; lp.o = P(mul(d.qd, d.h));
-      } else {
-        lp.q = P(mul(d.h, d.qd)); lp.k = P(mul(d.h, d.kvd)); lp.v = P(mul(d.h, d.kvd)); lp.o = P(mul(d.qd, d.h));
-      }
-      lp.qb = m.bias.qkv ? P(d.qd) : kNone;
-      lp.kb = m.bias.qkv ? P(d.kvd) : kNone;
-      lp.vb = m.bias.qkv ? P(d.kvd) : kNone;
-      if (m.family == "phi3") {
-        lp.gate = P(mul(d.h, 2 * d.I)); lp.up = kNone; lp.down = P(mul(d.I, d.h));
-      } else {
-        lp.gate = P(mul(d.h, d.I)); lp.up = P(mul(d.h, d.I)); lp.down = P(mul(d.I, d.h));
-      }
-      if (m.qk_norm) { lp.q_norm = P(d.hd); lp.k_norm = P(d.hd); }
-    }
-    for (auto& lp : st.layers) {  // peft adds the adapters after the model is built
-      lp.aq = AP(d.h, d.qd); lp.ak = AP(d.h, d.kvd); lp.av = AP(d.h, d.kvd); lp.ao = AP(d.qd, d.h);
-      lp.agate = AP(d.h, d.I); lp.aup = AP(d.h, d.I); lp.adown = AP(d.I, d.h);
-    }
-    st.final_norm = P(d.h);
-    st.lm_head = m.tied_embeddings ? st.emb : P(mul(d.V, d.h));
+    build_parameters(st);
     const bytes_t weights = sim.live();
     st.input_ids = sim.make("input_ids and labels", mul(d.T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     st.labels = sim.make("input_ids and labels", mul(d.T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
-    const std::uint64_t adapter_params =
-        rank ? checked_product("LoRA parameters", sm.num_layers, rank,
-                               (sm.hidden_size + sm.q_dim()) + 2 * (sm.hidden_size + sm.kv_dim()) +
-                                   (sm.q_dim() + sm.hidden_size) + 3 * (sm.hidden_size + sm.intermediate_size))
-             : 0;
-    const OptimizerCost oc = rank ? optimizer_cost(job, sm, adapter_params, 4) : optimizer_cost(job, sm, n_params, r.param);
-    // The long-lived tensors the harness allocates once — the parameters (built on the device by
-    // from_config), torch.optim's state (zeros_like(p) per parameter at the first step) and the fp32
-    // master copy — mostly get segments of their own: each then holds its whole segment
-    // (own_segment_block). The extra bytes, per parameter tensor, for the full model (`sizing`):
-    // the fast path simulates fewer layers, and all layers are alike.
-    bytes_t param_tail = 0, layer_param_tail = 0, state_tail = 0, layer_state_tail = 0;
-    {
-      const bool master = job.precision == Precision::bf16_master;
-      const bytes_t sb = master ? 4 : r.param;  // torch.optim state follows the parameter dtype
-      const bytes_t per_param = job.optimizer == Optimizer::adamw ? 2
-                                : job.optimizer == Optimizer::sgd_momentum || job.optimizer == Optimizer::lion ? 1
-                                                                                                                : 0;
-      auto tail = [](bytes_t b) { return own_segment_block(b) - round512(b); };
-      std::vector<char> in_layer(static_cast<std::size_t>(st.input_ids), 0);  // layer 0's parameters
-      if (!st.layers.empty()) {
-        const LayerParams& l0 = st.layers[0];
-        for (TensorId t : {l0.norm1, l0.norm2, l0.norm3, l0.norm4, l0.q, l0.k, l0.v, l0.o, l0.qb, l0.kb, l0.vb, l0.gate,
-                           l0.up, l0.down, l0.q_norm, l0.k_norm})
-          if (t != kNone) in_layer[static_cast<std::size_t>(t)] = 1;
-      }
-      for (const auto& l : st.layers)
-        for (const Adapter* a : {&l.aq, &l.ak, &l.av, &l.ao, &l.agate, &l.aup, &l.adown})
-          for (TensorId t : {a->a, a->b})
-            if (t != kNone && &l == &st.layers[0]) in_layer[static_cast<std::size_t>(t)] = 1;
-      for (TensorId p = 0; p < st.input_ids; ++p) {
-        if (!sim.info(p).param) continue;
-        const bool trainable = sim.info(p).requires_grad;
-        const bytes_t pdt = rank ? 4 : r.param;  // a trainable parameter's element bytes
-        const bytes_t pb = sim.info(p).bytes, elems = pb / pdt;
-        const bytes_t sbb = rank ? 4 : sb;
-        const bytes_t pt = tail(pb);
-        const bytes_t stt = !trainable ? 0 : per_param * tail(mul(elems, sbb)) + (master && !rank ? tail(mul(elems, 4)) : 0);
-        param_tail += pt;
-        state_tail += stt;
-        if (in_layer[static_cast<std::size_t>(p)]) {
-          layer_param_tail += pt;
-          layer_state_tail += stt;
-        }
-      }
-      // state for the full model's layer count; the parameters are those simulated
-      state_tail = state_tail - layer_state_tail * d.L + layer_state_tail * sm.num_layers;
-    }
-    sim.alloc_raw("allocator: whole segments held by parameters", param_tail, Term::other, Role::workspace, "caching allocator");
+    const bytes_t rank = job.lora_rank;
+    const OptimizerCost oc =
+        rank ? optimizer_cost(job, sm, lora_parameters(sm, rank), 4) : optimizer_cost(job, sm, n_params, r.param);
+    const SegmentTails tails = segment_tails(st, sm);
+    sim.alloc_raw("allocator: whole segments held by parameters", tails.params, Term::other, Role::workspace, "caching allocator");
     // Optimizer state (and the fp32 master copy) stay allocated for the rest of the run.
     auto allocate_optimizer_state = [&] {
       sim.alloc_raw("optimizer state", oc.state, Term::model_states, Role::optimizer_state, "optimizer", "", "");
       sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, Role::master_weight, "optimizer", "fp32", "");
-      sim.alloc_raw("allocator: whole segments held by optimizer state", state_tail, Term::other, Role::workspace, "caching allocator");
+      sim.alloc_raw("allocator: whole segments held by optimizer state", tails.state, Term::other, Role::workspace, "caching allocator");
     };
     if (steady) allocate_optimizer_state();
     // cuBLAS workspace, one per handle: the forward thread's appears at the first matmul of step 0,

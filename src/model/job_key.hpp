@@ -13,8 +13,8 @@
 
 namespace membudget::detail {
 
-// Every field that can change a number (the family selects Gemma's norms and Phi-3's fused
-// projections; the name changes nothing).
+// Every field that can change a number (the quirks select Gemma's norms and Phi-3's fused
+// projections; the name and the family change nothing once the loader has set the quirks).
 constexpr std::size_t kKeyWords = 48;
 constexpr std::size_t kBatchWord = 0, kSeqWord = 1;  // where key_of puts job.batch and job.seq
 using Key = std::array<std::uint64_t, kKeyWords>;
@@ -38,7 +38,9 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   put(static_cast<std::uint64_t>(j.parallel.zero_stage)); put(j.parallel.sequence_parallel);
   put(j.overhead.has_value()); put(j.overhead.value_or(0)); put(static_cast<std::uint64_t>(j.kv_dtype));
   put(static_cast<std::uint64_t>(j.weights)); put(j.group_size);
-  put(std::hash<std::string_view>{}(m.family));
+  const ArchQuirks& q = m.quirks;
+  put(q.fused_qkv | (q.fused_gate_up << 1) | (q.norm_weight_offset << 2) | (q.embedding_scale << 3) |
+      (q.partial_rotary << 4));
   put(j.lora_rank);
   return k;
 }

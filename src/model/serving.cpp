@@ -15,6 +15,7 @@
 #include "korthikanti.hpp"
 #include "membudget/serving.hpp"
 #include "serve_plan.hpp"
+#include "weight_storage.hpp"
 
 namespace membudget::detail {
 namespace {
@@ -220,7 +221,7 @@ struct Walk {
     sim.drop(pf);
     TensorId x = emb;
     sim.hold(emb);
-    if (m.family == "gemma" || m.family == "gemma2") {  // hidden_states = inputs_embeds * normalizer
+    if (m.quirks.embedding_scale) {  // hidden_states = inputs_embeds * normalizer
       sim.drop(emb);
       x = act("embedding × sqrt(h)", mul(T, h, e), "mul", "bf16", "b·s·h");
     }
@@ -247,53 +248,20 @@ struct Walk {
   }
 };
 
-// Parameter tensors in their storage dtype, one allocation each.
+// Parameter tensors in their storage dtype (weight_storage.hpp), one allocation each, then the
+// rotary buffers.
 void load_weights(AutogradSim& sim, const ModelSpec& m, const Job& job) {
-  const bytes_t h = m.hidden_size;
-  auto P = [&](bytes_t bytes, const char* dtype = "bf16") {
-    if (bytes) sim.param("weights", bytes, Term::model_states, dtype, false);
+  auto load = [&](const ParamTensor& t, bool in_layer) {
+    for (const auto& piece : stored_tensor(t, in_layer, job.weights, job.group_size))
+      if (piece.bytes) sim.param("weights", piece.bytes, Term::model_states, piece.dtype, false);
   };
-  const bytes_t ub = job.weights == DType::fp32 ? 4 : 2;  // unquantized tensors
-  const bytes_t nf = m.norm == NormKind::layernorm ? 2 : 1;
-  P(mul(m.vocab_size, h, ub));  // embed_tokens
-  if (!m.tied_embeddings) P(mul(m.vocab_size, h, ub));
-  for (int i = 0; i < static_cast<int>(nf); ++i) P(mul(h, ub));  // final norm
-  const std::uint64_t g = job.group_size;
-  for (const auto& l : linear_layers(m)) {
-    for (std::uint64_t c = 0; c < l.count; ++c) {
-      const bytes_t K = l.in, N = l.out;
-      switch (job.weights) {
-        case DType::fp32: P(mul(K, N, 4), "fp32"); break;
-        case DType::bf16:
-        case DType::fp16: P(mul(K, N, 2)); break;
-        case DType::fp8: P(mul(K, N), "fp8"); P(4, "fp32"); break;
-        case DType::int8: P(mul(K, N), "int8"); P(mul(cdiv(K, g), N, 2), "fp16"); break;
-        case DType::int4:
-          P(mul(cdiv(K, 8), N, 4), "int32");
-          P(mul(cdiv(K, g), N, 2), "fp16");
-          P(mul(cdiv(K, g), cdiv(N, 8), 4), "int32");
-          break;
-      }
-    }
-  }
-  for (std::uint64_t l = 0; l < m.num_layers; ++l) {
-    for (std::uint64_t n = 0; n < m.norms_per_layer * nf; ++n) P(mul(h, ub));
-    if (m.bias.qkv) { P(mul(m.q_dim(), ub)); P(mul(m.kv_dim(), ub)); P(mul(m.kv_dim(), ub)); }
-    if (m.bias.o) P(mul(h, ub));
-    if (m.bias.mlp) {
-      P(mul(m.intermediate_size, ub));
-      P(mul(h, ub));
-    }
-    if (m.qk_norm) { P(mul(m.head_dim, ub)); P(mul(m.head_dim, ub)); }
-    if (m.mla.enabled()) {
-      if (m.mla.q_lora_rank) P(mul(m.mla.q_lora_rank, ub, nf));
-      P(mul(m.mla.kv_lora_rank, ub, nf));
-    }
-  }
+  for (const ParamTensor& t : m.outer_tensors()) load(t, false);
+  for (std::uint64_t il = 0; il < m.num_layers; ++il)
+    for (const ParamTensor& t : m.layer_tensors(il)) load(t, true);
   // LlamaRotaryEmbedding buffers: inv_freq and original_inv_freq (fp32)
   const bytes_t rot_half = m.mla.enabled() ? m.mla.qk_rope_head_dim / 2 : m.head_dim / 2;
-  P(mul(rot_half, 4), "fp32");
-  P(mul(rot_half, 4), "fp32");
+  sim.param("weights", mul(rot_half, 4), Term::model_states, "fp32", false);
+  sim.param("weights", mul(rot_half, 4), Term::model_states, "fp32", false);
 }
 
 // cuBLAS workspace: PyTorch allocates it through the caching allocator on the first matmul of a

@@ -145,106 +145,163 @@ void ModelSpec::validate(std::string_view where) const {
   if (auto p = find_problem(*this)) throw Error::field(p->kind, std::string(where), p->field, p->what);
 }
 
-ParameterCounts ModelSpec::parameters() const {
-  auto mul = [](std::uint64_t a, std::uint64_t b, const char* what) {
-    return checked_mul(a, b, std::string("parameters: ") + what);
-  };
-  auto add = [](std::uint64_t a, std::uint64_t b, const char* what) {
-    return checked_add(a, b, std::string("parameters: ") + what);
-  };
-  const std::uint64_t h = hidden_size;
-  const std::uint64_t norm_factor = norm == NormKind::layernorm ? 2 : 1;  // weight (+ bias)
+const char* to_string(Module m) noexcept {
+  switch (m) {
+    case Module::embedding: return "embed_tokens";
+    case Module::final_norm: return "norm";
+    case Module::lm_head: return "lm_head";
+    case Module::attn_norm: return "attn_norm";
+    case Module::mlp_norm: return "mlp_norm";
+    case Module::attn_out_norm: return "attn_out_norm";
+    case Module::mlp_out_norm: return "mlp_out_norm";
+    case Module::q: return "q_proj";
+    case Module::k: return "k_proj";
+    case Module::v: return "v_proj";
+    case Module::qkv: return "qkv_proj";
+    case Module::o: return "o_proj";
+    case Module::q_norm: return "q_norm";
+    case Module::k_norm: return "k_norm";
+    case Module::q_a: return "q_a_proj";
+    case Module::q_a_norm: return "q_a_layernorm";
+    case Module::q_b: return "q_b_proj";
+    case Module::kv_a: return "kv_a_proj_with_mqa";
+    case Module::kv_a_norm: return "kv_a_layernorm";
+    case Module::kv_b: return "kv_b_proj";
+    case Module::gate: return "gate_proj";
+    case Module::up: return "up_proj";
+    case Module::gate_up: return "gate_up_proj";
+    case Module::down: return "down_proj";
+    case Module::fc1: return "fc1";
+    case Module::fc2: return "fc2";
+  }
+  return "unknown";
+}
 
-  ParameterCounts c;
-  c.embedding = mul(vocab_size, h, "embedding (vocab_size x hidden_size)");
-  c.final_norm = mul(norm_factor, h, "final norm (hidden_size)");
-  c.lm_head = tied_embeddings ? 0 : c.embedding;
+std::uint64_t ParamTensor::elements() const {
+  return in ? checked_mul(in, out, std::string("parameters: ") + to_string(module)) : out;
+}
 
-  std::uint64_t layer = 0;
-  std::uint64_t tensors = 0;
+namespace {
+// Products of two dimensions, each below 2^24 once validated: checked for specs not validated yet.
+std::uint64_t dim_mul(std::uint64_t a, std::uint64_t b, const char* what) {
+  return checked_mul(a, b, std::string("parameters: ") + what);
+}
+}  // namespace
+
+std::vector<ParamTensor> ModelSpec::layer_tensors(std::uint64_t il) const {
+  // In data-flow order, each bias right after its weight: the order the harness allocates and
+  // initialises them in (src/measure/harness_buffer.hpp), and peft's order of adapted projections.
+  std::vector<ParamTensor> v;
+  v.reserve(24);
+  const std::uint64_t h = hidden_size, I = n_ff(il);
+  const bool layernorm = norm == NormKind::layernorm;
+  auto vec = [&](Module m, std::uint64_t n, bool is_bias = false) { v.push_back({m, 0, n, is_bias}); };
+  auto proj = [&](Module m, std::uint64_t in, std::uint64_t out, bool with_bias = false) {
+    v.push_back({m, in, out, false});
+    if (with_bias) vec(m, out, true);
+  };
+  auto norm_of = [&](Module m, std::uint64_t n) {
+    vec(m, n);
+    if (layernorm) vec(m, n, true);
+  };
+  // norms_per_layer: 1 the attention norm; 2 + the MLP norm (Llama); 4 + the norms on the attention
+  // and MLP branches (Gemma 2)
+  norm_of(Module::attn_norm, h);
+
   if (mla.enabled()) {
-    const std::uint64_t qk_head = add(mla.qk_nope_head_dim, mla.qk_rope_head_dim,
-                                      "mla.qk_nope_head_dim + mla.qk_rope_head_dim");
-    const std::uint64_t q_out = mul(num_heads, qk_head, "mla query width (num_heads x qk head)");
+    const std::uint64_t q_out = dim_mul(num_heads, checked_add(mla.qk_nope_head_dim, mla.qk_rope_head_dim, "mla qk head"),
+                                        "mla query width");
     if (mla.q_lora_rank > 0) {
-      layer = add(layer, mul(h, mla.q_lora_rank, "mla q_a (hidden_size x q_lora_rank)"), "mla q_a");
-      layer = add(layer, mul(norm_factor, mla.q_lora_rank, "mla q_a_norm (q_lora_rank)"),
-                  "mla q_a_norm");
-      layer = add(layer, mul(mla.q_lora_rank, q_out, "mla q_b (q_lora_rank x num_heads x qk head)"),
-                  "mla q_b");
-      tensors += 2 + norm_factor;
+      proj(Module::q_a, h, mla.q_lora_rank);
+      norm_of(Module::q_a_norm, mla.q_lora_rank);
+      proj(Module::q_b, mla.q_lora_rank, q_out);
     } else {
-      layer = add(layer, mul(h, q_out, "mla q (hidden_size x num_heads x qk head)"), "mla q");
-      tensors += 1;
+      proj(Module::q, h, q_out);
     }
-    const std::uint64_t kv_a_out = add(mla.kv_lora_rank, mla.qk_rope_head_dim,
-                                       "mla kv_lora_rank + qk_rope_head_dim");
-    layer = add(layer, mul(h, kv_a_out, "mla kv_a (hidden_size x (kv_lora_rank + rope))"),
-                "mla kv_a");
-    layer = add(layer, mul(norm_factor, mla.kv_lora_rank, "mla kv_a_norm (kv_lora_rank)"),
-                "mla kv_a_norm");
-    const std::uint64_t kv_b_head = add(mla.qk_nope_head_dim, mla.v_head_dim,
-                                        "mla qk_nope_head_dim + v_head_dim");
-    layer = add(layer,
-                mul(mla.kv_lora_rank, mul(num_heads, kv_b_head, "mla kv_b width"),
-                    "mla kv_b (kv_lora_rank x num_heads x (nope + v_head_dim))"),
-                "mla kv_b");
-    layer = add(layer,
-                mul(mul(num_heads, mla.v_head_dim, "mla o width (num_heads x v_head_dim)"), h,
-                    "mla o (num_heads x v_head_dim x hidden_size)"),
-                "mla o");
-    tensors += 2 + norm_factor + 1;  // kv_a, kv_b, kv_a_norm, o
-    if (bias.o) {
-      layer = add(layer, h, "o bias");
-      tensors += 1;
-    }
+    proj(Module::kv_a, h, checked_add(mla.kv_lora_rank, mla.qk_rope_head_dim, "parameters: mla kv_a width"));
+    norm_of(Module::kv_a_norm, mla.kv_lora_rank);
+    proj(Module::kv_b, mla.kv_lora_rank,
+         dim_mul(num_heads, checked_add(mla.qk_nope_head_dim, mla.v_head_dim, "mla kv_b head"), "mla kv_b width"));
+    proj(Module::o, dim_mul(num_heads, mla.v_head_dim, "mla o width"), h, bias.o);
   } else {
-    const std::uint64_t qd = mul(num_heads, head_dim, "q_dim (num_heads x head_dim)");
-    const std::uint64_t kvd = mul(num_kv_heads, head_dim, "kv_dim (num_kv_heads x head_dim)");
-    layer = add(layer, mul(h, qd, "q projection (hidden_size x q_dim)"), "q projection");
-    layer = add(layer, mul(2, mul(h, kvd, "k/v projection (hidden_size x kv_dim)"), "k and v"),
-                "k and v projections");
-    layer = add(layer, mul(qd, h, "o projection (q_dim x hidden_size)"), "o projection");
-    tensors += 4;
-    if (bias.qkv) {
-      layer = add(layer, add(qd, mul(2, kvd, "k/v bias"), "qkv bias"), "qkv bias");
-      tensors += 3;
+    const std::uint64_t qd = dim_mul(num_heads, head_dim, "q_dim"), kvd = dim_mul(num_kv_heads, head_dim, "kv_dim");
+    if (quirks.fused_qkv) {
+      proj(Module::qkv, h, checked_add(qd, dim_mul(2, kvd, "k and v widths"), "parameters: qkv width"), bias.qkv);
+    } else {
+      proj(Module::q, h, qd, bias.qkv);
+      proj(Module::k, h, kvd, bias.qkv);
+      proj(Module::v, h, kvd, bias.qkv);
     }
-    if (bias.o) {
-      layer = add(layer, h, "o bias");
-      tensors += 1;
-    }
+    proj(Module::o, qd, h, bias.o);
     if (qk_norm) {
-      layer = add(layer, mul(2, head_dim, "qk_norm (2 x head_dim)"), "qk_norm");
-      tensors += 2;
+      vec(Module::q_norm, head_dim);
+      vec(Module::k_norm, head_dim);
     }
   }
+  if (norms_per_layer >= 3) norm_of(Module::attn_out_norm, h);
+  if (norms_per_layer >= 2) norm_of(Module::mlp_norm, h);
 
-  const bool gated = mlp != MlpKind::plain_gelu;
-  const std::uint64_t mlp_mats = gated ? 3 : 2;
-  layer = add(layer,
-              mul(mlp_mats, mul(h, intermediate_size, "mlp (hidden_size x intermediate_size)"),
-                  "mlp weights"),
-              "mlp weights");
-  tensors += mlp_mats;
-  if (bias.mlp) {
-    // gated: gate and up biases (I each) + down bias (h); plain: fc1 (I) + fc2 (h).
-    layer = add(layer, add(mul(mlp_mats - 1, intermediate_size, "mlp bias"), h, "mlp bias"),
-                "mlp bias");
-    tensors += mlp_mats;
+  if (mlp == MlpKind::plain_gelu) {
+    proj(Module::fc1, h, I, bias.mlp);
+    proj(Module::fc2, I, h, bias.mlp);
+  } else {
+    if (quirks.fused_gate_up) {
+      proj(Module::gate_up, h, dim_mul(2, I, "gate_up width"), bias.mlp);
+    } else {
+      proj(Module::gate, h, I, bias.mlp);
+      proj(Module::up, h, I, bias.mlp);
+    }
+    proj(Module::down, I, h, bias.mlp);
   }
-  layer = add(layer, mul(norms_per_layer, mul(norm_factor, h, "norm"), "norms (norms_per_layer)"),
-              "norms");
-  tensors += norms_per_layer * norm_factor;
+  if (norms_per_layer >= 4) norm_of(Module::mlp_out_norm, h);
+  return v;
+}
 
-  c.per_layer = layer;
-  c.per_layer_tensors = tensors;
-  c.layers = mul(layer, num_layers, "layers (per layer x num_layers)");
-  c.total = add(add(add(c.embedding, c.layers, "total"), c.final_norm, "total"), c.lm_head, "total");
-  c.tensors = add(mul(tensors, num_layers, "tensors"),
-                  1 + norm_factor + (tied_embeddings ? 0 : 1), "tensors");
+std::vector<ParamTensor> ModelSpec::outer_tensors() const {
+  (void)dim_mul(vocab_size, hidden_size, "embedding (vocab_size x hidden_size)");  // names the fields on overflow
+  std::vector<ParamTensor> v;
+  v.push_back({Module::embedding, vocab_size, hidden_size, false});
+  v.push_back({Module::final_norm, 0, hidden_size, false});
+  if (norm == NormKind::layernorm) v.push_back({Module::final_norm, 0, hidden_size, true});
+  if (!tied_embeddings) v.push_back({Module::lm_head, hidden_size, vocab_size, false});
+  return v;
+}
+
+ParameterCounts ModelSpec::parameters() const {
+  ParameterCounts c;
+  for (const ParamTensor& t : outer_tensors()) {
+    const std::uint64_t n = t.elements();
+    switch (t.module) {
+      case Module::embedding: c.embedding = n; break;
+      case Module::lm_head: c.lm_head = n; break;
+      default: c.final_norm = checked_add(c.final_norm, n, "parameters: final norm"); break;
+    }
+    ++c.tensors;
+  }
+  // Every decoder layer has layer 0's shapes today (layer_tensors and n_ff ignore the index): one
+  // layer times L. Models whose layers differ will sum layer_tensors(il) over il here.
+  const auto tensors = layer_tensors(0);
+  for (const ParamTensor& t : tensors) c.per_layer = checked_add(c.per_layer, t.elements(), "parameters: decoder layer");
+  c.per_layer_tensors = tensors.size();
+  c.layers = checked_mul(c.per_layer, num_layers, "parameters: layers (per layer x num_layers)");
+  c.tensors = checked_add(c.tensors, checked_mul(tensors.size(), num_layers, "parameters: tensors"), "parameters: tensors");
+  c.total = checked_add(checked_add(checked_add(c.embedding, c.layers, "parameters: total"), c.final_norm,
+                                    "parameters: total"),
+                        c.lm_head, "parameters: total");
   return c;
 }
+
+namespace {
+// The quirks a family implies: the one place that reads a family name (config.json's model_type or
+// the YAML `family`). Gemma's RMSNorm and embedding scale hold for every Gemma generation, so the
+// match is on the prefix.
+ArchQuirks quirks_of_family(std::string_view family) {
+  ArchQuirks q;
+  if (family.rfind("gemma", 0) == 0) q.norm_weight_offset = q.embedding_scale = true;
+  if (family == "phi3") q.fused_qkv = q.fused_gate_up = q.partial_rotary = true;
+  return q;
+}
+}  // namespace
 
 // ------------------------------------------------------------------------------------------------
 // YAML (our schema)
@@ -478,7 +535,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
       {"name", "family", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
        "num_heads", "num_kv_heads", "head_dim", "tied_embeddings", "mlp", "norm", "bias",
        "max_positions", "norms_per_layer", "qk_norm", "final_logit_softcap", "sliding_window",
-       "mla"},
+       "mla", "quirks"},
       {"job"});
 
   ModelSpec s;
@@ -527,6 +584,19 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     s.mla.q_lora_rank = r.opt_uint(e, "q_lora_rank", "mla.q_lora_rank").value_or(0);
     s.mla.qk_nope_head_dim = r.opt_uint(e, "qk_nope_head_dim", "mla.qk_nope_head_dim").value_or(0);
     s.mla.v_head_dim = r.opt_uint(e, "v_head_dim", "mla.v_head_dim").value_or(0);
+  }
+  s.quirks = quirks_of_family(s.family);
+  if (auto q = r.opt_map(top, "quirks", "quirks")) {
+    const auto e = r.mapping(*q, "quirks.",
+                             {"fused_qkv", "fused_gate_up", "norm_weight_offset", "embedding_scale", "partial_rotary"});
+    auto set = [&](std::string_view key, bool& field) {
+      if (auto v = r.opt_bool(e, key, "quirks." + std::string(key))) field = *v;
+    };
+    set("fused_qkv", s.quirks.fused_qkv);
+    set("fused_gate_up", s.quirks.fused_gate_up);
+    set("norm_weight_offset", s.quirks.norm_weight_offset);
+    set("embedding_scale", s.quirks.embedding_scale);
+    set("partial_rotary", s.quirks.partial_rotary);
   }
   if (auto hd = r.opt_uint(top, "head_dim", "head_dim")) {
     s.head_dim = *hd;
@@ -694,6 +764,7 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
   s.tied_embeddings = r.opt_bool("tie_word_embeddings").value_or(gemma || gemma2);
   s.mlp = mlp_from_activation(r, t);
   s.norm = NormKind::rmsnorm;
+  s.quirks = quirks_of_family(t);
 
   const bool attention_bias = r.opt_bool("attention_bias").value_or(false);
   if (qwen2) {
