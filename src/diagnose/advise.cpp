@@ -160,7 +160,13 @@ Linears layer_linears(const ModelSpec& m) {
   return l;
 }
 
+// Bytes of a parameter, and of its gradient, in the job's storage dtype.
 bytes_t param_bytes(Precision p) { return (p == Precision::bf16 || p == Precision::bf16_master) ? 2 : 4; }
+
+// Fused q/k/v or gate/up projections: the LoRA step is simulated for separate linears only.
+bool fused_projections(const ModelSpec& model) {
+  return model.family == "phi3";  // TODO(quirks): model.quirks.fused_qkv || model.quirks.fused_gate_up
+}
 
 struct Candidate {
   Fix fix;
@@ -314,8 +320,7 @@ std::vector<Fix> advise(const ModelSpec& model, const Job& job, const Device& de
       p.optimizer = p.master = p.temporaries = inv;
       if (stage >= 2) {
         p.grads = inv;
-        p.extra += static_cast<bytes_t>(pc.per_layer) * (job.precision == Precision::fp32 ||
-                                                                 job.precision == Precision::amp_bf16 ? 4 : 2);
+        p.extra += layer_weight_bytes;  // the reduce bucket: one layer's gradients, in the weights' dtype
       }
       if (stage >= 3) {
         p.weights = inv;
@@ -345,7 +350,7 @@ std::vector<Fix> advise(const ModelSpec& model, const Job& job, const Device& de
   // adapters and casts; --lora). QLoRA starts from the same step and quantizes the frozen base.
   const std::uint64_t rank = 16;
   const std::uint64_t adapter_params = L * rank * lin.in_out;
-  const bool lora_applies = job.lora_rank == 0 && model.family != "phi3" && job.optimizer != Optimizer::adafactor;
+  const bool lora_applies = job.lora_rank == 0 && !fused_projections(model) && job.optimizer != Optimizer::adafactor;
   {
     auto* c = job_fix("LoRA", "--lora 16 (rank 16 on q,k,v,o,gate,up,down; base frozen)", CostClass::model, -0.25,
                       "≈ −25% compute (no weight gradients for the base); trains " + std::to_string(adapter_params) +
