@@ -215,3 +215,97 @@ TEST_CASE("advise: the LoRA figure against measured peft LoRA steps") {
 TEST_CASE("advise: the fused-optimizer figure against measured fused AdamW steps") {
   check_fix_against("tests/data/torch_train_fused_adamw_h200.json", "fused optimizer", 3);
 }
+
+namespace {
+// Jobs that between them reach every row of advise's table, applying or skipped.
+std::vector<Job> table_jobs() {
+  std::vector<Job> jobs;
+  Job j;
+  jobs.push_back(j);
+  j.attention = Attention::math;
+  j.optimizer = Optimizer::lion;
+  j.precision = Precision::bf16_master;
+  jobs.push_back(j);
+  j = Job{};
+  j.batch = 1;
+  j.optimizer = Optimizer::sgd;
+  j.loss = Loss::chunked;
+  j.recompute = Recompute::full;
+  jobs.push_back(j);
+  j = Job{};
+  j.optimizer = Optimizer::adafactor;
+  j.precision = Precision::bf16;
+  jobs.push_back(j);
+  j = Job{};
+  j.lora_rank = 16;
+  jobs.push_back(j);
+  return jobs;
+}
+}  // namespace
+
+TEST_CASE("advise: every row of the table either applies with a figure or says why it is skipped") {
+  for (const char* config : {"configs/llama-3.2-1b.yaml", "configs/phi-3-mini.yaml"}) {
+    const ModelSpec spec = load_model(test::source_path(config));
+    for (const Job& job : table_jobs()) {
+      Budget base;
+      try {
+        base = predict(spec, job);
+      } catch (const Error&) {
+        continue;  // not a job predict() takes (LoRA over Phi-3's fused projections)
+      }
+      for (const char* device : {"RTX-4090", "H200"}) {
+        const Device dev = find_device(device);
+        for (const auto& f : advise(spec, job, dev, 0.05)) {
+          CAPTURE(config);
+          CAPTURE(f.name);
+          CHECK_FALSE(f.name.empty());
+          CHECK_FALSE(f.note.empty());
+          CHECK_FALSE(f.cost_class > CostClass::micro_batch);
+          if (f.skipped) continue;
+          CHECK_FALSE(f.change.empty());
+          CHECK_FALSE(f.cost.empty());
+          CHECK(f.peak > 0);
+          CHECK(f.required == f.peak + base.terms.overhead);
+          CHECK(f.fits == fits_by_hand(f.required, dev, 0.05));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("advise: a job-change fix's figure is predict() of the job it carries") {
+  const ModelSpec spec = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  int checked = 0;
+  for (const Job& job : table_jobs()) {
+    for (const auto& f : advise(spec, job, find_device("RTX-4090"), 0.05)) {
+      if (!f.job || f.name == "combined") continue;  // combined may stack a fix that is not a job
+      CAPTURE(f.name);
+      CHECK(f.peak == predict(spec, *f.job).peak);
+      ++checked;
+    }
+  }
+  CHECK(checked >= 10);
+  // LoRA is a job change, and carries its job
+  const auto fixes = advise(spec, Job{}, find_device("RTX-4090"), 0.05);
+  const Fix* lora = find(fixes, "LoRA");
+  REQUIRE(lora);
+  REQUIRE(lora->job);
+  CHECK(lora->job->lora_rank == 16);
+  // fixes predict cannot express yet carry no job
+  for (const char* name : {"ZeRO-1", "ZeRO-3", "CPU offload", "QLoRA"}) {
+    const Fix* f = find(fixes, name);
+    REQUIRE(f);
+    CHECK_FALSE(f->job);
+  }
+}
+
+TEST_CASE("advise: LoRA is not offered over fused projections (Phi-3)") {
+  const ModelSpec spec = load_model(test::source_path("configs/phi-3-mini.yaml"));
+  const auto fixes = advise(spec, Job{}, find_device("L40S"), 0.05);
+  for (const char* name : {"LoRA", "QLoRA"}) {
+    const Fix* f = find(fixes, name);
+    REQUIRE(f);
+    CHECK(f->skipped);
+    CHECK(f->note.find("fused projections") != std::string::npos);
+  }
+}

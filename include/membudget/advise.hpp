@@ -17,8 +17,8 @@
 //   micro-batch  smaller micro-batch b' with ceil(b/b')         same tokens per step, lower GPU
 //                gradient-accumulation steps                    efficiency
 //
-// A fix the inventory models (loss, recompute, optimizer, precision, batch) is a changed Job run
-// through predict(). The others are computed from the prediction's per-phase live tensors: each
+// A fix the inventory models (loss, attention, recompute, optimizer, precision, LoRA, batch) is a
+// changed Job run through predict(). The others are computed from the prediction's per-phase live tensors: each
 // phase peak is re-added with the parameters, gradients, master weights, optimizer state and
 // optimizer temporaries scaled by the fix, plus what the fix adds (adapters, gather buffers).
 // fits ⇔ peak + overhead ≤ capacity · (1 − headroom), exactly as check_fit().

@@ -1,12 +1,22 @@
 // advise(): candidate fixes for a job that does not fit, each re-predicted, ranked cheapest first.
+//
+// The fixes are one table (fix_table): a row names a fix, says what it costs, why it would not
+// apply to this job, and how it transforms the step. Every row is evaluated the same way
+// (Context::measure), so adding a fix is adding a row.
 #include "membudget/advise.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <functional>
-#include <memory>
+#include <map>
+#include <optional>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace membudget {
 
@@ -25,94 +35,54 @@ const char* to_string(CostClass c) noexcept {
 
 namespace {
 
-// A fix as a plan: a job for predict(), then factors on the model-state tensors live at each phase
-// peak and bytes the fix adds to every phase.
+// The step a fix leads to: the job predict() runs and, for what predict cannot express yet, the
+// fraction kept of each role's bytes live at every phase peak, plus bytes added to every phase.
 struct Plan {
+  explicit Plan(Job j) : job(std::move(j)) {}
   Job job;
-  double weights = 1, grads = 1, master = 1, optimizer = 1, temporaries = 1, autocast = 1;
-  bytes_t extra = 0;  // added to every phase peak
+  std::map<Role, double> keep;  // a role that is absent keeps all its bytes
+  bytes_t extra = 0;
+
+  void scale(Role r, double f) { keep.try_emplace(r, 1.0).first->second *= f; }
 };
 
-// Model-state bytes live at one phase peak, from the roles of the prediction's live tensors.
-struct LiveStates {
-  bytes_t weights = 0, grads = 0, master = 0, optimizer = 0, temporaries = 0, autocast = 0;
+// A fix's transformation. A job change is a Job → Job function that predict() evaluates. A fix
+// predict cannot express yet (ZeRO, CPU offload, QLoRA's quantized base) changes the plan instead,
+// until the job can say it. Both act on a plan, so that fixes stack.
+struct Transform {
+  std::function<Job(Job)> job;
+  std::function<void(Plan&)> plan;
+
+  Plan operator()(Plan p) const {
+    if (job) p.job = job(std::move(p.job));
+    if (plan) plan(p);
+    return p;
+  }
+  // The figure is predict() of the changed job, so the job is reported with the fix.
+  bool is_job_change() const { return job && !plan; }
 };
 
-LiveStates live_states(const PhasePeak& p) {
-  LiveStates s;
-  for (const auto& t : p.live) {
-    switch (t.role) {
-      case Role::parameter: s.weights += t.bytes; break;
-      case Role::gradient: s.grads += t.bytes; break;
-      case Role::master_weight: s.master += t.bytes; break;
-      case Role::optimizer_state: s.optimizer += t.bytes; break;
-      case Role::optimizer_temporary: s.temporaries += t.bytes; break;
-      case Role::weight_copy: s.autocast += t.bytes; break;  // cached, or frozen weights' copies
-      default: break;  // adapters, activations, workspaces: no fix scales them
-    }
-  }
-  return s;
-}
-
-double scaled(bytes_t v, double f) { return static_cast<double>(v) * (1.0 - f); }
-
-struct Evaluated {
-  Budget budget;
-  bytes_t peak = 0;
+// One candidate fix: what is shown (name, change, cost class and compute, cost and note texts),
+// why it does not apply to this job (empty: it applies), and what it does to the step.
+struct FixRow {
+  Fix fix;
+  std::string skip;
+  Transform apply;
+  bool stackable = false;  // joins the "combined" stack of single-GPU fixes
+  bool listed = true;      // false: not offered for this job at all
+  // A fix with a size to choose (GPUs, micro-batch): `sizes` of them, cheapest first, and at_size
+  // completes the row for the i-th. The cheapest that fits is reported, else the last (it saves
+  // most); the note opens with fits_note or fails_note.
+  std::uint64_t sizes = 0;
+  std::function<void(FixRow&, std::uint64_t i)> at_size;
+  std::string fits_note, fails_note;
 };
 
-// predict() with explain for each distinct job, kept: the plan factors reuse one prediction.
-struct PredictCache {
-  const ModelSpec* model = nullptr;
-  std::vector<std::pair<Job, std::shared_ptr<const Budget>>> entries;
-  static bool same(const Job& a, const Job& b) {
-    return a.batch == b.batch && a.seq == b.seq && a.precision == b.precision && a.optimizer == b.optimizer &&
-           a.recompute == b.recompute && a.attention == b.attention && a.loss == b.loss &&
-           a.loss_chunk == b.loss_chunk && a.activations == b.activations && a.profile == b.profile &&
-           a.lora_rank == b.lora_rank;
-  }
-  std::shared_ptr<const Budget> get(const Job& job) {
-    for (const auto& [j, b] : entries)
-      if (same(j, job)) return b;
-    PredictOptions po;
-    po.explain = true;
-    auto b = std::make_shared<const Budget>(predict(*model, job, po));
-    entries.emplace_back(job, b);
-    return b;
-  }
-};
-thread_local PredictCache* g_cache = nullptr;
-
-Evaluated evaluate(const ModelSpec& model, const Plan& plan) {
-  Evaluated e;
-  if (g_cache && g_cache->model == &model) {
-    e.budget = *g_cache->get(plan.job);
-  } else {
-    PredictOptions po;
-    po.explain = true;
-    e.budget = predict(model, plan.job, po);
-  }
-  auto phase_bytes = [&](const PhasePeak& p) {
-    const LiveStates s = live_states(p);
-    double removed = scaled(s.weights, plan.weights) + scaled(s.grads, plan.grads) + scaled(s.master, plan.master) +
-                     scaled(s.optimizer, plan.optimizer) + scaled(s.temporaries, plan.temporaries) +
-                     scaled(s.autocast, plan.autocast);
-    const double v = static_cast<double>(p.bytes) - removed;
-    const bytes_t kept = v <= 0 ? 0 : static_cast<bytes_t>(std::llround(v));
-    return checked_add(kept, plan.extra, "advise: phase peak");
-  };
-  // The floor carries no live list; everything in it stays live through the forward, so the
-  // forward peak bounds it after any scaling.
-  for (const auto& p : e.budget.phases)
-    if (!p.live.empty() || p.bytes == 0) e.peak = std::max(e.peak, phase_bytes(p));
-  for (const auto& p : e.budget.step0)
-    if (!p.live.empty() || p.bytes == 0) e.peak = std::max(e.peak, phase_bytes(p));
-  if (e.peak == 0) e.peak = e.budget.peak;
-  return e;
-}
-
-bool fits(bytes_t required, const Device& d, double headroom) {
-  return static_cast<double>(required) <= static_cast<double>(d.capacity) * (1.0 - headroom);
+bool same_prediction(const Job& a, const Job& b) {
+  return a.batch == b.batch && a.seq == b.seq && a.precision == b.precision && a.optimizer == b.optimizer &&
+         a.recompute == b.recompute && a.attention == b.attention && a.loss == b.loss &&
+         a.loss_chunk == b.loss_chunk && a.activations == b.activations && a.profile == b.profile &&
+         a.lora_rank == b.lora_rank;
 }
 
 std::string pct(double f) {
@@ -127,13 +97,158 @@ std::string gbs(double bytes) {
   return buf;
 }
 
+bool fits(bytes_t required, const Device& d, double headroom) {
+  return static_cast<double>(required) <= static_cast<double>(d.capacity) * (1.0 - headroom);
+}
+
+// One phase's bytes under a plan. Each role's live bytes are summed before they are scaled, so the
+// figure does not depend on how the simulator groups tensors.
+bytes_t phase_bytes(const PhasePeak& p, const Plan& plan) {
+  std::map<Role, bytes_t> live;
+  for (const auto& t : p.live)
+    if (plan.keep.count(t.role)) live[t.role] += t.bytes;
+  double removed = 0;
+  for (const auto& [role, kept] : plan.keep) removed += static_cast<double>(live[role]) * (1.0 - kept);
+  const double v = static_cast<double>(p.bytes) - removed;
+  const bytes_t kept = v <= 0 ? 0 : static_cast<bytes_t>(std::llround(v));
+  return checked_add(kept, plan.extra, "advise: phase peak");
+}
+
+// The job being advised and its device, with the predictions made so far: plans, sizes and stacks
+// come back to the same few jobs many times.
+struct Context {
+  const ModelSpec& model;
+  const Job& job;
+  const Device& device;
+  double headroom;
+  std::deque<std::pair<Job, Budget>> predictions;  // a deque keeps references to its budgets valid
+  const Budget& base;
+  const bytes_t base_peak;
+
+  Context(const ModelSpec& m, const Job& j, const Device& d, double h)
+      : model(m), job(j), device(d), headroom(h), base(predicted(j)), base_peak(peak(Plan{j})) {}
+
+  const Budget& predicted(const Job& j) {
+    for (const auto& [k, b] : predictions)
+      if (same_prediction(k, j)) return b;
+    PredictOptions po;
+    po.explain = true;
+    return predictions.emplace_back(j, predict(model, j, po)).second;
+  }
+
+  bytes_t peak(const Plan& plan) {
+    const Budget& b = predicted(plan.job);
+    bytes_t top = 0;
+    // The floor carries no live list; everything in it stays live through the forward, so the
+    // forward peak bounds it after any scaling.
+    for (const auto* phases : {&b.phases, &b.step0})
+      for (const auto& p : *phases)
+        if (!p.live.empty() || p.bytes == 0) top = std::max(top, phase_bytes(p, plan));
+    return top ? top : b.peak;
+  }
+
+  // The one evaluation of every fix: its plan's peak, what that requires, and whether it fits.
+  void measure(const Plan& plan, Fix& f) {
+    f.peak = peak(plan);
+    f.required = checked_add(f.peak, base.terms.overhead, "advise: required");
+    f.fits = fits(f.required, device, headroom);
+  }
+};
+
+Fix measure_row(Context& c, const FixRow& row) {
+  Fix f = row.fix;
+  const Plan plan = row.apply(Plan{c.job});
+  c.measure(plan, f);
+  if (row.apply.is_job_change()) f.job = plan.job;
+  return f;
+}
+
+// The cheapest size that fits, by bisection (a size that saves more never fits less). The upper
+// middle keeps the probes of the micro-batch search the golden record was made with.
+Fix best_size(Context& c, const FixRow& row) {
+  auto at = [&](std::int64_t i) {
+    FixRow sized = row;
+    row.at_size(sized, static_cast<std::uint64_t>(i));
+    return measure_row(c, sized);
+  };
+  std::int64_t lo = 0, hi = static_cast<std::int64_t>(row.sizes) - 1, best = hi;
+  while (lo <= hi) {
+    const std::int64_t mid = lo + (hi - lo + 1) / 2;
+    if (at(mid).fits) {
+      best = mid;
+      hi = mid - 1;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  Fix f = at(best);
+  f.note = (f.fits ? row.fits_note : row.fails_note) + (f.note.empty() ? "" : "; " + f.note);
+  return f;
+}
+
+Fix evaluate(Context& c, const FixRow& row) {
+  Fix f = row.fix;
+  if (!row.skip.empty()) {
+    f.skipped = true;
+    f.note = row.skip;
+    return f;
+  }
+  try {
+    if (row.sizes) return best_size(c, row);  // reported at its best size, saving or not
+    f = measure_row(c, row);
+    if (f.peak >= c.base_peak) {
+      f.skipped = true;
+      f.note = "no saving predicted: the peak (" + c.base.peak_phase + ") does not change (" + f.note + ")";
+    }
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::unsupported && e.kind() != ErrorKind::invalid_job) throw;
+    f = row.fix;
+    f.skipped = true;
+    f.note = std::string("not modelled: ") + e.what();
+  }
+  return f;
+}
+
+// When no single-GPU fix fits alone, the stackable ones are stacked cheapest first until the job
+// fits (or all are stacked).
+std::optional<Fix> combined(Context& c, const std::vector<FixRow>& rows, const std::vector<Fix>& fixes) {
+  for (const Fix& f : fixes)
+    if (!f.skipped && f.fits && f.cost_class <= CostClass::numerics) return std::nullopt;
+  if (fits(c.base_peak + c.base.terms.overhead, c.device, c.headroom)) return std::nullopt;
+  std::vector<const FixRow*> stack;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].stackable && !fixes[i].skipped) stack.push_back(&rows[i]);
+  if (stack.empty()) return std::nullopt;
+  std::stable_sort(stack.begin(), stack.end(), [](const FixRow* a, const FixRow* b) {
+    return std::tie(a->fix.cost_class, a->fix.compute) < std::tie(b->fix.cost_class, b->fix.compute);
+  });
+  Plan p{c.job};
+  Fix f;
+  f.name = "combined";
+  f.cost_class = CostClass::numerics;
+  std::string names;
+  for (std::size_t i = 0; i < stack.size() && !f.fits; ++i) {
+    const Fix& part = stack[i]->fix;
+    p = stack[i]->apply(p);
+    names += (i ? " + " : "") + part.name;
+    f.change += (i ? "; " : "") + part.change;
+    f.compute += part.compute;
+    f.cost_class = std::max(f.cost_class, part.cost_class);
+    c.measure(p, f);
+  }
+  f.cost = pct(f.compute) + " compute: the costs of its parts";
+  f.note = (f.fits ? "the cheapest fixes above stacked in rank order until the job fits: "
+                   : "all single-GPU fixes above stacked, still does not fit: ") + names;
+  f.job = p.job;
+  return f;
+}
+
 // Linear weights of one decoder layer (what LoRA adapts and QLoRA quantizes), and their sum of
 // in + out dimensions (a rank-r adapter on W: out×in has r·(in + out) parameters).
 struct Linears {
   std::uint64_t params = 0;   // Σ in·out
   std::uint64_t in_out = 0;   // Σ (in + out)
   std::uint64_t largest = 0;  // largest single matrix
-  std::uint64_t count = 0;
 };
 
 Linears layer_linears(const ModelSpec& m) {
@@ -142,31 +257,258 @@ Linears layer_linears(const ModelSpec& m) {
     l.params += in * out;
     l.in_out += in + out;
     l.largest = std::max(l.largest, in * out);
-    l.count += 1;
   };
   const std::uint64_t h = m.hidden_size, I = m.intermediate_size;
   add(h, m.q_dim());
   add(h, m.kv_dim());
   add(h, m.kv_dim());
   add(m.q_dim(), h);
-  if (m.mlp == MlpKind::plain_gelu) {
-    add(h, I);
-    add(I, h);
-  } else {
-    add(h, I);
-    add(h, I);
-    add(I, h);
-  }
+  if (m.mlp != MlpKind::plain_gelu) add(h, I);  // the gate
+  add(h, I);
+  add(I, h);
   return l;
 }
 
+// Bytes of a parameter, and of its gradient, in the job's storage dtype.
 bytes_t param_bytes(Precision p) { return (p == Precision::bf16 || p == Precision::bf16_master) ? 2 : 4; }
 
-struct Candidate {
-  Fix fix;
-  std::function<Plan(Plan)> apply;  // applied on top of a plan (so fixes can be combined)
-  bool single_gpu_stackable = false;
-};
+// Fused q/k/v or gate/up projections: the LoRA step is simulated for separate linears only.
+bool fused_projections(const ModelSpec& model) {
+  return model.family == "phi3";  // TODO(quirks): model.quirks.fused_qkv || model.quirks.fused_gate_up
+}
+
+constexpr std::uint64_t kLoraRank = 16;
+const std::string kRank = std::to_string(kLoraRank);
+
+Job with_lora(Job j) {
+  j.lora_rank = kLoraRank;
+  return j;
+}
+
+// The rows below name only the members they set; GCC 12 warns about designated initializers that
+// leave the others at their defaults.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+// ZeRO stage 1, 2 or 3 over N ∈ {2, 4, 8} GPUs. Not a job until the distributed issue lands: the
+// optimizer state live at each phase is divided by N, from stage 2 the gradients, from stage 3 the
+// parameters.
+FixRow zero(const Context& c, int stage) {
+  const double grad_bytes = static_cast<double>(c.base.states.gradients);
+  const std::string name = "ZeRO-" + std::to_string(stage);
+  const bytes_t layer_bytes =
+      checked_mul(c.base.parameters.per_layer, param_bytes(c.job.precision), "advise: layer weights");
+  return {
+      .fix = {.name = name,
+              .cost_class = CostClass::sharding,
+              .compute = stage == 3 ? 0.15 : (stage == 2 ? 0.07 : 0.05),
+              .cost = stage == 3 ? "N GPUs; communication ≈ 1.5 × data-parallel all-reduce (" + gbs(3 * grad_bytes) +
+                                       " per GPU per step), mostly overlapped"
+                                 : "N GPUs; communication as data-parallel all-reduce (" + gbs(2 * grad_bytes) +
+                                       " per GPU per step: reduce-scatter + all-gather)",
+              .note = std::string("shards the ") +
+                      (stage == 1   ? "optimizer state"
+                       : stage == 2 ? "optimizer state and gradients"
+                                    : "optimizer state, gradients and parameters") +
+                      " over N data-parallel GPUs (DeepSpeed / FSDP)" +
+                      (stage == 2 ? "; plus one layer's gradients as the reduce bucket" : "") +
+                      (stage == 3 ? "; plus two layers' parameters gathered (current + prefetch)" : "") +
+                      "; the global batch grows N-fold unless gradient accumulation is reduced"},
+      .sizes = 3,
+      .at_size =
+          [stage, name, layer_bytes](FixRow& row, std::uint64_t i) {
+            const std::uint64_t gpus = 2ull << i;
+            row.fix.gpus = gpus;
+            row.fix.change = name + " over " + std::to_string(gpus) + " GPUs";
+            row.apply.plan = [stage, gpus, layer_bytes](Plan& p) {
+              const double inv = 1.0 / static_cast<double>(gpus);
+              for (Role r : {Role::master_weight, Role::optimizer_state, Role::optimizer_temporary}) p.scale(r, inv);
+              if (stage >= 2) {
+                p.scale(Role::gradient, inv);
+                p.extra += layer_bytes;  // the reduce bucket: one layer's gradients
+              }
+              if (stage >= 3) {
+                p.scale(Role::parameter, inv);
+                p.extra += 2 * layer_bytes;  // the gathered layer and the prefetched one
+              }
+            };
+          },
+      .fits_note = "smallest N in {2, 4, 8} that fits",
+      .fails_note = "does not fit even over 8 GPUs",
+  };
+}
+
+// The candidate fixes for this job, in the order they are listed before ranking.
+std::vector<FixRow> fix_table(const Context& c) {
+  const Job& job = c.job;
+  const ModelStates& states = c.base.states;
+  const std::uint64_t n = c.base.parameters.total;
+  const Linears lin = layer_linears(c.model);
+  const std::string lora_skip = job.lora_rank ? "already LoRA"
+                                : fused_projections(c.model) || job.optimizer == Optimizer::adafactor
+                                    ? "not modelled for this job (Phi-3's fused projections or Adafactor)"
+                                    : "";
+  // QLoRA: the decoder-layer linears in NF4 (4 bits + one double-quantized scale per 64 values).
+  const double pbytes = static_cast<double>(param_bytes(job.precision));
+  const std::uint64_t qparams = lin.params * c.model.num_layers;
+  const double qbytes = static_cast<double>(qparams) * (0.5 + 1.0 / 64) + static_cast<double>(n - qparams) * pbytes;
+  const double wbytes = static_cast<double>(n) * pbytes;
+  const double quantized = wbytes > 0 ? std::min(1.0, qbytes / wbytes) : 1.0;
+  const bytes_t dequantized = checked_mul(lin.largest, 2, "advise: dequantized weight");
+  // CPU offload: gradients go down and parameters come up every step.
+  const double traffic = static_cast<double>(states.gradients) + static_cast<double>(states.weights);
+  char offload_cost[160];
+  std::snprintf(offload_cost, sizeof offload_cost,
+                "%.2f s per step over PCIe (%s of gradients down and parameters up at ~25 GB/s)", traffic / 25e9,
+                gbs(traffic).c_str());
+
+  return {
+      // ---- free ----
+      {.fix = {.name = "chunked loss",
+               .change = "--loss chunked",
+               .cost_class = CostClass::free,
+               .cost = "≈ 0: the same cross-entropy computed over chunks of 1024 tokens (fused linear + "
+                       "cross-entropy, e.g. Liger); usually as fast or faster",
+               .note = "the b·s·V logits, their fp32 copy and the log-softmax are never materialised whole"},
+       .skip = job.loss == Loss::chunked ? "already --loss chunked" : "",
+       .apply = {.job = [](Job j) { j.loss = Loss::chunked; return j; }},
+       .stackable = true},
+      {.fix = {.name = "flash attention",
+               .change = "--attention flash",
+               .cost_class = CostClass::free,
+               .cost = "≈ 0: exact attention, faster than the math path",
+               .note = "no b·a·s² scores or softmax saved for backward"},
+       .apply = {.job = [](Job j) { j.attention = Attention::flash; return j; }},
+       .stackable = true,
+       .listed = job.attention == Attention::math},
+      {.fix = {.name = "fused optimizer",
+               .change = "torch.optim.AdamW(fused=True) (or foreach=False)",
+               .cost_class = CostClass::free,
+               .cost = "≈ 0: the same update in one kernel per parameter; usually faster",
+               .note = std::string("the multi-tensor step's parameter-sized temporaries (sqrt of exp_avg_sq for all "
+                                   "parameters at once) are not allocated") +
+                       (job.precision == Precision::bf16_master
+                            ? "; the fp32 copy of the gradients (bf16-master) is also step-local"
+                            : "")},
+       .skip = job.optimizer != Optimizer::adamw && job.optimizer != Optimizer::lion
+                   ? std::string("--optimizer ") + to_string(job.optimizer) +
+                         " allocates no multi-tensor temporaries here"
+                   : "",
+       .apply = {.plan = [](Plan& p) { p.scale(Role::optimizer_temporary, 0); }},
+       .stackable = true},
+      // ---- recompute ----
+      {.fix = {.name = "selective recompute",
+               .change = "--recompute selective",
+               .cost_class = CostClass::recompute,
+               .compute = 0.05,
+               .cost = "+5% compute: only the attention core is recomputed in backward (Korthikanti et al.)",
+               .note = "drops the attention scores/softmax saved for backward"},
+       .skip = job.recompute != Recompute::none ? "already --recompute " + std::string(to_string(job.recompute))
+               : job.attention == Attention::flash
+                   ? "no saving with flash attention: it already saves no b·a·s² tensors (use full recompute)"
+                   : "",
+       .apply = {.job = [](Job j) { j.recompute = Recompute::selective; return j; }}},
+      {.fix = {.name = "full recompute",
+               .change = "--recompute full",
+               .cost_class = CostClass::recompute,
+               .compute = 0.33,
+               .cost = "+33% compute: each layer's forward runs again in backward (one extra forward ≈ a third "
+                       "of forward + backward)",
+               .note = "activation checkpointing per decoder layer: only each layer's input is kept"},
+       .skip = job.recompute == Recompute::full ? "already --recompute full" : "",
+       .apply = {.job = [](Job j) { j.recompute = Recompute::full; return j; }},
+       .stackable = true},
+      // ---- numerics ----
+      {.fix = {.name = "8-bit optimizer",
+               .change = "--optimizer adamw-8bit (bitsandbytes AdamW8bit)",
+               .cost_class = CostClass::numerics,
+               .cost = "≈ 0 compute; small accuracy risk (block-wise quantized moments)",
+               .note = "AdamW moments in uint8 with one absmax per 256 values: 2 bytes per parameter instead of 8"},
+       .skip = job.optimizer == Optimizer::adamw_8bit || job.optimizer == Optimizer::sgd
+                   ? std::string("--optimizer ") + to_string(job.optimizer) + " already keeps less state"
+                   : "",
+       .apply = {.job = [](Job j) { j.optimizer = Optimizer::adamw_8bit; return j; }},
+       .stackable = true},
+      {.fix = {.name = "pure bf16",
+               .change = "--precision bf16",
+               .cost_class = CostClass::numerics,
+               .cost = "≈ 0 compute (faster); accuracy risk: bf16 weight updates lose small increments "
+                       "(use stochastic rounding or Kahan summation)",
+               .note = "parameters, gradients and optimizer state in bf16 (8 bytes per parameter with AdamW "
+                       "instead of 16); no autocast weight copies"},
+       .skip = job.precision == Precision::bf16 ? "already --precision bf16" : "",
+       .apply = {.job = [](Job j) { j.precision = Precision::bf16; return j; }}},
+      // ---- sharding ----
+      zero(c, 1),
+      zero(c, 2),
+      zero(c, 3),
+      // ---- model ----
+      {.fix = {.name = "LoRA",
+               .change = "--lora " + kRank + " (rank " + kRank + " on q,k,v,o,gate,up,down; base frozen)",
+               .cost_class = CostClass::model,
+               .compute = -0.25,
+               .cost = "≈ −25% compute (no weight gradients for the base); trains " +
+                       std::to_string(c.model.num_layers * kLoraRank * lin.in_out) +
+                       " adapter parameters instead of the full model: a different fine-tune",
+               .note = "the adapted step simulated (peft: fp32 adapters, alpha 32, no dropout): no gradients, "
+                       "master weights or optimizer state for the base; 16-bit adapted inputs are cast to fp32 "
+                       "and saved by lora_A; frozen linears and norms save no inputs for their weights"},
+       .skip = lora_skip,
+       .apply = {.job = with_lora}},
+      // QLoRA's base is not a job yet: the LoRA step, its layer linears' bytes scaled to NF4.
+      {.fix = {.name = "QLoRA",
+               .change = "base linears in 4-bit NF4 (bitsandbytes) + LoRA rank " + kRank,
+               .cost_class = CostClass::model,
+               .compute = 0.05,
+               .cost = "≈ +5% compute vs full fine-tuning (dequantization, no base weight gradients); 4-bit "
+                       "base: slightly lower quality than LoRA",
+               .note = "the LoRA step simulated, then its decoder-layer linears as NF4 (4 bits + one "
+                       "double-quantized scale per 64 values; embeddings, norms and lm_head kept), no bf16 copies "
+                       "of the frozen weights, one layer weight dequantized at a time (modelled, not measured)"},
+       .skip = lora_skip,
+       .apply = {.job = with_lora,
+                 .plan =
+                     [quantized, dequantized](Plan& p) {
+                       p.scale(Role::parameter, quantized);
+                       p.scale(Role::weight_copy, 0);  // the 4-bit matmul saves the packed weight
+                       p.extra += dequantized;
+                     }}},
+      // ---- offload: not a job yet, the optimizer's state leaves the GPU ----
+      {.fix = {.name = "CPU offload",
+               .change = "optimizer state and step on the CPU (DeepSpeed ZeRO-Offload)",
+               .cost_class = CostClass::offload,
+               .transfer_s = traffic / 25e9,
+               .cost = std::string(offload_cost) + ", plus the CPU's optimizer step; partly overlapped with backward",
+               .note = "optimizer state, master weights and optimizer temporaries leave the GPU; gradients stay "
+                       "(conservative); needs " +
+                       gbs(static_cast<double>(states.optimizer + states.master) + static_cast<double>(n) * 4) +
+                       " of pinned host memory"},
+       .skip = states.optimizer + states.master == 0 ? "no optimizer state to offload" : "",
+       .apply = {.plan =
+                     [](Plan& p) {
+                       for (Role r : {Role::optimizer_state, Role::master_weight, Role::optimizer_temporary})
+                         p.scale(r, 0);
+                     }}},
+      // ---- micro-batch: the largest b' < b that fits, with gradient accumulation ----
+      {.fix = {.name = "smaller micro-batch", .cost_class = CostClass::micro_batch, .compute = 0.10},
+       .skip = job.batch <= 1 ? "micro-batch is already 1 (shorten --seq, or use the fixes above)" : "",
+       .sizes = job.batch - 1,
+       .at_size =
+           [batch = job.batch](FixRow& row, std::uint64_t i) {
+             const std::uint64_t b = batch - 1 - i, accum = (batch + b - 1) / b;
+             row.fix.change = "--batch " + std::to_string(b) + " with " + std::to_string(accum) +
+                              " gradient-accumulation steps";
+             row.fix.cost = "same tokens per optimizer step (" + std::to_string(b * accum) + " sequences" +
+                            (b * accum != batch ? ", not exactly " + std::to_string(batch) : std::string()) +
+                            "); smaller matmuls use the GPU less efficiently (~+10% time), more steps per update";
+             row.apply.job = [b](Job j) { j.batch = b; return j; };
+           },
+       .fits_note = "the largest micro-batch that fits",
+       .fails_note = "does not fit even at micro-batch 1"},
+  };
+}
+
+#pragma GCC diagnostic pop
 
 }  // namespace
 
@@ -177,361 +519,18 @@ std::vector<Fix> advise(const ModelSpec& model, const Job& job, const Device& de
     throw Error(ErrorKind::invalid_argument, "--headroom: must be in [0, 1), e.g. 0.05 for 5%");
   if (device.capacity == 0) throw Error(ErrorKind::invalid_argument, "--device-memory: capacity must be positive");
 
-  PredictCache cache;
-  cache.model = &model;
-  g_cache = &cache;
-  struct Reset {
-    ~Reset() { g_cache = nullptr; }
-  } reset;
-  const Plan base{job};
-  const Evaluated baseline = evaluate(model, base);
-  const Budget& bb = baseline.budget;
-  const bytes_t overhead = bb.terms.overhead;
-  const ParameterCounts pc = bb.parameters;
-  const std::uint64_t n = pc.total;
-  const Linears lin = layer_linears(model);
-  const std::uint64_t L = model.num_layers;
-  const bytes_t pbytes = param_bytes(job.precision);
+  Context c{model, job, device, headroom};
+  std::vector<FixRow> rows = fix_table(c);
+  std::erase_if(rows, [](const FixRow& r) { return !r.listed; });
+  std::vector<Fix> fixes;
+  for (const FixRow& row : rows) fixes.push_back(evaluate(c, row));
+  if (auto f = combined(c, rows, fixes)) fixes.push_back(std::move(*f));
 
-  std::vector<Candidate> cands;
-  auto job_fix = [&](std::string name, std::string change, CostClass cls, double compute, std::string cost,
-                     std::string note, std::function<void(Job&)> edit, bool stackable) {
-    Candidate c;
-    c.fix.name = std::move(name);
-    c.fix.change = std::move(change);
-    c.fix.cost_class = cls;
-    c.fix.compute = compute;
-    c.fix.cost = std::move(cost);
-    c.fix.note = std::move(note);
-    c.apply = [edit](Plan p) {
-      edit(p.job);
-      return p;
-    };
-    c.single_gpu_stackable = stackable;
-    cands.push_back(std::move(c));
-    return &cands.back();
-  };
-  auto skip = [](Candidate* c, std::string why) {
-    c->fix.skipped = true;
-    c->fix.note = std::move(why);
-  };
-
-  // ---- free ----
-  {
-    auto* c = job_fix("chunked loss", "--loss chunked", CostClass::free, 0.0,
-                      "≈ 0: the same cross-entropy computed over chunks of 1024 tokens (fused linear + "
-                      "cross-entropy, e.g. Liger); usually as fast or faster",
-                      "the b·s·V logits, their fp32 copy and the log-softmax are never materialised whole",
-                      [](Job& j) { j.loss = Loss::chunked; }, true);
-    if (job.loss == Loss::chunked) skip(c, "already --loss chunked");
-  }
-  if (job.attention == Attention::math) {
-    job_fix("flash attention", "--attention flash", CostClass::free, 0.0,
-            "≈ 0: exact attention, faster than the math path",
-            "no b·a·s² scores or softmax saved for backward", [](Job& j) { j.attention = Attention::flash; }, true);
-  }
-  {
-    Candidate c;
-    c.fix.name = "fused optimizer";
-    c.fix.change = "torch.optim.AdamW(fused=True) (or foreach=False)";
-    c.fix.cost_class = CostClass::free;
-    c.fix.compute = 0.0;
-    c.fix.cost = "≈ 0: the same update in one kernel per parameter; usually faster";
-    c.fix.note = "the multi-tensor step's parameter-sized temporaries (sqrt of exp_avg_sq for all parameters at "
-                 "once) are not allocated";
-    c.apply = [](Plan p) {
-      p.temporaries = 0;
-      return p;
-    };
-    c.single_gpu_stackable = true;
-    if (job.optimizer != Optimizer::adamw && job.optimizer != Optimizer::lion)
-      skip(&c, std::string("--optimizer ") + to_string(job.optimizer) + " allocates no multi-tensor temporaries here");
-    else if (job.precision == Precision::bf16_master)
-      c.fix.note += "; the fp32 copy of the gradients (bf16-master) is also step-local";
-    cands.push_back(std::move(c));
-  }
-  // ---- recompute ----
-  {
-    auto* c = job_fix("selective recompute", "--recompute selective", CostClass::recompute, 0.05,
-                      "+5% compute: only the attention core is recomputed in backward (Korthikanti et al.)",
-                      "drops the attention scores/softmax saved for backward",
-                      [](Job& j) { j.recompute = Recompute::selective; }, false);
-    if (job.recompute != Recompute::none)
-      skip(c, std::string("already --recompute ") + to_string(job.recompute));
-    else if (job.attention == Attention::flash)
-      skip(c, "no saving with flash attention: it already saves no b·a·s² tensors (use full recompute)");
-  }
-  {
-    auto* c = job_fix("full recompute", "--recompute full", CostClass::recompute, 0.33,
-                      "+33% compute: each layer's forward runs again in backward (one extra forward ≈ a third "
-                      "of forward + backward)",
-                      "activation checkpointing per decoder layer: only each layer's input is kept",
-                      [](Job& j) { j.recompute = Recompute::full; }, true);
-    if (job.recompute == Recompute::full) skip(c, "already --recompute full");
-  }
-  // ---- numerics ----
-  {
-    auto* c = job_fix("8-bit optimizer", "--optimizer adamw-8bit (bitsandbytes AdamW8bit)", CostClass::numerics, 0.0,
-                      "≈ 0 compute; small accuracy risk (block-wise quantized moments)",
-                      "AdamW moments in uint8 with one absmax per 256 values: 2 bytes per parameter instead of 8",
-                      [](Job& j) { j.optimizer = Optimizer::adamw_8bit; }, true);
-    if (job.optimizer == Optimizer::adamw_8bit || job.optimizer == Optimizer::sgd)
-      skip(c, std::string("--optimizer ") + to_string(job.optimizer) + " already keeps less state");
-  }
-  {
-    auto* c = job_fix("pure bf16", "--precision bf16", CostClass::numerics, 0.0,
-                      "≈ 0 compute (faster); accuracy risk: bf16 weight updates lose small increments "
-                      "(use stochastic rounding or Kahan summation)",
-                      "parameters, gradients and optimizer state in bf16 (8 bytes per parameter with AdamW "
-                      "instead of 16); no autocast weight copies",
-                      [](Job& j) { j.precision = Precision::bf16; }, false);
-    if (job.precision == Precision::bf16) skip(c, "already --precision bf16");
-  }
-
-  // ---- sharding: ZeRO-1/2/3 over the smallest N that fits ----
-  const bytes_t layer_weight_bytes = checked_mul(pc.per_layer, pbytes, "advise: layer weights");
-  for (int stage = 1; stage <= 3; ++stage) {
-    Candidate c;
-    c.fix.name = "ZeRO-" + std::to_string(stage);
-    c.fix.cost_class = CostClass::sharding;
-    c.fix.compute = stage == 3 ? 0.15 : (stage == 2 ? 0.07 : 0.05);
-    const char* what = stage == 1 ? "optimizer state" : stage == 2 ? "optimizer state and gradients"
-                                                                   : "optimizer state, gradients and parameters";
-    c.fix.note = std::string("shards the ") + what + " over N data-parallel GPUs (DeepSpeed / FSDP)";
-    if (stage == 2) c.fix.note += "; plus one layer's gradients as the reduce bucket";
-    if (stage == 3) c.fix.note += "; plus two layers' parameters gathered (current + prefetch)";
-    c.fix.note += "; the global batch grows N-fold unless gradient accumulation is reduced";
-    const double grad_bytes = static_cast<double>(bb.states.gradients);
-    c.fix.cost = stage == 3 ? "N GPUs; communication ≈ 1.5 × data-parallel all-reduce (" + gbs(3 * grad_bytes) +
-                                  " per GPU per step), mostly overlapped"
-                            : "N GPUs; communication as data-parallel all-reduce (" + gbs(2 * grad_bytes) +
-                                  " per GPU per step: reduce-scatter + all-gather)";
-    Fix best = c.fix;
-    bool found = false;
-    for (std::uint64_t gpus : {2ull, 4ull, 8ull}) {
-      Plan p = base;
-      const double inv = 1.0 / static_cast<double>(gpus);
-      p.optimizer = p.master = p.temporaries = inv;
-      if (stage >= 2) {
-        p.grads = inv;
-        p.extra += static_cast<bytes_t>(pc.per_layer) * (job.precision == Precision::fp32 ||
-                                                                 job.precision == Precision::amp_bf16 ? 4 : 2);
-      }
-      if (stage >= 3) {
-        p.weights = inv;
-        p.extra += 2 * layer_weight_bytes;
-      }
-      const Evaluated e = evaluate(model, p);
-      best.peak = e.peak;
-      best.required = checked_add(e.peak, overhead, "advise: required");
-      best.fits = fits(best.required, device, headroom);
-      best.gpus = gpus;
-      best.change = "ZeRO-" + std::to_string(stage) + " over " + std::to_string(gpus) + " GPUs";
-      if (best.fits) {
-        found = true;
-        break;
-      }
-    }
-    if (found) best.note = "smallest N in {2, 4, 8} that fits; " + best.note;
-    else best.note = "does not fit even over 8 GPUs; " + best.note;
-    Candidate done;
-    done.fix = best;
-    done.apply = nullptr;  // evaluated above
-    cands.push_back(std::move(done));
-  }
-
-  // ---- model: LoRA and QLoRA ----
-  // LoRA is a job change: the inventory simulates the adapted step (frozen base, peft's fp32
-  // adapters and casts; --lora). QLoRA starts from the same step and quantizes the frozen base.
-  const std::uint64_t rank = 16;
-  const std::uint64_t adapter_params = L * rank * lin.in_out;
-  const bool lora_applies = job.lora_rank == 0 && model.family != "phi3" && job.optimizer != Optimizer::adafactor;
-  {
-    auto* c = job_fix("LoRA", "--lora 16 (rank 16 on q,k,v,o,gate,up,down; base frozen)", CostClass::model, -0.25,
-                      "≈ −25% compute (no weight gradients for the base); trains " + std::to_string(adapter_params) +
-                          " adapter parameters instead of the full model: a different fine-tune",
-                      "the adapted step simulated (peft: fp32 adapters, alpha 32, no dropout): no gradients, master "
-                      "weights or optimizer state for the base; 16-bit adapted inputs are cast to fp32 and saved by "
-                      "lora_A; frozen linears and norms save no inputs for their weights",
-                      [](Job& j) { j.lora_rank = 16; }, false);
-    if (!lora_applies)
-      skip(c, job.lora_rank ? "already LoRA" : "not modelled for this job (Phi-3's fused projections or Adafactor)");
-  }
-  {
-    Candidate c;
-    c.fix.name = "QLoRA";
-    c.fix.change = "base linears in 4-bit NF4 (bitsandbytes) + LoRA rank 16";
-    c.fix.cost_class = CostClass::model;
-    c.fix.compute = 0.05;
-    c.fix.cost = "≈ +5% compute vs full fine-tuning (dequantization, no base weight gradients); 4-bit base: "
-                 "slightly lower quality than LoRA";
-    c.fix.note = "the LoRA step simulated, then its decoder-layer linears as NF4 (4 bits + one double-quantized "
-                 "scale per 64 values; embeddings, norms and lm_head kept), no bf16 copies of the frozen weights, "
-                 "one layer weight dequantized at a time (modelled, not measured)";
-    const std::uint64_t qparams = lin.params * L;
-    const double pbytes = static_cast<double>(param_bytes(job.precision));
-    const double qbytes = static_cast<double>(qparams) * (0.5 + 1.0 / 64) + static_cast<double>(n - qparams) * pbytes;
-    const double wbytes = static_cast<double>(n) * pbytes;
-    const double f = wbytes > 0 ? std::min(1.0, qbytes / wbytes) : 1.0;
-    const bytes_t dequant = checked_mul(lin.largest, 2, "advise: dequantized weight");
-    c.apply = [f, dequant](Plan p) {
-      p.job.lora_rank = 16;
-      p.weights *= f;
-      p.autocast = 0;
-      p.extra += dequant;
-      return p;
-    };
-    if (!lora_applies) {
-      c.fix.skipped = true;
-      c.fix.note = job.lora_rank ? "already LoRA" : "not modelled for this job (Phi-3's fused projections or Adafactor)";
-    }
-    cands.push_back(std::move(c));
-  }
-  // ---- offload ----
-  {
-    Candidate c;
-    c.fix.name = "CPU offload";
-    c.fix.change = "optimizer state and step on the CPU (DeepSpeed ZeRO-Offload)";
-    c.fix.cost_class = CostClass::offload;
-    const double traffic = static_cast<double>(bb.states.gradients) + static_cast<double>(bb.states.weights);
-    c.fix.transfer_s = traffic / 25e9;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "%.2f s per step over PCIe (%s of gradients down and parameters up at ~25 GB/s)",
-                  c.fix.transfer_s, gbs(traffic).c_str());
-    c.fix.cost = std::string(buf) + ", plus the CPU's optimizer step; partly overlapped with backward";
-    c.fix.note = "optimizer state, master weights and optimizer temporaries leave the GPU; gradients stay "
-                 "(conservative); needs " + gbs(static_cast<double>(bb.states.optimizer + bb.states.master) +
-                                                static_cast<double>(n) * 4) + " of pinned host memory";
-    c.apply = [](Plan p) {
-      p.optimizer = p.master = p.temporaries = 0;
-      return p;
-    };
-    if (bb.states.optimizer + bb.states.master == 0) {
-      c.fix.skipped = true;
-      c.fix.note = "no optimizer state to offload";
-    }
-    cands.push_back(std::move(c));
-  }
-
-  // ---- evaluate the plan-based candidates ----
-  for (auto& c : cands) {
-    if (c.fix.skipped || !c.apply) continue;
-    try {
-      const Plan p = c.apply(base);
-      const Evaluated e = evaluate(model, p);
-      c.fix.peak = e.peak;
-      c.fix.required = checked_add(e.peak, overhead, "advise: required");
-      c.fix.fits = fits(c.fix.required, device, headroom);
-      if (p.job.loss != job.loss || p.job.recompute != job.recompute || p.job.optimizer != job.optimizer ||
-          p.job.precision != job.precision || p.job.attention != job.attention)
-        c.fix.job = p.job;
-      if (c.fix.peak >= baseline.peak) {
-        c.fix.skipped = true;
-        c.fix.note = "no saving predicted: the peak (" + bb.peak_phase + ") does not change (" + c.fix.note + ")";
-      }
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::unsupported && e.kind() != ErrorKind::invalid_job) throw;
-      c.fix.skipped = true;
-      c.fix.note = std::string("not modelled: ") + e.what();
-    }
-  }
-
-  // ---- combined: stack the single-GPU job-equivalent fixes until the job fits ----
-  bool single_fits = false;
-  for (const auto& c : cands)
-    if (!c.fix.skipped && c.fix.fits && c.fix.cost_class <= CostClass::numerics) single_fits = true;
-  if (!single_fits && !fits(baseline.peak + overhead, device, headroom)) {
-    std::vector<const Candidate*> stack;
-    for (const auto& c : cands)
-      if (!c.fix.skipped && c.single_gpu_stackable && c.apply) stack.push_back(&c);
-    std::sort(stack.begin(), stack.end(), [](const Candidate* a, const Candidate* b) {
-      return std::tie(a->fix.cost_class, a->fix.compute) < std::tie(b->fix.cost_class, b->fix.compute);
-    });
-    Plan p = base;
-    Fix f;
-    f.name = "combined";
-    f.cost_class = CostClass::numerics;
-    std::string names;
-    for (std::size_t i = 0; i < stack.size(); ++i) {
-      p = stack[i]->apply(p);
-      names += (i ? " + " : "") + stack[i]->fix.name;
-      f.change += (i ? "; " : "") + stack[i]->fix.change;
-      f.compute += stack[i]->fix.compute;
-      f.cost_class = std::max(f.cost_class, stack[i]->fix.cost_class);
-      const Evaluated e = evaluate(model, p);
-      f.peak = e.peak;
-      f.required = checked_add(e.peak, overhead, "advise: required");
-      f.fits = fits(f.required, device, headroom);
-      if (f.fits) break;
-    }
-    if (!stack.empty()) {
-      f.name = "combined";
-      f.cost = pct(f.compute) + " compute: the costs of its parts";
-      f.note = (f.fits ? "the cheapest fixes above stacked in rank order until the job fits: "
-                       : "all single-GPU fixes above stacked, still does not fit: ") + names;
-      f.job = p.job;
-      Candidate c;
-      c.fix = f;
-      cands.push_back(std::move(c));
-    }
-  }
-
-  // ---- micro-batch with gradient accumulation: the largest b' < b that fits ----
-  {
-    Fix f;
-    f.name = "smaller micro-batch";
-    f.cost_class = CostClass::micro_batch;
-    f.compute = 0.10;
-    if (job.batch <= 1) {
-      f.skipped = true;
-      f.note = "micro-batch is already 1 (shorten --seq, or use the fixes above)";
-    } else {
-      std::uint64_t lo = 1, hi = job.batch - 1, best = 0;
-      Evaluated at_best{};
-      while (lo <= hi) {
-        const std::uint64_t mid = lo + (hi - lo) / 2;
-        Plan p = base;
-        p.job.batch = mid;
-        Evaluated e = evaluate(model, p);
-        if (fits(e.peak + overhead, device, headroom)) {
-          best = mid;
-          at_best = std::move(e);
-          lo = mid + 1;
-        } else {
-          hi = mid - 1;
-        }
-      }
-      const std::uint64_t b2 = best ? best : 1;
-      if (!best) {
-        Plan p = base;
-        p.job.batch = 1;
-        at_best = evaluate(model, p);
-      }
-      const std::uint64_t accum = (job.batch + b2 - 1) / b2;
-      f.peak = at_best.peak;
-      f.required = checked_add(f.peak, overhead, "advise: required");
-      f.fits = fits(f.required, device, headroom);
-      Job j = job;
-      j.batch = b2;
-      f.job = j;
-      f.change = "--batch " + std::to_string(b2) + " with " + std::to_string(accum) + " gradient-accumulation steps";
-      f.cost = "same tokens per optimizer step (" + std::to_string(b2 * accum) + " sequences" +
-               (b2 * accum != job.batch ? ", not exactly " + std::to_string(job.batch) : std::string()) +
-               "); smaller matmuls use the GPU less efficiently (~+10% time), more steps per update";
-      f.note = f.fits ? "the largest micro-batch that fits" : "does not fit even at micro-batch 1";
-    }
-    Candidate c;
-    c.fix = f;
-    cands.push_back(std::move(c));
-  }
-
-  std::vector<Fix> out;
-  for (auto& c : cands) out.push_back(std::move(c.fix));
-  std::stable_sort(out.begin(), out.end(), [](const Fix& a, const Fix& b) {
+  std::stable_sort(fixes.begin(), fixes.end(), [](const Fix& a, const Fix& b) {
     return std::make_tuple(a.skipped, a.cost_class, a.compute, a.transfer_s) <
            std::make_tuple(b.skipped, b.cost_class, b.compute, b.transfer_s);
   });
-  return out;
+  return fixes;
 }
 
 }  // namespace membudget
