@@ -258,14 +258,8 @@ Linears layer_linears(const ModelSpec& m) {
     l.in_out += in + out;
     l.largest = std::max(l.largest, in * out);
   };
-  const std::uint64_t h = m.hidden_size, I = m.intermediate_size;
-  add(h, m.q_dim());
-  add(h, m.kv_dim());
-  add(h, m.kv_dim());
-  add(m.q_dim(), h);
-  if (m.mlp != MlpKind::plain_gelu) add(h, I);  // the gate
-  add(h, I);
-  add(I, h);
+  for (const ParamTensor& t : m.layer_tensors(0))
+    if (t.projection()) add(t.in, t.out);
   return l;
 }
 
@@ -274,7 +268,7 @@ bytes_t param_bytes(Precision p) { return (p == Precision::bf16 || p == Precisio
 
 // Fused q/k/v or gate/up projections: the LoRA step is simulated for separate linears only.
 bool fused_projections(const ModelSpec& model) {
-  return model.family == "phi3";  // TODO(quirks): model.quirks.fused_qkv || model.quirks.fused_gate_up
+  return model.quirks.fused_qkv || model.quirks.fused_gate_up;
 }
 
 constexpr std::uint64_t kLoraRank = 16;
