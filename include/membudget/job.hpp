@@ -56,6 +56,21 @@ DType parse_dtype(std::string_view s, std::string_view option = "--kv-dtype");
 // Bytes of one element; int4 is counted as half a byte by the callers that use it.
 double dtype_bytes(DType d) noexcept;
 
+// What a precision recipe stores and computes in: the one definition the torch inventory, the
+// harness's inventory and its measured step, and advise read.
+struct Recipe {
+  DType param;        // parameters as stored
+  DType grad;         // their .grad
+  DType state;        // optimizer state: torch.optim follows the parameter dtype, fp32 beside a master copy
+  bool master;        // an fp32 master copy of the parameters (bf16-master)
+  DType compute;      // matmul inputs and outputs: the autocast target, else the parameter dtype
+  DType residual;     // the residual stream (the embedding's output, in the parameter dtype)
+  bool autocast;      // torch.autocast: 16-bit copies of weights and matmul inputs per op
+};
+Recipe recipe_of(Precision p) noexcept;
+// Whole bytes of one element of a 16- or 32-bit dtype (the recipe's dtypes).
+inline std::uint64_t element_size(DType d) noexcept { return static_cast<std::uint64_t>(dtype_bytes(d)); }
+
 struct Parallelism {
   std::uint64_t tensor = 1;     // t: Megatron tensor parallel
   std::uint64_t pipeline = 1;   // p

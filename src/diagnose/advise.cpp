@@ -264,7 +264,7 @@ Linears layer_linears(const ModelSpec& m) {
 }
 
 // Bytes of a parameter, and of its gradient, in the job's storage dtype.
-bytes_t param_bytes(Precision p) { return (p == Precision::bf16 || p == Precision::bf16_master) ? 2 : 4; }
+bytes_t param_bytes(Precision p) { return element_size(recipe_of(p).param); }
 
 // Fused q/k/v or gate/up projections: the LoRA step is simulated for separate linears only.
 bool fused_projections(const ModelSpec& model) {

@@ -14,19 +14,13 @@ namespace {
 
 constexpr std::size_t kLeakBytes = 4096;
 
-struct Recipe {
-  DType param, grad, moment, act;
-  bool weight_copies;  // amp-bf16: bf16 copies of every parameter for the forward and backward
-};
-
-Recipe recipe_of(Precision p) {
-  switch (p) {
-    case Precision::fp32: return {DType::fp32, DType::fp32, DType::fp32, DType::fp32, false};
-    case Precision::amp_bf16: return {DType::fp32, DType::fp32, DType::fp32, DType::bf16, true};
-    case Precision::bf16: return {DType::bf16, DType::bf16, DType::bf16, DType::bf16, false};
-    case Precision::bf16_master: break;
-  }
-  throw Error(ErrorKind::unsupported, "--precision bf16-master: the harness implements fp32, amp-bf16 and bf16");
+// The job's recipe (membudget::Recipe); amp-bf16's autocast means bf16 copies of every parameter
+// for the forward and backward. The harness has no master copy.
+Recipe harness_recipe(Precision p) {
+  const Recipe r = recipe_of(p);
+  if (r.master)
+    throw Error(ErrorKind::unsupported, "--precision bf16-master: the harness implements fp32, amp-bf16 and bf16");
+  return r;
 }
 
 struct Param {
@@ -104,10 +98,10 @@ struct Harness::Impl {
   std::vector<PhaseMark> marks;
 
   Impl(const ModelSpec& model, const Job& j, Backend& b, CachingAllocator& a, HarnessOptions o)
-      : m(model), job(j), be(b), alloc(a), opt(o), d(harness_dims(model, j)), r(recipe_of(j.precision)) {}
+      : m(model), job(j), be(b), alloc(a), opt(o), d(harness_dims(model, j)), r(harness_recipe(j.precision)) {}
 
   // ---- allocation ----
-  DType dtype_of(Elem e) const { return e == Elem::act ? r.act : DType::fp32; }
+  DType dtype_of(Elem e) const { return e == Elem::act ? r.compute : DType::fp32; }
   static std::size_t elem_bytes(Elem e, DType act) { return e == Elem::act ? element_bytes(act) : 4; }
 
   Buffer make(std::size_t bytes, DType dt, const std::string& tensor, const char* op) {
@@ -117,7 +111,7 @@ struct Harness::Impl {
   // A buffer of the table; `layer` names it ("layers.3.q"), -1 for step-scoped rows.
   Buffer make(Buf b, int layer, const char* op) {
     const BufRow& row = row_of(b);
-    const std::size_t bytes = checked_mul(row.numel(d), elem_bytes(row.elem, r.act), row.name);
+    const std::size_t bytes = checked_mul(row.numel(d), elem_bytes(row.elem, r.compute), row.name);
     std::string name = layer < 0 ? std::string(row.name) : "layers." + std::to_string(layer) + "." + row.name;
     return make(bytes, dtype_of(row.elem), name, op);
   }
@@ -229,7 +223,7 @@ struct Harness::Impl {
 
   float forward() {
     const int T = static_cast<int>(d.T), h = static_cast<int>(d.h), V = static_cast<int>(d.V);
-    if (r.weight_copies)  // the autocast analogue: bf16 copies of every parameter, made per forward
+    if (r.autocast)  // the autocast analogue: bf16 copies of every parameter, made per forward
       for (auto& p : params) {
         p.copy = make(p.n * 2, DType::bf16, p.name + " (bf16 copy)", "cast");
         be.cast(p.copy.view(), p.w.view(), p.n);
@@ -368,9 +362,9 @@ struct Harness::Impl {
   void optimizer() {
     if (!moments_ready) {
       for (auto& p : params) {
-        p.m = make(p.n * element_bytes(r.moment), r.moment, p.name + ".exp_avg", "adamw state");
+        p.m = make(p.n * element_bytes(r.state), r.state, p.name + ".exp_avg", "adamw state");
         be.zero(p.m.view(), p.n);
-        p.v = make(p.n * element_bytes(r.moment), r.moment, p.name + ".exp_avg_sq", "adamw state");
+        p.v = make(p.n * element_bytes(r.state), r.state, p.name + ".exp_avg_sq", "adamw state");
         be.zero(p.v.view(), p.n);
       }
       moments_ready = true;

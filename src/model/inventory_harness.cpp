@@ -48,12 +48,10 @@ struct Bytes {
   bool copies;
 };
 
+// The recipe's element bytes (membudget::Recipe); the harness implements fp32, amp-bf16, bf16.
 Bytes bytes_of(Precision p) {
-  switch (p) {
-    case Precision::fp32: return {4, 4, 4, 4, false};
-    case Precision::amp_bf16: return {4, 4, 4, 2, true};
-    default: return {2, 2, 2, 2, false};
-  }
+  const Recipe r = recipe_of(p);
+  return {element_size(r.param), element_size(r.grad), element_size(r.state), element_size(r.compute), r.autocast};
 }
 
 // Live bytes, the current phase's peak and (with explain) what is live there, by name.

@@ -20,25 +20,16 @@ struct Dims {
   bytes_t b, s, T, h, I, V, qd, kvd, a, kva, hd, L;
 };
 
-struct Recipe {
-  bytes_t param;     // parameter storage bytes
-  bytes_t compute;   // matmul inputs/outputs (autocast target or param dtype)
-  bytes_t resid;     // residual stream dtype (embedding output = param dtype)
-  bool autocast;     // weights and matmul inputs cast per op
-  const char* param_name;
-  const char* compute_name;
-  const char* resid_name;
+// The recipe (membudget::Recipe, job.hpp) as the walk uses it: element bytes and dtype names.
+struct RecipeBytes {
+  bytes_t param, compute, resid;
+  bool autocast;
+  const char *param_name, *compute_name, *resid_name;
+  explicit RecipeBytes(const Recipe& r)
+      : param(element_size(r.param)), compute(element_size(r.compute)), resid(element_size(r.residual)),
+        autocast(r.autocast), param_name(to_string(r.param)), compute_name(to_string(r.compute)),
+        resid_name(to_string(r.residual)) {}
 };
-
-Recipe recipe_of(Precision p) {
-  switch (p) {
-    case Precision::fp32: return {4, 4, 4, false, "fp32", "fp32", "fp32"};
-    case Precision::amp_bf16: return {4, 2, 4, true, "fp32", "bf16", "fp32"};
-    case Precision::bf16:
-    case Precision::bf16_master: return {2, 2, 2, false, "bf16", "bf16", "bf16"};
-  }
-  return {4, 2, 4, true, "fp32", "bf16", "fp32"};
-}
 
 bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) {
   return checked_product("activation size", a, b, c, d);
@@ -62,7 +53,7 @@ struct Step {
   const ModelSpec& m;
   const Job& job;
   Dims d;
-  Recipe r;
+  RecipeBytes r;
   AutogradSim& sim;
   std::vector<LayerParams> layers;
   std::vector<TensorId> layer0_params{};  // decoder layer 0's parameters and adapters
@@ -734,11 +725,13 @@ struct OptimizerCost {
   bytes_t transient = 0;  // temporaries at the peak of optimizer.step()
 };
 
-OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params, bytes_t pb) {
+// `params`: the trainable parameters (all, or LoRA's fp32 adapters: fp32 state, no master copy).
+OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params) {
   OptimizerCost c;
   const bytes_t n = params;
-  const bool master = job.precision == Precision::bf16_master && job.lora_rank == 0;  // adapters are fp32
-  const bytes_t sb = master ? 4 : pb;  // torch.optim state follows the parameter dtype
+  const Recipe recipe = recipe_of(job.precision);
+  const bool master = recipe.master && job.lora_rank == 0;
+  const bytes_t sb = job.lora_rank ? 4 : element_size(recipe.state);
   if (master) c.master = mul(n, 4);
   switch (job.optimizer) {
     case Optimizer::adamw:
@@ -889,8 +882,9 @@ struct SegmentTails {
 SegmentTails segment_tails(const Step& st, const ModelSpec& sizing) {
   const Job& job = st.job;
   const bytes_t rank = job.lora_rank;
-  const bool master = job.precision == Precision::bf16_master;
-  const bytes_t sb = rank ? 4 : master ? 4 : st.r.param;  // torch.optim state follows the parameter dtype
+  const Recipe recipe = recipe_of(job.precision);
+  const bool master = recipe.master && !rank;
+  const bytes_t sb = rank ? 4 : element_size(recipe.state);
   const bytes_t per_param = job.optimizer == Optimizer::adamw                                                  ? 2
                             : job.optimizer == Optimizer::sgd_momentum || job.optimizer == Optimizer::lion ? 1
                                                                                                             : 0;
@@ -905,7 +899,7 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing) {
     const bytes_t elems = info.bytes / (rank ? 4 : st.r.param);  // a trainable parameter's elements
     const bytes_t state = !info.requires_grad ? 0
                                               : per_param * tail(mul(elems, sb)) +
-                                                    (master && !rank ? tail(mul(elems, 4)) : 0);
+                                                    (master ? tail(mul(elems, 4)) : 0);
     out.params += tail(info.bytes);
     out.state += state;
     if (in_layer0[static_cast<std::size_t>(p)]) layer0_state += state;
@@ -934,14 +928,14 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     AutogradSim sim(explain);
     if (traces) sim.record_to(&(*traces)[pass]);
     check_torch_coverage(m, job);
-    Step st{m, job, {}, recipe_of(job.precision), sim, {}};
+    Step st{m, job, {}, RecipeBytes(recipe_of(job.precision)), sim, {}};
     st.masked = sliding_window_mask(m, job);
     auto& d = st.d;
     d.b = job.batch; d.s = job.seq; d.T = mul(job.batch, job.seq);
     d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.vocab_size;
     d.qd = m.q_dim(); d.kvd = m.kv_dim(); d.a = m.num_heads; d.kva = m.num_kv_heads;
     d.hd = m.head_dim; d.L = m.num_layers;
-    const Recipe& r = st.r;
+    const RecipeBytes& r = st.r;
 
     build_parameters(st);
     const bytes_t weights = sim.live();
@@ -950,7 +944,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
     // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
     const bytes_t rank = job.lora_rank;
     const OptimizerCost oc =
-        rank ? optimizer_cost(job, sm, lora_parameters(sm, rank), 4) : optimizer_cost(job, sm, n_params, r.param);
+        optimizer_cost(job, sm, rank ? lora_parameters(sm, rank) : n_params);
     const SegmentTails tails = segment_tails(st, sm);
     sim.alloc_raw("allocator: whole segments held by parameters", tails.params, Term::other, Role::workspace, "caching allocator");
     // Optimizer state (and the fp32 master copy) stay allocated for the rest of the run.

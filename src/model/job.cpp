@@ -97,6 +97,17 @@ DType parse_dtype(std::string_view s, std::string_view o) {
   return parse_in(kDTypes, s, o);
 }
 
+Recipe recipe_of(Precision p) noexcept {
+  using D = DType;
+  switch (p) {
+    case Precision::fp32: return {D::fp32, D::fp32, D::fp32, false, D::fp32, D::fp32, false};
+    case Precision::amp_bf16: return {D::fp32, D::fp32, D::fp32, false, D::bf16, D::fp32, true};
+    case Precision::bf16: return {D::bf16, D::bf16, D::bf16, false, D::bf16, D::bf16, false};
+    case Precision::bf16_master: return {D::bf16, D::bf16, D::fp32, true, D::bf16, D::bf16, false};
+  }
+  return {D::fp32, D::fp32, D::fp32, false, D::bf16, D::fp32, true};
+}
+
 double dtype_bytes(DType d) noexcept {
   switch (d) {
     case DType::fp32: return 4;
