@@ -918,104 +918,159 @@ bool sliding_window_mask(const ModelSpec& m, const Job& job) {
   return job.attention == Attention::flash && m.sliding.enabled() && job.seq >= m.sliding.window;
 }
 
-TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain, const ModelSpec* sizing,
-                                     std::array<SimTrace, 2>* traces) {
-  TorchStepResult res;
-  const ModelSpec& sm = sizing ? *sizing : m;
-  const std::uint64_t n_params = sm.parameters().total;
-  for (int pass = 0; pass < 2; ++pass) {
-    const bool steady = pass == 1;
-    AutogradSim sim(explain);
-    if (traces) sim.record_to(&(*traces)[pass]);
-    check_torch_coverage(m, job);
-    Step st{m, job, {}, RecipeBytes(recipe_of(job.precision)), sim, {}};
-    st.masked = sliding_window_mask(m, job);
-    auto& d = st.d;
+namespace {
+
+// One simulated training step (step 0, or a steady-state step), in the stages a real step runs:
+// the model and batch on the device, the persistent optimizer state and library workspaces, the
+// forward, the backward, the optimizer step. Each stage marks the phase whose peak it makes.
+class TrainPass {
+ public:
+  // Writes into `res`: step 0's phases, or the steady step's phases, model states and inventory.
+  TrainPass(const ModelSpec& m, const Job& job, const ModelSpec& sizing, bool steady, bool explain, SimTrace* trace,
+            TorchStepResult& res)
+      : res_(res),
+        sim_(explain),
+        st_{m, job, {}, RecipeBytes(recipe_of(job.precision)), sim_, {}},
+        sizing_(sizing),
+        steady_(steady) {
+    if (trace) sim_.record_to(trace);
+    st_.masked = sliding_window_mask(m, job);
+    auto& d = st_.d;
     d.b = job.batch; d.s = job.seq; d.T = mul(job.batch, job.seq);
     d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.vocab_size;
     d.qd = m.q_dim(); d.kvd = m.kv_dim(); d.a = m.num_heads; d.kva = m.num_kv_heads;
     d.hd = m.head_dim; d.L = m.num_layers;
-    const RecipeBytes& r = st.r;
+  }
 
-    build_parameters(st);
-    const bytes_t weights = sim.live();
-    st.input_ids = sim.make("input_ids and labels", mul(d.T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
-    st.labels = sim.make("input_ids and labels", mul(d.T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
+  // The parameters (and adapters), the batch, and the whole segments the parameters hold.
+  void load_model_and_batch() {
+    build_parameters(st_);
+    weights_ = sim_.live();
+    const bytes_t T = st_.d.T;
+    st_.input_ids = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
+    st_.labels = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
-    const bytes_t rank = job.lora_rank;
-    const OptimizerCost oc =
-        optimizer_cost(job, sm, rank ? lora_parameters(sm, rank) : n_params);
-    const SegmentTails tails = segment_tails(st, sm);
-    sim.alloc_raw("allocator: whole segments held by parameters", tails.params, Term::other, Role::workspace, "caching allocator");
-    // Optimizer state (and the fp32 master copy) stay allocated for the rest of the run.
-    auto allocate_optimizer_state = [&] {
-      sim.alloc_raw("optimizer state", oc.state, Term::model_states, Role::optimizer_state, "optimizer", "", "");
-      sim.alloc_raw("master weights (fp32)", oc.master, Term::model_states, Role::master_weight, "optimizer", "fp32", "");
-      sim.alloc_raw("allocator: whole segments held by optimizer state", tails.state, Term::other, Role::workspace, "caching allocator");
-    };
-    if (steady) allocate_optimizer_state();
-    // cuBLAS workspace, one per handle: the forward thread's appears at the first matmul of step 0,
-    // the autograd thread's at the first matmul of its backward; both stay (32 MiB each on Hopper,
-    // CUBLAS_WORKSPACE_CONFIG :4096:8).
-    if (steady) {
-      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, Role::workspace, "cublas");
-      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, Role::workspace, "cublas");
+    const bytes_t rank = st_.job.lora_rank;
+    oc_ = optimizer_cost(st_.job, sizing_, rank ? lora_parameters(sizing_, rank) : sizing_.parameters().total);
+    tails_ = segment_tails(st_, sizing_);
+    sim_.alloc_raw("allocator: whole segments held by parameters", tails_.params, Term::other, Role::workspace,
+                   "caching allocator");
+  }
+
+  // What a steady step finds allocated: the optimizer state (and the fp32 master copy), which stay
+  // for the rest of the run, and both cuBLAS workspaces.
+  void allocate_persistent_state() {
+    allocate_optimizer_state();
+    cublas_workspace();
+    cublas_workspace();
+  }
+
+  void forward() {
+    sim_.begin_phase(Phase::floor);
+    floor_ = sim_.live();
+    sim_.begin_phase(Phase::forward_peak);
+    if (!steady_) cublas_workspace();  // the forward thread's handle: at its first matmul of step 0
+    loss_ = membudget::detail::forward(st_, checkpointed());
+    if (steady_) {
+      const auto by_term = sim_.live_by_term();
+      res_.after_forward_activations = by_term[static_cast<int>(Term::activations)];
+      res_.after_forward_logits = by_term[static_cast<int>(Term::logits_loss)];
+      res_.after_forward_autocast = by_term[static_cast<int>(Term::model_states)] - weights_ - oc_.state - oc_.master;
+      res_.saved = sim_.live_groups(Term::activations);
+      res_.saved_logits = sim_.live_groups(Term::logits_loss);
     }
-    sim.begin_phase(Phase::floor);
-    const bytes_t floor = sim.live();
-    sim.begin_phase(Phase::forward_peak);
-    if (!steady)
-      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, Role::workspace, "cublas");
-    const bool ckpt = job.recompute == Recompute::full;
-    TensorId loss = forward(st, ckpt);
-    if (steady) {
-      const auto by_term = sim.live_by_term();
-      res.after_forward_activations = by_term[static_cast<int>(Term::activations)];
-      res.after_forward_logits = by_term[static_cast<int>(Term::logits_loss)];
-      res.after_forward_autocast = by_term[static_cast<int>(Term::model_states)] - weights - oc.state - oc.master;
-      res.saved = sim.live_groups(Term::activations);
-      res.saved_logits = sim.live_groups(Term::logits_loss);
+  }
+
+  void backward() {
+    sim_.begin_phase(Phase::backward_peak);
+    if (!steady_) cublas_workspace();  // the autograd thread's handle: at its first matmul of step 0
+    sim_.backward(loss_, checkpointed() ? recompute_layer : nullptr, &st_);
+    sim_.drop(loss_);
+    if (checkpointed()) {
+      sim_.drop(st_.cos);
+      sim_.drop(st_.sin);
+      sim_.drop(st_.mask);
     }
-    sim.begin_phase(Phase::backward_peak);
-    if (!steady)
-      sim.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, Role::workspace, "cublas");
-    sim.backward(loss, ckpt ? recompute_layer : nullptr, &st);
-    sim.drop(loss);
-    if (ckpt) {
-      sim.drop(st.cos);
-      sim.drop(st.sin);
-      sim.drop(st.mask);
+    for (TensorId p = 0; p < st_.input_ids; ++p) {
+      if (!sim_.info(p).param) continue;
+      const TensorId g = sim_.grad_of(p);
+      if (g == kNone) continue;
+      grad_ids_.push_back(g);
+      grads_ += sim_.info(g).rounded;
     }
-    bytes_t grads = 0;
-    std::vector<TensorId> grad_ids;
-    for (TensorId p = 0; p < st.input_ids; ++p) {
-      if (!sim.info(p).param) continue;
-      TensorId g = sim.grad_of(p);
-      if (g != kNone) { grad_ids.push_back(g); grads += sim.info(g).rounded; }
-    }
-    sim.begin_phase(Phase::optimizer_peak);
-    if (!steady) allocate_optimizer_state();  // torch.optim creates its state lazily in the first step()
-    TensorId tmp = sim.alloc_raw("optimizer temporaries", oc.transient, Term::model_states, Role::optimizer_temporary, "optimizer.step", "", "");
-    sim.drop(tmp);
-    for (TensorId g : grad_ids) sim.drop(g);  // zero_grad(set_to_none=True)
-    sim.finish_trace();
-    auto phases = sim.take_phases();
-    phases.erase(phases.begin());  // "floor" phase holds just the floor; keep it below
+  }
+
+  // optimizer.step(), then zero_grad(set_to_none=True).
+  void optimizer_step() {
+    sim_.begin_phase(Phase::optimizer_peak);
+    if (!steady_) allocate_optimizer_state();  // torch.optim creates its state lazily in the first step()
+    const TensorId tmp = sim_.alloc_raw("optimizer temporaries", oc_.transient, Term::model_states,
+                                        Role::optimizer_temporary, "optimizer.step", "", "");
+    sim_.drop(tmp);
+    for (TensorId g : grad_ids_) sim_.drop(g);
+  }
+
+  // The phases (the floor as measured at the step's start) and, for a steady step, the model states.
+  void finish() {
+    sim_.finish_trace();
+    auto phases = sim_.take_phases();
+    phases.erase(phases.begin());  // the "floor" phase's peak is the forward's first moment: use floor_
     std::vector<PhasePeak> out;
-    PhasePeak fl;
-    fl.phase = Phase::floor;
-    fl.bytes = floor;
-    out.push_back(fl);
+    out.push_back({Phase::floor, floor_, {}});
     for (auto& p : phases) out.push_back(std::move(p));
-    if (steady) {
-      res.steady = std::move(out);
-      res.weights = weights;
-      res.gradients = grads;
-      res.optimizer_state = oc.state;
-      res.master = oc.master;
-    } else {
-      res.step0 = std::move(out);
+    if (!steady_) {
+      res_.step0 = std::move(out);
+      return;
     }
+    res_.steady = std::move(out);
+    res_.weights = weights_;
+    res_.gradients = grads_;
+    res_.optimizer_state = oc_.state;
+    res_.master = oc_.master;
+  }
+
+ private:
+  bool checkpointed() const { return st_.job.recompute == Recompute::full; }
+  void allocate_optimizer_state() {
+    sim_.alloc_raw("optimizer state", oc_.state, Term::model_states, Role::optimizer_state, "optimizer", "", "");
+    sim_.alloc_raw("master weights (fp32)", oc_.master, Term::model_states, Role::master_weight, "optimizer", "fp32", "");
+    sim_.alloc_raw("allocator: whole segments held by optimizer state", tails_.state, Term::other, Role::workspace,
+                   "caching allocator");
+  }
+  // cuBLAS workspace, one per handle (forward and autograd threads), kept once made: 32 MiB on
+  // Hopper (CUBLAS_WORKSPACE_CONFIG :4096:8).
+  void cublas_workspace() {
+    sim_.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, Role::workspace,
+                   "cublas");
+  }
+
+  TorchStepResult& res_;
+  AutogradSim sim_;
+  Step st_;
+  const ModelSpec& sizing_;
+  bool steady_;
+  OptimizerCost oc_;
+  SegmentTails tails_;
+  bytes_t weights_ = 0, floor_ = 0, grads_ = 0;
+  TensorId loss_ = kNone;
+  std::vector<TensorId> grad_ids_;
+};
+
+}  // namespace
+
+TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain, const ModelSpec* sizing,
+                                     std::array<SimTrace, 2>* traces) {
+  check_torch_coverage(m, job);
+  TorchStepResult res;
+  for (int pass = 0; pass < 2; ++pass) {  // step 0, then a steady-state step
+    const bool steady = pass == 1;
+    TrainPass step(m, job, sizing ? *sizing : m, steady, explain, traces ? &(*traces)[pass] : nullptr, res);
+    step.load_model_and_batch();
+    if (steady) step.allocate_persistent_state();
+    step.forward();
+    step.backward();
+    step.optimizer_step();
+    step.finish();
   }
   return res;
 }
