@@ -36,6 +36,7 @@ bool contains(const Error& e, const std::string& s) {
 // Every field but the name: HF configs carry a repository path, our YAML a short name.
 void check_same_architecture(const ModelSpec& a, const ModelSpec& b) {
   CHECK(a.family == b.family);
+  CHECK(a.quirks == b.quirks);
   CHECK(a.vocab_size == b.vocab_size);
   CHECK(a.hidden_size == b.hidden_size);
   CHECK(a.intermediate_size == b.intermediate_size);
@@ -602,4 +603,69 @@ TEST_CASE("the full example in docs/model-spec.md parses to Gemma 2 9B") {
   const ModelSpec s = parse_model_yaml(doc.substr(begin + 8, end - begin - 8), "docs/model-spec.md");
   check_same_architecture(s, load_model(config("gemma-2-9b")));
   CHECK(s.parameters().total == 9'241'705'984ull);
+}
+
+TEST_CASE("the loaders set the architecture quirks once, from the family") {
+  const ModelSpec phi = load_model(hf("phi-3-mini"));
+  CHECK(phi.quirks.fused_qkv);
+  CHECK(phi.quirks.fused_gate_up);
+  CHECK(phi.quirks.partial_rotary);
+  CHECK(!phi.quirks.norm_weight_offset);
+  for (const char* g : {"gemma-2b", "gemma-2-9b"}) {
+    CAPTURE(g);
+    const ModelSpec s = load_model(hf(g));
+    CHECK(s.quirks.norm_weight_offset);
+    CHECK(s.quirks.embedding_scale);
+    CHECK(!s.quirks.fused_qkv);
+  }
+  for (const char* plain : {"llama-3.2-1b", "qwen2.5-7b", "mistral-7b", "qwen3-0.6b"}) {
+    CAPTURE(plain);
+    CHECK(load_model(hf(plain)).quirks == ArchQuirks{});
+  }
+  // YAML: the family implies them; a quirks: mapping sets each one explicitly
+  CHECK(parse_model_yaml(replace(kTinyYaml, "name: tiny\n", "name: tiny\nfamily: phi3\n")).quirks.fused_qkv);
+  const ModelSpec custom = parse_model_yaml(
+      std::string(kTinyYaml) + "quirks: {embedding_scale: true, fused_gate_up: true}\n", "t.yaml");
+  CHECK(custom.quirks.embedding_scale);
+  CHECK(custom.quirks.fused_gate_up);
+  CHECK(!custom.quirks.fused_qkv);
+  const Error e = error_of([] { parse_model_yaml(std::string(kTinyYaml) + "quirks: {fused_kqv: true}\n", "t.yaml"); });
+  CHECK(contains(e, "quirks.fused_kqv"));
+  CHECK(contains(e, "did you mean 'fused_qkv'"));
+}
+
+TEST_CASE("the tensor description: modules, order and per-layer accessors") {
+  auto modules = [](const std::vector<ParamTensor>& ts) {
+    std::string out;
+    for (const auto& t : ts) out += std::string(to_string(t.module)) + (t.bias ? ".bias " : " ");
+    return out;
+  };
+  // Llama: norms around attention and MLP, separate projections, no biases
+  CHECK(modules(load_model(hf("llama-3.2-1b")).layer_tensors(0)) ==
+        "attn_norm q_proj k_proj v_proj o_proj mlp_norm gate_proj up_proj down_proj ");
+  // Qwen2: each bias right after its weight
+  CHECK(modules(load_model(hf("qwen2.5-0.5b")).layer_tensors(3)) ==
+        "attn_norm q_proj q_proj.bias k_proj k_proj.bias v_proj v_proj.bias o_proj mlp_norm gate_proj up_proj "
+        "down_proj ");
+  // Phi-3: the fused projections are one tensor each
+  const ModelSpec phi = load_model(hf("phi-3-mini"));
+  CHECK(modules(phi.layer_tensors(0)) == "attn_norm qkv_proj o_proj mlp_norm gate_up_proj down_proj ");
+  CHECK(phi.layer_tensors(0)[1].out == phi.q_dim() + 2 * phi.kv_dim());
+  CHECK(phi.layer_tensors(0)[4].out == 2 * phi.intermediate_size);
+  // Gemma 2: four norms, q/k norm free; every other layer slides, starting at layer 0
+  const ModelSpec g2 = load_model(hf("gemma-2-9b"));
+  CHECK(modules(g2.layer_tensors(0)) ==
+        "attn_norm q_proj k_proj v_proj o_proj attn_out_norm mlp_norm gate_proj up_proj down_proj mlp_out_norm ");
+  std::uint64_t sliding = 0;
+  for (std::uint64_t il = 0; il < g2.num_layers; ++il) sliding += g2.sliding_layer(il);
+  CHECK(sliding == g2.sliding.windowed_layers(g2.num_layers));
+  CHECK(g2.sliding_layer(0));
+  CHECK(!g2.sliding_layer(1));
+  // Qwen3: per-head q and k norms of head_dim values
+  const auto q3 = load_model(hf("qwen3-0.6b")).layer_tensors(0);
+  CHECK(modules(q3) == "attn_norm q_proj k_proj v_proj o_proj q_norm k_norm mlp_norm gate_proj up_proj down_proj ");
+  CHECK(q3[5].out == 128);
+  // the ends: embedding, final norm, and lm_head only when untied
+  CHECK(modules(load_model(hf("llama-3.2-1b")).outer_tensors()) == "embed_tokens norm ");
+  CHECK(modules(load_model(hf("llama-3.1-8b")).outer_tensors()) == "embed_tokens norm lm_head ");
 }

@@ -58,6 +58,7 @@ struct ArchQuirks {
   bool embedding_scale = false;     // embeddings multiplied by sqrt(hidden_size) (Gemma, Gemma 2)
   bool partial_rotary = false;      // rotary through the partial-rotary path: rotated part cat'ed
                                     // with the pass-through part, a copy (Phi-3)
+  bool operator==(const ArchQuirks&) const = default;
 };
 
 // The modules of a decoder layer (and of the model's two ends) that own parameters.
@@ -104,7 +105,7 @@ struct ParameterCounts {
 
 struct ModelSpec {
   std::string name;                   // "llama-3.2-1b"
-  std::string family;                 // "llama", "qwen2", "gemma2", … (informational)
+  std::string family;                 // "llama", "qwen2", "gemma2", …: the loader sets `quirks` from it
   std::uint64_t vocab_size = 0;       // 128256
   std::uint64_t hidden_size = 0;      // 2048
   std::uint64_t intermediate_size = 0;// 8192
