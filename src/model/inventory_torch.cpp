@@ -246,6 +246,15 @@ struct Step {
     return y;
   }
 
+  // A norm on a residual branch (Gemma 2's post-attention and post-feedforward norms), where the
+  // layer has one: the branch's output is replaced by the norm's.
+  TensorId branch_norm(TensorId x, TensorId w, const char* tag) {
+    if (w == kNone) return x;
+    TensorId y = rmsnorm(x, w, tag);
+    sim.drop(x);
+    return y;
+  }
+
   void layer(std::size_t i, TensorId x, TensorId* out) {
     const auto& p = layers[i];
     // Gemma 2 alternates: config.layer_types is "sliding_attention" for layers 0, 2, 4, … and
@@ -366,11 +375,7 @@ struct Step {
     }
     TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
     sim.drop(attc);
-    if (m.norms_per_layer >= 4) {  // Gemma 2: post_attention_layernorm on the branch
-      TensorId on = rmsnorm(o, p.norm3, "post-attention norm output");
-      sim.drop(o);
-      o = on;
-    }
+    o = branch_norm(o, p.norm3, "post-attention norm output");
     TensorId h1 = sim.make("residual stream (saved by the next norm)", mul(Th, r.resid), Term::activations,
                            "residual add", r.resid_name, "b·s·h", true);
     sim.node("AddBackward0", {x, o}, {h1}, {});
@@ -398,11 +403,7 @@ struct Step {
     sim.drop(u);
     TensorId dn = linear(prod, d.I, d.h, p.down, kNone, "down_proj output", "b·s·h", &p.adown);
     sim.drop(prod);
-    if (m.norms_per_layer >= 4) {
-      TensorId dnn = rmsnorm(dn, p.norm4, "post-feedforward norm output");
-      sim.drop(dn);
-      dn = dnn;
-    }
+    dn = branch_norm(dn, p.norm4, "post-feedforward norm output");
     TensorId h2 = sim.make("residual stream (layer output)", mul(Th, r.resid), Term::activations,
                            "residual add", r.resid_name, "b·s·h", true);
     sim.node("AddBackward0", {h1, dn}, {h2}, {});
