@@ -7,6 +7,7 @@
 
 #include "job_key.hpp"
 #include "korthikanti.hpp"
+#include "predictors.hpp"
 #include "membudget/serving.hpp"
 #include "serve_plan.hpp"
 #include "step_plan.hpp"

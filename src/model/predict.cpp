@@ -3,6 +3,7 @@
 
 #include "inventory.hpp"
 #include "korthikanti.hpp"
+#include "predictors.hpp"
 #include "membudget/budget.hpp"
 
 namespace membudget {
