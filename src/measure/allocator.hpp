@@ -1,6 +1,6 @@
 // src/measure/allocator.hpp: an instrumented caching allocator with PyTorch's policy and statistics.
 //
-// Policy (c10/cuda/CUDACachingAllocator.cpp, restated in ../shared/REFERENCE.md §5):
+// Policy (PyTorch's c10/cuda/CUDACachingAllocator.cpp; docs/harness.md describes the harness's use):
 //   * every request is rounded up to a multiple of 512 B (minimum 512 B);
 //   * requests <= 1 MiB come from the small pool, whose segments are 2 MiB;
 //     larger requests come from the large pool: a request < 10 MiB gets a 20 MiB segment, a larger
