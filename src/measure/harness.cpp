@@ -56,8 +56,6 @@ void check_harness_supported(const ModelSpec& m, const Job& job) {
   if (job.recompute == Recompute::selective) no("--recompute selective: the harness implements none and full");
   if (job.attention != Attention::flash) no("--attention math: the harness implements flash-style attention only");
   if (job.precision == Precision::bf16_master) no("--precision bf16-master: the harness implements fp32, amp-bf16 and bf16");
-  if (job.parallel.tensor != 1 || job.parallel.pipeline != 1 || job.parallel.data != 1 || job.parallel.zero_stage != 0)
-    no("parallelism: the harness runs on one device");
   const std::uint64_t T = job.batch * job.seq;
   if (T * std::max(m.vocab_size, m.intermediate_size) > (1ull << 31))
     no("the batch is too large for the harness's 32-bit kernel indices");
