@@ -150,25 +150,6 @@ struct Harness::Impl {
   }
 
   // ---- phases ----
-  struct PhaseScope {
-    Impl& h;
-    bytes_t* peak;
-    bytes_t* reserved;
-    PhaseScope(Impl& impl, const char* name, bytes_t* out, bytes_t* reserved_peak)
-        : h(impl), peak(out), reserved(reserved_peak) {
-      h.phase = name;
-      h.be.synchronize();
-      h.alloc.reset_peak_stats();
-      h.marks.push_back({h.step_index, name, h.alloc.history().size()});
-    }
-    ~PhaseScope() {
-      h.be.synchronize();
-      const AllocatorStats s = h.alloc.stats();
-      *peak = static_cast<bytes_t>(s.allocated.peak);
-      *reserved = std::max(*reserved, static_cast<bytes_t>(s.reserved.peak));
-    }
-  };
-
   AttnShape attn_shape() const {
     return {static_cast<int>(d.B), static_cast<int>(d.S), static_cast<int>(d.a), static_cast<int>(d.kv),
             static_cast<int>(d.hd)};
@@ -389,16 +370,16 @@ struct Harness::Impl {
     be.copy_to_device(G(Buf::tokens).i32(), host_tokens.data(), d.T * 4);
     be.copy_to_device(G(Buf::targets).i32(), host_targets.data(), d.T * 4);
     {
-      PhaseScope s(*this, "forward", &sm.forward_peak, &sm.reserved_peak);
+      PhaseScope<Impl> s(*this, "forward", &sm.forward_peak, &sm.reserved_peak);
       sm.floor = static_cast<bytes_t>(alloc.stats().allocated.current);
       sm.loss = forward();
     }
     {
-      PhaseScope s(*this, "backward", &sm.backward_peak, &sm.reserved_peak);
+      PhaseScope<Impl> s(*this, "backward", &sm.backward_peak, &sm.reserved_peak);
       backward();
     }
     {
-      PhaseScope s(*this, "optimizer", &sm.optimizer_peak, &sm.reserved_peak);
+      PhaseScope<Impl> s(*this, "optimizer", &sm.optimizer_peak, &sm.reserved_peak);
       optimizer();
     }
     phase = "step";
