@@ -42,20 +42,13 @@ constexpr bool add_overflows_portable(bytes_t a, bytes_t b, bytes_t& r) noexcept
 #define MEMBUDGET_OVERFLOW_BUILTINS 1
 #endif
 
-constexpr bool mul_overflows(bytes_t a, bytes_t b, bytes_t& r) noexcept {
 #ifdef MEMBUDGET_OVERFLOW_BUILTINS
-  return __builtin_mul_overflow(a, b, &r);
+constexpr bool mul_overflows(bytes_t a, bytes_t b, bytes_t& r) noexcept { return __builtin_mul_overflow(a, b, &r); }
+constexpr bool add_overflows(bytes_t a, bytes_t b, bytes_t& r) noexcept { return __builtin_add_overflow(a, b, &r); }
 #else
-  return mul_overflows_portable(a, b, r);
+constexpr bool mul_overflows(bytes_t a, bytes_t b, bytes_t& r) noexcept { return mul_overflows_portable(a, b, r); }
+constexpr bool add_overflows(bytes_t a, bytes_t b, bytes_t& r) noexcept { return add_overflows_portable(a, b, r); }
 #endif
-}
-constexpr bool add_overflows(bytes_t a, bytes_t b, bytes_t& r) noexcept {
-#ifdef MEMBUDGET_OVERFLOW_BUILTINS
-  return __builtin_add_overflow(a, b, &r);
-#else
-  return add_overflows_portable(a, b, r);
-#endif
-}
 
 [[noreturn]] inline void throw_overflow(std::string_view what) {
   throw Error(ErrorKind::overflow, std::string(what) + ": byte count overflows 64 bits; the sizes are absurd");
