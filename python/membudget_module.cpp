@@ -42,6 +42,16 @@ Device device_of(const py::object& device, std::uint64_t capacity) {
   return Device{"custom", capacity};
 }
 
+// What both searches report: the answer under `key`, what it requires and the limit.
+template <class Result>
+py::dict search_dict(const char* key, std::uint64_t answer, const Result& r) {
+  py::dict d;
+  d[key] = answer;
+  d["required"] = r.at_max.required;
+  d["limit"] = r.limit;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(membudget, m) {
@@ -105,10 +115,7 @@ PYBIND11_MODULE(membudget, m) {
         o.global_batch = global_batch;
         o.data_parallel = data_parallel;
         const MaxBatchResult r = max_micro_batch(model_of(model), job_of(kw), device_of(device, capacity), o);
-        py::dict d;
-        d["max_micro_batch"] = r.max_micro_batch;
-        d["required"] = r.at_max.required;
-        d["limit"] = r.limit;
+        py::dict d = search_dict("max_micro_batch", r.max_micro_batch, r);
         d["estimate"] = estimate_dict(r.at_max);
         if (global_batch) {
           d["accum_micro_batch"] = r.accum_micro_batch;
@@ -129,11 +136,7 @@ PYBIND11_MODULE(membudget, m) {
         o.headroom = headroom;
         o.multiple_of = multiple_of;
         const MaxSeqResult r = max_sequence_length(model_of(model), job_of(kw), device_of(device, capacity), o);
-        py::dict d;
-        d["max_seq"] = r.max_seq;
-        d["required"] = r.at_max.required;
-        d["limit"] = r.limit;
-        return d;
+        return search_dict("max_seq", r.max_seq, r);
       },
       py::arg("model"), py::arg("device") = py::none(), py::arg("capacity") = 0, py::arg("headroom") = 0.05,
       py::arg("multiple_of") = 1);

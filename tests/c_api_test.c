@@ -70,6 +70,45 @@ int main(int argc, char** argv) {
   CHECK(mb_job_set_batch(job, 0) == MB_OK);
   CHECK(mb_predict(model, job, &e) == MB_INVALID_JOB);
 
+  /* a parallel setting other than one rank: unsupported (never the unsharded answer), named */
+  {
+    static const char* const keys[][3] = {{"tensor-parallel", "2", "parallel.tensor = 2"},
+                                          {"pipeline-parallel", "2", "parallel.pipeline = 2"},
+                                          {"data-parallel", "8", "parallel.data = 8"},
+                                          {"zero-stage", "3", "parallel.zero_stage = 3"},
+                                          {"sequence-parallel", "true", "parallel.sequence_parallel = true"}};
+    size_t i;
+    for (i = 0; i < sizeof keys / sizeof keys[0]; ++i) {
+      mb_job* par = NULL;
+      uint64_t best = 0;
+      char* pj = NULL;
+      CHECK(mb_job_new(&par) == MB_OK);
+      CHECK(mb_job_set(par, keys[i][0], keys[i][1]) == MB_OK);
+      CHECK(mb_predict(model, par, &e) == MB_UNSUPPORTED);
+      CHECK(strstr(mb_last_error(), keys[i][2]) != NULL);
+      CHECK(mb_predict_json(model, par, &pj) == MB_UNSUPPORTED && pj == NULL);
+      CHECK(mb_fits(model, par, "H100", 0, 0.05, &fits, NULL) == MB_UNSUPPORTED);
+      CHECK(mb_max_micro_batch(model, par, "H100", 0, 0.05, &best, NULL) == MB_UNSUPPORTED);
+      CHECK(strstr(mb_last_error(), keys[i][2]) != NULL);
+      CHECK(mb_job_set(par, "mode", "infer") == MB_OK);
+      CHECK(mb_predict(model, par, &e) == MB_UNSUPPORTED);
+      mb_job_free(par);
+    }
+    {
+      mb_job* par = NULL;
+      CHECK(mb_job_new(&par) == MB_OK);
+      CHECK(mb_job_set(par, "zero-stage", "7") == MB_OK);
+      CHECK(mb_predict(model, par, &e) == MB_INVALID_JOB);
+      CHECK(strstr(mb_last_error(), "parallel.zero_stage") != NULL);
+      CHECK(mb_job_set(par, "zero-stage", "0") == MB_OK);
+      CHECK(mb_job_set(par, "data-parallel", "1") == MB_OK);
+      CHECK(mb_job_set(par, "sequence-parallel", "false") == MB_OK);
+      CHECK(mb_predict(model, par, &e) == MB_OK); /* one rank: as before */
+      CHECK(mb_job_set(par, "sequence-parallel", "maybe") == MB_INVALID_JOB);
+      mb_job_free(par);
+    }
+  }
+
   mb_job_free(job);
   mb_model_free(model);
   if (failures) {

@@ -1,15 +1,17 @@
 // The caching allocator, one action per step, exact bookkeeping after each (cub's habit).
-// Expected sizes are computed with the allocator's own round_size / segment_size.
+// Expected sizes are computed with the allocator's own policy (src/common/allocator_policy.hpp).
 #include <doctest/doctest.h>
 
 #include <cstring>
 #include <string>
 
 #include "measure/allocator.hpp"
+#include "model/autograd_sim.hpp"
 
 using namespace membudget;
 using namespace membudget::measure;
 using CA = CachingAllocator;
+constexpr const AllocatorPolicy& P = kPyTorchAllocator;  // the policy the allocator follows by default
 
 namespace {
 
@@ -18,17 +20,17 @@ std::int64_t i64(std::size_t v) { return static_cast<std::int64_t>(v); }
 }  // namespace
 
 TEST_CASE("rounding and segment sizes follow c10") {
-  CHECK(CA::round_size(1) == 512);
-  CHECK(CA::round_size(512) == 512);
-  CHECK(CA::round_size(513) == 1024);
-  CHECK(CA::round_size(1000) == 1024);
-  CHECK(CA::round_size(30000000) == 30000128);
-  CHECK(CA::segment_size(1024) == 2 * MiB);
-  CHECK(CA::segment_size(1 * MiB) == 2 * MiB);
-  CHECK(CA::segment_size(1 * MiB + 512) == 20 * MiB);
-  CHECK(CA::segment_size(10 * MiB - 512) == 20 * MiB);
-  CHECK(CA::segment_size(10 * MiB) == 10 * MiB);
-  CHECK(CA::segment_size(30000128) == 31457280);
+  CHECK(P.round_size(1) == 512);
+  CHECK(P.round_size(512) == 512);
+  CHECK(P.round_size(513) == 1024);
+  CHECK(P.round_size(1000) == 1024);
+  CHECK(P.round_size(30000000) == 30000128);
+  CHECK(P.segment_size(1024) == 2 * MiB);
+  CHECK(P.segment_size(1 * MiB) == 2 * MiB);
+  CHECK(P.segment_size(1 * MiB + 512) == 20 * MiB);
+  CHECK(P.segment_size(10 * MiB - 512) == 20 * MiB);
+  CHECK(P.segment_size(10 * MiB) == 10 * MiB);
+  CHECK(P.segment_size(30000128) == 31457280);
 }
 
 TEST_CASE("a small request carves a block from a new 2 MiB segment") {
@@ -38,8 +40,8 @@ TEST_CASE("a small request carves a block from a new 2 MiB segment") {
   REQUIRE(p != nullptr);
   std::memset(p, 0xab, 1000);  // the memory is real
   auto s = a.stats();
-  CHECK(s.allocated.current == i64(CA::round_size(1000)));
-  CHECK(s.reserved.current == i64(CA::segment_size(CA::round_size(1000))));
+  CHECK(s.allocated.current == i64(P.round_size(1000)));
+  CHECK(s.reserved.current == i64(P.segment_size(P.round_size(1000))));
   CHECK(s.requested.current == 1000);
   CHECK(s.active.current == 1024);
   CHECK(s.inactive_split.current == i64(2 * MiB - 1024));
@@ -61,7 +63,7 @@ TEST_CASE("a large request below 10 MiB gets a 20 MiB segment and leaves the res
   void* p = a.allocate(5 * MiB);
   auto s = a.stats();
   CHECK(s.allocated.current == i64(5 * MiB));
-  CHECK(s.reserved.current == i64(CA::segment_size(5 * MiB)));
+  CHECK(s.reserved.current == i64(P.segment_size(5 * MiB)));
   CHECK(s.inactive_split.current == i64(15 * MiB));
   auto segs = a.segments();
   REQUIRE(segs.size() == 1);
@@ -77,8 +79,8 @@ TEST_CASE("a large request above 10 MiB rounds its segment to 2 MiB and splits a
   auto raw = make_host_memory(0);
   CA a(*raw);
   void* p = a.allocate(30000000);
-  const std::size_t rounded = CA::round_size(30000000);
-  const std::size_t seg = CA::segment_size(rounded);
+  const std::size_t rounded = P.round_size(30000000);
+  const std::size_t seg = P.segment_size(rounded);
   auto s = a.stats();
   CHECK(s.allocated.current == i64(rounded));
   CHECK(s.reserved.current == i64(seg));
@@ -109,7 +111,7 @@ TEST_CASE("a freed block is reused for the next request of its size") {
   auto s = a.stats();
   CHECK(s.num_segments == 1);
   CHECK(s.reserved.current == i64(2 * MiB));
-  CHECK(s.allocated.current == i64(CA::round_size(4000)));
+  CHECK(s.allocated.current == i64(P.round_size(4000)));
   a.deallocate(q);
 }
 
@@ -253,7 +255,7 @@ TEST_CASE("out of memory: num_ooms, kind and a PyTorch-like message") {
   } catch (const Error& e) {
     CHECK(e.kind() == ErrorKind::out_of_memory);
     std::string m = e.what();
-    CHECK(m.find("Tried to allocate " + format_bytes(CA::segment_size(CA::round_size(30000000)))) !=
+    CHECK(m.find("Tried to allocate " + format_bytes(P.segment_size(P.round_size(30000000)))) !=
           std::string::npos);
     CHECK(m.find(format_bytes(30000000)) != std::string::npos);
     CHECK(m.find("30000000") != std::string::npos);
@@ -287,7 +289,7 @@ TEST_CASE("deallocating a foreign pointer is an error, nullptr is a no-op") {
 
 TEST_CASE("history records allocations and segments with monotonic time") {
   auto raw = make_host_memory(0);
-  CA a(*raw, AllocatorOptions{false, true});
+  CA a(*raw, AllocatorOptions{.policy = {}, .record_history = true});
   void* p = a.allocate(1000, AllocTag{"embed", "wte", "forward"});
   a.deallocate(p);
   a.empty_cache();
@@ -309,10 +311,10 @@ TEST_CASE("history records allocations and segments with monotonic time") {
 
 TEST_CASE("expandable segments grow by whole pages and unmap the free tail on empty_cache") {
   auto raw = make_host_memory(0);
-  CA a(*raw, AllocatorOptions{true, false});
+  CA a(*raw, AllocatorOptions{.policy = {.expandable_segments = true}});
   void* p = a.allocate(5 * MiB);
   auto s = a.stats();
-  CHECK(s.reserved.current == i64(CA::kLargeBuffer));  // one 20 MiB page
+  CHECK(s.reserved.current == i64(P.large_buffer));  // one 20 MiB page
   CHECK(s.allocated.current == i64(5 * MiB));
   CHECK(s.inactive_split.current == 0);  // not tracked for expandable segments
   CHECK(s.num_segments == 1);
@@ -321,21 +323,21 @@ TEST_CASE("expandable segments grow by whole pages and unmap the free tail on em
   void* q = a.allocate(30 * MiB);  // 15 MiB free at the tail + one more 20 MiB page
   CHECK(reinterpret_cast<std::uintptr_t>(q) == reinterpret_cast<std::uintptr_t>(p) + 5 * MiB);
   s = a.stats();
-  CHECK(s.reserved.current == i64(2 * CA::kLargeBuffer));
+  CHECK(s.reserved.current == i64(2 * P.large_buffer));
   CHECK(s.num_segments == 1);
   std::memset(q, 2, 30 * MiB);
 
   a.deallocate(q);
-  CHECK(a.stats().reserved.current == i64(2 * CA::kLargeBuffer));  // kept until empty_cache
+  CHECK(a.stats().reserved.current == i64(2 * P.large_buffer));  // kept until empty_cache
   a.empty_cache();
-  CHECK(a.stats().reserved.current == i64(CA::kLargeBuffer));  // the page holding p stays
+  CHECK(a.stats().reserved.current == i64(P.large_buffer));  // the page holding p stays
   a.deallocate(p);
   a.empty_cache();
   CHECK(a.stats().reserved.current == 0);
   CHECK(a.stats().num_segments == 0);
 
   void* r = a.allocate(1000);  // small pool: 2 MiB pages
-  CHECK(a.stats().reserved.current == i64(CA::kSmallBuffer));
+  CHECK(a.stats().reserved.current == i64(P.small_buffer));
   a.deallocate(r);
   auto segs = a.segments();
   REQUIRE(segs.size() == 1);
@@ -345,14 +347,14 @@ TEST_CASE("expandable segments grow by whole pages and unmap the free tail on em
 
 TEST_CASE("expandable segments reuse freed space in the middle without a new page") {
   auto raw = make_host_memory(0);
-  CA a(*raw, AllocatorOptions{true, false});
+  CA a(*raw, AllocatorOptions{.policy = {.expandable_segments = true}});
   void* p1 = a.allocate(6 * MiB);
   void* p2 = a.allocate(6 * MiB);
   void* p3 = a.allocate(6 * MiB);
   a.deallocate(p2);
   void* p4 = a.allocate(6 * MiB);
   CHECK(p4 == p2);
-  CHECK(a.stats().reserved.current == i64(CA::kLargeBuffer));
+  CHECK(a.stats().reserved.current == i64(P.large_buffer));
   a.deallocate(p1);
   a.deallocate(p3);
   a.deallocate(p4);
@@ -360,18 +362,77 @@ TEST_CASE("expandable segments reuse freed space in the middle without a new pag
 
 TEST_CASE("expandable segments: the retry unmaps free pages of the other pool, then OOM") {
   auto raw = make_host_memory(20 * MiB);
-  CA a(*raw, AllocatorOptions{true, false});
+  CA a(*raw, AllocatorOptions{.policy = {.expandable_segments = true}});
   void* s = a.allocate(1000);  // a 2 MiB small page
   a.deallocate(s);
   void* p = a.allocate(5 * MiB);  // a 20 MiB page does not fit beside it: unmap, retry
   auto st = a.stats();
   CHECK(st.num_alloc_retries == 1);
-  CHECK(st.reserved.current == i64(CA::kLargeBuffer));
+  CHECK(st.reserved.current == i64(P.large_buffer));
   CHECK(st.num_segments == 1);
   CHECK_THROWS_AS(a.allocate(30 * MiB), Error);  // needs one more 20 MiB page
   st = a.stats();
   CHECK(st.num_alloc_retries == 2);
   CHECK(st.num_ooms == 1);
-  CHECK(st.reserved.current == i64(CA::kLargeBuffer));
+  CHECK(st.reserved.current == i64(P.large_buffer));
   a.deallocate(p);
+}
+
+TEST_CASE("one policy: the simulator's own_segment_block is what the allocator counts for a lone tensor") {
+  // own_segment_block(b): the block a tensor of b bytes holds in a segment of its own. A fresh
+  // allocator gives such a tensor a new segment, so its allocated bytes must agree, on both sides
+  // of every rule (512 B rounding, the small pool, the 20 MiB segment below 10 MiB, 2 MiB
+  // rounding above and the > 1 MiB split threshold).
+  const std::size_t sizes[] = {1,        511,          512,          513,          1 * MiB,      1 * MiB + 1,
+                               5 * MiB,  10 * MiB - 1, 10 * MiB,     11 * MiB,     81 * MiB,     81 * MiB + 512,
+                               80 * MiB + 1, 82 * MiB - 1, 30000000, 123456789};
+  for (std::size_t b : sizes) {
+    CAPTURE(b);
+    auto raw = make_host_memory(0);
+    CA a(*raw);
+    void* p = a.allocate(b);
+    CHECK(a.stats().allocated.current == i64(detail::own_segment_block(b)));
+    CHECK(detail::round512(b) == P.round_size(b));
+    a.deallocate(p);
+  }
+  CHECK(detail::own_segment_block(81 * MiB) == 82 * MiB);  // an fp32 Gemma 2 MLP weight
+  CHECK(detail::own_segment_block(0) == 0);
+  CHECK(detail::round512(0) == 0);
+}
+
+TEST_CASE("policy settings: roundup_power2_divisions and max_split_size, as c10 applies them") {
+  AllocatorPolicy p;
+  // PyTorch's documented example: 1200 MB with 4 divisions between 1024 and 2048 rounds to 1280.
+  p.roundup_power2_divisions[10] = 4;  // the [1 GiB, 2 GiB) interval
+  CHECK(p.round_size(1200 * MiB) == 1280 * MiB);
+  CHECK(p.round_size(1024 * MiB) == 1024 * MiB);  // a power of two is its own
+  CHECK(p.round_size(1280 * MiB) == 1280 * MiB);
+  CHECK(p.round_size(1280 * MiB + 1) == 1536 * MiB);
+  CHECK(p.round_size(600 * MiB) == 600 * MiB);    // another interval: plain 512-byte rounding
+  CHECK(P.round_size(1200 * MiB + 1) == 1200 * MiB + 512);
+
+  // max_split_size 32 MiB: a large request at least that big takes its block whole, and a cached
+  // block at least that big serves neither small requests nor requests 20 MiB or more shorter.
+  p = AllocatorPolicy{};
+  p.max_split_size = 32 * MiB;
+  CHECK(p.should_split(false, 16 * MiB, 4 * MiB));
+  CHECK_FALSE(p.should_split(false, 40 * MiB, 4 * MiB));
+  CHECK(p.may_reuse(40 * MiB, 50 * MiB));
+  CHECK_FALSE(p.may_reuse(40 * MiB, 60 * MiB));
+  CHECK_FALSE(p.may_reuse(16 * MiB, 40 * MiB));
+  auto raw = make_host_memory(0);
+  CA a(*raw, AllocatorOptions{.policy = p});
+  a.deallocate(a.allocate(100 * MiB));  // one cached 100 MiB segment
+  void* q = a.allocate(40 * MiB);       // 60 MiB shorter: a new segment, the cached one stays
+  CHECK(a.stats().reserved.current == i64(140 * MiB));
+  void* r = a.allocate(16 * MiB);  // small for this policy: not from the 100 MiB block either
+  CHECK(a.stats().reserved.current == i64(140 * MiB + 16 * MiB));
+  a.deallocate(q);
+  a.deallocate(r);
+  // the default policy reuses the cached block for both
+  CA d(*raw);
+  d.deallocate(d.allocate(100 * MiB));
+  void* q2 = d.allocate(40 * MiB);
+  CHECK(d.stats().reserved.current == i64(100 * MiB));
+  d.deallocate(q2);
 }

@@ -169,3 +169,80 @@ TEST_CASE("a sequence beyond max_positions: predict, estimate, max_micro_batch a
   CHECK(max_sequence_length(t, j, d, o).max_seq == 8192);
   CHECK(max_sequence_length(t, j, d).max_seq == 512);  // by default max_positions bounds the search
 }
+
+TEST_CASE("a parallel setting other than one rank is unsupported, by name, at every entry point") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  const Device d = find_device("H100");
+  struct Case {
+    const char* key;    // set_job_option's key (the C ABI and the Python module)
+    const char* value;
+    const char* named;  // what the error names
+  };
+  const Case cases[] = {{"tensor-parallel", "2", "parallel.tensor = 2"},
+                        {"pipeline-parallel", "4", "parallel.pipeline = 4"},
+                        {"data-parallel", "8", "parallel.data = 8"},
+                        {"zero-stage", "3", "parallel.zero_stage = 3"},
+                        {"sequence_parallel", "true", "parallel.sequence_parallel = true"}};
+  auto unsupported = [](auto&& call, const std::string& named) {
+    try {
+      call();
+      FAIL("no error for " << named);
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::unsupported);
+      CHECK_MESSAGE(std::string(e.what()).find(named) != std::string::npos, e.what());
+      CHECK(std::string(e.what()).find("--zero") == std::string::npos);
+    }
+  };
+  for (const Case& c : cases) {
+    for (Mode mode : {Mode::train, Mode::infer}) {
+      for (Profile profile : {Profile::torch, Profile::harness}) {
+        CAPTURE(c.key);
+        Job j;
+        j.mode = mode;
+        j.profile = profile;
+        j.batch = 2;
+        j.seq = 1024;
+        set_job_option(j, c.key, c.value);
+        unsupported([&] { j.validate(); }, c.named);
+        unsupported([&] { (void)predict(m, j); }, c.named);
+        unsupported([&] { (void)estimate(m, j); }, c.named);
+        unsupported([&] { (void)fits(m, j, d); }, c.named);
+        unsupported([&] { (void)max_micro_batch(m, j, d); }, c.named);
+        unsupported([&] { (void)max_sequence_length(m, j, d); }, c.named);
+        const auto pts = sweep(m, j, SweepGrid{});
+        REQUIRE(pts.size() == 1);
+        CHECK_FALSE(pts[0].ok);
+        CHECK(pts[0].error_kind == ErrorKind::unsupported);
+        CHECK(pts[0].error.find(c.named) != std::string::npos);
+      }
+    }
+  }
+  // Several at once are all named.
+  Job j;
+  j.parallel.data = 8;
+  j.parallel.zero_stage = 3;
+  unsupported([&] { (void)predict(m, j); }, "parallel.data = 8, parallel.zero_stage = 3");
+  // Out of range is invalid, and names the field (there is no --zero flag).
+  j.parallel = {};
+  j.parallel.zero_stage = 5;
+  try {
+    j.validate();
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::invalid_job);
+    CHECK(std::string(e.what()).find("parallel.zero_stage") != std::string::npos);
+  }
+  j.parallel = {};
+  j.parallel.tensor = 0;
+  CHECK_THROWS_AS(j.validate(), Error);
+  // One rank is the default and predicts as before; SearchOptions::data_parallel (a global batch
+  // divided over ranks that each hold the whole model) is not a parallel setting of the job.
+  j.parallel = {};
+  CHECK(estimate(m, j).peak == predict(m, j).peak);
+  SearchOptions o;
+  o.global_batch = 64;
+  o.data_parallel = 8;
+  const MaxBatchResult r = max_micro_batch(m, j, d, o);
+  CHECK(r.max_micro_batch > 0);
+  CHECK(r.accum_micro_batch * r.grad_accum_steps * 8 == 64);
+}

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "membudget/leaks.hpp"
 
 using namespace membudget;
@@ -155,11 +157,11 @@ TEST_CASE("CSV file errors") {
 TEST_CASE("to_json") {
   std::vector<bytes_t> a;
   for (int i = 0; i < 10; ++i) a.push_back(GiB + (i > 5 ? (i - 5) * MiB : 0));
-  auto j = to_json(detect_leak(a));
+  const auto j = nlohmann::json::parse(to_json(detect_leak(a)));
   CHECK(j["leak"] == true);
   CHECK(j["growth_per_step"] == MiB);
   CHECK(j["start_step"] == 5);
-  auto flat = to_json(detect_leak(std::vector<bytes_t>(10, GiB)));
+  const auto flat = nlohmann::json::parse(to_json(detect_leak(std::vector<bytes_t>(10, GiB))));
   CHECK(flat["leak"] == false);
   CHECK(flat["start_step"].is_null());
   CHECK(flat["growth_per_step"] == 0);

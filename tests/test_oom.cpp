@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "membudget/oom.hpp"
 
 using namespace membudget;
@@ -337,7 +339,7 @@ TEST_CASE("to_json carries the figures, the class and the first fix") {
       "HIP out of memory. Tried to allocate 6.64 GiB. GPU 0 has a total capacity of 19.92 GiB of "
       "which 6.22 GiB is free. Of the allocated memory 5.34 GiB is allocated by PyTorch, and 7.10 "
       "GiB is reserved by PyTorch but unallocated.");
-  auto j = to_json(r);
+  const auto j = nlohmann::json::parse(to_json(r));
   CHECK(j["requested"] == 7129645711ull);
   CHECK(j["capacity"] == 21388937134ull);
   CHECK(j["free"] == 6678674145ull);

@@ -20,7 +20,7 @@ TEST_CASE("frame names carry phase, tensor and op") {
 
 TEST_CASE("a snapshot lists segments, blocks and the trace as memory_viz expects") {
   auto raw = make_host_memory(0);
-  CachingAllocator a(*raw, AllocatorOptions{false, true});
+  CachingAllocator a(*raw, AllocatorOptions{.policy = {}, .record_history = true});
   void* q = a.allocate(1000, AllocTag{"matmul", "layers.3.attn.q", "forward"});
   void* big = a.allocate(5 * MiB, AllocTag{"adamw", "exp_avg", "optimizer"});
   a.deallocate(big);
@@ -79,7 +79,7 @@ TEST_CASE("a snapshot lists segments, blocks and the trace as memory_viz expects
 
 TEST_CASE("an oom trace entry carries device_free; write_snapshot writes a readable file") {
   auto raw = make_host_memory(4 * MiB);
-  CachingAllocator a(*raw, AllocatorOptions{false, true});
+  CachingAllocator a(*raw, AllocatorOptions{.policy = {}, .record_history = true});
   CHECK_THROWS_AS(a.allocate(5 * MiB, AllocTag{"mlp", "layers.0.mlp.up", "forward"}), Error);
   const std::string path = "test_snapshot_oom.pickle";  // in the test's working directory
   write_snapshot(a, path);
@@ -96,7 +96,7 @@ TEST_CASE("an oom trace entry carries device_free; write_snapshot writes a reada
 
 TEST_CASE("expandable segments are marked in the snapshot") {
   auto raw = make_host_memory(0);
-  CachingAllocator a(*raw, AllocatorOptions{true, true});
+  CachingAllocator a(*raw, AllocatorOptions{.policy = {.expandable_segments = true}, .record_history = true});
   void* p = a.allocate(3 * MiB);
   auto doc = diagnose::parse_pickle(snapshot_pickle(a));
   const auto& segs = doc.root().at("segments").items();

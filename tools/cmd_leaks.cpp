@@ -39,8 +39,7 @@ void run(const LeaksOptions& o) {
     const SnapshotLeaks l = snapshot_leaks_file(o.path);
     const LeakReport& r = l.report;
     if (o.format == "json") {
-      // frames come from the file: invalid UTF-8 is replaced, not fatal
-      std::cout << to_json(l).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      std::cout << to_json(l, 2) << "\n";  // frames that are not UTF-8 are replaced, not fatal
     } else {
       std::printf("step boundaries: %s\n", l.boundaries.c_str());
       std::printf("steps:           %zu\n", r.steps);
@@ -58,7 +57,7 @@ void run(const LeaksOptions& o) {
   const StepSeries series = read_steps_csv_file(o.path);
   const LeakReport r = detect_leak(series.allocated, series.steps);
   if (o.format == "json") {
-    std::cout << to_json(r).dump(2) << "\n";
+    std::cout << to_json(r, 2) << "\n";
   } else {
     std::printf("steps:           %zu\n", r.steps);
     print_verdict(r);

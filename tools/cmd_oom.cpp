@@ -92,15 +92,7 @@ void run(const OomOptions& o) {
     attribution = attribute_oom(report, spec, f.job(spec));
   }
   if (o.format == "json") {
-    auto j = to_json(report, ctx);
-    if (attribution)
-      j["attribution"] = {{"matched", attribution->matched},       {"term", attribution->term},
-                          {"tensor", attribution->tensor},         {"phase", attribution->phase},
-                          {"tensor_bytes", attribution->tensor_bytes},
-                          {"predicted_peak", attribution->predicted_peak},
-                          {"predicted_required", attribution->predicted_required},
-                          {"note", attribution->note}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << (attribution ? to_json(report, ctx, *attribution, 2) : to_json(report, ctx, 2)) << "\n";
   } else {
     print_table(report, classify(report, ctx));
     if (attribution) std::printf("\nbudget term: %s\n  %s\n", attribution->term.c_str(), attribution->note.c_str());

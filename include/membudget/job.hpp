@@ -71,6 +71,10 @@ Recipe recipe_of(Precision p) noexcept;
 // Whole bytes of one element of a 16- or 32-bit dtype (the recipe's dtypes).
 inline std::uint64_t element_size(DType d) noexcept { return static_cast<std::uint64_t>(dtype_bytes(d)); }
 
+// How the job is spread over GPUs. Not modelled yet (per-rank memory of distributed jobs is a later
+// addition): validate() throws Error(unsupported) naming every setting other than one rank, i.e.
+// anything but these defaults. (max_micro_batch's SearchOptions::data_parallel is something else:
+// the ranks a global batch is divided over, with each rank still holding the whole model.)
 struct Parallelism {
   std::uint64_t tensor = 1;     // t: Megatron tensor parallel
   std::uint64_t pipeline = 1;   // p
@@ -102,7 +106,8 @@ struct Job {
   DType weights = DType::bf16;       // weight precision when serving
   std::uint64_t group_size = 128;    // int4/int8 group-wise scales: one fp16 scale per group
 
-  // Throws Error(invalid_job) for zero or absurd sizes and unsupported combinations.
+  // Throws Error(invalid_job) for zero or absurd sizes, Error(unsupported) for combinations that
+  // are not modelled (a parallel setting other than one rank, LoRA with Adafactor, ...).
   void validate() const;
 };
 

@@ -28,8 +28,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "membudget/bytes.hpp"
 
 namespace membudget {
@@ -67,7 +65,7 @@ StepSeries read_steps_csv(std::string_view text, std::string_view name = "steps.
 StepSeries read_steps_csv_file(const std::string& path);  // + Error(io) when unreadable
 
 // {"leak", "growth_per_step", "start_step" (null without a leak), "steps", "growth_total",
-//  "explanation"}
-nlohmann::json to_json(const LeakReport& report);
+//  "explanation"}, keys in alphabetical order; indent -1 is one line, n >= 0 pretty-prints.
+std::string to_json(const LeakReport& report, int indent = -1);
 
 }  // namespace membudget

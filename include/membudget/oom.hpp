@@ -37,8 +37,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "membudget/bytes.hpp"
 
 namespace membudget {
@@ -120,7 +118,8 @@ OomDiagnosis classify(const OomReport& report, const OomContext& context = {});
 // {"requested", "capacity", "free", "allocated", "reserved", "reserved_unallocated", "non_pytorch",
 //  "process_in_use", "other_processes", "allowed", "private_pools", "gpu", "backend", "template",
 //  "derived", "classification", "situation", "first_fix", "explanation"}; sizes are integer bytes,
-// absent optional figures are null.
-nlohmann::json to_json(const OomReport& report, const OomContext& context = {});
+// absent optional figures are null. Keys in alphabetical order; indent -1 is one line, n >= 0
+// pretty-prints with n spaces (as `membudget oom --format json`, which uses 2).
+std::string to_json(const OomReport& report, const OomContext& context = {}, int indent = -1);
 
 }  // namespace membudget

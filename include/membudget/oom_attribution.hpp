@@ -27,4 +27,9 @@ struct OomAttribution {
 // Throws what predict() throws for a bad model or job.
 OomAttribution attribute_oom(const OomReport& report, const ModelSpec& model, const Job& job);
 
+// to_json(report, context) with one more key, "attribution": {"matched", "term", "tensor",
+// "phase", "tensor_bytes", "predicted_peak", "predicted_required", "note"}.
+std::string to_json(const OomReport& report, const OomContext& context, const OomAttribution& attribution,
+                    int indent = -1);
+
 }  // namespace membudget

@@ -42,6 +42,9 @@ SnapshotLeaks snapshot_leaks(std::string pickle_bytes, const std::string& where 
                              const LeakOptions& options = {});
 SnapshotLeaks snapshot_leaks_file(const std::string& path, const LeakOptions& options = {});
 
-nlohmann::json to_json(const SnapshotLeaks& leaks);
+// to_json(LeakReport)'s keys plus {"boundaries", "allocated_after_step", "boundary_time_us",
+// "survivor_bytes", "survivors": [{"frame", "bytes", "count", "first_step"}]}; frames that are not
+// valid UTF-8 are written with U+FFFD in place of the bad bytes.
+std::string to_json(const SnapshotLeaks& leaks, int indent = -1);
 
 }  // namespace membudget

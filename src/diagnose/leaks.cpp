@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "json_out.hpp"
+
 namespace membudget {
 
 namespace {
@@ -257,7 +259,7 @@ StepSeries read_steps_csv_file(const std::string& path) {
   return read_steps_csv(ss.str(), path);
 }
 
-nlohmann::json to_json(const LeakReport& r) {
+nlohmann::json diagnose::leak_json(const LeakReport& r) {
   return nlohmann::json{
       {"leak", r.leak},
       {"growth_per_step", r.growth_per_step},
@@ -266,5 +268,7 @@ nlohmann::json to_json(const LeakReport& r) {
       {"growth_total", r.growth_total},
       {"explanation", r.explanation}};
 }
+
+std::string to_json(const LeakReport& report, int indent) { return diagnose::dump(diagnose::leak_json(report), indent); }
 
 }  // namespace membudget

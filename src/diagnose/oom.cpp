@@ -6,6 +6,8 @@
 #include <cctype>
 #include <string>
 
+#include "json_out.hpp"
+
 namespace membudget {
 
 const char* to_string(OomTemplate t) noexcept {
@@ -588,7 +590,9 @@ OomDiagnosis classify(const OomReport& r, const OomContext& ctx) {
   return d;
 }
 
-nlohmann::json to_json(const OomReport& r, const OomContext& ctx) {
+namespace diagnose {
+
+nlohmann::json oom_json(const OomReport& r, const OomContext& ctx) {
   using nlohmann::json;
   auto opt = [](const std::optional<bytes_t>& v) { return v ? json(*v) : json(nullptr); };
   json procs = json::array();
@@ -617,6 +621,12 @@ nlohmann::json to_json(const OomReport& r, const OomContext& ctx) {
               {"situation", d.situation},
               {"first_fix", d.first_fix},
               {"explanation", d.explanation}};
+}
+
+}  // namespace diagnose
+
+std::string to_json(const OomReport& report, const OomContext& context, int indent) {
+  return diagnose::dump(diagnose::oom_json(report, context), indent);
 }
 
 }  // namespace membudget

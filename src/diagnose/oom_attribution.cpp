@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "json_out.hpp"
+
 namespace membudget {
 namespace {
 bool size_matches(bytes_t requested, bytes_t tensor) {
@@ -54,6 +56,19 @@ OomAttribution attribute_oom(const OomReport& report, const ModelSpec& model, co
     a.note += "; the prediction (" + format_bytes(a.predicted_required) + " with overhead) exceeds the card's " +
               format_bytes(report.capacity) + ", so this job cannot fit as configured";
   return a;
+}
+
+std::string to_json(const OomReport& report, const OomContext& context, const OomAttribution& a, int indent) {
+  nlohmann::json j = diagnose::oom_json(report, context);
+  j["attribution"] = {{"matched", a.matched},
+                      {"term", a.term},
+                      {"tensor", a.tensor},
+                      {"phase", a.phase},
+                      {"tensor_bytes", a.tensor_bytes},
+                      {"predicted_peak", a.predicted_peak},
+                      {"predicted_required", a.predicted_required},
+                      {"note", a.note}};
+  return diagnose::dump(j, indent);
 }
 
 }  // namespace membudget

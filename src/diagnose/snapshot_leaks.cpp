@@ -5,6 +5,7 @@
 #include <map>
 
 #include "attribute_internal.hpp"
+#include "json_out.hpp"
 #include "pickle.hpp"
 #include "trace.hpp"
 
@@ -124,8 +125,8 @@ SnapshotLeaks snapshot_leaks_file(const std::string& path, const LeakOptions& op
   return run(diagnose::read_snapshot_file(path), options);
 }
 
-nlohmann::json to_json(const SnapshotLeaks& l) {
-  nlohmann::json j = to_json(l.report);
+std::string to_json(const SnapshotLeaks& l, int indent) {
+  nlohmann::json j = diagnose::leak_json(l.report);
   j["boundaries"] = l.boundaries;
   j["allocated_after_step"] = l.series.allocated;
   j["boundary_time_us"] = l.boundary_time_us;
@@ -134,7 +135,7 @@ nlohmann::json to_json(const SnapshotLeaks& l) {
   for (const auto& g : l.survivors)
     a.push_back({{"frame", g.frame}, {"bytes", g.bytes}, {"count", g.count}, {"first_step", g.first_step}});
   j["survivors"] = a;
-  return j;
+  return diagnose::dump(j, indent);
 }
 
 }  // namespace membudget

@@ -1,7 +1,8 @@
 // src/diagnose/trace.hpp: the allocation history of a torch.cuda.memory._dump_snapshot pickle.
 //
-// decode_snapshot() checks the structure (REFERENCE.md §6) and keeps what attribute and leaks need:
-// one device's trace events and the blocks still allocated when the snapshot was taken. Any
+// decode_snapshot() checks the structure (torch.cuda.memory._snapshot()'s format, documented in
+// PyTorch's torch/cuda/memory.py; src/measure/snapshot.hpp writes it) and keeps what attribute and
+// leaks need: one device's trace events and the blocks still allocated when the snapshot was taken. Any
 // missing key or wrong type is an Error(parse) naming the entry; unknown keys and actions are
 // ignored. Frames are decoded lazily (frames_of), each checked the same way.
 //

@@ -86,6 +86,7 @@ std::string describe(const AllocTag& tag) {
 struct CachingAllocator::Impl {
   RawMemory& raw;
   AllocatorOptions options;
+  const AllocatorPolicy& policy = options.policy;
   AllocatorStats stats;
   Pool small_pool{true, {}, nullptr};
   Pool large_pool{false, {}, nullptr};
@@ -113,10 +114,10 @@ struct CachingAllocator::Impl {
     }
   }
 
-  Pool& pool_for(std::size_t rounded) { return CachingAllocator::is_small(rounded) ? small_pool : large_pool; }
+  Pool& pool_for(std::size_t rounded) { return policy.is_small(rounded) ? small_pool : large_pool; }
   Pool& pool_of(const Segment& seg) { return seg.small ? small_pool : large_pool; }
 
-  std::size_t page_size(const Pool& pool) const { return pool.small ? kSmallBuffer : kLargeBuffer; }
+  std::size_t page_size(const Pool& pool) const { return policy.page_size(pool.small); }
 
   std::uint64_t now_us() {
     auto t = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -131,14 +132,14 @@ struct CachingAllocator::Impl {
     history.push_back(TraceEvent{action, addr, size, now_us(), tag});
   }
 
-  // c10 get_free_block: smallest cached block >= size in the pool. With max_split_size unlimited
-  // neither oversize rule applies, so the lower bound is the answer.
+  // c10 get_free_block: the smallest cached block >= size in the pool, unless the policy's
+  // oversize rules (max_split_size; unlimited by default) keep it for other requests.
   Block* get_free_block(Pool& pool, std::size_t size) {
     Block key;
     key.size = size;
     key.addr = 0;
     auto it = pool.free_blocks.lower_bound(&key);
-    if (it == pool.free_blocks.end()) return nullptr;
+    if (it == pool.free_blocks.end() || !policy.may_reuse(size, (*it)->size)) return nullptr;
     Block* b = *it;
     pool.free_blocks.erase(it);
     return b;
@@ -148,8 +149,8 @@ struct CachingAllocator::Impl {
   // `asked` receives the bytes requested from the raw memory, for the OOM message.
   Block* alloc_block(Pool& pool, std::size_t size, bool is_retry, std::size_t& asked) {
     if (is_retry) stats.num_alloc_retries += 1;
-    if (options.expandable_segments) return grow_expandable(pool, size, asked);
-    std::size_t bytes = CachingAllocator::segment_size(size);
+    if (policy.expandable_segments) return grow_expandable(pool, size, asked);
+    std::size_t bytes = policy.segment_size(size);
     asked = bytes;
     void* p = raw.raw_alloc(bytes);
     if (!p) return nullptr;
@@ -290,7 +291,7 @@ struct CachingAllocator::Impl {
     if (bytes > (std::size_t{1} << 62))
       throw Error(ErrorKind::invalid_argument,
                   "allocate: " + std::to_string(bytes) + " bytes for " + describe(tag) + " is absurd");
-    const std::size_t size = CachingAllocator::round_size(bytes);
+    const std::size_t size = policy.round_size(bytes);
     Pool& pool = pool_for(size);
 
     Block* b = get_free_block(pool, size);
@@ -308,7 +309,7 @@ struct CachingAllocator::Impl {
     const bool expandable = b->seg->expandable;
     const bool already_split = b->is_split();
     const std::size_t remaining = b->size - size;
-    const bool split = (pool.small || expandable) ? remaining >= kMinBlockSize : remaining > kSmallSize;
+    const bool split = policy.should_split(pool.small || expandable, size, remaining);
     if (split) {
       auto* rest = new Block;
       rest->addr = b->addr + size;
@@ -436,16 +437,7 @@ void CachingAllocator::reset_peak_stats() {
 
 void CachingAllocator::empty_cache() { impl_->release_cached_blocks(); }
 
-std::size_t CachingAllocator::round_size(std::size_t bytes) {
-  if (bytes < kMinBlockSize) return kMinBlockSize;
-  return round_up(bytes, kMinBlockSize);
-}
-
-std::size_t CachingAllocator::segment_size(std::size_t rounded) {
-  if (rounded <= kSmallSize) return kSmallBuffer;
-  if (rounded < kMinLargeAlloc) return kLargeBuffer;
-  return round_up(rounded, kRoundLarge);
-}
+const AllocatorPolicy& CachingAllocator::policy() const { return impl_->policy; }
 
 std::vector<SegmentInfo> CachingAllocator::segments() const { return impl_->snapshot_segments(); }
 

@@ -1,23 +1,16 @@
 // src/measure/allocator.hpp: an instrumented caching allocator with PyTorch's policy and statistics.
 //
-// Policy (c10/cuda/CUDACachingAllocator.cpp, restated in ../shared/REFERENCE.md §5):
-//   * every request is rounded up to a multiple of 512 B (minimum 512 B);
-//   * requests <= 1 MiB come from the small pool, whose segments are 2 MiB;
-//     larger requests come from the large pool: a request < 10 MiB gets a 20 MiB segment, a larger
-//     one a segment rounded up to a multiple of 2 MiB;
-//   * best fit among cached free blocks of the pool (one stream only here);
-//   * a block is split when the remainder is >= 512 B (small pool) or > 1 MiB (large pool);
-//     freed blocks coalesce with free neighbours of the same segment;
-//   * on a miss: ask the raw memory for a segment; if that fails, release every cached segment
-//     that is entirely free and retry once (num_alloc_retries += 1); if that fails too,
-//     num_ooms += 1 and Error(out_of_memory) is thrown with PyTorch's figures.
-//   Worked numbers: a 1000 B request becomes a 1024 B block carved from a new 2 MiB small segment
-//   (allocated 1024, reserved 2 MiB); a 5 MiB request becomes a 5 MiB block from a new 20 MiB
-//   segment (reserved 20 MiB, the 15 MiB remainder stays cached); a 30,000,000 B request is rounded
-//   to 30,000,128 B and gets a segment of 31,457,280 B (15 × 2 MiB).
+// Policy: PyTorch's, as the value AllocatorPolicy (src/common/allocator_policy.hpp, shared with the
+// simulator) states it: 512-byte rounding, a small pool of 2 MiB segments for requests <= 1 MiB, a
+// large pool of 20 MiB segments below 10 MiB and of the request rounded to 2 MiB above, c10's split
+// and oversize rules, best fit among the pool's cached free blocks (one stream only here). On a
+// miss: ask the raw memory for a segment; if that fails, release every cached segment that is
+// entirely free and retry once (num_alloc_retries += 1); if that fails too, num_ooms += 1 and
+// Error(out_of_memory) is thrown with PyTorch's figures.
 //
-// Optional expandable-segments mode maps pages into one growing segment per pool (2 MiB pages for
-// the small pool, 20 MiB for the large), so freed space is reused without fragmentation.
+// Optional expandable-segments mode (policy.expandable_segments) maps pages into one growing
+// segment per pool (2 MiB pages for the small pool, 20 MiB for the large), so freed space is
+// reused without fragmentation.
 //   Choices made here (PyTorch's own bookkeeping is finer): each pool reserves one virtual address
 //   range (RawMemory::reserve_range, sized to the capacity) and maps a growing prefix of it. A miss
 //   maps just enough whole pages after the last block (merging with a free tail block); blocks split
@@ -25,10 +18,6 @@
 //   mapped (reserved) until empty_cache() or the OOM retry unmaps the whole free pages at the tail.
 //   inactive_split is not counted for expandable segments (PyTorch excludes them too), and such a
 //   segment counts in num_segments while it has pages mapped.
-//
-// Constants (c10's names): kMinBlockSize 512, kSmallSize 1 MiB, kSmallBuffer 2 MiB, kMinLargeAlloc
-// 10 MiB, kLargeBuffer 20 MiB, kRoundLarge 2 MiB. max_split_size is unlimited (PyTorch's default),
-// so every cached block >= the request is eligible and get_free_block's oversize rules never fire.
 //
 // The OOM message follows PyTorch >= 2.1: "Tried to allocate" prints the size asked of the raw
 // memory (the segment size, c10's alloc_size; the pages to map in expandable mode), then membudget
@@ -44,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "common/allocator_policy.hpp"
 #include "membudget/bytes.hpp"
 
 namespace membudget::measure {
@@ -99,7 +89,7 @@ struct AllocTag {
 };
 
 struct AllocatorOptions {
-  bool expandable_segments = false;
+  AllocatorPolicy policy;       // PyTorch's defaults; policy.expandable_segments for that mode
   bool record_history = false;  // keep trace events for the snapshot
 };
 
@@ -136,13 +126,6 @@ struct SegmentInfo {
 
 class CachingAllocator {
  public:
-  static constexpr std::size_t kMinBlockSize = 512;             // every block is a multiple of this
-  static constexpr std::size_t kSmallSize = 1048576;            // largest small-pool request
-  static constexpr std::size_t kSmallBuffer = 2097152;          // small-pool segment (page)
-  static constexpr std::size_t kMinLargeAlloc = 10485760;       // below: one kLargeBuffer segment
-  static constexpr std::size_t kLargeBuffer = 20971520;         // large-pool segment (page)
-  static constexpr std::size_t kRoundLarge = 2097152;           // larger segments round up to this
-
   explicit CachingAllocator(RawMemory& raw, AllocatorOptions options = {});
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
@@ -156,10 +139,8 @@ class CachingAllocator {
   void reset_peak_stats();
   void empty_cache();  // release every entirely free segment
 
-  // Rounding rules, exposed so tests compute expectations with the allocator's own functions.
-  static std::size_t round_size(std::size_t bytes);
-  static std::size_t segment_size(std::size_t rounded);
-  static bool is_small(std::size_t rounded) { return rounded <= kSmallSize; }
+  // The rounding, pools and split rules it follows (tests compute expectations with it).
+  const AllocatorPolicy& policy() const;
 
   // Segments in address order with their blocks (for write_snapshot and for tests).
   std::vector<SegmentInfo> segments() const;

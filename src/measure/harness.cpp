@@ -50,8 +50,6 @@ void check_harness_supported(const ModelSpec& m, const Job& job) {
   if (job.recompute == Recompute::selective) no("--recompute selective: the harness implements none and full");
   if (job.attention != Attention::flash) no("--attention math: the harness implements flash-style attention only");
   if (job.precision == Precision::bf16_master) no("--precision bf16-master: the harness implements fp32, amp-bf16 and bf16");
-  if (job.parallel.tensor != 1 || job.parallel.pipeline != 1 || job.parallel.data != 1 || job.parallel.zero_stage != 0)
-    no("parallelism: the harness runs on one device");
   const std::uint64_t T = job.batch * job.seq;
   if (T * std::max(m.vocab_size, m.intermediate_size) > (1ull << 31))
     no("the batch is too large for the harness's 32-bit kernel indices");
@@ -146,25 +144,6 @@ struct Harness::Impl {
   }
 
   // ---- phases ----
-  struct PhaseScope {
-    Impl& h;
-    bytes_t* peak;
-    bytes_t* reserved;
-    PhaseScope(Impl& impl, const char* name, bytes_t* out, bytes_t* reserved_peak)
-        : h(impl), peak(out), reserved(reserved_peak) {
-      h.phase = name;
-      h.be.synchronize();
-      h.alloc.reset_peak_stats();
-      h.marks.push_back({h.step_index, name, h.alloc.history().size()});
-    }
-    ~PhaseScope() {
-      h.be.synchronize();
-      const AllocatorStats s = h.alloc.stats();
-      *peak = static_cast<bytes_t>(s.allocated.peak);
-      *reserved = std::max(*reserved, static_cast<bytes_t>(s.reserved.peak));
-    }
-  };
-
   AttnShape attn_shape() const {
     return {static_cast<int>(d.B), static_cast<int>(d.S), static_cast<int>(d.a), static_cast<int>(d.kv),
             static_cast<int>(d.hd)};
@@ -385,16 +364,16 @@ struct Harness::Impl {
     be.copy_to_device(G(Buf::tokens).i32(), host_tokens.data(), d.T * 4);
     be.copy_to_device(G(Buf::targets).i32(), host_targets.data(), d.T * 4);
     {
-      PhaseScope s(*this, "forward", &sm.forward_peak, &sm.reserved_peak);
+      PhaseScope<Impl> s(*this, "forward", &sm.forward_peak, &sm.reserved_peak);
       sm.floor = static_cast<bytes_t>(alloc.stats().allocated.current);
       sm.loss = forward();
     }
     {
-      PhaseScope s(*this, "backward", &sm.backward_peak, &sm.reserved_peak);
+      PhaseScope<Impl> s(*this, "backward", &sm.backward_peak, &sm.reserved_peak);
       backward();
     }
     {
-      PhaseScope s(*this, "optimizer", &sm.optimizer_peak, &sm.reserved_peak);
+      PhaseScope<Impl> s(*this, "optimizer", &sm.optimizer_peak, &sm.reserved_peak);
       optimizer();
     }
     phase = "step";

@@ -55,6 +55,7 @@ struct PhaseMark {
 
 // Throws Error(unsupported) for what the harness does not implement (it is a Llama-family step:
 // RMSNorm, SwiGLU, GQA flash attention, AdamW, recipes fp32 / amp-bf16 / bf16, recompute none or full).
+// The job is validated first (Job::validate refuses parallel settings other than one rank).
 void check_harness_supported(const ModelSpec& model, const Job& job);
 
 HarnessDims harness_dims(const ModelSpec& model, const Job& job);

@@ -113,6 +113,33 @@ inline Buffer make_buffer(CachingAllocator& alloc, std::size_t bytes, DType dt, 
   }
 }
 
+// One phase of a harness step (forward, backward, optimizer; prefill, decode): opening it names the
+// phase, synchronises, resets the allocator's peaks (peak = current, as torch.cuda's
+// reset_peak_stats) and marks the history; closing it synchronises and reads the phase's allocated
+// peak into *peak and the reserved peak into *reserved (the max over the phases). Harness is the
+// training or inference harness's Impl: phase, be, alloc, marks, step_index.
+template <class Harness>
+struct PhaseScope {
+  Harness& h;
+  bytes_t* peak;
+  bytes_t* reserved;
+  PhaseScope(Harness& harness, const char* name, bytes_t* out, bytes_t* reserved_peak)
+      : h(harness), peak(out), reserved(reserved_peak) {
+    h.phase = name;
+    h.be.synchronize();
+    h.alloc.reset_peak_stats();
+    h.marks.push_back({h.step_index, name, h.alloc.history().size()});
+  }
+  ~PhaseScope() {
+    h.be.synchronize();
+    const AllocatorStats s = h.alloc.stats();
+    *peak = static_cast<bytes_t>(s.allocated.peak);
+    *reserved = std::max(*reserved, static_cast<bytes_t>(s.reserved.peak));
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+};
+
 // fp32 → bf16 with round-to-nearest-even (the values here are finite).
 inline std::uint16_t to_bf16_bits(float f) {
   std::uint32_t u;

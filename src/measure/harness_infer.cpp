@@ -261,31 +261,12 @@ struct InferHarness::Impl {
     return out;
   }
 
-  struct PhaseScope {
-    Impl& h;
-    bytes_t* peak;
-    bytes_t* reserved;
-    PhaseScope(Impl& impl, const char* name, bytes_t* out, bytes_t* reserved_peak)
-        : h(impl), peak(out), reserved(reserved_peak) {
-      h.phase = name;
-      h.be.synchronize();
-      h.alloc.reset_peak_stats();
-      h.marks.push_back({h.step_index, name, h.alloc.history().size()});
-    }
-    ~PhaseScope() {
-      h.be.synchronize();
-      const AllocatorStats s = h.alloc.stats();
-      *peak = static_cast<bytes_t>(s.allocated.peak);
-      *reserved = std::max(*reserved, static_cast<bytes_t>(s.reserved.peak));
-    }
-  };
-
   InferStep step() {
     InferStep st;
     StepMeasure& sm = st.measure;
     sm.index = step_index;
     {
-      PhaseScope s(*this, "prefill", &sm.prefill_peak, &sm.reserved_peak);
+      PhaseScope<Impl> s(*this, "prefill", &sm.prefill_peak, &sm.reserved_peak);
       sm.floor = static_cast<bytes_t>(alloc.stats().allocated.current);
       st.prefill_logits = forward(prompt, d.S, 0);
     }
@@ -296,7 +277,7 @@ struct InferHarness::Impl {
       st.next_tokens[b] = static_cast<std::int32_t>(std::max_element(row, row + d.V) - row);
     }
     {
-      PhaseScope s(*this, "decode", &sm.decode_peak, &sm.reserved_peak);
+      PhaseScope<Impl> s(*this, "decode", &sm.decode_peak, &sm.reserved_peak);
       st.decode_logits = forward(st.next_tokens, 1, d.S);
     }
     phase = "step";

@@ -37,7 +37,7 @@ struct InferStep {
 };
 
 // Error(unsupported) for what the inference step does not implement: the training harness's model
-// limits, --weights other than bf16/fp32, --kv-dtype other than bf16/fp32, parallelism.
+// limits, --weights other than bf16/fp32, --kv-dtype other than bf16/fp32 (parallelism: Job::validate).
 void check_harness_infer_supported(const ModelSpec& model, const Job& job);
 
 // The prefill's dims (S = the prompt, P = S + 1).

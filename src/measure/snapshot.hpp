@@ -1,6 +1,7 @@
 // src/measure/snapshot.hpp: the allocator's state as a torch.cuda.memory._dump_snapshot pickle.
 //
-// The file loads in pytorch.org/memory_viz (REFERENCE.md §6): a dict with
+// The file loads in pytorch.org/memory_viz (the format of PyTorch's torch.cuda.memory._snapshot(),
+// documented in torch/cuda/memory.py and read by torch/cuda/_memory_viz.py): a dict with
 //   segments:           [{device, address, total_size, allocated_size, active_size, requested_size,
 //                         stream, segment_type, segment_pool_id, is_expandable, frames, blocks}],
 //                       blocks: [{address, size, requested_size, state, frames}]

@@ -81,7 +81,7 @@ VerifyResult run_verify(const ModelSpec& model, const Job& job_in, const VerifyO
   auto backend = make_backend(options.backend, options.capacity);
   res.backend = backend->name();
   AllocatorOptions ao;
-  ao.expandable_segments = options.expandable_segments;
+  ao.policy.expandable_segments = options.expandable_segments;
   ao.record_history = !options.snapshot_path.empty() || !options.plot_path.empty();
   CachingAllocator allocator(backend->memory(), ao);
   HarnessOptions ho;
@@ -298,8 +298,8 @@ std::string timeline_svg(const std::vector<TraceEvent>& history, const std::vect
   double cur = 0;
   level.push_back(0);
   for (const auto& e : history) {
-    if (e.action == TraceEvent::Action::alloc) cur += static_cast<double>(CachingAllocator::round_size(e.size));
-    if (e.action == TraceEvent::Action::free_completed) cur -= static_cast<double>(CachingAllocator::round_size(e.size));
+    if (e.action == TraceEvent::Action::alloc) cur += static_cast<double>(kPyTorchAllocator.round_size(e.size));
+    if (e.action == TraceEvent::Action::free_completed) cur -= static_cast<double>(kPyTorchAllocator.round_size(e.size));
     level.push_back(cur);
   }
   double ymax = 1;

@@ -7,6 +7,7 @@
 
 #include "job_key.hpp"
 #include "korthikanti.hpp"
+#include "predictors.hpp"
 #include "membudget/serving.hpp"
 #include "serve_plan.hpp"
 #include "step_plan.hpp"
@@ -29,12 +30,9 @@ using detail::key_of;
 
 constexpr std::size_t kCacheLimit = 65536;
 
-bool plan_applies(const Job& j) {
-  return j.mode == Mode::train && j.profile == Profile::torch && j.parallel.tensor == 1 && j.parallel.pipeline == 1;
-}
-bool serve_plan_applies(const Job& j) {
-  return j.mode == Mode::infer && j.profile == Profile::torch && j.parallel.tensor == 1 && j.parallel.pipeline == 1;
-}
+// (Job::validate refuses every parallel setting but one rank before a plan is compiled.)
+bool plan_applies(const Job& j) { return j.mode == Mode::train && j.profile == Profile::torch; }
+bool serve_plan_applies(const Job& j) { return j.mode == Mode::infer && j.profile == Profile::torch; }
 
 // The Estimate that summarize(predict(m, j)) gives for a serving job, from its plan.
 Estimate from_serve_plan(const detail::ServePlan& plan, const ModelSpec& m, const Job& j) {
@@ -342,11 +340,20 @@ void set_job_option(Job& j, std::string_view key, std::string_view value) {
   else if (k == "weights") j.weights = parse_dtype(v, "--weights");
   else if (k == "group-size") j.group_size = count("--group-size");
   else if (k == "lora") j.lora_rank = v == "0" ? 0 : count("--lora");
-  else
+  else if (k == "tensor-parallel") j.parallel.tensor = count("tensor-parallel");
+  else if (k == "pipeline-parallel") j.parallel.pipeline = count("pipeline-parallel");
+  else if (k == "data-parallel") j.parallel.data = count("data-parallel");
+  else if (k == "zero-stage") j.parallel.zero_stage = static_cast<int>(std::min<std::uint64_t>(count("zero-stage"), 4));
+  else if (k == "sequence-parallel") {
+    if (v != "true" && v != "false" && v != "1" && v != "0" && v != "True" && v != "False")
+      throw Error(ErrorKind::invalid_job, "sequence-parallel: '" + v + "' is not true or false");
+    j.parallel.sequence_parallel = v == "true" || v == "1" || v == "True";
+  } else
     throw Error(ErrorKind::invalid_argument,
                 "unknown job option '" + std::string(key) +
                     "' (batch, seq, mode, precision, optimizer, recompute, attention, loss, loss-chunk, activations, "
-                    "profile, overhead, kv-dtype, weights, group-size, lora)");
+                    "profile, overhead, kv-dtype, weights, group-size, lora, tensor-parallel, pipeline-parallel, "
+                    "data-parallel, zero-stage, sequence-parallel)");
 }
 
 std::string to_json(const Estimate& e, int indent) {

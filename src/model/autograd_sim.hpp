@@ -202,24 +202,18 @@ constexpr Role default_role(Term term) noexcept {
   return Role::temporary;
 }
 
-inline bytes_t round512(bytes_t b) {
-  if (b == 0) return 0;
-  return checked_mul((b + 511) / 512, 512, "allocation rounding");
-}
+}  // namespace membudget::detail
 
-// What PyTorch's caching allocator counts for a tensor of `b` bytes that is given a segment of its
-// own (c10/cuda/CUDACachingAllocator.cpp): the request rounds to 512 B; above kSmallSize (1 MiB)
-// it gets a segment of kLargeBuffer (20 MiB) below kMinLargeAlloc (10 MiB), else of its size
-// rounded up to kRoundLarge (2 MiB); and the block is split off the segment only when more than
-// kSmallSize would remain (should_split). A tensor 1 MiB or less short of a 2 MiB multiple thus
-// holds, and memory_allocated() counts, the whole segment: an 81 MiB fp32 Gemma 2 MLP weight is an
-// 82 MiB block.
-inline bytes_t own_segment_block(bytes_t b) {
-  constexpr bytes_t kSmallSize = bytes_t{1} << 20, kMinLargeAlloc = 10 * kSmallSize, kRoundLarge = 2 * kSmallSize;
-  const bytes_t r = round512(b);
-  if (r < kMinLargeAlloc) return r;
-  const bytes_t segment = checked_mul((r + kRoundLarge - 1) / kRoundLarge, kRoundLarge, "allocation rounding");
-  return segment - r > kSmallSize ? r : segment;
-}
+// The allocator's rounding is PyTorch's policy, shared with the instrumented allocator.
+#include "common/allocator_policy.hpp"
+
+namespace membudget::detail {
+
+// What the caching allocator counts for a tensor of `b` bytes (0: a tensor with no storage).
+inline bytes_t round512(bytes_t b) { return b == 0 ? 0 : kPyTorchAllocator.round_size(b); }
+
+// What memory_allocated() counts for a tensor of `b` bytes given a segment of its own
+// (AllocatorPolicy::own_segment_block): an 81 MiB fp32 Gemma 2 MLP weight is an 82 MiB block.
+inline bytes_t own_segment_block(bytes_t b) { return b == 0 ? 0 : kPyTorchAllocator.own_segment_block(b); }
 
 }  // namespace membudget::detail

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "autograd_sim.hpp"
-#include "korthikanti.hpp"
+#include "predictors.hpp"
 #include "membudget/serving.hpp"
 
 namespace membudget::detail {

@@ -134,9 +134,24 @@ void Job::validate() const {
                                      " tokens per micro-batch is absurdly large (limit 2^32)");
   if (loss == Loss::chunked && loss_chunk == 0) throw bad("--loss-chunk", "must be at least 1");
   if (parallel.tensor == 0 || parallel.pipeline == 0 || parallel.data == 0)
-    throw bad("parallelism", "tensor, pipeline and data sizes must be at least 1");
+    throw bad("parallel", "tensor, pipeline and data sizes must be at least 1");
   if (parallel.zero_stage < 0 || parallel.zero_stage > 3)
-    throw bad("--zero", "ZeRO stage must be 0, 1, 2 or 3");
+    throw bad("parallel.zero_stage", "ZeRO stage must be 0, 1, 2 or 3");
+  // Until per-rank memory of distributed jobs is modelled, a job is one rank holding the whole
+  // model: any other parallel setting is refused by name, never answered as if unsharded.
+  std::string ranks;
+  auto note = [&](const char* setting, const std::string& value) {
+    ranks += (ranks.empty() ? "" : ", ") + std::string(setting) + " = " + value;
+  };
+  if (parallel.tensor != 1) note("parallel.tensor", std::to_string(parallel.tensor));
+  if (parallel.pipeline != 1) note("parallel.pipeline", std::to_string(parallel.pipeline));
+  if (parallel.data != 1) note("parallel.data", std::to_string(parallel.data));
+  if (parallel.zero_stage != 0) note("parallel.zero_stage", std::to_string(parallel.zero_stage));
+  if (parallel.sequence_parallel) note("parallel.sequence_parallel", "true");
+  if (!ranks.empty())
+    throw Error(ErrorKind::unsupported,
+                ranks + ": parallel and sharded jobs are not modelled yet; membudget predicts one rank holding "
+                        "the whole model (tensor, pipeline and data 1, ZeRO stage 0, no sequence parallelism)");
   if (group_size == 0) throw bad("--group-size", "must be at least 1");
   if (lora_rank > 65536) throw bad("--lora", "rank " + std::to_string(lora_rank) + " is absurdly large (limit 65536)");
   if (lora_rank && mode == Mode::train && profile == Profile::harness)

@@ -1,8 +1,6 @@
 // The textbook activation model: Korthikanti et al. 2022, "Reducing Activation Recomputation in
 // Large Transformer Models" (arXiv 2205.05198), §4 and Table 2, per layer, 16-bit activations,
 // 1-byte dropout masks, no tensor/sequence parallelism (t = 1).
-#include <algorithm>
-
 #include "korthikanti.hpp"
 
 namespace membudget::detail {
@@ -73,25 +71,6 @@ bytes_t korthikanti_total(const ModelSpec& m, const Job& job) {
     per_layer = checked_add(per_layer, bytes, "korthikanti per-layer total");
   });
   return checked_mul(per_layer, m.num_layers, "korthikanti activations");
-}
-
-LogitsLossBreakdown logits_breakdown(const ModelSpec& m, const Job& job) {
-  LogitsLossBreakdown l;
-  const bytes_t T = mul(job.batch, job.seq), V = m.vocab_size;
-  const bytes_t compute = job.precision == Precision::fp32 ? 4 : 2;
-  if (job.loss == Loss::chunked) {
-    const bytes_t c = std::min<bytes_t>(job.loss_chunk, T);
-    l.logits = mul(c, V, compute);
-    l.upcast = compute == 4 ? 0 : mul(c, V, 4);
-    l.loss_saved = 0;
-    l.logits_grad = mul(c, V, 4);
-    return l;
-  }
-  l.logits = mul(T, V, compute);
-  l.upcast = compute == 4 ? 0 : mul(T, V, 4);
-  l.loss_saved = mul(T, V, 4);
-  l.logits_grad = mul(T, V, 4);
-  return l;
 }
 
 }  // namespace membudget::detail

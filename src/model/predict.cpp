@@ -3,6 +3,7 @@
 
 #include "inventory.hpp"
 #include "korthikanti.hpp"
+#include "predictors.hpp"
 #include "membudget/budget.hpp"
 
 namespace membudget {
@@ -15,11 +16,7 @@ bytes_t default_overhead(Profile profile) {
 
 Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& options) {
   model.validate();
-  job.validate();
-  if (job.parallel.tensor != 1 || job.parallel.pipeline != 1)
-    throw Error(ErrorKind::unsupported,
-                "tensor and pipeline parallelism are not modelled by the inventory yet (use --activations korthikanti "
-                "for the textbook figure)");
+  job.validate();  // refuses parallel settings other than one rank
   Budget b;
   b.model = model;
   b.job = job;

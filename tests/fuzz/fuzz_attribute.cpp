@@ -28,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (e.kind() != ErrorKind::parse) std::abort();
   }
   try {
-    (void)to_json(snapshot_leaks(bytes, "fuzz")).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    (void)to_json(snapshot_leaks(bytes, "fuzz"));
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::parse && e.kind() != ErrorKind::unsupported) std::abort();
   }

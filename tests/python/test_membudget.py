@@ -68,3 +68,16 @@ def test_errors_are_typed():
         membudget.load_model("/nonexistent.yaml")
     with pytest.raises(membudget.Error, match="unknown card"):
         membudget.fits(LLAMA_1B, device="no-such-card")
+
+
+def test_parallel_settings_are_unsupported_not_unsharded():
+    for kw, named in [({"tensor_parallel": 2}, "parallel.tensor = 2"),
+                      ({"data_parallel": 8, "zero_stage": 3}, "parallel.data = 8, parallel.zero_stage = 3"),
+                      ({"sequence_parallel": True}, "parallel.sequence_parallel = true")]:
+        with pytest.raises(membudget.Error, match=named):
+            membudget.predict(LLAMA_1B, **kw)
+        with pytest.raises(membudget.Error, match=named):
+            membudget.estimate(LLAMA_1B, **kw)
+    # max_micro_batch's data_parallel divides the global batch; it is not a job setting
+    r = membudget.max_micro_batch(LLAMA_1B, device="H100", seq=2048, global_batch=64, data_parallel=8)
+    assert r["accum_micro_batch"] * r["grad_accum_steps"] * 8 == 64

@@ -2,7 +2,7 @@
 // accumulation steps that reach the job's global batch.
 //   scheduler MODEL.yaml [DEVICE]
 #include <cstdio>
-#include <membudget/api.hpp>
+#include <membudget/membudget.hpp>
 
 int main(int argc, char** argv) {
   if (argc < 2) {

@@ -1,0 +1,28 @@
+// The logits/loss term of a torch training step (predictors.hpp).
+#include <algorithm>
+
+#include "predictors.hpp"
+
+namespace membudget::detail {
+
+LogitsLossBreakdown logits_breakdown(const ModelSpec& m, const Job& job) {
+  auto mul = [](bytes_t a, bytes_t b, bytes_t c) { return checked_product("logits/loss size", a, b, c); };
+  LogitsLossBreakdown l;
+  const bytes_t T = checked_product("tokens", job.batch, job.seq), V = m.vocab_size;
+  const bytes_t compute = job.precision == Precision::fp32 ? 4 : 2;
+  if (job.loss == Loss::chunked) {
+    const bytes_t c = std::min<bytes_t>(job.loss_chunk, T);
+    l.logits = mul(c, V, compute);
+    l.upcast = compute == 4 ? 0 : mul(c, V, 4);
+    l.loss_saved = 0;
+    l.logits_grad = mul(c, V, 4);
+    return l;
+  }
+  l.logits = mul(T, V, compute);
+  l.upcast = compute == 4 ? 0 : mul(T, V, 4);
+  l.loss_saved = mul(T, V, 4);
+  l.logits_grad = mul(T, V, 4);
+  return l;
+}
+
+}  // namespace membudget::detail

@@ -1,0 +1,27 @@
+// src/model/predictors.hpp: the predictors predict() (predict.cpp) dispatches to, by mode and profile.
+//
+//   mode train, profile torch    simulate_torch_train / _fast (inventory.hpp), filled in predict.cpp
+//   mode infer, profile torch    predict_infer          (serving.cpp)
+//   mode train, profile harness  predict_harness        (inventory_harness.cpp)
+//   mode infer, profile harness  predict_harness_infer  (inventory_harness.cpp)
+// Each fills the budget predict() hands it (model, job, parameters and overhead already set): model
+// states, activations, logits and loss, KV cache, and the phase peaks. The compiled plans of the
+// API (step_plan.hpp, serve_plan.hpp) give the same numbers for the torch profile.
+#pragma once
+
+#include "membudget/budget.hpp"
+
+namespace membudget::detail {
+
+// Serving (mode infer) with the torch profile: docs/serving.md.
+void predict_infer(Budget& b, const PredictOptions& options);
+// membudget's own training step (profile harness): docs/harness.md.
+void predict_harness(Budget& b, const PredictOptions& options);
+// membudget's own inference step (profile harness, mode infer): docs/harness.md.
+void predict_harness_infer(Budget& b, const PredictOptions& options);
+
+// The logits/loss term of a torch training step: the logits, their fp32 upcast in the loss, the
+// loss's saved log-softmax and the logits' gradient (per chunk with --loss chunked).
+LogitsLossBreakdown logits_breakdown(const ModelSpec& m, const Job& job);
+
+}  // namespace membudget::detail
