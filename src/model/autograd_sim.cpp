@@ -93,18 +93,8 @@ TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, Role role
 
 TensorId AutogradSim::param(const char* name, bytes_t bytes, Term term, const char* dtype,
                             bool requires_grad, Role role) {
-  TensorInfo info;
-  info.name = name;
-  info.op = "parameter";
-  info.dtype = dtype;
-  info.bytes = bytes;
-  info.term = term;
-  info.role = role;
-  info.param = true;
-  info.requires_grad = requires_grad && recording();
-  info.holders = 1;
-  TensorId id = add(info);
-  allocate(id);
+  const TensorId id = make(name, bytes, term, role, "parameter", dtype, "", requires_grad);
+  tensors_[id].param = true;
   return id;
 }
 

@@ -270,13 +270,9 @@ struct Step {
     }
     TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
     sim.drop(attc);
-    if (m.norms_per_layer >= 4) {  // Gemma 2: post_attention_layernorm on the branch
-      TensorId on = rmsnorm(o, p.norm3, "post-attention norm output");
-      sim.drop(o);
-      o = on;
-    }
-    TensorId h1 = ops().residual_add(x, o, r.resid, r.resid_name, "residual stream (saved by the next norm)");
-    sim.drop(o);
+    // Gemma 2's post_attention_layernorm on the branch, then the residual add
+    TensorId h1 = ops().close_block(x, o, p.norm3, "post-attention norm output", r.resid, r.resid_name,
+                                    "residual stream (saved by the next norm)");
     TensorId n2 = rmsnorm(h1, p.norm2, "post_attention_layernorm output");
     // MLP (TorchOps::mlp) through this step's linear: autocast casts and LoRA adapters
     TensorId dn = ops().mlp(n2, r.compute, r.compute_name,
@@ -290,13 +286,8 @@ struct Step {
                               }
                             });
     sim.drop(n2);  // hidden_states = self.mlp(hidden_states)
-    if (m.norms_per_layer >= 4) {
-      TensorId dnn = rmsnorm(dn, p.norm4, "post-feedforward norm output");
-      sim.drop(dn);
-      dn = dnn;
-    }
-    TensorId h2 = ops().residual_add(h1, dn, r.resid, r.resid_name, "residual stream (layer output)");
-    sim.drop(dn);
+    TensorId h2 = ops().close_block(h1, dn, p.norm4, "post-feedforward norm output", r.resid, r.resid_name,
+                                    "residual stream (layer output)");
     sim.drop(h1);
     *out = h2;
   }

@@ -129,25 +129,15 @@ struct Walk {
     sim.drop(ao);
     sim.drop(qe);  // attention forward returns
     sim.drop(n1);  // hidden_states, _ = self.self_attn(...)
-    if (m.norms_per_layer >= 4) {
-      TensorId on = rmsnorm(o, "post_attention_layernorm output", h);
-      sim.drop(o);
-      o = on;
-    }
-    TensorId h1 = ops().residual_add(x, o, e, "bf16", "residual stream (after attention)");
-    sim.drop(o);
+    TensorId h1 = ops().close_block(x, o, kNone, "post_attention_layernorm output", e, "bf16",
+                                    "residual stream (after attention)");
     TensorId n2 = rmsnorm(h1, "post_attention_layernorm output", h);
     TensorId d = ops().mlp(n2, e, "bf16", [&](TensorId in_x, bytes_t, bytes_t out, Module, const char* name, const char*) {
       return linear(in_x, out, name);
     });
     sim.drop(n2);  // hidden_states = self.mlp(hidden_states)
-    if (m.norms_per_layer >= 4) {
-      TensorId dn = rmsnorm(d, "post_feedforward_layernorm output", h);
-      sim.drop(d);
-      d = dn;
-    }
-    TensorId h2 = ops().residual_add(h1, d, e, "bf16", "residual stream (layer output)");
-    sim.drop(d);
+    TensorId h2 = ops().close_block(h1, d, kNone, "post_feedforward_layernorm output", e, "bf16",
+                                    "residual stream (layer output)");
     sim.drop(h1);
     return h2;
   }

@@ -181,4 +181,16 @@ TensorId TorchOps::residual_add(TensorId residual, TensorId branch, bytes_t eb, 
   return out;
 }
 
+TensorId TorchOps::close_block(TensorId residual, TensorId branch, TensorId norm_w, const char* norm_tag, bytes_t eb,
+                               const char* dtype, const char* tname) {
+  if (m.norms_per_layer >= 4) {
+    TensorId normed = rmsnorm(branch, norm_w, norm_tag, m.hidden_size);
+    sim.drop(branch);
+    branch = normed;
+  }
+  TensorId out = residual_add(residual, branch, eb, dtype, tname);
+  sim.drop(branch);
+  return out;
+}
+
 }  // namespace membudget::detail

@@ -48,6 +48,11 @@ struct TorchOps {
 
   // hidden_states = residual + hidden_states: a new b·s·h tensor of `eb` bytes per value.
   TensorId residual_add(TensorId residual, TensorId branch, bytes_t eb, const char* dtype, const char* name);
+  // The end of a decoder layer's attention or MLP block: Gemma 2's norm on the branch
+  // (norms_per_layer 4: post_attention_layernorm / post_feedforward_layernorm, weight `norm_w`,
+  // output `norm_tag`), then the residual add. Drops the branch; returns the new residual stream.
+  TensorId close_block(TensorId residual, TensorId branch, TensorId norm_w, const char* norm_tag, bytes_t eb,
+                       const char* dtype, const char* name);
 
   // The MLP on `x`, activations of `eb` bytes: Llama's down_proj(act_fn(gate_proj(x)) * up_proj(x)),
   // Phi-3's chunked gate_up_proj, or the plain fc1 → GeLU → fc2. `linear(x, in, out, module, name,
