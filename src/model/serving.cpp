@@ -43,7 +43,7 @@ struct Walk {
   AutogradSim& sim;
   Mechanisms mech;
   bytes_t b = 0, s = 0, T = 0;        // batch, tokens per sequence in this forward, b·s
-  bytes_t h = 0, I = 0, V = 0, hd = 0;
+  bytes_t h = 0, V = 0, hd = 0;
   bytes_t qd = 0, kvd = 0, vd = 0;    // query, key and value widths (MLA: latent widths)
   bytes_t e = 2;                      // activation element bytes (bf16 / fp16)
   bytes_t kv_e = 2;                   // KV cache element bytes
@@ -229,7 +229,6 @@ ServeStepResult simulate_serving(const ModelSpec& m, const Job& job, bool explai
   w.s = job.seq;
   w.T = mul(job.batch, job.seq);
   w.h = m.hidden_size;
-  w.I = m.intermediate_size;
   w.V = m.vocab_size;
   w.hd = m.head_dim;
   if (m.mla.enabled()) {
