@@ -41,3 +41,31 @@ TEST_CASE("HF prefill on the H200: prefill_peak within 3%, KV cache exact") {
   }
   CHECK(cases >= 10);
 }
+
+// Phi-3 mini (tests/data/torch_prefill_phi3_h200.json): its MLP chunks one gate_up_proj output into
+// gate and up views, and the gate view keeps the whole 2I-wide buffer until the MLP returns
+// (TorchOps::mlp). At 1×2048 the prediction is within 0.1% (it was 0.44% low when the serving walk
+// had its own MLP without the fused projection). Past the 2,047-token sliding window the measured
+// prefill holds far more than the walk models (4×4096: 21% more; the window's mask path is not
+// modelled in serving), so only the shape below the window's effect is checked.
+TEST_CASE("HF prefill on the H200: Phi-3 mini's fused gate_up_proj at 1x2048 within 1%") {
+  std::ifstream in(test::source_path("tests/data/torch_prefill_phi3_h200.json"));
+  REQUIRE(in.good());
+  const auto doc = nlohmann::json::parse(in);
+  const ModelSpec spec = load_model(test::source_path("configs/hf/phi-3-mini-4k.json"));
+  bool seen = false;
+  for (const auto& r : doc["models"][0]["shapes"]) {
+    if (r["status"] != "ok" || r["batch"] != 1 || r["seq"] != 2048) continue;
+    Job j;
+    j.mode = Mode::infer;
+    j.batch = 1;
+    j.seq = 2048;
+    const Budget b = predict(spec, j);
+    const double measured = r["prefill_peak"].get<double>();
+    const double err = (static_cast<double>(b.phase(Phase::prefill_peak)) - measured) / measured;
+    MESSAGE("phi-3-mini-4k 1x2048: prefill_peak error " << err * 100 << "%");
+    CHECK(std::abs(err) <= 0.01);
+    seen = true;
+  }
+  CHECK(seen);
+}

@@ -84,7 +84,7 @@ TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, Role role
   info.shape = shape;
   info.bytes = bytes;
   info.term = term;
-  info.requires_grad = requires_grad;
+  info.requires_grad = requires_grad && recording();
   info.holders = 1;
   TensorId id = add(info);
   allocate(id);
@@ -125,6 +125,7 @@ void AutogradSim::transient(const char* name, bytes_t bytes, Term term, Role rol
 void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
                        std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved,
                        bytes_t bwd_workspace, std::uint8_t view_grads) {
+  if (!recording()) return;
   bool any_grad = false;
   for (TensorId i : inputs)
     if (i != kNone && tensors_[i].requires_grad) any_grad = true;
@@ -201,6 +202,7 @@ void AutogradSim::grad_contribution(TensorId input, const char* op, bool view) {
 }
 
 void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
+  if (!recording()) throw Error(ErrorKind::unsupported, "internal: backward of a simulation run with GradMode::off");
   // d(loss)/d(loss): a one-element tensor.
   TensorInfo seed;
   seed.name = "loss gradient";

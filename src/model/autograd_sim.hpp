@@ -9,9 +9,14 @@
 // contribution is stolen; a later one is added in place, unless the buffered gradient is a view,
 // which makes the engine allocate the sum out of place: see grad_contribution).
 //
-// The simulator knows nothing about transformers: the profile code (inventory_torch.cpp,
-// inventory_harness.cpp) drives it op by op. Phases are marked by the driver; each phase records
-// its peak (and, with explain, the live tensors at that peak, grouped by name).
+// The simulator knows nothing about transformers: the profile code drives it op by op (the
+// transformers ops in torch_ops.hpp, for the training inventory, inventory_torch.cpp, and the
+// serving walk, serving.cpp; the harness's inventory, inventory_harness.cpp). Phases are marked by
+// the driver; each phase records its peak (and, with explain, the live tensors at that peak,
+// grouped by name).
+//
+// GradMode::off is torch.inference_mode() / torch.no_grad(): no tensor requires grad, node()
+// records nothing and saves nothing, so a tensor lives exactly while a Python reference holds it.
 #pragma once
 
 #include <array>
@@ -60,16 +65,21 @@ struct SimTrace {
   std::vector<TensorInfo> tensors;  // by tensor id
 };
 
+// Whether autograd records the graph: `record` (a training forward) or `off` (inference_mode).
+enum class GradMode : std::uint8_t { record, off };
+
 class AutogradSim {
  public:
-  explicit AutogradSim(bool explain) : explain_(explain) {
+  explicit AutogradSim(bool explain, GradMode grad = GradMode::record) : explain_(explain), grad_(grad) {
     tensors_.reserve(1024);
     grads_.reserve(1024);
     nodes_.reserve(1024);
   }
 
   // ---- forward ----
-  // A new tensor held by one Python reference. Its role defaults to the term's usual one
+  // False under GradMode::off: nothing requires grad and nothing is saved.
+  bool recording() const { return grad_ == GradMode::record; }
+  // A new tensor held by one Python reference (under GradMode::off, requires_grad is ignored). Its role defaults to the term's usual one
   // (default_role); tensors whose role differs (inputs, workspaces) name theirs.
   TensorId make(const char* name, bytes_t bytes, Term term, const char* op, const char* dtype,
                 const char* shape, bool requires_grad);
@@ -85,7 +95,7 @@ class AutogradSim {
   // backward kernel beyond the input gradients. Bit i of `view_grads` says that the backward
   // formula returns input i's gradient as a view of a tensor it allocated (a reshape or a
   // transpose of a matmul's result): the view keeps its base alive, so autograd's input buffer
-  // cannot add a later contribution into it in place.
+  // cannot add a later contribution into it in place. Under GradMode::off it does nothing.
   void node(const char* op, std::initializer_list<TensorId> inputs, std::initializer_list<TensorId> outputs,
             std::initializer_list<TensorId> saved, bytes_t bwd_workspace = 0, std::uint8_t view_grads = 0);
   // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
@@ -171,6 +181,7 @@ class AutogradSim {
   TensorId make_grad(TensorId input, const char* op);
 
   bool explain_;
+  GradMode grad_;
   bool discard_saves_ = false;
   double grad_scale_ = 1.0;
   std::vector<TensorInfo> tensors_;

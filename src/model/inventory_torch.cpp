@@ -3,13 +3,18 @@
 // This drives AutogradSim op by op through what LlamaForCausalLM (and its Mistral / Qwen2 / Qwen3 /
 // Gemma / Phi-3 relatives) executes in eager mode, with the dtype of every tensor that the recipe
 // implies, and the tensors each autograd node saves (tools/torch_saved_tensors.py lists them from a
-// real run; tests/data/torch_saved_tensors_h200.json). Each op below says which framework behaviour
-// it models. Phase names follow tools/torch_profile_step.py.
+// real run; tests/data/torch_saved_tensors_h200.json). The transformers ops themselves (RMSNorm,
+// nn.Linear, rotary, the MLP, the residual add) are torch_ops.hpp's, shared with the serving walk;
+// what is here is training's own: autocast's casts and weight cache, LoRA, the DynamicCache copies
+// made while training, the attention variants and their backward, checkpointing, the loss, the
+// optimizer. Each op below says which framework behaviour it models. Phase names follow
+// tools/torch_profile_step.py.
 #include <algorithm>
 #include <string>
 
 #include "autograd_sim.hpp"
 #include "inventory.hpp"
+#include "torch_ops.hpp"
 
 namespace membudget::detail {
 namespace {
@@ -70,6 +75,10 @@ struct Step {
   bool layer_masked = false;
   TensorId mask = kNone;
 
+  // The shared transformers ops (torch_ops.hpp) over this step's tokens; norm weights in the
+  // parameters' dtype.
+  TorchOps ops() { return {sim, m, d.T, r.param}; }
+
   void drop_kv_cache() {
     for (TensorId t : kv_cache) sim.drop(t);
     kv_cache.clear();
@@ -112,17 +121,7 @@ struct Step {
     return c;
   }
 
-  // y = x W^T (+ bias). Linear saves its input and weight (aten::linear → mm; addmm with a bias).
-  // Both gradients come back as views (see AutogradSim::node): the weight's is
-  // mm_mat2_backward's transpose (W^T is column-major) transposed again by TBackward0, the input's
-  // is ViewBackward0's reshape of the 2-D mm over the flattened tokens (matmul's fold, or
-  // _flatten_nd_linear with a bias). A second contribution to such a gradient is summed out of
-  // place. Where it shows: with tied embeddings in bf16 or fp32, lm_head's weight gradient waits in
-  // the embedding's input buffer through the whole backward, and EmbeddingBackward's V×h gradient
-  // (embedding_dense_backward_cuda: at::zeros(V, h)) is added as old + new, so three V×h buffers
-  // coexist at the end of backward. Under autocast the weight cast's ToCopyBackward hands the
-  // buffer a fresh fp32 tensor, and the embedding's gradient is added to it in place.
-  static constexpr std::uint8_t kLinearViewGrads = 0b011;
+  // y = x W^T (+ bias): TorchOps::linear between autocast's casts, then peft's adapter.
   // `out_b`: the output's element bytes when autocast is off (default: the compute dtype).
   // `ad`: the linear's LoRA adapter, if any. Linear saves the input for the weight's gradient and
   // the weight for the input's: with a frozen weight (LoRA's base) it keeps no input.
@@ -132,10 +131,7 @@ struct Step {
     TensorId wc = weight(w);
     TensorId bc = bias == kNone ? kNone : weight(bias);
     const bytes_t ob = r.autocast || out_b == 0 ? r.compute : out_b;
-    TensorId y = sim.make(name, mul(d.T, out, ob), Term::activations, "linear output",
-                          ob == 4 ? "fp32" : r.compute_name, shape, true);
-    const bool wg = sim.info(wc).requires_grad, xg = sim.info(xin).requires_grad;
-    sim.node("LinearBackward", {xin, wc, bc}, {y}, {wg ? xin : kNone, xg ? wc : kNone}, 0, kLinearViewGrads);
+    TensorId y = ops().linear(xin, wc, bc, out, ob, name, ob == 4 ? "fp32" : r.compute_name, shape);
     sim.drop(xin);
     release_weight(w, wc);
     release_weight(bias, bc);
@@ -180,79 +176,9 @@ struct Step {
     return back;
   }
 
-  // RMSNorm over `width` values per token (`rows` normalised groups per token: 1, or the heads of
-  // Qwen3's q_norm / k_norm). The input dtype is read off the input tensor.
-  //   LlamaRMSNorm: hs = x.to(fp32); var = hs.pow(2).mean(-1); hs = hs * rsqrt(var + eps);
-  //     return w * hs.to(input_dtype)   — pow saves hs; mul saves hs and rsqrt; w* saves the cast;
-  //     the output takes the promoted dtype of weight and input.
-  //   GemmaRMSNorm: out = _norm(x.float()) * (1.0 + w.float()); return out.type_as(x)
-  //     — the fp32 normalised tensor and (1 + w) are saved; the output has the input's dtype.
+  // RMSNorm (TorchOps::rmsnorm) over the hidden size, or `width` values per token in `rows` groups.
   TensorId rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t width = 0, bytes_t rows = 1) {
-    if (width == 0) width = d.h;
-    const bytes_t Tw = mul(d.T, width);
-    const bytes_t in_b = sim.info(x).bytes / Tw;  // element bytes of the input
-    const bool gemma = m.quirks.norm_weight_offset;
-    TensorId hs32 = x;
-    if (in_b != 4) {
-      hs32 = sim.make("rmsnorm fp32 input copy (saved by pow, mul)", mul(Tw, 4), Term::activations,
-                      "x.to(float32)", "fp32", "b·s·h", true);
-      sim.node("ToCopyBackward", {x}, {hs32}, {});
-    } else {
-      sim.hold(hs32);
-    }
-    TensorId sq = sim.make("rmsnorm pow output", mul(Tw, 4), Term::activations, "pow", "fp32", "b·s·h", true);
-    sim.node("PowBackward0", {hs32}, {sq}, {hs32}, mul(Tw, 4));
-    TensorId var = sim.make("rmsnorm variance", mul(d.T, rows, 4), Term::activations, "mean", "fp32", "b·s", true);
-    sim.node("MeanBackward1", {sq}, {var}, {});
-    sim.drop(sq);
-    TensorId rs = sim.make("rmsnorm rsqrt (saved)", mul(d.T, rows, 4), Term::activations, "rsqrt", "fp32", "b·s", true);
-    sim.node("RsqrtBackward0", {var}, {rs}, {rs});
-    sim.drop(var);
-    const bool n32_saved = gemma || in_b == 4;
-    TensorId n32 = sim.make(n32_saved ? "rmsnorm normalized (saved by weight mul)" : "rmsnorm normalized fp32",
-                            mul(Tw, 4), Term::activations, "hs * rsqrt", "fp32", "b·s·h", true);
-    sim.node("MulBackward0", {hs32, rs}, {n32}, {hs32, rs}, mul(Tw, 4));
-    sim.drop(hs32);
-    sim.drop(rs);
-    if (gemma) {
-      TensorId w1 = sim.make("gemma norm (1 + w) (saved)", mul(width, 4), Term::activations, "1.0 + w.float()", "fp32", "h", true);
-      sim.node("AddBackward1", {w}, {w1}, {});
-      TensorId y32 = sim.make(in_b == 4 ? tag : "gemma norm fp32 output", mul(Tw, 4), Term::activations, "hs * (1 + w)",
-                              "fp32", "b·s·h", true);
-      const bool w1g = sim.info(w1).requires_grad, n32g = sim.info(n32).requires_grad;
-      sim.node("MulBackward0", {n32, w1}, {y32}, {w1g ? n32 : kNone, n32g ? w1 : kNone}, w1g ? mul(Tw, 4) : 0);
-      sim.drop(n32);
-      sim.drop(w1);
-      if (in_b == 4) return y32;
-      TensorId y = sim.make(tag, mul(Tw, in_b), Term::activations, "type_as(x)", "", "b·s·h", true);
-      sim.node("ToCopyBackward", {y32}, {y}, {});
-      sim.drop(y32);
-      return y;
-    }
-    TensorId nc = n32;
-    if (in_b != 4) {
-      nc = sim.make("rmsnorm normalized (saved by weight mul)", mul(Tw, in_b), Term::activations,
-                    "to(input_dtype)", "", "b·s·h", true);
-      sim.node("ToCopyBackward", {n32}, {nc}, {});
-      sim.drop(n32);
-    }
-    const bytes_t out_b = std::max<bytes_t>(in_b, r.param);  // weight * x promotes
-    TensorId y = sim.make(tag, mul(Tw, out_b), Term::activations, "weight * hs", "", "b·s·h", true);
-    // MulBackward0 keeps each factor only for the other's gradient; a frozen weight (LoRA) needs no
-    // normalised input and no per-token product to sum into its gradient.
-    const bool wg = sim.info(w).requires_grad, ng = sim.info(nc).requires_grad;
-    sim.node("MulBackward0", {w, nc}, {y}, {ng ? w : kNone, wg ? nc : kNone}, wg ? mul(Tw, out_b) : 0);
-    sim.drop(nc);
-    return y;
-  }
-
-  // A norm on a residual branch (Gemma 2's post-attention and post-feedforward norms), where the
-  // layer has one: the branch's output is replaced by the norm's.
-  TensorId branch_norm(TensorId x, TensorId w, const char* tag) {
-    if (w == kNone) return x;
-    TensorId y = rmsnorm(x, w, tag);
-    sim.drop(x);
-    return y;
+    return ops().rmsnorm(x, w, tag, width == 0 ? d.h : width, rows);
   }
 
   void layer(std::size_t i, TensorId x, TensorId* out) {
@@ -263,7 +189,6 @@ struct Step {
     // SDPA (no padding, no local window: _ignore_causal_mask_sdpa), so only the sliding layers see
     // the mask, repeat their keys and values and save the additive mask.
     layer_masked = masked && m.sliding_layer(i);
-    const bytes_t Th = mul(d.T, d.h);
     // residual = hidden_states; hidden_states = input_layernorm(hidden_states)
     TensorId n1 = rmsnorm(x, p.norm1, "input_layernorm output");
     // Phi-3 fuses the projections: qkv_proj's output is sliced into q, k, v views (their gradients
@@ -287,6 +212,12 @@ struct Step {
       k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak);
       v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av);
     }
+    // Not yet as transformers does it: input_layernorm's output lives until self_attn returns
+    // (after o_proj; the serving walk drops it there), and it matters where the projections do not
+    // save it (an fp32 norm output under autocast, a frozen base under LoRA): the free of the fp32
+    // norm output carries the decoder layer's `hidden_states, _ = self.self_attn(...)` frame, after
+    // o_proj's output, in tests/data/gaps/gemma-2-2b_amp-bf16_none_flash_adamw_b1s2048.pickle.gz.
+    // Moving it changes unmeasured LoRA / autocast predictions and is left for a measured change.
     sim.drop(n1);
     if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary
       TensorId qn = rmsnorm(q, p.q_norm, "q_norm output", d.qd, d.a);
@@ -296,41 +227,11 @@ struct Step {
       sim.drop(k);
       k = kn;
     }
-    // apply_rotary_pos_emb: q*cos + rotate_half(q)*sin; cos/sin carry the residual dtype, so under
-    // autocast the products promote to fp32. mul saves only cos/sin (q's grad needs cos, not q).
+    // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
+    // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
     auto rotary = [&](TensorId t, bytes_t width, const char* name) {
       const bytes_t eb = t == qkv ? r.compute : sim.info(t).bytes / mul(d.T, width);
-      const bytes_t rb = std::max<bytes_t>(r.resid, eb);
-      TensorId a1 = sim.make("rotary q*cos", mul(d.T, width, rb), Term::activations, "mul", "", "", true);
-      sim.node("MulBackward0", {t, cos}, {a1}, {cos});
-      TensorId neg = sim.make("rotate_half neg", mul(d.T, width / 2, eb),
-                              Term::activations, "neg", "", "", true);
-      sim.node("NegBackward0", {t}, {neg}, {});
-      TensorId rh = sim.make("rotate_half cat", mul(d.T, width, eb), Term::activations, "cat", "", "", true);
-      sim.node("CatBackward0", {neg, t}, {rh}, {});
-      sim.drop(neg);
-      TensorId a2 = sim.make("rotary rot*sin", mul(d.T, width, rb), Term::activations, "mul", "", "", true);
-      sim.node("MulBackward0", {rh, sin}, {a2}, {sin});
-      sim.drop(rh);
-      const bool phi3 = m.quirks.partial_rotary;
-      TensorId e = sim.make(phi3 ? "rotary q*cos + rot*sin" : name, mul(d.T, width, rb), Term::activations, "add", "",
-                            "b·s·n·hd", true);
-      sim.node("AddBackward0", {a1, a2}, {e}, {});
-      sim.drop(a1);
-      sim.drop(a2);
-      if (phi3) {
-        // Phi-3's apply_rotary_pos_emb supports partial rotary: q_embed = torch.cat([q_rot*cos +
-        // rotate_half(q_rot)*sin, q_pass], -1) with an empty q_pass. The cat is a copy, and a
-        // contiguous one (b·n·s·hd): the rotated tensor keeps qkv_proj's b·s·n·hd layout, cat does
-        // not (its output takes the inputs' suggested memory format, which for this permutation is
-        // the default contiguous one).
-        TensorId ec = sim.make(name, mul(d.T, width, rb), Term::activations, "cat (partial rotary)", "",
-                               "b·n·s·hd", true);
-        sim.node("CatBackward0", {e}, {ec}, {});
-        sim.drop(e);
-        e = ec;
-      }
-      return e;
+      return ops().rotary(t, cos, sin, width, eb, r.resid, name);
     };
     TensorId qe = rotary(q, d.qd, "q after rotary");
     sim.drop(q);
@@ -375,39 +276,24 @@ struct Step {
     }
     TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
     sim.drop(attc);
-    o = branch_norm(o, p.norm3, "post-attention norm output");
-    TensorId h1 = sim.make("residual stream (saved by the next norm)", mul(Th, r.resid), Term::activations,
-                           "residual add", r.resid_name, "b·s·h", true);
-    sim.node("AddBackward0", {x, o}, {h1}, {});
-    sim.drop(o);
+    // Gemma 2's post_attention_layernorm on the branch, then the residual add
+    TensorId h1 = ops().close_block(x, o, p.norm3, "post-attention norm output", r.resid, r.resid_name,
+                                    "residual stream (saved by the next norm)");
     TensorId n2 = rmsnorm(h1, p.norm2, "post_attention_layernorm output");
-    // MLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
-    const bytes_t TI = mul(d.T, d.I);
-    TensorId g, u;
-    if (m.quirks.fused_gate_up) {  // Phi-3: gate_up_proj, chunked; both chunks are views of one buffer
-      g = u = linear(n2, d.h, 2 * d.I, p.gate, kNone, "gate_up_proj output (saved by act and mul)", "b·s·2I");
-      sim.hold(g);
-    } else {
-      g = linear(n2, d.h, d.I, p.gate, kNone, "gate_proj output (saved by act)", "b·s·I", &p.agate);
-    }
-    TensorId act = sim.make("activation output (saved by mul)", mul(TI, r.compute), Term::activations,
-                            m.mlp == MlpKind::gated_gelu ? "gelu_tanh" : "silu", r.compute_name, "b·s·I", true);
-    sim.node(m.mlp == MlpKind::gated_gelu ? "GeluBackward0" : "SiluBackward0", {g}, {act}, {g});
-    sim.drop(g);
-    if (!m.quirks.fused_gate_up) u = linear(n2, d.h, d.I, p.up, kNone, "up_proj output (saved by mul)", "b·s·I", &p.aup);
-    sim.drop(n2);
-    TensorId prod = sim.make("act*up (saved by down_proj)", mul(TI, r.compute), Term::activations, "mul",
-                             r.compute_name, "b·s·I", true);
-    sim.node("MulBackward0", {act, u}, {prod}, {act, u});
-    sim.drop(act);
-    sim.drop(u);
-    TensorId dn = linear(prod, d.I, d.h, p.down, kNone, "down_proj output", "b·s·h", &p.adown);
-    sim.drop(prod);
-    dn = branch_norm(dn, p.norm4, "post-feedforward norm output");
-    TensorId h2 = sim.make("residual stream (layer output)", mul(Th, r.resid), Term::activations,
-                           "residual add", r.resid_name, "b·s·h", true);
-    sim.node("AddBackward0", {h1, dn}, {h2}, {});
-    sim.drop(dn);
+    // MLP (TorchOps::mlp) through this step's linear: autocast casts and LoRA adapters
+    TensorId dn = ops().mlp(n2, r.compute, r.compute_name,
+                            [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
+                              switch (mod) {
+                                case Module::gate_up: return linear(in_x, in, out, p.gate, kNone, name, shape);
+                                case Module::gate: return linear(in_x, in, out, p.gate, kNone, name, shape, &p.agate);
+                                case Module::up: return linear(in_x, in, out, p.up, kNone, name, shape, &p.aup);
+                                case Module::down: return linear(in_x, in, out, p.down, kNone, name, shape, &p.adown);
+                                default: throw Error(ErrorKind::unsupported, "internal: no training MLP linear for " + std::string(to_string(mod)));
+                              }
+                            });
+    sim.drop(n2);  // hidden_states = self.mlp(hidden_states)
+    TensorId h2 = ops().close_block(h1, dn, p.norm4, "post-feedforward norm output", r.resid, r.resid_name,
+                                    "residual stream (layer output)");
     sim.drop(h1);
     *out = h2;
   }

@@ -5,8 +5,12 @@
 //     out  = model(input_ids, use_cache=True, logits_to_keep=1)                      # prefill
 //     out2 = model(next_ids, past_key_values=out.past_key_values, use_cache=True,
 //                  logits_to_keep=1)                                                # one decode step
-// (tools/torch_profile_prefill.py measures exactly that). Nothing is saved for backward, so a tensor
-// lives while a Python reference holds it; the allocator counts each tensor rounded up to 512 B.
+// (tools/torch_profile_prefill.py measures exactly that). The simulation runs with GradMode::off:
+// nothing is saved for backward, so a tensor lives while a Python reference holds it; the allocator
+// counts each tensor rounded up to 512 B. The transformers ops (RMSNorm, nn.Linear, rotary, the MLP,
+// the residual add) are torch_ops.hpp's, the same definitions the training inventory runs; what is
+// here is serving's own: weights in their served dtype without autocast, the DynamicCache update
+// (with its copies and the sliding window), MLA's latent cache, logits_to_keep=1, the decode step.
 // Phases: floor (weights and the prompt ids), prefill_peak, decode_peak (with the prefill's output,
 // i.e. its cache and logits, still held, as generate() does).
 #include <algorithm>
@@ -15,13 +19,13 @@
 #include "korthikanti.hpp"
 #include "membudget/serving.hpp"
 #include "serve_plan.hpp"
+#include "torch_ops.hpp"
 #include "weight_storage.hpp"
 
 namespace membudget::detail {
 namespace {
 
 bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) { return checked_product("serving tensor size", a, b, c, d); }
-std::uint64_t cdiv(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
 
 // Framework behaviours the walk depends on (transformers 5.x, PyTorch 2.11, sdpa on an H200).
 struct Mechanisms {
@@ -39,7 +43,7 @@ struct Walk {
   AutogradSim& sim;
   Mechanisms mech;
   bytes_t b = 0, s = 0, T = 0;        // batch, tokens per sequence in this forward, b·s
-  bytes_t h = 0, I = 0, V = 0, hd = 0;
+  bytes_t h = 0, V = 0, hd = 0;
   bytes_t qd = 0, kvd = 0, vd = 0;    // query, key and value widths (MLA: latent widths)
   bytes_t e = 2;                      // activation element bytes (bf16 / fp16)
   bytes_t kv_e = 2;                   // KV cache element bytes
@@ -49,70 +53,39 @@ struct Walk {
     return sim.make(name, bytes, term, op, dtype, shape, false);
   }
 
-  // LlamaRMSNorm: x.to(fp32); pow(2).mean(-1); x * rsqrt(var + eps); weight * x.to(dtype).
-  TensorId rmsnorm(TensorId x, bytes_t rows, bytes_t width, const char* tag) {
-    const bytes_t n = mul(rows, width);
-    TensorId x32 = act("rmsnorm fp32 copy", mul(n, 4), "x.to(float32)", "fp32", "T·w");
-    TensorId sq = act("rmsnorm pow", mul(n, 4), "pow(2)", "fp32", "T·w");
-    TensorId var = act("rmsnorm variance", mul(rows, 4), "mean", "fp32", "T");
-    sim.drop(sq);
-    TensorId ve = act("rmsnorm variance + eps", mul(rows, 4), "add", "fp32", "T");
-    TensorId rs = act("rmsnorm rsqrt", mul(rows, 4), "rsqrt", "fp32", "T");
-    sim.drop(ve);
-    TensorId n32 = act("rmsnorm normalized fp32", mul(n, 4), "x * rsqrt", "fp32", "T·w");
-    sim.drop(rs);
-    sim.drop(x32);
-    TensorId c = act("rmsnorm cast", mul(n, e), "to(dtype)", "bf16", "T·w");
-    TensorId y = act(tag, mul(n, e), "weight * x", "bf16", "T·w");
-    sim.drop(c);
-    sim.drop(n32);
-    sim.drop(var);
-    (void)x;
-    return y;
-  }
+  TensorId cos = kNone, sin = kNone;  // LlamaRotaryEmbedding's output for this forward
 
-  TensorId linear(bytes_t rows, bytes_t out, const char* name) {
-    return act(name, mul(rows, out, e), "linear", "bf16", "T·out");
+  // The shared ops over this forward's tokens; the norm weights are 16-bit like the activations.
+  TorchOps ops() { return {sim, m, T, e}; }
+  TensorId rmsnorm(TensorId x, const char* tag, bytes_t width, bytes_t groups = 1) {
+    return ops().rmsnorm(x, kNone, tag, width, groups);
   }
-
-  // apply_rotary_pos_emb on one tensor: (t * cos) + (rotate_half(t) * sin).
-  TensorId rotary(bytes_t rows, bytes_t width, const char* name) {
-    const bytes_t n = mul(rows, width, e);
-    TensorId a = act("rotary t*cos", n, "mul", "bf16", "T·w");
-    TensorId neg = act("rotate_half neg", mul(rows, width / 2, e), "neg", "bf16", "T·w/2");
-    TensorId rh = act("rotate_half cat", n, "cat", "bf16", "T·w");
-    sim.drop(neg);
-    TensorId bsin = act("rotary rot*sin", n, "mul", "bf16", "T·w");
-    sim.drop(rh);
-    TensorId out = act(name, n, "add", "bf16", "T·w");
-    sim.drop(a);
-    sim.drop(bsin);
-    return out;
+  TensorId linear(TensorId x, bytes_t out, const char* name) {
+    return ops().linear(x, kNone, kNone, out, e, name, "bf16", "T·out");
   }
 
   // Tokens a layer keeps for a sequence of `ctx` tokens.
   bytes_t held(std::size_t layer, bytes_t ctx) const {
-    const bool windowed = m.sliding.enabled() && (m.sliding.every_nth <= 1 || layer % m.sliding.every_nth == 0);
-    return windowed ? std::min<bytes_t>(ctx, m.sliding.window) : ctx;
+    return m.sliding_layer(layer) ? std::min<bytes_t>(ctx, m.sliding.window) : ctx;
   }
 
   // One decoder layer. `cache` holds this layer's [k, v] (in/out); `past` is the cached length.
   TensorId layer(std::size_t i, TensorId x, std::vector<TensorId>& cache, bytes_t past) {
     const bytes_t rows = T;
-    TensorId n1 = rmsnorm(x, rows, h, "input_layernorm output");
-    TensorId q = linear(rows, qd, "q_proj output");
-    TensorId k = linear(rows, kvd, "k_proj output");
-    TensorId v = linear(rows, vd, "v_proj output");
+    TensorId n1 = rmsnorm(x, "input_layernorm output", h);
+    TensorId q = linear(n1, qd, "q_proj output");
+    TensorId k = linear(n1, kvd, "k_proj output");
+    TensorId v = linear(n1, vd, "v_proj output");
     if (m.qk_norm) {
-      TensorId qn = rmsnorm(q, rows * m.num_heads, hd, "q_norm output");
+      TensorId qn = rmsnorm(q, "q_norm output", qd, m.num_heads);
       sim.drop(q);
       q = qn;
-      TensorId kn = rmsnorm(k, rows * m.num_kv_heads, hd, "k_norm output");
+      TensorId kn = rmsnorm(k, "k_norm output", kvd, m.num_kv_heads);
       sim.drop(k);
       k = kn;
     }
-    TensorId qe = rotary(rows, qd, "query after rotary");
-    TensorId ke = rotary(rows, m.mla.enabled() ? m.mla.qk_rope_head_dim : kvd, "key after rotary");
+    TensorId qe = ops().rotary(q, cos, sin, qd, e, e, "query after rotary");
+    TensorId ke = ops().rotary(k, cos, sin, m.mla.enabled() ? m.mla.qk_rope_head_dim : kvd, e, e, "key after rotary");
     sim.drop(q);  // query_states, key_states = apply_rotary_pos_emb(...)
     sim.drop(k);
     // past_key_values.update(key_states, value_states, layer_idx)
@@ -152,45 +125,19 @@ struct Walk {
       sim.drop(ao);
       ao = c;
     }
-    TensorId o = linear(rows, h, "o_proj output");
+    TensorId o = linear(ao, h, "o_proj output");
     sim.drop(ao);
     sim.drop(qe);  // attention forward returns
     sim.drop(n1);  // hidden_states, _ = self.self_attn(...)
-    if (m.norms_per_layer >= 4) {
-      TensorId on = rmsnorm(o, rows, h, "post_attention_layernorm output");
-      sim.drop(o);
-      o = on;
-    }
-    TensorId h1 = act("residual stream (after attention)", mul(rows, h, e), "residual add", "bf16", "T·h");
-    sim.drop(o);
-    TensorId n2 = rmsnorm(h1, rows, h, "post_attention_layernorm output");
-    TensorId d;
-    if (m.mlp == MlpKind::plain_gelu) {
-      TensorId f1 = linear(rows, I, "fc1 output");
-      TensorId a = act("mlp activation", mul(rows, I, e), "gelu", "bf16", "T·I");
-      sim.drop(f1);
-      d = linear(rows, h, "mlp output");
-      sim.drop(a);
-    } else {
-      // down_proj(act_fn(gate_proj(x)) * up_proj(x))
-      TensorId g = linear(rows, I, "gate_proj output");
-      TensorId a = act("mlp activation", mul(rows, I, e), "silu/gelu", "bf16", "T·I");
-      sim.drop(g);
-      TensorId u = linear(rows, I, "up_proj output");
-      TensorId p = act("mlp act * up", mul(rows, I, e), "mul", "bf16", "T·I");
-      sim.drop(a);
-      sim.drop(u);
-      d = linear(rows, h, "down_proj output");
-      sim.drop(p);
-    }
-    sim.drop(n2);
-    if (m.norms_per_layer >= 4) {
-      TensorId dn = rmsnorm(d, rows, h, "post_feedforward_layernorm output");
-      sim.drop(d);
-      d = dn;
-    }
-    TensorId h2 = act("residual stream (layer output)", mul(rows, h, e), "residual add", "bf16", "T·h");
-    sim.drop(d);
+    TensorId h1 = ops().close_block(x, o, kNone, "post_attention_layernorm output", e, "bf16",
+                                    "residual stream (after attention)");
+    TensorId n2 = rmsnorm(h1, "post_attention_layernorm output", h);
+    TensorId d = ops().mlp(n2, e, "bf16", [&](TensorId in_x, bytes_t, bytes_t out, Module, const char* name, const char*) {
+      return linear(in_x, out, name);
+    });
+    sim.drop(n2);  // hidden_states = self.mlp(hidden_states)
+    TensorId h2 = ops().close_block(h1, d, kNone, "post_feedforward_layernorm output", e, "bf16",
+                                    "residual stream (layer output)");
     sim.drop(h1);
     return h2;
   }
@@ -213,8 +160,8 @@ struct Walk {
     TensorId s1 = act("rotary sin fp32", mul(s, rot, 4), "sin", "fp32", "1·s·hd", Term::other);
     TensorId s2 = act("rotary sin × scaling", mul(s, rot, 4), "mul", "fp32", "1·s·hd", Term::other);
     sim.drop(s1);
-    TensorId cos = act("rotary cos/sin", mul(s, rot, e), "to(dtype)", "bf16", "1·s·hd", Term::other);
-    TensorId sin = act("rotary cos/sin", mul(s, rot, e), "to(dtype)", "bf16", "1·s·hd", Term::other);
+    cos = act("rotary cos/sin", mul(s, rot, e), "to(dtype)", "bf16", "1·s·hd", Term::other);
+    sin = act("rotary cos/sin", mul(s, rot, e), "to(dtype)", "bf16", "1·s·hd", Term::other);
     sim.drop(c2);
     sim.drop(s2);
     sim.drop(em);
@@ -230,7 +177,7 @@ struct Walk {
       sim.drop(x);  // hidden_states = decoder_layer(hidden_states, ...)
       x = out;
     }
-    TensorId hn = rmsnorm(x, T, h, "final norm output");
+    TensorId hn = rmsnorm(x, "final norm output", h);
     sim.drop(x);
     // logits_to_keep=1: lm_head(hidden_states[:, -1:, :])
     TensorId last = act("last position (contiguous)", mul(b, h, e), "slice", "bf16", "b·1·h");
@@ -273,7 +220,7 @@ constexpr bytes_t kCublasWorkspace = 32 * MiB;
 
 ServeStepResult simulate_serving(const ModelSpec& m, const Job& job, bool explain, SimTrace* trace) {
   ServeStepResult res;
-  AutogradSim sim(explain);
+  AutogradSim sim(explain, GradMode::off);  // torch.inference_mode()
   if (trace) sim.record_to(trace);
   load_weights(sim, m, job);
   res.weights = sim.live();
@@ -282,7 +229,6 @@ ServeStepResult simulate_serving(const ModelSpec& m, const Job& job, bool explai
   w.s = job.seq;
   w.T = mul(job.batch, job.seq);
   w.h = m.hidden_size;
-  w.I = m.intermediate_size;
   w.V = m.vocab_size;
   w.hd = m.head_dim;
   if (m.mla.enabled()) {
