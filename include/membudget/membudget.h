@@ -60,7 +60,8 @@ mb_status mb_job_new(mb_job** out);
 mb_job* mb_job_clone(const mb_job* job);
 void mb_job_free(mb_job* job);
 /* Sets one option by its command-line name without dashes: "batch", "seq", "mode", "precision",
- * "optimizer", "recompute", "attention", "loss", "loss-chunk", "activations", "profile",
+ * "optimizer", "optimizer-impl" (foreach, fused, for-loop: torch.optim's foreach=True, fused=True,
+ * foreach=False; unset: torch.optim's default), "recompute", "attention", "loss", "loss-chunk", "activations", "profile",
  * "overhead" ("800MiB"), "kv-dtype", "weights", "group-size", "lora" (LoRA rank, 0: full fine-tune). */
 mb_status mb_job_set(mb_job* job, const char* key, const char* value);
 mb_status mb_job_set_batch(mb_job* job, uint64_t batch);

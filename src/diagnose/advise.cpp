@@ -80,6 +80,7 @@ struct FixRow {
 
 bool same_prediction(const Job& a, const Job& b) {
   return a.batch == b.batch && a.seq == b.seq && a.precision == b.precision && a.optimizer == b.optimizer &&
+         a.optimizer_impl == b.optimizer_impl &&
          a.recompute == b.recompute && a.attention == b.attention && a.loss == b.loss &&
          a.loss_chunk == b.loss_chunk && a.activations == b.activations && a.profile == b.profile &&
          a.lora_rank == b.lora_rank;

@@ -37,6 +37,9 @@ ordered_json job_json(const Job& j) {
                     {"loss", to_string(j.loss)},
                     {"activations", to_string(j.activations)},
                     {"profile", to_string(j.profile)}};
+  // torch.optim's implementation the step runs (null for adamw-8bit and lion: not torch.optim)
+  if (const auto impl = effective_optimizer_impl(j)) o["optimizer_impl"] = to_string(*impl);
+  else o["optimizer_impl"] = nullptr;
   if (j.loss == Loss::chunked) o["loss_chunk"] = j.loss_chunk;
   if (j.mode == Mode::train && j.lora_rank) o["lora_rank"] = j.lora_rank;
   if (j.mode == Mode::infer) {
