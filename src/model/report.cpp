@@ -185,7 +185,9 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
   else
     out << to_string(b.job.precision);
   if (b.job.mode == Mode::train)
-    out << " · " << to_string(b.job.optimizer) << " · recompute " << to_string(b.job.recompute) << " · "
+    out << " · " << to_string(b.job.optimizer)
+        << (b.job.optimizer_impl ? std::string(" (") + to_string(*b.job.optimizer_impl) + ")" : std::string())
+        << " · recompute " << to_string(b.job.recompute) << " · "
         << to_string(b.job.attention) << " attention · " << to_string(b.job.loss) << " loss"
         << (b.job.lora_rank ? " · LoRA rank " + std::to_string(b.job.lora_rank) + " (base frozen)" : std::string());
   out << "\n\nTerms\n";
