@@ -85,7 +85,7 @@ PYBIND11_MODULE(membudget, m) {
       },
       py::arg("model"),
       "The full budget as a dict (the JSON of `membudget predict --format json`). Job options are keyword "
-      "arguments: batch=4, seq=4096, precision='amp-bf16', optimizer, recompute, attention, loss, …");
+      "arguments: batch=4, seq=4096, precision='amp-bf16', optimizer, optimizer_impl, recompute, attention, loss, …");
 
   m.def(
       "estimate", [](const py::object& model, const py::kwargs& kw) { return estimate_dict(estimate(model_of(model), job_of(kw))); },

@@ -57,6 +57,20 @@ int main(int argc, char** argv) {
   CHECK(json && strstr(json, "\"peak\"") != NULL);
   mb_string_free(json);
 
+  /* the torch.optim implementation: fused allocates no step temporaries */
+  mb_job* fused = mb_job_clone(job);
+  mb_estimate ef, eforeach;
+  CHECK(mb_job_set(fused, "batch", "1") == MB_OK && mb_job_set(fused, "seq", "512") == MB_OK);
+  CHECK(mb_predict(model, fused, &eforeach) == MB_OK); /* the optimizer step is the peak */
+  CHECK(mb_job_set(fused, "optimizer-impl", "fused") == MB_OK);
+  CHECK(mb_predict(model, fused, &ef) == MB_OK);
+  CHECK(ef.peak < eforeach.peak);
+  CHECK(mb_predict_json(model, fused, &json) == MB_OK);
+  CHECK(json && strstr(json, "\"optimizer_impl\"") != NULL && strstr(json, "\"fused\"") != NULL);
+  mb_string_free(json);
+  CHECK(mb_job_set(fused, "optimizer-impl", "vectorized") == MB_INVALID_JOB);
+  mb_job_free(fused);
+
   /* errors: typed status and a message */
   CHECK(mb_job_set(job, "precision", "fp64") == MB_INVALID_JOB);
   CHECK(strstr(mb_last_error(), "--precision") != NULL);

@@ -309,3 +309,43 @@ TEST_CASE("advise: LoRA is not offered over fused projections (Phi-3)") {
     CHECK(f->note.find("fused projections") != std::string::npos);
   }
 }
+
+// The fused-optimizer fix is the job --optimizer-impl fused, predicted: skipped when the job is
+// already fused or its optimizer has no fused torch.optim implementation.
+TEST_CASE("advise: the fused optimizer is the --optimizer-impl fused job") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  auto fused_row = [&](const Job& job) {
+    const auto fixes = advise(m, job, find_device("L40S"));
+    const auto f = std::find_if(fixes.begin(), fixes.end(), [](const Fix& x) { return x.name == "fused optimizer"; });
+    REQUIRE(f != fixes.end());
+    return *f;
+  };
+  Job j;  // a short step: the optimizer's is the peak phase
+  j.batch = 1;
+  j.seq = 512;
+  for (OptimizerImpl impl : {OptimizerImpl::foreach, OptimizerImpl::for_loop}) {
+    j.optimizer_impl = impl;
+    const Fix f = fused_row(j);
+    CHECK_FALSE(f.skipped);
+    REQUIRE(f.job.has_value());
+    CHECK(f.job->optimizer_impl == OptimizerImpl::fused);
+    Job fused = j;
+    fused.optimizer_impl = OptimizerImpl::fused;
+    CHECK(f.peak == predict(m, fused).peak);
+  }
+  j.optimizer_impl = OptimizerImpl::fused;
+  CHECK(fused_row(j).skipped);
+  CHECK(fused_row(j).note.find("already") != std::string::npos);
+  for (Optimizer o : {Optimizer::adafactor, Optimizer::lion, Optimizer::adamw_8bit}) {
+    Job k;
+    k.optimizer = o;
+    CAPTURE(to_string(o));
+    CHECK(fused_row(k).skipped);
+    CHECK(fused_row(k).note.find("no fused") != std::string::npos);
+  }
+  Job sgd = j;  // SGD has a fused implementation, and no temporary to save
+  sgd.optimizer_impl.reset();
+  sgd.optimizer = Optimizer::sgd_momentum;
+  CHECK(fused_row(sgd).skipped);
+  CHECK(fused_row(sgd).note.find("no saving") != std::string::npos);
+}

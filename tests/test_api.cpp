@@ -246,3 +246,19 @@ TEST_CASE("a parallel setting other than one rank is unsupported, by name, at ev
   CHECK(r.max_micro_batch > 0);
   CHECK(r.accum_micro_batch * r.grad_accum_steps * 8 == 64);
 }
+
+TEST_CASE("estimate keeps optimizer implementations apart (the plan cache key)") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job j;
+  j.batch = 1;
+  j.seq = 1024;
+  const Estimate foreach = estimate(m, j);
+  for (OptimizerImpl impl : {OptimizerImpl::fused, OptimizerImpl::for_loop, OptimizerImpl::foreach}) {
+    Job k = j;
+    k.optimizer_impl = impl;
+    const Estimate e = estimate(m, k);
+    CAPTURE(to_string(impl));
+    CHECK(e.phases[3].bytes == predict(m, k).phase(Phase::optimizer_peak));
+    CHECK((e.phases[3].bytes == foreach.phases[3].bytes) == (impl == OptimizerImpl::foreach));
+  }
+}

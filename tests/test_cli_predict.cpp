@@ -133,3 +133,71 @@ TEST_CASE("--lora: the LoRA job from the flag, the YAML job section and set_job_
   CHECK(test::run_cli("predict " + model + " --lora 100000").exit_code == 2);
   CHECK(test::run_cli("predict " + model + " --lora 16 --optimizer adafactor").exit_code == 2);
 }
+
+TEST_CASE("--optimizer-impl: the flag, the YAML job section, set_job_option and the JSON echo; impls torch does not offer are errors") {
+  const std::string model = test::source_path("configs/llama-3.2-1b.yaml");
+  auto predict_json = [&](const std::string& flags) {
+    const auto r = test::run_cli("predict " + model + " --batch 1 --seq 512 --format json " + flags);
+    REQUIRE(r.exit_code == 0);
+    return nlohmann::json::parse(r.out);
+  };
+  // the default is torch.optim's: foreach for AdamW and SGD, the for-loop for Adafactor; none for
+  // optimizers outside torch.optim
+  CHECK(predict_json("")["job"]["optimizer_impl"] == "foreach");
+  CHECK(predict_json("--optimizer sgd-momentum")["job"]["optimizer_impl"] == "foreach");
+  CHECK(predict_json("--optimizer adafactor")["job"]["optimizer_impl"] == "for-loop");
+  CHECK(predict_json("--optimizer lion")["job"]["optimizer_impl"].is_null());
+  CHECK(predict_json("--optimizer adamw-8bit")["job"]["optimizer_impl"].is_null());
+  const auto foreach = predict_json("--optimizer-impl foreach");
+  const auto fused = predict_json("--optimizer-impl fused");
+  const auto loop = predict_json("--optimizer-impl for-loop");
+  CHECK(fused["job"]["optimizer_impl"] == "fused");
+  CHECK(loop["job"]["optimizer_impl"] == "for-loop");
+  CHECK(foreach["phases"] == predict_json("")["phases"]);  // explicit foreach is the default
+  // the step's temporaries: all parameters at once > the largest parameter's two > none
+  const auto opt = [](const nlohmann::json& j) { return j["phases"]["optimizer_peak"].get<std::uint64_t>(); };
+  CHECK(opt(foreach) > opt(loop));
+  CHECK(opt(loop) > opt(fused));
+  CHECK(fused["phases"]["backward_peak"] == foreach["phases"]["backward_peak"]);
+  // AdamW for-loop, Llama 3.2 1B in amp-bf16: two fp32 copies of the 128256 × 2048 embedding
+  CHECK(opt(loop) - opt(fused) == 2 * 1002ull * MiB);
+  // SGD with momentum: no temporary in any implementation
+  CHECK(predict_json("--optimizer sgd-momentum --optimizer-impl fused")["phases"] ==
+        predict_json("--optimizer sgd-momentum --optimizer-impl for-loop")["phases"]);
+  // Adafactor's foreach: one parameter-sized list
+  CHECK(opt(predict_json("--optimizer adafactor --optimizer-impl foreach")) >
+        opt(predict_json("--optimizer adafactor")));
+
+  Job viaopt;
+  set_job_option(viaopt, "optimizer-impl", "fused");
+  CHECK(viaopt.optimizer_impl == OptimizerImpl::fused);
+  set_job_option(viaopt, "optimizer_impl", "for_loop");
+  CHECK(viaopt.optimizer_impl == OptimizerImpl::for_loop);
+  CHECK_THROWS_AS(set_job_option(viaopt, "optimizer-impl", "vectorized"), Error);
+  const std::string yaml = write_temp("optimizer_impl.yaml",
+      "name: t\nfamily: llama\nvocab_size: 1024\nhidden_size: 128\nintermediate_size: 384\nnum_layers: 2\n"
+      "num_heads: 8\nnum_kv_heads: 2\nmax_positions: 4096\njob:\n  optimizer_impl: fused\n  seq: 64\n");
+  const auto y = test::run_cli("predict " + yaml + " --format json");
+  REQUIRE(y.exit_code == 0);
+  CHECK(nlohmann::json::parse(y.out)["job"]["optimizer_impl"] == "fused");
+  const auto flag_over_yaml = test::run_cli("predict " + yaml + " --optimizer-impl for-loop --format json");
+  CHECK(nlohmann::json::parse(flag_over_yaml.out)["job"]["optimizer_impl"] == "for-loop");
+
+  // what torch.optim does not offer is an error naming both
+  const auto adafactor_fused = test::run_cli("predict " + model + " --optimizer adafactor --optimizer-impl fused");
+  CHECK(adafactor_fused.exit_code == 2);
+  CHECK(adafactor_fused.out.find("fused") != std::string::npos);
+  CHECK(adafactor_fused.out.find("adafactor") != std::string::npos);
+  for (const char* o : {"adamw-8bit", "lion"}) {
+    const auto r = test::run_cli("predict " + model + " --optimizer " + o + " --optimizer-impl fused");
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.find(o) != std::string::npos);
+  }
+  CHECK(test::run_cli("predict " + model + " --optimizer-impl fast").exit_code == 2);
+  CHECK(test::run_cli("predict " + model + " --profile harness --optimizer-impl foreach").exit_code == 2);
+  CHECK(test::run_cli("predict " + model + " --profile harness --optimizer-impl fused --batch 1 --seq 256").exit_code == 0);
+  // the other job commands take it
+  CHECK(test::run_cli("max-batch " + model + " --device H100 --seq 2048 --optimizer-impl fused").exit_code == 0);
+  CHECK(test::run_cli("sweep " + model + " --batch 1..2 --seq 512 --optimizer-impl for-loop --format csv").exit_code == 0);
+  CHECK(test::run_cli("advise " + model + " --device L40S --optimizer-impl fused").exit_code == 0);
+}

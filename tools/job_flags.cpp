@@ -32,6 +32,8 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--mode", mode, "train | infer");
   cmd->add_option("--precision", precision, "fp32 | amp-bf16 (default) | bf16 | bf16-master");
   cmd->add_option("--optimizer", optimizer, "adamw (default) | sgd | sgd-momentum | adamw-8bit | adafactor | lion");
+  cmd->add_option("--optimizer-impl", optimizer_impl,
+                  "torch.optim implementation: foreach (default for adamw, sgd) | fused | for-loop (default for adafactor)");
   cmd->add_option("--recompute", recompute, "none (default) | selective | full");
   cmd->add_option("--attention", attention, "flash (default) | math");
   cmd->add_option("--loss", loss, "full (default) | chunked");
@@ -59,6 +61,7 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (!mode.empty()) j.mode = parse_mode(mode);
   if (!precision.empty()) j.precision = parse_precision(precision);
   if (!optimizer.empty()) j.optimizer = parse_optimizer(optimizer);
+  if (!optimizer_impl.empty()) j.optimizer_impl = parse_optimizer_impl(optimizer_impl);
   if (!recompute.empty()) j.recompute = parse_recompute(recompute);
   if (!attention.empty()) j.attention = parse_attention(attention);
   if (!loss.empty()) j.loss = parse_loss(loss);

@@ -34,7 +34,8 @@ Examples:
     python3 tools/torch_profile_step.py --matrix tools/matrices/train_h200.json --output out.json
 
 Matrix file: {"defaults": {...}, "cases": [{"name": ..., "config": ..., "batch": ...,
-"seq": ..., "precision": ..., "optimizer": ..., "recompute": ..., "attention": ...,
+"seq": ..., "precision": ..., "optimizer": ..., "optimizer_impl": foreach|fused|for-loop,
+"recompute": ..., "attention": ...,
 "overrides": {config.json keys}}, ...]}. All cases run in one process; consecutive cases
 with the same config, overrides, parameter dtype and attention reuse one model, and each case
 gets a fresh optimizer. Results are rewritten to --output after every case.
@@ -52,9 +53,9 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gt_common as common  # noqa: E402
 
-CASE_KEYS = ("config", "batch", "seq", "precision", "optimizer", "recompute", "attention",
-             "steps", "warmup", "overrides", "use_cache", "name", "lora")
-DEFAULTS = {"precision": "amp-bf16", "optimizer": "adamw", "recompute": "none",
+CASE_KEYS = ("config", "batch", "seq", "precision", "optimizer", "optimizer_impl", "recompute",
+             "attention", "steps", "warmup", "overrides", "use_cache", "name", "lora")
+DEFAULTS = {"precision": "amp-bf16", "optimizer": "adamw", "optimizer_impl": None, "recompute": "none",
             "attention": "flash", "steps": 4, "warmup": 2, "overrides": None,
             "use_cache": None}
 
@@ -68,7 +69,11 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1, help="micro-batch size (default 1)")
     p.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
     p.add_argument("--precision", choices=common.PRECISIONS, default="amp-bf16")
-    p.add_argument("--optimizer", choices=("adamw", "adamw-fused", "sgd"), default="adamw")
+    p.add_argument("--optimizer", choices=("adamw", "adamw-fused", "sgd", "sgd-momentum", "adafactor"),
+                   default="adamw")
+    p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default=None,
+                   help="torch.optim implementation: foreach (foreach=True), fused (fused=True), "
+                        "for-loop (foreach=False); default: the constructor's own default")
     p.add_argument("--recompute", choices=("none", "full"), default="none",
                    help="full = HF gradient checkpointing of every decoder layer (non-reentrant)")
     p.add_argument("--attention", choices=("flash", "math"), default="flash",
@@ -110,7 +115,8 @@ def cases_from_args(args):
     return [{
         "name": os.path.basename(args.config),
         "config": args.config, "batch": args.batch, "seq": args.seq,
-        "precision": args.precision, "optimizer": args.optimizer, "recompute": args.recompute,
+        "precision": args.precision, "optimizer": args.optimizer,
+        "optimizer_impl": args.optimizer_impl, "recompute": args.recompute,
         "attention": args.attention, "steps": args.steps, "warmup": args.warmup,
         "overrides": _overrides_from_args(args.override) or None, "use_cache": uc,
     }]
@@ -175,16 +181,27 @@ def set_recompute(model, recompute):
     return bool(getattr(model, "is_gradient_checkpointing", recompute == "full"))
 
 
-def make_optimizer(model, name):
+# --optimizer-impl as torch.optim's constructor flags (membudget's --optimizer-impl).
+OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
+IMPL_KWARGS = {None: {}, "foreach": {"foreach": True}, "fused": {"fused": True},
+               "for-loop": {"foreach": False}}
+
+
+def make_optimizer(model, name, impl=None):
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
+    kw = dict(IMPL_KWARGS[impl])
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-5)
+        return torch.optim.AdamW(params, lr=1e-5, **kw)
     if name == "adamw-fused":  # what `membudget advise` calls the fused optimizer
         return torch.optim.AdamW(params, lr=1e-5, fused=True)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-5)
+        return torch.optim.SGD(params, lr=1e-5, **kw)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-5, momentum=0.9, **kw)
+    if name == "adafactor":  # no fused implementation; foreach=None runs the for-loop
+        return torch.optim.Adafactor(params, **kw)
     raise ValueError(name)
 
 
@@ -336,7 +353,7 @@ def run_case(model, mstats, case, cfgd):
         model.zero_grad(set_to_none=True)
         common.clean_cuda()
         res["before_case"] = common.allocator_reading()
-        opt = make_optimizer(model, case["optimizer"])
+        opt = make_optimizer(model, case["optimizer"], case.get("optimizer_impl"))
         g = torch.Generator(device="cuda")
         g.manual_seed(1234)
         vocab = int(cfgd["vocab_size"])
@@ -348,6 +365,9 @@ def run_case(model, mstats, case, cfgd):
             run_step(model, opt, x, amp, rec, case.get("use_cache"))
             if i == 0:
                 res["optimizer_state_bytes"], res["optimizer_state_dtypes"] = optimizer_state_bytes(opt)
+                # the implementation torch.optim ran (None: the function's own default)
+                grp = opt.param_groups[0]
+                res["optimizer_flags"] = {k: grp.get(k) for k in ("foreach", "fused")}
         res["status"] = "ok"
     except torch.cuda.OutOfMemoryError as e:
         res["status"] = "oom"

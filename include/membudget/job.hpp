@@ -22,6 +22,10 @@ enum class Mode { train, infer };
 // weights and optimizer state (Megatron / DeepSpeed).
 enum class Precision { fp32, amp_bf16, bf16, bf16_master };
 enum class Optimizer { adamw, sgd, sgd_momentum, adamw_8bit, adafactor, lion };
+// torch.optim's implementation of optimizer.step(): foreach=True (multi-tensor kernels over the
+// whole parameter list), fused=True (one fused kernel), foreach=False (a Python for-loop over the
+// parameters). What each allocates: docs/model.md, "The optimizer step".
+enum class OptimizerImpl { foreach, fused, for_loop };
 enum class Recompute { none, selective, full };
 enum class Attention { flash, math };
 enum class Loss { full, chunked };
@@ -34,6 +38,7 @@ enum class DType { fp32, bf16, fp16, fp8, int8, int4 };
 const char* to_string(Mode v) noexcept;
 const char* to_string(Precision v) noexcept;
 const char* to_string(Optimizer v) noexcept;
+const char* to_string(OptimizerImpl v) noexcept;
 const char* to_string(Recompute v) noexcept;
 const char* to_string(Attention v) noexcept;
 const char* to_string(Loss v) noexcept;
@@ -46,6 +51,7 @@ const char* to_string(DType v) noexcept;
 Mode parse_mode(std::string_view s, std::string_view option = "--mode");
 Precision parse_precision(std::string_view s, std::string_view option = "--precision");
 Optimizer parse_optimizer(std::string_view s, std::string_view option = "--optimizer");
+OptimizerImpl parse_optimizer_impl(std::string_view s, std::string_view option = "--optimizer-impl");
 Recompute parse_recompute(std::string_view s, std::string_view option = "--recompute");
 Attention parse_attention(std::string_view s, std::string_view option = "--attention");
 Loss parse_loss(std::string_view s, std::string_view option = "--loss");
@@ -89,6 +95,8 @@ struct Job {
   std::uint64_t seq = 4096;     // sequence length s
   Precision precision = Precision::amp_bf16;
   Optimizer optimizer = Optimizer::adamw;
+  // Unset: torch.optim's own default for the optimizer (effective_optimizer_impl).
+  std::optional<OptimizerImpl> optimizer_impl;
   Recompute recompute = Recompute::none;
   Attention attention = Attention::flash;
   Loss loss = Loss::full;
@@ -110,6 +118,14 @@ struct Job {
   // are not modelled (a parallel setting other than one rank, LoRA with Adafactor, ...).
   void validate() const;
 };
+
+// The optimizer implementation the step runs: the job's, else torch.optim's default — foreach for
+// AdamW and SGD (torch/optim/adam.py, sgd.py: _default_to_fused_or_foreach(use_fused=False)),
+// the for-loop for Adafactor (torch/optim/_adafactor.py: foreach=None runs
+// _single_tensor_adafactor); fused for the harness's AdamW (one kernel per parameter). None for
+// optimizers outside torch.optim (adamw-8bit: bitsandbytes, lion: lion-pytorch), which offer no
+// choice.
+std::optional<OptimizerImpl> effective_optimizer_impl(const Job& job) noexcept;
 
 // Cards with the capacity the driver reports (docs/devices.md).
 struct Device {

@@ -60,10 +60,12 @@ mb_status mb_job_new(mb_job** out);
 mb_job* mb_job_clone(const mb_job* job);
 void mb_job_free(mb_job* job);
 /* Sets one option by its command-line name without dashes: "batch", "seq", "mode", "precision",
- * "optimizer", "recompute", "attention", "loss", "loss-chunk", "activations", "profile",
+ * "optimizer", "optimizer-impl" (foreach, fused, for-loop: torch.optim's foreach=True, fused=True,
+ * foreach=False; unset: torch.optim's default), "recompute", "attention", "loss", "loss-chunk", "activations", "profile",
  * "overhead" ("800MiB"), "kv-dtype", "weights", "group-size", "lora" (LoRA rank, 0: full fine-tune),
  * "tensor-parallel", "pipeline-parallel", "data-parallel", "zero-stage", "sequence-parallel" (not
  * modelled yet: anything but one rank makes mb_predict and the searches return MB_UNSUPPORTED). */
+
 mb_status mb_job_set(mb_job* job, const char* key, const char* value);
 mb_status mb_job_set_batch(mb_job* job, uint64_t batch);
 mb_status mb_job_set_seq(mb_job* job, uint64_t seq);

@@ -80,6 +80,7 @@ struct FixRow {
 
 bool same_prediction(const Job& a, const Job& b) {
   return a.batch == b.batch && a.seq == b.seq && a.precision == b.precision && a.optimizer == b.optimizer &&
+         a.optimizer_impl == b.optimizer_impl &&
          a.recompute == b.recompute && a.attention == b.attention && a.loss == b.loss &&
          a.loss_chunk == b.loss_chunk && a.activations == b.activations && a.profile == b.profile &&
          a.lora_rank == b.lora_rank;
@@ -375,6 +376,8 @@ std::vector<FixRow> fix_table(const Context& c) {
        .apply = {.job = [](Job j) { j.attention = Attention::flash; return j; }},
        .stackable = true,
        .listed = job.attention == Attention::math},
+      // A job change: --optimizer-impl fused, predicted. The texts are kept as the golden record
+      // has them; the figure is predict()'s (the same as scaling the temporaries away, for AdamW).
       {.fix = {.name = "fused optimizer",
                .change = "torch.optim.AdamW(fused=True) (or foreach=False)",
                .cost_class = CostClass::free,
@@ -382,13 +385,16 @@ std::vector<FixRow> fix_table(const Context& c) {
                .note = std::string("the multi-tensor step's parameter-sized temporaries (sqrt of exp_avg_sq for all "
                                    "parameters at once) are not allocated") +
                        (job.precision == Precision::bf16_master
-                            ? "; the fp32 copy of the gradients (bf16-master) is also step-local"
+                            ? "; the fp32 copy of the gradients (bf16-master) is made outside the optimizer and stays"
                             : "")},
-       .skip = job.optimizer != Optimizer::adamw && job.optimizer != Optimizer::lion
-                   ? std::string("--optimizer ") + to_string(job.optimizer) +
-                         " allocates no multi-tensor temporaries here"
+       .skip = effective_optimizer_impl(job) == OptimizerImpl::fused
+                   ? std::string(job.profile == Profile::harness ? "the harness's AdamW is already one fused kernel"
+                                                                 : "already --optimizer-impl fused")
+               : job.optimizer == Optimizer::adafactor || job.optimizer == Optimizer::adamw_8bit ||
+                       job.optimizer == Optimizer::lion
+                   ? std::string("--optimizer ") + to_string(job.optimizer) + " has no fused torch.optim implementation"
                    : "",
-       .apply = {.plan = [](Plan& p) { p.scale(Role::optimizer_temporary, 0); }},
+       .apply = {.job = [](Job j) { j.optimizer_impl = OptimizerImpl::fused; return j; }},
        .stackable = true},
       // ---- recompute ----
       {.fix = {.name = "selective recompute",
@@ -421,7 +427,9 @@ std::vector<FixRow> fix_table(const Context& c) {
        .skip = job.optimizer == Optimizer::adamw_8bit || job.optimizer == Optimizer::sgd
                    ? std::string("--optimizer ") + to_string(job.optimizer) + " already keeps less state"
                    : "",
-       .apply = {.job = [](Job j) { j.optimizer = Optimizer::adamw_8bit; return j; }},
+       // bitsandbytes' optimizer replaces torch.optim's: no implementation to choose (a stacked
+       // "fused optimizer" before it no longer applies)
+       .apply = {.job = [](Job j) { j.optimizer = Optimizer::adamw_8bit; j.optimizer_impl.reset(); return j; }},
        .stackable = true},
       {.fix = {.name = "pure bf16",
                .change = "--precision bf16",

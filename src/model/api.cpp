@@ -329,6 +329,7 @@ void set_job_option(Job& j, std::string_view key, std::string_view value) {
   else if (k == "mode") j.mode = parse_mode(v);
   else if (k == "precision") j.precision = parse_precision(v);
   else if (k == "optimizer") j.optimizer = parse_optimizer(v);
+  else if (k == "optimizer-impl") j.optimizer_impl = parse_optimizer_impl(v);
   else if (k == "recompute") j.recompute = parse_recompute(v);
   else if (k == "attention") j.attention = parse_attention(v);
   else if (k == "loss") j.loss = parse_loss(v);
@@ -351,7 +352,7 @@ void set_job_option(Job& j, std::string_view key, std::string_view value) {
   } else
     throw Error(ErrorKind::invalid_argument,
                 "unknown job option '" + std::string(key) +
-                    "' (batch, seq, mode, precision, optimizer, recompute, attention, loss, loss-chunk, activations, "
+                    "' (batch, seq, mode, precision, optimizer, optimizer-impl, recompute, attention, loss, loss-chunk, activations, "
                     "profile, overhead, kv-dtype, weights, group-size, lora, tensor-parallel, pipeline-parallel, "
                     "data-parallel, zero-stage, sequence-parallel)");
 }

@@ -10,6 +10,7 @@
 // optimizer. Each op below says which framework behaviour it models. Phase names follow
 // tools/torch_profile_step.py.
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "autograd_sim.hpp"
@@ -612,20 +613,52 @@ struct OptimizerCost {
   bytes_t transient = 0;  // temporaries at the peak of optimizer.step()
 };
 
+// Elements of the largest trainable parameter tensor: the model's, or (LoRA) its adapters'.
+std::uint64_t largest_trainable(const ModelSpec& m, std::uint64_t lora_rank) {
+  std::uint64_t largest = 0;
+  for (std::uint64_t il = 0; il < m.num_layers; ++il)
+    for (const ParamTensor& t : m.layer_tensors(static_cast<std::size_t>(il)))
+      largest = std::max(largest, !lora_rank ? t.elements()
+                                  : t.projection() ? std::max(mul(lora_rank, t.in), mul(t.out, lora_rank))
+                                                   : 0);
+  if (!lora_rank)
+    for (const ParamTensor& t : m.outer_tensors()) largest = std::max(largest, t.elements());
+  return largest;
+}
+
 // `params`: the trainable parameters (all, or LoRA's fp32 adapters: fp32 state, no master copy).
+// The implementation (effective_optimizer_impl) decides the step's temporaries; the line numbers
+// are torch 2.11.0's torch/optim/ sources (tools/device/optimizer_impl_run.sh keeps a copy), and
+// tests/data/torch_train_optimizer_impl_h200.json measures each.
 OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params) {
   OptimizerCost c;
   const bytes_t n = params;
   const Recipe recipe = recipe_of(job.precision);
   const bool master = recipe.master && job.lora_rank == 0;
   const bytes_t sb = job.lora_rank ? 4 : element_size(recipe.state);
+  const std::optional<OptimizerImpl> impl = effective_optimizer_impl(job);
   if (master) c.master = mul(n, 4);
   switch (job.optimizer) {
     case Optimizer::adamw:
-      // exp_avg, exp_avg_sq; _multi_tensor_adamw allocates sqrt(exp_avg_sq) for all params at once
+      // exp_avg, exp_avg_sq (adam.py:177-184, zeros_like(p) per parameter)
       c.state = mul(n, sb, 2);
-      c.transient = mul(n, sb);
+      if (impl == OptimizerImpl::foreach)
+        // _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)
+        // (adam.py:791) for every parameter at once; the rest is in place
+        c.transient = mul(n, sb);
+      else if (impl == OptimizerImpl::for_loop)
+        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        // (adam.py:545): sqrt() and the division's result are both live, for one parameter at a
+        // time; the peak holds the largest parameter's two, each a block of its own
+        // (own_segment_block: a 501 MiB bf16 embedding takes a 502 MiB block, as measured)
+        c.transient = mul(own_segment_block(mul(largest_trainable(m, job.lora_rank), sb)), 2);
+      // fused: torch._fused_adamw_ (adam.py:878) updates in place, no parameter-sized temporary
+      // (its state["step"] lives on the device, adam.py:168: a 512-byte block per parameter
+      // tensor, 75 KB for Llama 3.2 1B, not counted)
       break;
+    // SGD, every implementation: no temporary. The momentum buffer is the gradient's clone at the
+    // first step (sgd.py:366, foreach likewise; fused: empty_like(g), sgd.py:512), then updated in
+    // place; the parameter update is in place (sgd.py:378, 473; torch._fused_sgd_, sgd.py:530).
     case Optimizer::sgd: c.state = 0; c.transient = 0; break;
     case Optimizer::sgd_momentum: c.state = mul(n, sb); c.transient = 0; break;
     case Optimizer::lion:
@@ -640,8 +673,7 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
       break;
     case Optimizer::adafactor: {
       // torch.optim.Adafactor: factored second moment (row and column fp32 vectors) for matrices,
-      // full for vectors; no first moment. The update allocates one parameter-sized temporary for
-      // the largest tensor at a time.
+      // full for vectors; no first moment.
       // (The vectors' state is not counted: norms are a few KiB.)
       bytes_t layer_rows_cols = 0, outer_rows_cols = 0, largest = 0;
       for (const ParamTensor& t : m.layer_tensors(0))
@@ -655,7 +687,17 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
           largest = std::max(largest, t.elements());
         }
       c.state = mul(checked_add(mul(m.num_layers, layer_rows_cols), outer_rows_cols, "Adafactor state"), sb);
-      c.transient = mul(largest, 4, 2);
+      if (impl == OptimizerImpl::foreach)
+        // _multi_tensor_adafactor: var_estimates = [row_var @ col_var ...] (_adafactor.py:567) for
+        // every matrix at once and [v.clone() ...] (_adafactor.py:589) for every vector: one
+        // parameter-sized list, updated in place
+        c.transient = mul(n, sb);
+      else
+        // the for-loop (torch's default for Adafactor, _adafactor.py:639): one temporary per
+        // tensor, counted here as two fp32 copies of the largest projection. Measured
+        // (torch_train_optimizer_impl_h200.json), the step holds the largest parameter's
+        // var_estimate (_adafactor.py:402, the embedding) plus 8·h² bytes: this figure is not that.
+        c.transient = mul(largest, 4, 2);
       break;
     }
   }

@@ -24,6 +24,9 @@ constexpr NameTable<Optimizer, 6> kOptimizers{{{Optimizer::adamw, "adamw"},
                                                {Optimizer::adamw_8bit, "adamw-8bit"},
                                                {Optimizer::adafactor, "adafactor"},
                                                {Optimizer::lion, "lion"}}};
+constexpr NameTable<OptimizerImpl, 3> kOptimizerImpls{{{OptimizerImpl::foreach, "foreach"},
+                                                       {OptimizerImpl::fused, "fused"},
+                                                       {OptimizerImpl::for_loop, "for-loop"}}};
 constexpr NameTable<Recompute, 3> kRecomputes{
     {{Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"}}};
 constexpr NameTable<Attention, 2> kAttentions{{{Attention::flash, "flash"}, {Attention::math, "math"}}};
@@ -68,6 +71,7 @@ E parse_in(const NameTable<E, N>& table, std::string_view text, std::string_view
 const char* to_string(Mode v) noexcept { return name_of(kModes, v); }
 const char* to_string(Precision v) noexcept { return name_of(kPrecisions, v); }
 const char* to_string(Optimizer v) noexcept { return name_of(kOptimizers, v); }
+const char* to_string(OptimizerImpl v) noexcept { return name_of(kOptimizerImpls, v); }
 const char* to_string(Recompute v) noexcept { return name_of(kRecomputes, v); }
 const char* to_string(Attention v) noexcept { return name_of(kAttentions, v); }
 const char* to_string(Loss v) noexcept { return name_of(kLosses, v); }
@@ -78,6 +82,21 @@ const char* to_string(DType v) noexcept { return name_of(kDTypes, v); }
 Mode parse_mode(std::string_view s, std::string_view o) { return parse_in(kModes, s, o); }
 Precision parse_precision(std::string_view s, std::string_view o) { return parse_in(kPrecisions, s, o); }
 Optimizer parse_optimizer(std::string_view s, std::string_view o) { return parse_in(kOptimizers, s, o); }
+OptimizerImpl parse_optimizer_impl(std::string_view s, std::string_view o) { return parse_in(kOptimizerImpls, s, o); }
+
+std::optional<OptimizerImpl> effective_optimizer_impl(const Job& job) noexcept {
+  if (job.optimizer_impl) return job.optimizer_impl;
+  if (job.profile == Profile::harness) return OptimizerImpl::fused;
+  switch (job.optimizer) {
+    case Optimizer::adamw:
+    case Optimizer::sgd:
+    case Optimizer::sgd_momentum: return OptimizerImpl::foreach;
+    case Optimizer::adafactor: return OptimizerImpl::for_loop;
+    case Optimizer::adamw_8bit:
+    case Optimizer::lion: return std::nullopt;
+  }
+  return std::nullopt;
+}
 Recompute parse_recompute(std::string_view s, std::string_view o) { return parse_in(kRecomputes, s, o); }
 Attention parse_attention(std::string_view s, std::string_view o) { return parse_in(kAttentions, s, o); }
 Loss parse_loss(std::string_view s, std::string_view o) { return parse_in(kLosses, s, o); }
@@ -158,6 +177,19 @@ void Job::validate() const {
     throw Error(ErrorKind::unsupported, "--lora: the harness trains the full model; use --profile torch");
   if (lora_rank && mode == Mode::train && optimizer == Optimizer::adafactor)
     throw Error(ErrorKind::unsupported, "--lora: Adafactor's factored state over adapters is not modelled");
+  if (optimizer_impl) {
+    // Only what torch.optim offers: torch itself refuses the others (Adafactor takes no `fused`).
+    const std::string both = std::string("--optimizer-impl ") + to_string(*optimizer_impl) + " with --optimizer " +
+                             to_string(optimizer) + ": ";
+    if (optimizer == Optimizer::adamw_8bit || optimizer == Optimizer::lion)
+      throw Error(ErrorKind::invalid_job,
+                  both + (optimizer == Optimizer::lion ? "Lion (lion-pytorch)" : "AdamW8bit (bitsandbytes)") +
+                      " is not in torch.optim and has no foreach/fused/for-loop choice");
+    if (optimizer == Optimizer::adafactor && *optimizer_impl == OptimizerImpl::fused)
+      throw Error(ErrorKind::invalid_job, both + "torch.optim.Adafactor has no fused implementation (foreach or for-loop)");
+    if (profile == Profile::harness && mode == Mode::train && *optimizer_impl != OptimizerImpl::fused)
+      throw Error(ErrorKind::unsupported, both + "the harness's AdamW is one fused kernel (--optimizer-impl fused)");
+  }
   if (mode == Mode::infer && precision == Precision::fp32 && weights != DType::fp32) {
     // serving precision is chosen by --weights; nothing to reject
   }

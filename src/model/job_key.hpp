@@ -42,6 +42,9 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   put(q.fused_qkv | (q.fused_gate_up << 1) | (q.norm_weight_offset << 2) | (q.embedding_scale << 3) |
       (q.partial_rotary << 4));
   put(j.lora_rank);
+  // 0: torch.optim's default for the optimizer (a different answer from an explicit impl only where
+  // they differ, but kept apart: the key is the job as given)
+  put(j.optimizer_impl ? 1 + static_cast<std::uint64_t>(*j.optimizer_impl) : 0);
   return k;
 }
 

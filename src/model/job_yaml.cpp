@@ -44,6 +44,7 @@ Job load_job_section(const std::string& path, Job job) {
       else if (key == "mode") job.mode = parse_mode(text_of(), where);
       else if (key == "precision") job.precision = parse_precision(text_of(), where);
       else if (key == "optimizer") job.optimizer = parse_optimizer(text_of(), where);
+      else if (key == "optimizer_impl") job.optimizer_impl = parse_optimizer_impl(text_of(), where);
       else if (key == "recompute") job.recompute = parse_recompute(text_of(), where);
       else if (key == "attention") job.attention = parse_attention(text_of(), where);
       else if (key == "loss") job.loss = parse_loss(text_of(), where);
@@ -54,7 +55,7 @@ Job load_job_section(const std::string& path, Job job) {
       else if (key == "lora") job.lora_rank = count_of();
       else
         throw Error(ErrorKind::invalid_job, where + ": unknown job key (known: batch, seq, mode, precision, optimizer, "
-                                                    "recompute, attention, loss, loss_chunk, activations, profile, overhead, "
+                                                    "optimizer_impl, recompute, attention, loss, loss_chunk, activations, profile, overhead, "
                                                     "lora)");
     } catch (const YAML::Exception& e) {
       throw Error(ErrorKind::invalid_job, where + ": " + e.msg);

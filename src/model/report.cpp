@@ -37,6 +37,9 @@ ordered_json job_json(const Job& j) {
                     {"loss", to_string(j.loss)},
                     {"activations", to_string(j.activations)},
                     {"profile", to_string(j.profile)}};
+  // torch.optim's implementation the step runs (null for adamw-8bit and lion: not torch.optim)
+  if (const auto impl = effective_optimizer_impl(j)) o["optimizer_impl"] = to_string(*impl);
+  else o["optimizer_impl"] = nullptr;
   if (j.loss == Loss::chunked) o["loss_chunk"] = j.loss_chunk;
   if (j.mode == Mode::train && j.lora_rank) o["lora_rank"] = j.lora_rank;
   if (j.mode == Mode::infer) {
@@ -182,7 +185,9 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
   else
     out << to_string(b.job.precision);
   if (b.job.mode == Mode::train)
-    out << " · " << to_string(b.job.optimizer) << " · recompute " << to_string(b.job.recompute) << " · "
+    out << " · " << to_string(b.job.optimizer)
+        << (b.job.optimizer_impl ? std::string(" (") + to_string(*b.job.optimizer_impl) + ")" : std::string())
+        << " · recompute " << to_string(b.job.recompute) << " · "
         << to_string(b.job.attention) << " attention · " << to_string(b.job.loss) << " loss"
         << (b.job.lora_rank ? " · LoRA rank " + std::to_string(b.job.lora_rank) + " (base frozen)" : std::string());
   out << "\n\nTerms\n";

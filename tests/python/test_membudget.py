@@ -31,6 +31,17 @@ def test_estimate_matches_predict():
     assert set(e["phases"]) == {"floor", "forward_peak", "backward_peak", "optimizer_peak"}
 
 
+def test_optimizer_impl():
+    d = {impl: membudget.predict(LLAMA_1B, batch=1, seq=512, optimizer_impl=impl)
+         for impl in ("foreach", "fused", "for-loop")}
+    assert {k: v["job"]["optimizer_impl"] for k, v in d.items()} == {k: k for k in d}
+    opt = {k: v["phases"]["optimizer_peak"] for k, v in d.items()}
+    assert opt["foreach"] > opt["for-loop"] > opt["fused"]
+    assert membudget.predict(LLAMA_1B, optimizer="adafactor")["job"]["optimizer_impl"] == "for-loop"
+    with pytest.raises(Exception):
+        membudget.predict(LLAMA_1B, optimizer="adafactor", optimizer_impl="fused")
+
+
 def test_fits_and_max_micro_batch():
     assert membudget.fits(LLAMA_1B, device="H100", batch=4)["fits"]
     assert not membudget.fits(LLAMA_1B, capacity=1 << 30)["fits"]  # a result, not an error
