@@ -376,10 +376,9 @@ std::vector<FixRow> fix_table(const Context& c) {
        .apply = {.job = [](Job j) { j.attention = Attention::flash; return j; }},
        .stackable = true,
        .listed = job.attention == Attention::math},
-      // A job change: --optimizer-impl fused, predicted. The texts are kept as the golden record
-      // has them; the figure is predict()'s (the same as scaling the temporaries away, for AdamW).
+      // A job change: --optimizer-impl fused, predicted.
       {.fix = {.name = "fused optimizer",
-               .change = "torch.optim.AdamW(fused=True) (or foreach=False)",
+               .change = "--optimizer-impl fused (torch.optim's fused=True; Hugging Face Trainer's adamw_torch_fused)",
                .cost_class = CostClass::free,
                .cost = "≈ 0: the same update in one kernel per parameter; usually faster",
                .note = std::string("the multi-tensor step's parameter-sized temporaries (sqrt of exp_avg_sq for all "
