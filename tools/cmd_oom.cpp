@@ -15,6 +15,7 @@
 
 #include "cli.hpp"
 #include "job_flags.hpp"
+#include "membudget/input.hpp"
 #include "membudget/oom.hpp"
 #include "membudget/oom_attribution.hpp"
 #include "membudget/report.hpp"
@@ -35,15 +36,8 @@ struct OomOptions {
 
 std::string read_input(const OomOptions& o) {
   if (!o.text.empty()) return o.text;
-  std::ostringstream ss;
-  if (!o.file.empty()) {
-    std::ifstream in(o.file, std::ios::binary);
-    if (!in) throw Error(ErrorKind::io, o.file + ": cannot read");
-    ss << in.rdbuf();
-  } else {
-    ss << std::cin.rdbuf();
-  }
-  return ss.str();
+  if (!o.file.empty()) return read_input_file(o.file, limits::kMaxOomTextBytes, "out-of-memory text");
+  return read_input_stream(std::cin, limits::kMaxOomTextBytes, "out-of-memory text", "standard input");
 }
 
 void print_table(const OomReport& r, const OomDiagnosis& d) {

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "membudget/error.hpp"
+#include "membudget/input.hpp"
 
 namespace membudget::diagnose {
 
@@ -558,12 +559,7 @@ PickleDocument parse_pickle(std::string bytes, const std::string& where) {
 }
 
 PickleDocument read_pickle_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(ErrorKind::io, path + ": cannot open the pickle file");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw Error(ErrorKind::io, path + ": read error");
-  return parse_pickle(std::move(ss).str(), path);
+  return parse_pickle(read_input_file(path, limits::kMaxSnapshotBytes, "snapshot pickle"), path);
 }
 
 }  // namespace membudget::diagnose

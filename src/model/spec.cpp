@@ -3,6 +3,8 @@
 
 #include "membudget/spec.hpp"
 
+#include "membudget/input.hpp"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -762,14 +764,8 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
 // ------------------------------------------------------------------------------------------------
 
 ModelSpec load_model(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw Error(ErrorKind::io, "cannot read model spec '" + path + "': " + std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad())
-    throw Error(ErrorKind::io, "cannot read model spec '" + path + "': read failed");
-  const std::string text = buf.str();
+  const std::string bytes = read_input_file(path, limits::kMaxSpecBytes, "model spec");
+  const std::string_view text = strip_bom(bytes);  // editors on Windows write one
 
   const auto first = text.find_first_not_of(" \t\r\n");
   const bool is_json = first != std::string::npos && text[first] == '{';
