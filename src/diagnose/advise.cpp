@@ -1,5 +1,6 @@
 // advise(): candidate fixes for a job that does not fit, each re-predicted, ranked cheapest first.
 #include "membudget/advise.hpp"
+#include "membudget/input.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -96,7 +97,7 @@ Evaluated evaluate(const ModelSpec& model, const Plan& plan) {
                      scaled(s.optimizer, plan.optimizer) + scaled(s.temporaries, plan.temporaries) +
                      scaled(s.autocast, plan.autocast);
     const double v = static_cast<double>(p.bytes) - removed;
-    const bytes_t kept = v <= 0 ? 0 : static_cast<bytes_t>(std::llround(v));
+    const bytes_t kept = v <= 0 ? 0 : bytes_from_double(std::round(v), "advise: phase peak");
     return checked_add(kept, plan.extra, "advise: phase peak");
   };
   // The floor carries no live list; everything in it stays live through the forward, so the

@@ -162,11 +162,16 @@ bytes_t usable_bytes(const Device& device, double headroom) {
   if (!(headroom >= 0.0 && headroom < 1.0))
     throw Error(ErrorKind::invalid_argument, "headroom: must be in [0, 1), e.g. 0.05 for 5%");
   if (device.capacity == 0) throw Error(ErrorKind::invalid_argument, "device capacity must be positive");
-  // The largest integer r with r ≤ capacity · (1 − headroom), as check_fit compares in doubles.
+  // The largest integer r ≤ capacity with double(r) ≤ capacity · (1 − headroom), as check_fit
+  // compares in doubles. lim may be 2^64 itself (a capacity within 1 KiB of 2^64, headroom 0):
+  // every r ≤ capacity passes then, and converting lim would be undefined.
   const double lim = static_cast<double>(device.capacity) * (1.0 - headroom);
-  bytes_t r = static_cast<bytes_t>(lim);
+  if (lim >= 18446744073709551616.0) return device.capacity;
+  bytes_t r = std::min<bytes_t>(static_cast<bytes_t>(lim), device.capacity);
   while (r > 0 && static_cast<double>(r) > lim) --r;
-  while (static_cast<double>(r + 1) <= lim && r + 1 <= device.capacity) ++r;
+  // Integers above r that still round to a double ≤ lim: at most half an ulp of lim (1024 near
+  // 2^64), so the walk is bounded; one step when lim < 2^53.
+  while (r < device.capacity && static_cast<double>(r + 1) <= lim) ++r;
   return r;
 }
 
