@@ -558,6 +558,16 @@ using nlohmann::json;
 constexpr const char* kSupportedTypes =
     "llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, deepseek_v2, deepseek_v3";
 
+// A value as it appears in a message: scalars as JSON (at most 64 characters; dump() would
+// recurse through a deeply nested value and copy a huge one), containers by their kind.
+std::string brief(const json& v) {
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 64) s = s.substr(0, 61) + "...";
+  return s;
+}
+
 class JsonReader {
  public:
   JsonReader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
@@ -578,9 +588,9 @@ class JsonReader {
     if (!v) return std::nullopt;
     if (v->is_number_unsigned()) return v->get<std::uint64_t>();
     if (v->is_number_integer())
-      throw error(key, "must not be negative (got " + v->dump() + ")");
-    if (v->is_number_float()) throw error(key, "must be a whole number (got " + v->dump() + ")");
-    throw error(key, "expected a non-negative integer, got " + v->dump());
+      throw error(key, "must not be negative (got " + brief(*v) + ")");
+    if (v->is_number_float()) throw error(key, "must be a whole number (got " + brief(*v) + ")");
+    throw error(key, "expected a non-negative integer, got " + brief(*v));
   }
 
   std::uint64_t req_uint(std::string_view key) const {
@@ -594,14 +604,14 @@ class JsonReader {
   std::optional<bool> opt_bool(std::string_view key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_boolean()) throw error(key, "expected true or false, got " + v->dump());
+    if (!v->is_boolean()) throw error(key, "expected true or false, got " + brief(*v));
     return v->get<bool>();
   }
 
   std::optional<double> opt_double(std::string_view key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_number()) throw error(key, "expected a number, got " + v->dump());
+    if (!v->is_number()) throw error(key, "expected a number, got " + brief(*v));
     double d = v->get<double>();
     if (!std::isfinite(d) || d < 0) throw error(key, "must be a finite number >= 0");
     return d;
@@ -610,7 +620,7 @@ class JsonReader {
   std::optional<std::string> opt_string(std::string_view key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_string()) throw error(key, "expected a string, got " + v->dump());
+    if (!v->is_string()) throw error(key, "expected a string, got " + brief(*v));
     return v->get<std::string>();
   }
 
@@ -650,6 +660,9 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     }
     throw Error(ErrorKind::parse, where + ":" + std::to_string(line) + ":" + std::to_string(col) +
                                       ": malformed JSON: " + e.what());
+  } catch (const json::exception& e) {
+    // A number beyond a double (1e400), anywhere in the file, even under a key we ignore.
+    throw Error(ErrorKind::parse, where + ": malformed JSON: " + e.what());
   }
   if (!j.is_object())
     throw Error(ErrorKind::parse, where + ": expected a JSON object (a Hugging Face config.json)");
