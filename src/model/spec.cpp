@@ -517,6 +517,9 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
                   r.line_of("sliding_window") +
                       ": sliding_window.window: missing; give the window in tokens, or remove "
                       "sliding_window");
+    if (*window == 0)  // 0 would silently mean "no window": remove the section instead
+      throw Error::field(ErrorKind::invalid_spec, r.line_of("sliding_window.window"), "sliding_window.window",
+                         "must be at least 1 token; remove sliding_window for full attention");
     s.sliding.window = *window;
     s.sliding.every_nth = r.opt_uint(e, "every_nth", "sliding_window.every_nth").value_or(1);
   }
@@ -529,6 +532,9 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     s.mla.q_lora_rank = r.opt_uint(e, "q_lora_rank", "mla.q_lora_rank").value_or(0);
     s.mla.qk_nope_head_dim = r.opt_uint(e, "qk_nope_head_dim", "mla.qk_nope_head_dim").value_or(0);
     s.mla.v_head_dim = r.opt_uint(e, "v_head_dim", "mla.v_head_dim").value_or(0);
+    if (!s.mla.enabled())  // an empty or all-zero section would silently mean "no MLA"
+      throw Error::field(ErrorKind::invalid_spec, r.line_of(e.count("kv_lora_rank") ? "mla.kv_lora_rank" : "mla"),
+                         "mla.kv_lora_rank", "must be > 0 in an mla section; remove mla for standard attention");
   }
   if (auto hd = r.opt_uint(top, "head_dim", "head_dim")) {
     s.head_dim = *hd;
@@ -739,15 +745,21 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     s.head_dim = s.hidden_size / s.num_heads;
   }
 
+  // sliding_window: null (or absent) is "none"; 0 is refused rather than read as "none".
+  auto window = [&]() -> std::optional<std::uint64_t> {
+    auto w = r.opt_uint("sliding_window");
+    if (w && *w == 0) throw r.error("sliding_window", "0 is not a window; use null for full attention");
+    return w;
+  };
   if (gemma2) {
     s.norms_per_layer = 4;
     s.final_logit_softcap = r.opt_double("final_logit_softcapping").value_or(0);
-    if (auto w = r.opt_uint("sliding_window"); w && *w > 0) {
+    if (auto w = window()) {
       s.sliding.window = *w;
       s.sliding.every_nth = 2;
     }
   } else if (mistral || phi3) {
-    if (auto w = r.opt_uint("sliding_window"); w && *w > 0) s.sliding.window = *w;
+    if (auto w = window()) s.sliding.window = *w;
   } else if (qwen2 || qwen3) {
     if (r.opt_bool("use_sliding_window").value_or(false)) {
       auto w = r.opt_uint("sliding_window");
