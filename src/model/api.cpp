@@ -7,6 +7,7 @@
 
 #include "job_key.hpp"
 #include "korthikanti.hpp"
+#include "membudget/input.hpp"
 #include "membudget/serving.hpp"
 #include "serve_plan.hpp"
 #include "step_plan.hpp"
@@ -296,8 +297,17 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
       grid.precisions.empty() ? std::vector<Precision>{base.precision} : grid.precisions;
   const std::vector<Recompute> recomputes =
       grid.recomputes.empty() ? std::vector<Recompute>{base.recompute} : grid.recomputes;
+  // The whole grid is bounded before any point is computed (and the product cannot wrap).
+  std::uint64_t points = 1;
+  for (std::size_t n : {batches.size(), seqs.size(), precisions.size(), recomputes.size()})
+    if (__builtin_mul_overflow(points, static_cast<std::uint64_t>(n), &points) || points > limits::kMaxSweepPoints)
+      throw Error(ErrorKind::invalid_argument,
+                  "sweep: the grid has " + std::to_string(batches.size()) + " batches × " + std::to_string(seqs.size()) +
+                      " sequences × " + std::to_string(precisions.size()) + " precisions × " +
+                      std::to_string(recomputes.size()) + " recompute modes, more than the limit of " +
+                      std::to_string(limits::kMaxSweepPoints) + " points; split it into smaller sweeps");
   std::vector<SweepPoint> out;
-  out.reserve(batches.size() * seqs.size() * precisions.size() * recomputes.size());
+  out.reserve(points);
   Job j = base;
   for (Precision p : precisions)
     for (Recompute rc : recomputes)
