@@ -6,6 +6,7 @@
 #include "cli.hpp"
 #include "job_flags.hpp"
 #include "membudget/attribute.hpp"
+#include "membudget/input.hpp"
 
 namespace membudget::cli {
 namespace {
@@ -80,7 +81,7 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
       std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
       return;
     }
-    std::cout << *path << ": device " << a.device << ", " << a.trace_entries << " trace entries\n";
+    std::cout << printable(*path) << ": device " << a.device << ", " << a.trace_entries << " trace entries\n";
     if (!a.has_trace)
       std::cout << "no allocation trace (record with torch.cuda.memory._record_memory_history()): the live blocks "
                    "at the snapshot are shown\n";
@@ -94,7 +95,7 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
     for (const auto& g : a.groups) {
       if (shown++ < *top) {
         std::cout << pad(gib(g.bytes), 12) << pad(std::to_string(g.count), 8) << pad(to_string(g.term), 17)
-                  << tail(g.frame, 90) << "\n";
+                  << tail(printable(g.frame), 90) << "\n";
       } else {
         rest += g.bytes;
         rest_count += g.count;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "membudget/input.hpp"
 #include "membudget/serving.hpp"
 #include "membudget/spec.hpp"
 
@@ -115,7 +116,7 @@ nlohmann::ordered_json plan_json(const ModelSpec& m, const Device& dev, const Se
 
 std::string plan_text(const ModelSpec& m, const Device& dev, const ServePlan& p, const std::optional<TrafficFit>& tf) {
   std::ostringstream out;
-  out << m.name << " on " << dev.name << " (" << format_bytes(p.total_memory) << ") · vLLM · weights "
+  out << printable(m.name) << " on " << dev.name << " (" << format_bytes(p.total_memory) << ") · vLLM · weights "
       << to_string(p.weights_dtype) << " · KV " << to_string(p.kv_dtype) << " · max_model_len " << p.max_model_len
       << " · max_num_batched_tokens " << p.max_num_batched_tokens << " · block " << p.block_size << "\n\n";
   out << row("requested memory", format_bytes(p.requested),

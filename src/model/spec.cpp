@@ -485,6 +485,8 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
 
   ModelSpec s;
   s.name = r.opt_string(top, "name", "name").value_or("");
+  if (!valid_utf8(s.name))
+    throw Error::field(ErrorKind::invalid_spec, r.line_of("name"), "name", "is not valid UTF-8");
   s.family = r.opt_string(top, "family", "family").value_or("");
   s.vocab_size = r.req_uint(top, "vocab_size");
   s.hidden_size = r.req_uint(top, "hidden_size");
@@ -801,7 +803,8 @@ ModelSpec load_model(const std::string& path) {
     // A Hugging Face checkout is a directory holding config.json: its name is the model's.
     if (stem == "config" && p.has_parent_path() && !p.parent_path().filename().empty())
       stem = p.parent_path().filename().string();
-    s.name = stem;
+    // A file name need not be UTF-8; the name goes into JSON, which must be.
+    s.name = valid_utf8(stem) ? stem : printable(stem);
   }
   return s;
 }
