@@ -149,6 +149,10 @@ void Job::validate() const {
                   "--profile harness: the harness implements --recompute none and full");
     if (attention != Attention::flash)
       throw Error(ErrorKind::unsupported, "--profile harness: the harness implements flash attention only");
+    // The harness step is predicted tensor by tensor; the textbook figure would be ignored.
+    if (activations == ActivationModel::korthikanti)
+      throw Error(ErrorKind::unsupported,
+                  "--activations korthikanti: --profile harness predicts its own step; use --profile torch");
   }
 }
 

@@ -220,6 +220,7 @@ Traffic parse_traffic(const std::string& text) {
                                                   "' is not CONCURRENCYxCONTEXT (e.g. 64x2048) or "
                                                   "CONCURRENCY:MEAN:MAX (e.g. 64:2048:8192)");
   };
+  if (text.find('\n') != std::string::npos) throw bad();  // the loop below ends at the first one
   std::vector<std::uint64_t> nums;
   std::string cur;
   char sep = 0;
