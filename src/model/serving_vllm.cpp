@@ -145,7 +145,17 @@ ServePlan plan_serving(const ModelSpec& m, const ServeOptions& o) {
   p.cudagraph = o.cudagraph;
   p.non_kv = checked_add(checked_add(p.weights, p.activation_peak, "non-KV memory"),
                          checked_add(p.non_torch, p.cudagraph, "non-KV memory"), "non-KV memory");
-  p.available = static_cast<std::int64_t>(p.requested) - static_cast<std::int64_t>(p.non_kv);
+  // available = requested − non_kv, signed, computed without wrapping (requested may round up to
+  // 2^63 on a card of 2^63 − 1 bytes).
+  if (p.requested >= p.non_kv) {
+    const bytes_t d = p.requested - p.non_kv;
+    if (d > static_cast<bytes_t>(INT64_MAX))
+      throw Error(ErrorKind::overflow, "available KV cache memory: " + std::to_string(d) + " bytes exceeds 2^63 - 1");
+    p.available = static_cast<std::int64_t>(d);
+  } else {
+    const bytes_t d = p.non_kv - p.requested;
+    p.available = d > static_cast<bytes_t>(INT64_MAX) ? INT64_MIN : -static_cast<std::int64_t>(d);
+  }
 
   // Page of one block in one layer: 2 × block × kv_heads × head_size × bytes (MLA: one latent).
   p.page_size = checked_mul(o.block_size, kv_bytes_per_token_layer(m, o.kv_dtype), "KV page size");
