@@ -1,9 +1,19 @@
 // The Python module `membudget` (pybind11): predict, estimate, fits, max_micro_batch,
-// max_sequence_length, sweep. Results are dicts; bad input raises membudget.Error (a ValueError).
+// max_sequence_length, sweep. Results are dicts; bad input raises membudget.Error (a ValueError), a
+// wrongly typed argument included.
+//
+// Threads. Every call that reads a file or computes (load_model, the Model.from_* parsers,
+// predict, estimate, fits, the searches, sweep) converts its Python arguments to C++ values while
+// holding the GIL, releases it for the library call, and takes it back to build the result: a
+// threaded scheduler runs them in parallel. The library is thread-safe (api.hpp).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
+#include <variant>
+
 #include "membudget/api.hpp"
+#include "membudget/input.hpp"
 #include "membudget/report.hpp"
 
 namespace py = pybind11;
@@ -11,35 +21,108 @@ using namespace membudget;
 
 namespace {
 
-ModelSpec model_of(const py::object& m) {
-  if (py::isinstance<ModelSpec>(m)) return m.cast<ModelSpec>();
-  if (py::isinstance<py::str>(m)) return load_model(m.cast<std::string>());
-  // os.PathLike
-  if (py::hasattr(m, "__fspath__")) return load_model(m.attr("__fspath__")().cast<std::string>());
-  throw Error(ErrorKind::invalid_argument, "model: a path to a spec / config.json or a membudget.Model");
+// ---- arguments: each converted by its type, or Error(invalid_argument) naming it ----
+
+std::string type_name(const py::handle& v) { return py::str(py::type::handle_of(v).attr("__name__")); }
+
+Error wrong_type(const char* name, const char* want, const py::handle& v) {
+  return Error(ErrorKind::invalid_argument, std::string(name) + ": expected " + want + ", got " + type_name(v));
 }
 
-Job job_of(const py::kwargs& kw, std::initializer_list<const char*> skip = {}) {
+std::string str_arg(const py::handle& v, const char* name) {
+  if (!py::isinstance<py::str>(v)) throw wrong_type(name, "a str", v);
+  return v.cast<std::string>();
+}
+
+// An int (not a bool) in [0, 2^64): a Python int beyond 64 bits is refused, never wrapped.
+std::uint64_t u64_arg(const py::handle& v, const char* name) {
+  if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) throw wrong_type(name, "an int", v);
+  if (v < py::int_(0) || v > py::int_(std::numeric_limits<std::uint64_t>::max()))
+    throw Error(ErrorKind::invalid_argument,
+                std::string(name) + ": " + std::string(py::str(v)) + " is outside 0 .. 2^64-1");
+  return v.cast<std::uint64_t>();
+}
+
+double float_arg(const py::handle& v, const char* name) {
+  if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)))
+    throw wrong_type(name, "a float", v);
+  return v.cast<double>();
+}
+
+std::vector<std::uint64_t> u64_list(const py::handle& v, const char* name) {
+  if (py::isinstance<py::str>(v) || py::isinstance<py::bytes>(v) || !py::isinstance<py::sequence>(v))
+    throw wrong_type(name, "a list of ints", v);
+  std::vector<std::uint64_t> out;
+  for (const auto& item : v.cast<py::sequence>()) out.push_back(u64_arg(item, name));
+  return out;
+}
+
+std::vector<std::string> str_list(const py::handle& v, const char* name) {
+  if (py::isinstance<py::str>(v) || py::isinstance<py::bytes>(v) || !py::isinstance<py::sequence>(v))
+    throw wrong_type(name, "a list of str", v);
+  std::vector<std::string> out;
+  for (const auto& item : v.cast<py::sequence>()) out.push_back(str_arg(item, name));
+  return out;
+}
+
+// A model argument: a membudget.Model (copied, so no Python object is touched without the GIL) or
+// a path to load once the GIL is released.
+using ModelArg = std::variant<ModelSpec, std::string>;
+
+ModelArg model_arg(const py::object& m) {
+  if (py::isinstance<ModelSpec>(m)) return m.cast<ModelSpec>();
+  if (py::isinstance<py::str>(m)) return m.cast<std::string>();
+  if (py::hasattr(m, "__fspath__")) return str_arg(m.attr("__fspath__")(), "model (os.fspath)");
+  throw wrong_type("model", "a path (str or os.PathLike) to a spec / config.json, or a membudget.Model", m);
+}
+
+ModelSpec resolve(ModelArg m) {  // without the GIL
+  if (auto* path = std::get_if<std::string>(&m)) return load_model(*path);
+  return std::get<ModelSpec>(std::move(m));
+}
+
+// Job options from keyword arguments (any value is read through str(): 2 and "2" are the same);
+// an option the job's mode does not use is refused, as in the CLI.
+Job job_of(const py::kwargs& kw) {
   Job j;
+  std::vector<std::string> given;
   for (auto item : kw) {
-    const std::string key = item.first.cast<std::string>();
-    bool skipped = false;
-    for (const char* s : skip) skipped |= key == s;
-    if (skipped) continue;
+    const std::string key = str_arg(item.first, "keyword");
     set_job_option(j, key, py::str(item.second).cast<std::string>());
+    given.push_back(key);
   }
   j.validate();
+  check_options_apply(j, given);
   return j;
+}
+
+std::optional<Device> device_arg(const py::object& device, const py::object& capacity) {
+  if (!device.is_none()) {
+    const std::string name = str_arg(device, "device");
+    if (u64_arg(capacity, "capacity") != 0)
+      throw Error(ErrorKind::invalid_argument, "give device= or capacity=, not both");
+    return find_device(name);
+  }
+  const std::uint64_t c = u64_arg(capacity, "capacity");
+  if (c == 0) return std::nullopt;
+  return Device{"custom", c};
+}
+
+Device required_device(const py::object& device, const py::object& capacity) {
+  auto d = device_arg(device, capacity);
+  if (!d) throw Error(ErrorKind::invalid_argument, "give device='H100' or capacity=<bytes>");
+  return *d;
 }
 
 py::object loads(const std::string& s) { return py::module_::import("json").attr("loads")(s); }
 
 py::dict estimate_dict(const Estimate& e) { return loads(to_json(e)).cast<py::dict>(); }
 
-Device device_of(const py::object& device, std::uint64_t capacity) {
-  if (!device.is_none()) return find_device(device.cast<std::string>());
-  if (capacity == 0) throw Error(ErrorKind::invalid_argument, "give device='H100' or capacity=<bytes>");
-  return Device{"custom", capacity};
+// Runs f() with the GIL released (f must not touch Python objects).
+template <typename F>
+auto nogil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
 }
 
 // What both searches report: the answer under `key`, what it requires and the limit.
@@ -57,7 +140,16 @@ py::dict search_dict(const char* key, std::uint64_t answer, const Result& r) {
 PYBIND11_MODULE(membudget, m) {
   m.doc() = "membudget: predict the GPU memory of a transformer training step (docs/api.md)";
   m.attr("__version__") = "0.1.0";
-  py::register_exception<Error>(m, "Error", PyExc_ValueError);
+  static py::exception<Error> error_type(m, "Error", PyExc_ValueError);
+  // Messages quote the input (names, keys, file names): escaped, so they are valid UTF-8 and carry
+  // no terminal control characters.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyErr_SetString(error_type.ptr(), printable(e.what()).c_str());
+    }
+  });
 
   py::class_<ModelSpec>(m, "Model")
       .def_readonly("name", &ModelSpec::name)
@@ -66,21 +158,38 @@ PYBIND11_MODULE(membudget, m) {
       .def_readonly("vocab_size", &ModelSpec::vocab_size)
       .def_readonly("max_positions", &ModelSpec::max_positions)
       .def_property_readonly("parameters", [](const ModelSpec& s) { return s.parameters().total; })
-      .def_static("from_yaml", [](const std::string& text) { return parse_model_yaml(text); })
-      .def_static("from_config_json", [](const std::string& text) { return parse_hf_config(text); })
+      .def_static("from_yaml",
+                  [](const py::object& text) {
+                    const std::string t = str_arg(text, "text");
+                    return nogil([&] { return parse_model_yaml(t); });
+                  })
+      .def_static("from_config_json",
+                  [](const py::object& text) {
+                    const std::string t = str_arg(text, "text");
+                    return nogil([&] { return parse_hf_config(t); });
+                  })
       .def("__repr__", [](const ModelSpec& s) {
         return "<membudget.Model " + s.name + ": " + std::to_string(s.parameters().total) + " parameters>";
       });
 
   m.def("clear_cache", [] { clear_estimate_cache(); }, "Empties this thread's compiled plans and memo table of estimates.");
 
-  m.def("load_model", [](const std::string& path) { return load_model(path); }, py::arg("path"),
-        "A model from our YAML schema or a Hugging Face config.json.");
+  m.def(
+      "load_model",
+      [](const py::object& path) {
+        ModelArg a = model_arg(path);
+        if (std::holds_alternative<ModelSpec>(a)) throw wrong_type("path", "a str or os.PathLike", path);
+        return nogil([&] { return resolve(std::move(a)); });
+      },
+      py::arg("path"), "A model from our YAML schema or a Hugging Face config.json.");
 
   m.def(
       "predict",
       [](const py::object& model, const py::kwargs& kw) {
-        const std::string s = to_json_string(predict(model_of(model), job_of(kw)), std::nullopt, false, -1);
+        ModelArg a = model_arg(model);
+        const Job j = job_of(kw);
+        const std::string s = nogil(
+            [&] { return to_json_string(predict(resolve(std::move(a)), j), std::nullopt, false, -1); });
         return loads(s);
       },
       py::arg("model"),
@@ -88,14 +197,23 @@ PYBIND11_MODULE(membudget, m) {
       "arguments: batch=4, seq=4096, precision='amp-bf16', optimizer, optimizer_impl, recompute, attention, loss, …");
 
   m.def(
-      "estimate", [](const py::object& model, const py::kwargs& kw) { return estimate_dict(estimate(model_of(model), job_of(kw))); },
+      "estimate",
+      [](const py::object& model, const py::kwargs& kw) {
+        ModelArg a = model_arg(model);
+        const Job j = job_of(kw);
+        return estimate_dict(nogil([&] { return estimate(resolve(std::move(a)), j); }));
+      },
       py::arg("model"), "The numbers only (peak, required, terms, phases): from a plan compiled per (model, recipe), microseconds.");
 
   m.def(
       "fits",
-      [](const py::object& model, const py::object& device, std::uint64_t capacity, double headroom,
+      [](const py::object& model, const py::object& device, const py::object& capacity, const py::object& headroom,
          const py::kwargs& kw) {
-        const FitResult f = fits(model_of(model), job_of(kw), device_of(device, capacity), headroom);
+        ModelArg a = model_arg(model);
+        const Device dev = required_device(device, capacity);
+        const double h = float_arg(headroom, "headroom");
+        const Job j = job_of(kw);
+        const FitResult f = nogil([&] { return fits(resolve(std::move(a)), j, dev, h); });
         py::dict d;
         d["fits"] = f.fits;
         d["required"] = f.required;
@@ -108,16 +226,19 @@ PYBIND11_MODULE(membudget, m) {
 
   m.def(
       "max_micro_batch",
-      [](const py::object& model, const py::object& device, std::uint64_t capacity, double headroom,
-         std::uint64_t global_batch, std::uint64_t data_parallel, const py::kwargs& kw) {
+      [](const py::object& model, const py::object& device, const py::object& capacity, const py::object& headroom,
+         const py::object& global_batch, const py::object& data_parallel, const py::kwargs& kw) {
+        ModelArg a = model_arg(model);
+        const Device dev = required_device(device, capacity);
         SearchOptions o;
-        o.headroom = headroom;
-        o.global_batch = global_batch;
-        o.data_parallel = data_parallel;
-        const MaxBatchResult r = max_micro_batch(model_of(model), job_of(kw), device_of(device, capacity), o);
+        o.headroom = float_arg(headroom, "headroom");
+        o.global_batch = u64_arg(global_batch, "global_batch");
+        o.data_parallel = u64_arg(data_parallel, "data_parallel");
+        const Job j = job_of(kw);
+        const MaxBatchResult r = nogil([&] { return max_micro_batch(resolve(std::move(a)), j, dev, o); });
         py::dict d = search_dict("max_micro_batch", r.max_micro_batch, r);
         d["estimate"] = estimate_dict(r.at_max);
-        if (global_batch) {
+        if (o.global_batch) {
           d["accum_micro_batch"] = r.accum_micro_batch;
           d["grad_accum_steps"] = r.grad_accum_steps;
         }
@@ -130,12 +251,15 @@ PYBIND11_MODULE(membudget, m) {
 
   m.def(
       "max_sequence_length",
-      [](const py::object& model, const py::object& device, std::uint64_t capacity, double headroom,
-         std::uint64_t multiple_of, const py::kwargs& kw) {
+      [](const py::object& model, const py::object& device, const py::object& capacity, const py::object& headroom,
+         const py::object& multiple_of, const py::kwargs& kw) {
+        ModelArg a = model_arg(model);
+        const Device dev = required_device(device, capacity);
         SearchOptions o;
-        o.headroom = headroom;
-        o.multiple_of = multiple_of;
-        const MaxSeqResult r = max_sequence_length(model_of(model), job_of(kw), device_of(device, capacity), o);
+        o.headroom = float_arg(headroom, "headroom");
+        o.multiple_of = u64_arg(multiple_of, "multiple_of");
+        const Job j = job_of(kw);
+        const MaxSeqResult r = nogil([&] { return max_sequence_length(resolve(std::move(a)), j, dev, o); });
         return search_dict("max_seq", r.max_seq, r);
       },
       py::arg("model"), py::arg("device") = py::none(), py::arg("capacity") = 0, py::arg("headroom") = 0.05,
@@ -143,17 +267,21 @@ PYBIND11_MODULE(membudget, m) {
 
   m.def(
       "sweep",
-      [](const py::object& model, std::vector<std::uint64_t> batches, std::vector<std::uint64_t> seqs,
-         std::vector<std::string> precisions, const py::object& device, std::uint64_t capacity, double headroom,
-         const py::kwargs& kw) {
+      [](const py::object& model, const py::object& batches, const py::object& seqs, const py::object& precisions,
+         const py::object& device, const py::object& capacity, const py::object& headroom, const py::kwargs& kw) {
+        ModelArg a = model_arg(model);
         SweepGrid g;
-        g.batches = std::move(batches);
-        g.seqs = std::move(seqs);
-        for (const auto& p : precisions) g.precisions.push_back(parse_precision(p));
-        std::optional<Device> dev;
-        if (!device.is_none() || capacity) dev = device_of(device, capacity);
+        g.batches = u64_list(batches, "batches");
+        g.seqs = u64_list(seqs, "seqs");
+        const std::vector<std::string> names = str_list(precisions, "precisions");
+        for (const auto& p : names) g.precisions.push_back(parse_precision(p));
+        const std::optional<Device> dev = device_arg(device, capacity);
+        const double h = float_arg(headroom, "headroom");
+        const Job j = job_of(kw);
+        if (!names.empty()) check_options_apply(j, {"precision"});
+        const auto points = nogil([&] { return sweep(resolve(std::move(a)), j, g, dev, h); });
         py::list out;
-        for (const auto& p : sweep(model_of(model), job_of(kw), g, dev, headroom)) {
+        for (const auto& p : points) {
           py::dict d;
           d["batch"] = p.batch;
           d["seq"] = p.seq;
@@ -165,13 +293,12 @@ PYBIND11_MODULE(membudget, m) {
             if (dev) d["fits"] = p.fits;
             d["beyond_max_positions"] = p.beyond_max_positions;
           } else {
-            d["error"] = p.error;
+            d["error"] = printable(p.error);
           }
           out.append(d);
         }
         return out;
       },
-      py::arg("model"), py::arg("batches") = std::vector<std::uint64_t>{}, py::arg("seqs") = std::vector<std::uint64_t>{},
-      py::arg("precisions") = std::vector<std::string>{}, py::arg("device") = py::none(), py::arg("capacity") = 0,
-      py::arg("headroom") = 0.05);
+      py::arg("model"), py::arg("batches") = py::list(), py::arg("seqs") = py::list(), py::arg("precisions") = py::list(),
+      py::arg("device") = py::none(), py::arg("capacity") = 0, py::arg("headroom") = 0.05);
 }

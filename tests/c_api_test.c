@@ -122,6 +122,48 @@ int main(int argc, char** argv) {
       mb_job_free(par);
     }
   }
+  /* hostile input (issue 13, docs/robustness.md) */
+  mb_job* h = NULL;
+  CHECK(mb_job_new(&h) == MB_OK);
+  CHECK(mb_job_set(h, "seq", "512") == MB_OK);
+  /* a capacity of 2^64 - 1 with no headroom: answered at once, everything fits */
+  CHECK(mb_fits(model, h, NULL, UINT64_MAX, 0.0, &fits, NULL) == MB_OK && fits == 1);
+  CHECK(mb_max_micro_batch(model, h, NULL, UINT64_MAX, 0.0, &mb, NULL) == MB_OK && mb == 65536);
+  CHECK(mb_max_sequence_length(model, h, NULL, UINT64_MAX, 0.0, 0, &seq, NULL) == MB_OK && seq == 131072);
+  /* sizes exact above 2^63; refused past 2^64 - 1 */
+  CHECK(mb_job_set(h, "overhead", "18446744073709551615") == MB_OK);
+  CHECK(mb_predict(model, h, &e) == MB_OVERFLOW); /* peak + overhead: overflow, not a wrapped number */
+  CHECK(mb_job_set(h, "overhead", "9223372036854775809") == MB_OK);
+  CHECK(mb_predict(model, h, &e) == MB_OK && e.overhead == 9223372036854775809ull);
+  CHECK(mb_job_set(h, "overhead", "18446744073709551616") == MB_INVALID_ARGUMENT);
+  CHECK(strstr(mb_last_error(), "overhead") != NULL);
+  /* headroom outside [0, 1), NaN included */
+  CHECK(mb_fits(model, h, "H100", 0, 1.0, &fits, NULL) == MB_INVALID_ARGUMENT);
+  CHECK(mb_fits(model, h, "H100", 0, 0.0 / 0.0, &fits, NULL) == MB_INVALID_ARGUMENT);
+  /* a name and a capacity together: which one? refused */
+  CHECK(mb_fits(model, h, "H100", 1ull << 30, 0.05, &fits, NULL) == MB_INVALID_ARGUMENT);
+  /* an option the mode does not read: refused when the job is used, naming it */
+  CHECK(mb_job_set(h, "kv-dtype", "fp8") == MB_OK);
+  CHECK(mb_predict(model, h, &e) == MB_INVALID_JOB && strstr(mb_last_error(), "--kv-dtype") != NULL);
+  CHECK(mb_job_set(h, "mode", "infer") == MB_OK);
+  CHECK(mb_predict(model, h, &e) == MB_OK);
+  CHECK(mb_job_set(h, "lora", "16") == MB_OK);
+  CHECK(mb_fits(model, h, "H100", 0, 0.05, &fits, NULL) == MB_INVALID_JOB && strstr(mb_last_error(), "--lora") != NULL);
+  mb_job_free(h);
+  /* a config.json with a number no double holds: a parse error */
+  CHECK(mb_model_parse("{\"model_type\": \"llama\", \"x\": 1e400}", "json", &bad) == MB_PARSE && bad == NULL);
+  /* a directory: an I/O error */
+  CHECK(mb_model_load(argv[1], &bad) == MB_IO && bad == NULL);
+  {
+    const char* spec = "name: x\nvocab_size: 256\nhidden_size: 64\nintermediate_size: 160\nnum_layers: 2\n"
+                       "num_heads: 4\nnum_kv_heads: 2\nmax_positions: 512\n";
+    char text[512];
+    snprintf(text, sizeof text, "%ssliding_window:\n  window: 0\n", spec);
+    CHECK(mb_model_parse(text, "yaml", &bad) == MB_INVALID_SPEC && strstr(mb_last_error(), "sliding_window") != NULL);
+    snprintf(text, sizeof text, "%ssliding_window:\n  window: 64\n", spec);
+    CHECK(mb_model_parse(text, "yaml", &bad) == MB_OK);
+    mb_model_free(bad);
+  }
 
   mb_job_free(job);
   mb_model_free(model);

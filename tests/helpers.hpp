@@ -9,6 +9,21 @@
 
 namespace test {
 
+// Time bounds are multiplied by this in a sanitizer build (tools/sanitize.sh): AddressSanitizer and
+// UBSan make the code several times slower, and a bound that still catches a quadratic or unbounded
+// algorithm is what the test is for.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr double kTimeScale = 10;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr double kTimeScale = 10;
+#else
+inline constexpr double kTimeScale = 1;
+#endif
+#else
+inline constexpr double kTimeScale = 1;
+#endif
+
 inline std::string source_path(const std::string& rel) { return std::string(MEMBUDGET_SOURCE_DIR) + "/" + rel; }
 
 // A toy MHA model with a plain 4h GeLU MLP: the textbook layer of Korthikanti et al.

@@ -44,8 +44,9 @@ TEST_CASE("verify --mode infer: floor, prefill and decode peaks equal the predic
       for (DType w : {DType::bf16, DType::fp32})
         for (DType kv : {DType::bf16, DType::fp32}) {
           CAPTURE(cfg);
-          CAPTURE(B);
-          CAPTURE(S);
+          const std::uint64_t batch = B, seq = S;  // clang 14 cannot capture a structured binding
+          CAPTURE(batch);
+          CAPTURE(seq);
           CAPTURE(to_string(w));
           CAPTURE(to_string(kv));
           VerifyOptions o;
@@ -101,8 +102,9 @@ TEST_CASE("decode attends over the cache: its logits equal a prefill of seq + 1 
       for (auto [B, S] : {std::pair<std::uint64_t, std::uint64_t>{1, 5}, {3, 20}}) {
         CAPTURE(cfg);
         CAPTURE(to_string(w));
-        CAPTURE(B);
-        CAPTURE(S);
+        const std::uint64_t batch = B, seq = S;  // clang 14 cannot capture a structured binding
+        CAPTURE(batch);
+        CAPTURE(seq);
         const ModelSpec m = tiny(cfg);
         const DType kv = w;  // fp32 all through, or bf16 all through
         auto be = make_cpu_backend(0);

@@ -6,6 +6,7 @@
 #include "cli.hpp"
 #include "job_flags.hpp"
 #include "membudget/advise.hpp"
+#include "membudget/input.hpp"
 
 namespace membudget::cli {
 namespace {
@@ -61,7 +62,7 @@ Registrar reg("advise", 40, [](CLI::App& app) {
       }
       std::cout << j.dump(2) << "\n";
     } else {
-      std::cout << spec.name << ", " << to_string(job.mode) << " " << job.batch << "×" << job.seq << " "
+      std::cout << printable(spec.name) << ", " << to_string(job.mode) << " " << job.batch << "×" << job.seq << " "
                 << to_string(job.precision) << " " << to_string(job.optimizer) << " on " << fit.device.name << " ("
                 << gib(fit.capacity) << ", headroom " << static_cast<int>(fit.headroom * 100 + 0.5) << "%)\n";
       std::cout << "as is: peak " << gib(budget.peak) << " + overhead " << gib(budget.terms.overhead) << " = "

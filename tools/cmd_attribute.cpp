@@ -6,6 +6,7 @@
 #include "cli.hpp"
 #include "job_flags.hpp"
 #include "membudget/attribute.hpp"
+#include "membudget/input.hpp"
 
 namespace membudget::cli {
 namespace {
@@ -31,13 +32,19 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
   auto flags = std::make_shared<JobFlags>();
   auto path = std::make_shared<std::string>();
   auto top = std::make_shared<std::size_t>(20);
+  auto top_text = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand(
       "attribute", "the live allocations at the peak of a torch.cuda.memory._dump_snapshot, by frame and budget term");
   cmd->add_option("snapshot", *path, "snapshot pickle written by torch.cuda.memory._dump_snapshot")->required();
   cmd->add_option("--model", flags->model_path, "model spec, to print the predicted bytes per term beside");
-  cmd->add_option("--top", *top, "groups listed in the table (default 20)");
+  cmd->add_option("--top", *top_text, "groups listed in the table (default 20)");
   flags->add_job_options(cmd);
-  cmd->callback([flags, path, top] {
+  cmd->callback([flags, path, top, top_text, cmd] {
+    if (cmd->count("--top")) *top = parse_whole(*top_text, "--top", 0, 1u << 20);
+    refuse_given(*cmd, {"--device", "--device-memory", "--headroom"}, "attribute reads a snapshot; it checks no card");
+    if (flags->model_path.empty())
+      for (const std::string& flag : flags->given_job_flags())
+        throw Error(ErrorKind::invalid_argument, flag + ": describes the job of --model; give --model SPEC");
     const Format format = parse_format(flags->format);
     if (format != Format::table && format != Format::json)
       throw Error(ErrorKind::invalid_argument, "--format: attribute writes table or json");
@@ -74,7 +81,7 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
       std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
       return;
     }
-    std::cout << *path << ": device " << a.device << ", " << a.trace_entries << " trace entries\n";
+    std::cout << printable(*path) << ": device " << a.device << ", " << a.trace_entries << " trace entries\n";
     if (!a.has_trace)
       std::cout << "no allocation trace (record with torch.cuda.memory._record_memory_history()): the live blocks "
                    "at the snapshot are shown\n";
@@ -88,7 +95,7 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
     for (const auto& g : a.groups) {
       if (shown++ < *top) {
         std::cout << pad(gib(g.bytes), 12) << pad(std::to_string(g.count), 8) << pad(to_string(g.term), 17)
-                  << tail(g.frame, 90) << "\n";
+                  << tail(printable(g.frame), 90) << "\n";
       } else {
         rest += g.bytes;
         rest_count += g.count;

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "cli.hpp"
+#include "membudget/input.hpp"
 #include "membudget/leaks.hpp"
 #include "membudget/snapshot_leaks.hpp"
 
@@ -41,7 +42,7 @@ void run(const LeaksOptions& o) {
     if (o.format == "json") {
       std::cout << to_json(l, 2) << "\n";  // frames that are not UTF-8 are replaced, not fatal
     } else {
-      std::printf("step boundaries: %s\n", l.boundaries.c_str());
+      std::printf("step boundaries: %s\n", printable(l.boundaries).c_str());
       std::printf("steps:           %zu\n", r.steps);
       for (std::size_t i = 0; i < l.series.allocated.size(); ++i)
         std::printf("  step %-4zu      %s\n", i, format_bytes(l.series.allocated[i]).c_str());
@@ -49,7 +50,7 @@ void run(const LeaksOptions& o) {
       std::printf("never freed, born after warm-up: %s\n", format_bytes(l.survivor_bytes).c_str());
       for (const auto& g : l.survivors)
         std::printf("  %-12s %6llu  from step %lld  %s\n", format_bytes(g.bytes).c_str(),
-                    static_cast<unsigned long long>(g.count), static_cast<long long>(g.first_step), g.frame.c_str());
+                    static_cast<unsigned long long>(g.count), static_cast<long long>(g.first_step), printable(g.frame).c_str());
     }
     if (r.leak) set_exit_status(1);
     return;

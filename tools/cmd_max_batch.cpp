@@ -1,17 +1,30 @@
 // membudget max-batch MODEL --device NAME [job flags]: the largest micro-batch that fits, and the
 // gradient-accumulation steps that reach --global-batch.
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
 #include "job_flags.hpp"
 #include "membudget/api.hpp"
+#include "membudget/input.hpp"
 
 namespace membudget::cli {
 namespace {
 
+// A CSV field: quoted (quotes doubled) when it holds a comma, a quote or a line break; escaped for
+// the terminal.
+std::string csv_field(const std::string& s) {
+  std::string v = printable(s);
+  if (v.find_first_of(",\"\n\r") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
 struct MaxBatchFlags {
   JobFlags job;
+  std::string global_batch_text, data_parallel_text, limit_text;  // parse_whole: exact, bounded
   std::uint64_t global_batch = 0, data_parallel = 1, limit = 0;
 };
 
@@ -20,10 +33,20 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("max-batch", "the largest micro-batch that fits a card (and the accumulation steps)");
   f->job.add(cmd, /*with_batch_seq=*/false);
   cmd->add_option("--seq,-s", f->job.seq, "sequence length in tokens (default 4096)");
-  cmd->add_option("--global-batch", f->global_batch, "target global batch (sequences per optimizer step)");
-  cmd->add_option("--data-parallel", f->data_parallel, "data-parallel ranks sharing the global batch (default 1)");
-  cmd->add_option("--max", f->limit, "largest micro-batch tried (default 65536)");
-  cmd->callback([f] {
+  cmd->add_option("--global-batch", f->global_batch_text, "target global batch (sequences per optimizer step)");
+  cmd->add_option("--data-parallel", f->data_parallel_text, "data-parallel ranks sharing the global batch (default 1)");
+  cmd->add_option("--max", f->limit_text, "largest micro-batch tried (default 65536)");
+  cmd->callback([f, cmd] {
+    // At least 1 when given: 0 would silently mean "no target" (--global-batch) or "the default"
+    // (--max).
+    constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+    if (cmd->count("--global-batch")) f->global_batch = parse_whole(f->global_batch_text, "--global-batch", 1, kMax);
+    if (cmd->count("--max")) f->limit = parse_whole(f->limit_text, "--max", 1, kMax);
+    if (cmd->count("--data-parallel")) {
+      if (!cmd->count("--global-batch"))
+        throw Error(ErrorKind::invalid_argument, "--data-parallel: applies only with --global-batch");
+      f->data_parallel = parse_whole(f->data_parallel_text, "--data-parallel", 1, kMax);
+    }
     const ModelSpec spec = f->job.model();
     const Job job = f->job.job(spec);
     const auto dev = f->job.device_choice();
@@ -59,11 +82,11 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
       std::cout << o2.dump(2) << "\n";
     } else if (format == Format::csv) {
       std::cout << "model,device,seq,max_micro_batch,required,limit,global_batch,accum_micro_batch,grad_accum_steps\n"
-                << spec.name << "," << dev->name << "," << job.seq << "," << r.max_micro_batch << ","
+                << csv_field(spec.name) << "," << csv_field(dev->name) << "," << job.seq << "," << r.max_micro_batch << ","
                 << r.at_max.required << "," << r.limit << "," << f->global_batch << "," << r.accum_micro_batch << ","
                 << r.grad_accum_steps << "\n";
     } else {
-      std::cout << spec.name << " on " << dev->name << " (" << format_bytes(r.limit) << " usable), seq " << job.seq
+      std::cout << printable(spec.name) << " on " << dev->name << " (" << format_bytes(r.limit) << " usable), seq " << job.seq
                 << ", " << to_string(job.precision) << ", recompute " << to_string(job.recompute) << "\n";
       if (r.max_micro_batch == 0) {
         std::cout << "  no micro-batch fits: batch 1 needs " << format_bytes(r.at_max.required) << "\n";

@@ -15,6 +15,7 @@
 
 #include "cli.hpp"
 #include "job_flags.hpp"
+#include "membudget/input.hpp"
 #include "membudget/oom.hpp"
 #include "membudget/oom_attribution.hpp"
 #include "membudget/report.hpp"
@@ -26,7 +27,7 @@ struct OomOptions {
   std::string text;
   std::string file;
   std::string format = "table";
-  std::optional<std::uint64_t> step;
+  std::string step;  // parsed by parse_step: CLI11 would take "-1" as 2^64 - 1
   std::string phase;
   bool long_seq = false;
   std::string model;  // with the job flags below: which budget term the failed allocation is
@@ -35,15 +36,8 @@ struct OomOptions {
 
 std::string read_input(const OomOptions& o) {
   if (!o.text.empty()) return o.text;
-  std::ostringstream ss;
-  if (!o.file.empty()) {
-    std::ifstream in(o.file, std::ios::binary);
-    if (!in) throw Error(ErrorKind::io, o.file + ": cannot read");
-    ss << in.rdbuf();
-  } else {
-    ss << std::cin.rdbuf();
-  }
-  return ss.str();
+  if (!o.file.empty()) return read_input_file(o.file, limits::kMaxOomTextBytes, "out-of-memory text");
+  return read_input_stream(std::cin, limits::kMaxOomTextBytes, "out-of-memory text", "standard input");
 }
 
 void print_table(const OomReport& r, const OomDiagnosis& d) {
@@ -69,9 +63,22 @@ void print_table(const OomReport& r, const OomDiagnosis& d) {
               d.situation.c_str(), d.explanation.c_str(), d.first_fix.c_str());
 }
 
-void run(const OomOptions& o) {
+// "--step 12": a whole number in [0, limits::kMaxStep], nothing else.
+std::uint64_t parse_step(const std::string& text) {
+  const bool digits = !text.empty() && text.size() <= 10 && text.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || std::stoull(text) > limits::kMaxStep)
+    throw Error(ErrorKind::invalid_argument, "--step: '" + text + "' is not a step index from 0 to " +
+                                                 std::to_string(limits::kMaxStep));
+  return std::stoull(text);
+}
+
+void run(const OomOptions& o, const CLI::App& sub) {
   OomContext ctx;
-  ctx.step = o.step;
+  if (sub.count("--step")) ctx.step = parse_step(o.step);
+  if (o.model.empty())
+    for (const char* flag : {"--batch", "--seq", "--precision", "--optimizer", "--recompute", "--attention", "--loss"})
+      if (sub.count(flag))
+        throw Error(ErrorKind::invalid_argument, std::string(flag) + ": describes the job of --model; give --model SPEC");
   ctx.phase = o.phase == "eval" ? OomPhase::eval : o.phase == "train" ? OomPhase::train
                                                                       : OomPhase::unknown;
   ctx.long_sequences_only = o.long_seq;
@@ -119,7 +126,7 @@ const Registrar registrar("oom", 60, [](CLI::App& parent) {
   sub->add_option("--recompute", o->recompute, "with --model: none | selective | full");
   sub->add_option("--attention", o->attention, "with --model: flash | math");
   sub->add_option("--loss", o->loss, "with --model: full | chunked");
-  sub->callback([o] { run(*o); });
+  sub->callback([o, sub] { run(*o, *sub); });
 });
 
 }  // namespace

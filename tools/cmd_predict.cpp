@@ -11,6 +11,7 @@ Registrar reg("predict", 10, [](CLI::App& app) {
   auto flags = std::make_shared<JobFlags>();
   CLI::App* cmd = app.add_subcommand("predict", "predict the memory of a training or serving step");
   flags->add(cmd);
+  flags->add_explain(cmd);
   cmd->callback([flags] {
     const ModelSpec spec = flags->model();
     const Job job = flags->job(spec);

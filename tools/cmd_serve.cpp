@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "membudget/input.hpp"
 #include "membudget/serving.hpp"
 #include "membudget/spec.hpp"
 
@@ -115,7 +116,7 @@ nlohmann::ordered_json plan_json(const ModelSpec& m, const Device& dev, const Se
 
 std::string plan_text(const ModelSpec& m, const Device& dev, const ServePlan& p, const std::optional<TrafficFit>& tf) {
   std::ostringstream out;
-  out << m.name << " on " << dev.name << " (" << format_bytes(p.total_memory) << ") · vLLM · weights "
+  out << printable(m.name) << " on " << dev.name << " (" << format_bytes(p.total_memory) << ") · vLLM · weights "
       << to_string(p.weights_dtype) << " · KV " << to_string(p.kv_dtype) << " · max_model_len " << p.max_model_len
       << " · max_num_batched_tokens " << p.max_num_batched_tokens << " · block " << p.block_size << "\n\n";
   out << row("requested memory", format_bytes(p.requested),
@@ -189,7 +190,11 @@ Registrar reg("serve", 20, [](CLI::App& app) {
   cmd->add_option("--cudagraph-memory", f->cudagraph, "CUDA graph memory vLLM subtracts (default 0)");
   cmd->add_option("--traffic", f->traffic, "requests × context to check: 64x2048 or CONCURRENCY:MEAN:MAX");
   cmd->add_option("--format", f->format, "table (default) | json");
-  cmd->callback([f] {
+  cmd->callback([f, cmd] {
+    if (cmd->count("--device") && f->device.empty())
+      throw Error(ErrorKind::invalid_argument, "--device: empty; give a card name (H100, A100-40GB, …) or --device-memory SIZE");
+    if (cmd->count("--device-memory") && f->device_memory.empty())
+      throw Error(ErrorKind::invalid_argument, "--device-memory: empty; give a size such as 80GiB");
     const ModelSpec spec = load_model(f->model_path);
     if (f->format != "table" && f->format != "json")
       throw Error(ErrorKind::invalid_argument, "--format: '" + f->format + "' is not one of table, json");
@@ -211,6 +216,9 @@ Registrar reg("serve", 20, [](CLI::App& app) {
     o.kv_dtype = parse_dtype(f->kv_dtype, "--kv-dtype");
     o.weights = parse_dtype(f->weights, "--weights");
     o.group_size = count(f->group_size, "--group-size");
+    if (cmd->count("--group-size") && o.weights != DType::int4 && o.weights != DType::int8)
+      throw Error(ErrorKind::invalid_argument, std::string("--group-size: applies only with --weights int4 or int8, not ") +
+                                                   to_string(o.weights));
     if (!f->non_torch.empty()) o.non_torch = parse_bytes(f->non_torch, "--non-torch");
     if (!f->cudagraph.empty()) o.cudagraph = parse_bytes(f->cudagraph, "--cudagraph-memory");
     const ServePlan plan = plan_serving(spec, o);

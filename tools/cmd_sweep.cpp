@@ -9,6 +9,7 @@
 #include "grid_flags.hpp"
 #include "job_flags.hpp"
 #include "membudget/api.hpp"
+#include "membudget/input.hpp"
 
 namespace membudget::cli {
 namespace {
@@ -85,7 +86,7 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
         else
           std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s  error: %s\n", static_cast<unsigned long long>(p.batch),
                         static_cast<unsigned long long>(p.seq), to_string(p.precision), to_string(p.recompute),
-                        p.error.c_str());
+                        printable(p.error).c_str());
       } else if (p.ok) {
         std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,%llu,%llu,%s,%llu,%llu,%llu,%s,\n",
                       static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
@@ -96,7 +97,7 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
                       static_cast<unsigned long long>(p.estimate.terms.logits_loss),
                       dev ? (p.fits ? "true" : "false") : "");
       } else {
-        std::string err = p.error;
+        std::string err = printable(p.error);
         for (auto& c : err)
           if (c == '"') c = '\'';
         std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,,,,,,,,\"%s\"\n", static_cast<unsigned long long>(p.batch),

@@ -4,6 +4,7 @@
 
 #include "cli.hpp"
 #include "job_flags.hpp"
+#include "membudget/input.hpp"
 #include "measure/verify.hpp"
 
 namespace membudget::cli {
@@ -26,8 +27,7 @@ double parse_tolerance(const std::string& text) {
 struct VerifyFlags {
   JobFlags job;
   std::string backend = "cpu";
-  int steps = 3;
-  int warmup = 1;
+  std::string steps = "3", warmup = "1";  // parse_whole: at most limits::kMaxVerifySteps each
   std::string tolerance;
   std::string snapshot, plot;
   bool debug_leak = false;
@@ -52,19 +52,21 @@ Registrar reg("verify", 20, [](CLI::App& app) {
   cmd->add_flag("--expandable-segments", f->expandable, "the allocator maps pages into growing segments");
   cmd->add_flag("--debug-leak", f->debug_leak, "keep 4 KiB from every step (shows that the leak check fires)")
       ->group("");
-  cmd->callback([f] {
+  cmd->callback([f, cmd] {
+    refuse_given(*cmd, {"--headroom"}, "verify measures the step; it keeps no headroom");
     const ModelSpec spec = f->job.model();
     // verify runs the harness: predict its profile unless the user asks for another one
     JobFlags jf = f->job;
     if (jf.profile.empty()) jf.profile = "harness";
     const Job job = jf.job(spec);
+    if (job.mode == Mode::infer) refuse_given(*cmd, {"--lr"}, "--mode infer runs no optimizer step");
     const Format format = parse_format(f->job.format);
     measure::VerifyOptions vo;
     vo.backend = f->backend;
-    vo.steps = f->steps;
-    vo.warmup = f->warmup;
+    vo.steps = static_cast<int>(parse_whole(f->steps, "--steps", 1, limits::kMaxVerifySteps));
+    vo.warmup = static_cast<int>(parse_whole(f->warmup, "--warmup", 0, limits::kMaxVerifySteps));
     vo.tolerance = f->tolerance.empty() ? (job.profile == Profile::harness ? 0.01 : 0.10) : parse_tolerance(f->tolerance);
-    if (!f->job.device.empty())
+    if (f->job.given("--device"))
       throw Error(ErrorKind::invalid_argument, "--device: verify measures the device it runs on; use --device-memory to cap it");
     if (!f->job.device_memory.empty()) vo.capacity = parse_bytes(f->job.device_memory, "--device-memory");
     vo.snapshot_path = f->snapshot;

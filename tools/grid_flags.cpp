@@ -2,6 +2,8 @@
 
 #include <cctype>
 
+#include "membudget/input.hpp"
+
 namespace membudget::cli {
 namespace {
 
@@ -37,9 +39,15 @@ std::uint64_t number(const std::string& s, const char* option, const std::string
 
 std::vector<std::uint64_t> parse_count_list(const std::string& text, const char* option) {
   std::vector<std::uint64_t> out;
+  auto too_many = [&] {
+    return Error(ErrorKind::invalid_argument, std::string(option) + ": '" + text + "' has more than " +
+                                                  std::to_string(limits::kMaxListValues) +
+                                                  " values, the limit of one list; use a step (1..4096:64)");
+  };
   for (const std::string& item : split(text)) {
     const auto dots = item.find("..");
     if (dots == std::string::npos) {
+      if (out.size() >= limits::kMaxListValues) throw too_many();
       out.push_back(number(item, option, text));
       continue;
     }
@@ -51,9 +59,12 @@ std::vector<std::uint64_t> parse_count_list(const std::string& text, const char*
     }
     const std::uint64_t a = number(item.substr(0, dots), option, text), b = number(rest, option, text);
     if (b < a) throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + item + "' is an empty range");
-    if ((b - a) / step >= 1000000)
-      throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + item + "' has more than a million values");
-    for (std::uint64_t v = a; v <= b; v += step) out.push_back(v);
+    // Counted before a value is stored: (b - a) / step + 1 values.
+    if ((b - a) / step >= limits::kMaxListValues - out.size()) throw too_many();
+    for (std::uint64_t v = a;; v += step) {
+      out.push_back(v);
+      if (b - v < step) break;  // the next value would pass b
+    }
   }
   return out;
 }

@@ -4,6 +4,7 @@
 
 #include <cctype>
 
+#include "membudget/input.hpp"
 #include "membudget/job_yaml.hpp"
 
 namespace membudget::cli {
@@ -49,7 +50,52 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--device-memory", device_memory, "card capacity instead of --device, e.g. 80GiB");
   cmd->add_option("--headroom", headroom, "fraction of the card kept free (default 0.05)");
   cmd->add_option("--format", format, "table (default) | json | csv | markdown");
+  cmd_ = cmd;
+}
+
+void JobFlags::add_explain(CLI::App* cmd) {
   cmd->add_flag("--explain", explain, "list the tensors live at each phase peak");
+}
+
+bool JobFlags::given(const std::string& flag) const {
+  if (cmd_) {
+    const CLI::Option* o = cmd_->get_option_no_throw(flag);
+    return o && o->count() > 0;
+  }
+  const std::pair<const char*, const std::string*> values[] = {
+      {"--batch", &batch},         {"--seq", &seq},           {"--mode", &mode},
+      {"--precision", &precision}, {"--optimizer", &optimizer}, {"--recompute", &recompute},
+      {"--attention", &attention}, {"--loss", &loss},         {"--loss-chunk", &loss_chunk},
+      {"--activations", &activations}, {"--profile", &profile}, {"--overhead", &overhead},
+      {"--kv-dtype", &kv_dtype},   {"--weights", &weights},   {"--group-size", &group_size},
+      {"--lora", &lora},           {"--device", &device},     {"--device-memory", &device_memory}};
+  for (const auto& [name, value] : values)
+    if (flag == name) return !value->empty();
+  return false;
+}
+
+std::vector<std::string> JobFlags::given_job_flags() const {
+  std::vector<std::string> out;
+  for (const char* f : {"--batch", "--seq", "--mode", "--precision", "--optimizer", "--recompute", "--attention",
+                        "--loss", "--loss-chunk", "--activations", "--lora", "--profile", "--overhead", "--kv-dtype",
+                        "--weights", "--group-size"})
+    if (given(f)) out.push_back(f);
+  return out;
+}
+
+std::uint64_t parse_whole(const std::string& text, const char* option, std::uint64_t min, std::uint64_t max) {
+  const bool digits = !text.empty() && text.size() <= 19 && text.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || std::stoull(text) < min || std::stoull(text) > max)
+    throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + text + "' is not a whole number from " +
+                                                 std::to_string(min) + " to " + std::to_string(max));
+  return std::stoull(text);
+}
+
+void refuse_given(const CLI::App& cmd, std::initializer_list<const char*> flags, const std::string& why) {
+  for (const char* f : flags) {
+    const CLI::Option* o = cmd.get_option_no_throw(f);
+    if (o && o->count() > 0) throw Error(ErrorKind::invalid_argument, std::string(f) + ": " + why);
+  }
 }
 
 ModelSpec JobFlags::model() const { return load_model(model_path); }
@@ -74,20 +120,27 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (!group_size.empty()) j.group_size = parse_count(group_size, "--group-size");
   if (!lora.empty()) j.lora_rank = lora == "0" ? 0 : parse_count(lora, "--lora");
   j.validate();
+  check_options_apply(j, given_job_flags());
   if (warn) warn_beyond_context(spec, j.seq);
   return j;
 }
 
 void warn_beyond_context(const ModelSpec& spec, std::uint64_t seq) {
   if (seq <= spec.max_positions) return;
-  std::cerr << "membudget: warning: --seq " << seq << " exceeds " << (spec.name.empty() ? "the model" : spec.name)
+  std::cerr << "membudget: warning: --seq " << seq << " exceeds " << (spec.name.empty() ? "the model" : printable(spec.name))
             << "'s max_positions (" << spec.max_positions
             << "); the memory is predicted as if the model ran at that length (RoPE scaling, a longer context)\n";
 }
 
 std::optional<Device> JobFlags::device_choice() const {
+  if (given("--device") && device.empty())
+    throw Error(ErrorKind::invalid_argument, "--device: empty; give a card name (H100, A100-40GB, …) or --device-memory SIZE");
+  if (given("--device-memory") && device_memory.empty())
+    throw Error(ErrorKind::invalid_argument, "--device-memory: empty; give a size such as 80GiB");
   if (!device.empty() && !device_memory.empty())
     throw Error(ErrorKind::invalid_argument, "--device and --device-memory: give one, not both");
+  if (device.empty() && device_memory.empty() && cmd_ && cmd_->count("--headroom"))
+    throw Error(ErrorKind::invalid_argument, "--headroom: applies only with --device or --device-memory");
   if (!device_memory.empty()) return Device{"custom (" + device_memory + ")", parse_bytes(device_memory, "--device-memory")};
   if (!device.empty()) return find_device(device);
   return std::nullopt;

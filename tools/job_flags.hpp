@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "membudget/budget.hpp"
 #include "membudget/report.hpp"
@@ -23,12 +24,32 @@ struct JobFlags {
   void add(CLI::App* cmd, bool with_batch_seq = true);
   // The job flags without the model argument (for commands where the model is optional).
   void add_job_options(CLI::App* cmd, bool with_batch_seq = true);
-  // The model spec and the job: YAML `job:` section first, then the flags that were given.
+  // --explain (predict only).
+  void add_explain(CLI::App* cmd);
+  // The model spec and the job: YAML `job:` section first, then the flags that were given. A flag
+  // the job's mode does not use is refused (check_options_apply), naming the flag and the mode.
   ModelSpec model() const;
   // Warns on stderr when the sequence exceeds the model's max_positions (warn_beyond_context).
   Job job(const ModelSpec& spec, bool warn = true) const;
+  // The card of --device or --device-memory; an empty value is refused, and so is --headroom
+  // without a card (nothing would read it).
   std::optional<Device> device_choice() const;
+  // Whether `flag` ("--lora") was given on the command line (for JobFlags filled by hand: whether
+  // its value is set).
+  bool given(const std::string& flag) const;
+  // The job flags that were given, by name ("--batch", …).
+  std::vector<std::string> given_job_flags() const;
+
+ private:
+  const CLI::App* cmd_ = nullptr;  // the subcommand holding the flags, once added
 };
+
+// A whole number from `min` to `max` written in plain digits, or Error(invalid_argument) naming
+// `option` and the range: CLI11 would read "-1" as 2^64 - 1 for an unsigned option.
+std::uint64_t parse_whole(const std::string& text, const char* option, std::uint64_t min, std::uint64_t max);
+
+// Error(invalid_argument) when one of `flags` was given to `cmd`: "<flag>: <why>".
+void refuse_given(const CLI::App& cmd, std::initializer_list<const char*> flags, const std::string& why);
 
 // A sequence beyond the model's max_positions is predicted (memory does not care whether the
 // positions were trained); the CLI says so on stderr.

@@ -4,6 +4,7 @@
 
 #include "cli.hpp"
 #include "membudget/error.hpp"
+#include "membudget/input.hpp"
 
 namespace membudget::cli {
 std::vector<Command>& registry() {
@@ -29,13 +30,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   } catch (const Error& e) {
-    std::cerr << "membudget: error: " << e.what() << "\n";
+    // Messages quote names, keys and values from the input: escaped for the terminal.
+    std::cerr << "membudget: error: " << printable(e.what()) << "\n";
     return e.exit_code();
   } catch (const std::bad_alloc&) {
     std::cerr << "membudget: error: out of host memory\n";
     return 3;
   } catch (const std::exception& e) {
-    std::cerr << "membudget: internal error: " << e.what() << "\n";
+    std::cerr << "membudget: internal error: " << printable(e.what()) << "\n";
     return 70;
   }
   return cli::exit_status();

@@ -127,6 +127,14 @@ struct Job {
 // choice.
 std::optional<OptimizerImpl> effective_optimizer_impl(const Job& job) noexcept;
 
+// Every option given is used or refused: throws Error(invalid_job) naming the first option in
+// `given` (command-line names, with or without dashes: "--kv-dtype", "kv_dtype") that `job` does
+// not read, and the mode. Training reads no kv-dtype, weights or group-size; serving reads no
+// precision, optimizer, recompute, attention, loss, loss-chunk, activations or lora; loss-chunk
+// needs --loss chunked, group-size --weights int4 or int8. The CLI, the C ABI and the Python
+// module pass the options their caller set.
+void check_options_apply(const Job& job, const std::vector<std::string>& given);
+
 // Cards with the capacity the driver reports (docs/devices.md).
 struct Device {
   std::string name;

@@ -4,6 +4,7 @@
 // apply to this job, and how it transforms the step. Every row is evaluated the same way
 // (Context::measure), so adding a fix is adding a row.
 #include "membudget/advise.hpp"
+#include "membudget/input.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -111,7 +112,7 @@ bytes_t phase_bytes(const PhasePeak& p, const Plan& plan) {
   double removed = 0;
   for (const auto& [role, kept] : plan.keep) removed += static_cast<double>(live[role]) * (1.0 - kept);
   const double v = static_cast<double>(p.bytes) - removed;
-  const bytes_t kept = v <= 0 ? 0 : static_cast<bytes_t>(std::llround(v));
+  const bytes_t kept = v <= 0 ? 0 : bytes_from_double(std::round(v), "advise: phase peak");
   return checked_add(kept, plan.extra, "advise: phase peak");
 }
 

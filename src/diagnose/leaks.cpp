@@ -1,5 +1,6 @@
 // Leak detection on allocated-bytes-per-step series, and the steps.csv reader (see leaks.hpp).
 #include "membudget/leaks.hpp"
+#include "membudget/input.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -251,12 +252,7 @@ StepSeries read_steps_csv(std::string_view text, std::string_view name) {
 }
 
 StepSeries read_steps_csv_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(ErrorKind::io, path + ": cannot read: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error(ErrorKind::io, path + ": read failed");
-  return read_steps_csv(ss.str(), path);
+  return read_steps_csv(read_input_file(path, limits::kMaxCsvBytes, "steps CSV"), path);
 }
 
 nlohmann::json diagnose::leak_json(const LeakReport& r) {

@@ -340,6 +340,14 @@ Attempt read_message(std::string_view s, std::size_t start, std::size_t after_an
     r.reserved_derived = true;
     c.lit(".");
   }
+  // cudaMemGetInfo never reports more free memory than the device has, and PyTorch prints both
+  // with the same rounding: a message saying so was edited or corrupted.
+  if (r.free > r.capacity) {
+    a.why = "its figures contradict each other: the free memory (" + format_bytes(r.free) + ") exceeds the total capacity (" +
+            format_bytes(r.capacity) + "), so it was edited or corrupted";
+    a.reached = c.pos();
+    return a;
+  }
   r.message = std::string(s.substr(start, c.pos() - start));
   a.report = std::move(r);
   a.reached = c.pos();

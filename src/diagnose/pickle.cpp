@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "membudget/error.hpp"
+#include "membudget/input.hpp"
 
 namespace membudget::diagnose {
 
@@ -307,6 +308,7 @@ struct PickleParser {
   std::vector<PickleValue> memo;
   std::unordered_map<std::uint64_t, PickleValue> sparse_memo;  // indices far past the end
   std::uint64_t max_weight;
+  std::uint64_t values = 0;  // containers made and items placed: what the parse holds in memory
   int protocol = 0;
 
   PickleParser(std::string_view bytes, const std::string& w, std::deque<PickleContainer>& a)
@@ -346,7 +348,24 @@ struct PickleParser {
     return m;
   }
 
+  // Every container and every placed item costs memory whether or not it expands (an empty list
+  // weighs nothing in the expansion bound): the total is bounded by limits::kMaxPickleValues.
+  void hold(std::uint64_t n) {
+    values += n;
+    if (values > limits::kMaxPickleValues)
+      fail("more than " + std::to_string(limits::kMaxPickleValues) +
+           " values (containers, items, keys, memo entries), the limit of one snapshot (docs/robustness.md)");
+  }
+
+  // Room for n more elements, growing geometrically: reserve(size + n) on every APPENDS of one
+  // item would copy the list each time (quadratic in its length).
+  template <typename V>
+  static void grow(V& v, std::size_t n) {
+    if (v.size() + n > v.capacity()) v.reserve(std::max(v.size() + n, 2 * v.capacity()));
+  }
+
   PickleContainer& new_container(PickleValue::Type kind) {
+    hold(1);
     PickleContainer& c = arena.emplace_back();
     c.kind = kind;
     return c;
@@ -384,7 +403,8 @@ struct PickleParser {
   void append_items(std::size_t from) {
     if (from == 0) fail("stack underflow: no list below the items");
     PickleContainer& list = target(PickleValue::Type::list, from - 1);
-    list.items.reserve(list.items.size() + (stack.size() - from));
+    hold(stack.size() - from);
+    grow(list.items, stack.size() - from);
     for (std::size_t i = from; i < stack.size(); ++i) {
       adopt(list, stack[i]);
       list.items.push_back(stack[i]);
@@ -396,7 +416,8 @@ struct PickleParser {
     if (from == 0) fail("stack underflow: no dict below the items");
     if ((stack.size() - from) % 2 != 0) fail("odd number of items for a dict");
     PickleContainer& dict = target(PickleValue::Type::dict, from - 1);
-    dict.entries.reserve(dict.entries.size() + (stack.size() - from) / 2);
+    hold(stack.size() - from);
+    grow(dict.entries, (stack.size() - from) / 2);
     for (std::size_t i = from; i < stack.size(); i += 2) {
       adopt(dict, stack[i]);
       adopt(dict, stack[i + 1]);
@@ -407,6 +428,7 @@ struct PickleParser {
 
   void make_tuple(std::size_t from) {
     PickleContainer& t = new_container(PickleValue::Type::tuple);
+    hold(stack.size() - from);
     t.items.reserve(stack.size() - from);
     for (std::size_t i = from; i < stack.size(); ++i) {
       adopt(t, stack[i]);
@@ -424,12 +446,15 @@ struct PickleParser {
   void memo_put(std::uint64_t index) {
     if (stack.empty() || (!marks.empty() && marks.back() == stack.size())) fail("nothing to memoize");
     const PickleValue& v = stack.back();
-    if (index < memo.size())
+    if (index < memo.size()) {
       memo[index] = v;
-    else if (index == memo.size())
+    } else if (index == memo.size()) {
+      hold(1);
       memo.push_back(v);
-    else
+    } else {
+      if (!sparse_memo.count(index)) hold(2);  // a hash node costs about two values
       sparse_memo[index] = v;
+    }
   }
 
   void memo_get(std::uint64_t index) {
@@ -558,12 +583,7 @@ PickleDocument parse_pickle(std::string bytes, const std::string& where) {
 }
 
 PickleDocument read_pickle_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(ErrorKind::io, path + ": cannot open the pickle file");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw Error(ErrorKind::io, path + ": read error");
-  return parse_pickle(std::move(ss).str(), path);
+  return parse_pickle(read_input_file(path, limits::kMaxSnapshotBytes, "snapshot pickle"), path);
 }
 
 }  // namespace membudget::diagnose

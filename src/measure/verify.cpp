@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "measure/snapshot.hpp"
+#include "membudget/input.hpp"
 
 #include <span>
 
@@ -247,7 +248,7 @@ std::string render_verify(const VerifyResult& r, Format format) {
   if (format != Format::table)
     throw Error(ErrorKind::invalid_argument, "--format: verify prints table or json");
   std::ostringstream out;
-  out << "membudget verify · " << r.predicted.model.name << " on " << r.backend << " · batch " << j.batch << " × seq "
+  out << "membudget verify · " << printable(r.predicted.model.name) << " on " << r.backend << " · batch " << j.batch << " × seq "
       << j.seq << " · ";
   if (r.infer) {
     out << "infer: prefill + one decode step · weights " << to_string(j.weights) << " · KV " << to_string(j.kv_dtype)

@@ -8,6 +8,7 @@
 #include "job_key.hpp"
 #include "korthikanti.hpp"
 #include "predictors.hpp"
+#include "membudget/input.hpp"
 #include "membudget/serving.hpp"
 #include "serve_plan.hpp"
 #include "step_plan.hpp"
@@ -154,11 +155,16 @@ bytes_t usable_bytes(const Device& device, double headroom) {
   if (!(headroom >= 0.0 && headroom < 1.0))
     throw Error(ErrorKind::invalid_argument, "headroom: must be in [0, 1), e.g. 0.05 for 5%");
   if (device.capacity == 0) throw Error(ErrorKind::invalid_argument, "device capacity must be positive");
-  // The largest integer r with r ≤ capacity · (1 − headroom), as check_fit compares in doubles.
+  // The largest integer r ≤ capacity with double(r) ≤ capacity · (1 − headroom), as check_fit
+  // compares in doubles. lim may be 2^64 itself (a capacity within 1 KiB of 2^64, headroom 0):
+  // every r ≤ capacity passes then, and converting lim would be undefined.
   const double lim = static_cast<double>(device.capacity) * (1.0 - headroom);
-  bytes_t r = static_cast<bytes_t>(lim);
+  if (lim >= 18446744073709551616.0) return device.capacity;
+  bytes_t r = std::min<bytes_t>(static_cast<bytes_t>(lim), device.capacity);
   while (r > 0 && static_cast<double>(r) > lim) --r;
-  while (static_cast<double>(r + 1) <= lim && r + 1 <= device.capacity) ++r;
+  // Integers above r that still round to a double ≤ lim: at most half an ulp of lim (1024 near
+  // 2^64), so the walk is bounded; one step when lim < 2^53.
+  while (r < device.capacity && static_cast<double>(r + 1) <= lim) ++r;
   return r;
 }
 
@@ -283,8 +289,17 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
       grid.precisions.empty() ? std::vector<Precision>{base.precision} : grid.precisions;
   const std::vector<Recompute> recomputes =
       grid.recomputes.empty() ? std::vector<Recompute>{base.recompute} : grid.recomputes;
+  // The whole grid is bounded before any point is computed (and the product cannot wrap).
+  std::uint64_t points = 1;
+  for (std::size_t n : {batches.size(), seqs.size(), precisions.size(), recomputes.size()})
+    if (__builtin_mul_overflow(points, static_cast<std::uint64_t>(n), &points) || points > limits::kMaxSweepPoints)
+      throw Error(ErrorKind::invalid_argument,
+                  "sweep: the grid has " + std::to_string(batches.size()) + " batches × " + std::to_string(seqs.size()) +
+                      " sequences × " + std::to_string(precisions.size()) + " precisions × " +
+                      std::to_string(recomputes.size()) + " recompute modes, more than the limit of " +
+                      std::to_string(limits::kMaxSweepPoints) + " points; split it into smaller sweeps");
   std::vector<SweepPoint> out;
-  out.reserve(batches.size() * seqs.size() * precisions.size() * recomputes.size());
+  out.reserve(points);
   Job j = base;
   for (Precision p : precisions)
     for (Recompute rc : recomputes)

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "membudget/api.hpp"
 #include "membudget/report.hpp"
@@ -14,6 +15,7 @@ struct mb_model {
 };
 struct mb_job {
   membudget::Job job;
+  std::vector<std::string> given;  // keys set through mb_job_set: each must apply to the mode
 };
 
 namespace {
@@ -60,6 +62,12 @@ void need(const void* p, const char* what) {
   if (!p) throw Error(ErrorKind::invalid_argument, std::string(what) + ": NULL");
 }
 
+// The job, once every option set through mb_job_set is one its mode reads (check_options_apply).
+const Job& checked(const mb_job* j) {
+  check_options_apply(j->job, j->given);
+  return j->job;
+}
+
 void fill(const Estimate& e, mb_estimate* out) {
   if (!out) return;
   out->peak = e.peak;
@@ -73,6 +81,8 @@ void fill(const Estimate& e, mb_estimate* out) {
 }
 
 Device device_of(const char* name, std::uint64_t capacity) {
+  if (name && capacity)
+    throw Error(ErrorKind::invalid_argument, "device: give a name or a capacity in bytes, not both");
   if (name) return find_device(name);
   if (capacity == 0) throw Error(ErrorKind::invalid_argument, "device: give a name or a capacity in bytes");
   return Device{"custom", capacity};
@@ -142,7 +152,11 @@ mb_status mb_job_new(mb_job** out) {
 
 mb_job* mb_job_clone(const mb_job* job) {
   if (!job) return nullptr;
-  return new (std::nothrow) mb_job{job->job};
+  try {
+    return new mb_job{*job};
+  } catch (...) {
+    return nullptr;
+  }
 }
 
 void mb_job_free(mb_job* job) { delete job; }
@@ -153,6 +167,7 @@ mb_status mb_job_set(mb_job* job, const char* key, const char* value) {
     need(key, "key");
     need(value, "value");
     set_job_option(job->job, key, value);
+    job->given.emplace_back(key);
   });
 }
 
@@ -175,7 +190,7 @@ mb_status mb_predict(const mb_model* model, const mb_job* job, mb_estimate* out)
     need(model, "model");
     need(job, "job");
     need(out, "out");
-    fill(estimate(model->spec, job->job), out);
+    fill(estimate(model->spec, checked(job)), out);
   });
 }
 
@@ -185,7 +200,7 @@ mb_status mb_predict_json(const mb_model* model, const mb_job* job, char** json)
     need(job, "job");
     need(json, "json");
     *json = nullptr;
-    const std::string s = to_json_string(predict(model->spec, job->job), std::nullopt, false, 2);
+    const std::string s = to_json_string(predict(model->spec, checked(job)), std::nullopt, false, 2);
     char* p = static_cast<char*>(std::malloc(s.size() + 1));
     if (!p) throw std::bad_alloc();
     std::memcpy(p, s.c_str(), s.size() + 1);
@@ -201,7 +216,7 @@ mb_status mb_fits(const mb_model* model, const mb_job* job, const char* device, 
     need(model, "model");
     need(job, "job");
     need(fits_out, "fits");
-    const FitResult f = fits(model->spec, job->job, device_of(device, capacity_bytes), headroom);
+    const FitResult f = fits(model->spec, checked(job), device_of(device, capacity_bytes), headroom);
     *fits_out = f.fits ? 1 : 0;
     fill(f.estimate, out);
   });
@@ -215,7 +230,7 @@ mb_status mb_max_micro_batch(const mb_model* model, const mb_job* job, const cha
     need(max_batch, "max_batch");
     SearchOptions o;
     o.headroom = headroom;
-    const MaxBatchResult r = max_micro_batch(model->spec, job->job, device_of(device, capacity_bytes), o);
+    const MaxBatchResult r = max_micro_batch(model->spec, checked(job), device_of(device, capacity_bytes), o);
     *max_batch = r.max_micro_batch;
     fill(r.at_max, at_max);
   });
@@ -231,7 +246,7 @@ mb_status mb_max_sequence_length(const mb_model* model, const mb_job* job, const
     SearchOptions o;
     o.headroom = headroom;
     o.multiple_of = multiple_of ? multiple_of : 1;
-    const MaxSeqResult r = max_sequence_length(model->spec, job->job, device_of(device, capacity_bytes), o);
+    const MaxSeqResult r = max_sequence_length(model->spec, checked(job), device_of(device, capacity_bytes), o);
     *max_seq = r.max_seq;
     fill(r.at_max, at_max);
   });

@@ -207,6 +207,30 @@ void Job::validate() const {
                   "--profile harness: the harness implements --recompute none and full");
     if (attention != Attention::flash)
       throw Error(ErrorKind::unsupported, "--profile harness: the harness implements flash attention only");
+    // The harness step is predicted tensor by tensor; the textbook figure would be ignored.
+    if (activations == ActivationModel::korthikanti)
+      throw Error(ErrorKind::unsupported,
+                  "--activations korthikanti: --profile harness predicts its own step; use --profile torch");
+  }
+}
+
+void check_options_apply(const Job& job, const std::vector<std::string>& given) {
+  const bool train = job.mode == Mode::train;
+  for (const std::string& g : given) {
+    std::string name = g.starts_with("--") ? g.substr(2) : g;
+    std::replace(name.begin(), name.end(), '_', '-');
+    const std::string flag = "--" + name;
+    auto refuse = [&](const std::string& why) { throw Error(ErrorKind::invalid_job, flag + ": " + why); };
+    static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention",
+                                             "loss",      "loss-chunk", "activations",    "lora"};
+    static const char* const kServeOnly[] = {"kv-dtype", "weights", "group-size"};
+    for (const char* t : kTrainOnly)
+      if (!train && name == t) refuse("applies to training; --mode infer (serving) does not use it");
+    for (const char* t : kServeOnly)
+      if (train && name == t) refuse("applies to serving (--mode infer); training does not use it");
+    if (name == "loss-chunk" && job.loss != Loss::chunked) refuse("applies only with --loss chunked");
+    if (name == "group-size" && job.weights != DType::int4 && job.weights != DType::int8)
+      refuse(std::string("applies only with --weights int4 or int8, not ") + to_string(job.weights));
   }
 }
 

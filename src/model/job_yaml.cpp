@@ -2,32 +2,48 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
-#include <sstream>
+#include <optional>
+#include <set>
+
+#include "membudget/input.hpp"
 
 namespace membudget {
 
 Job load_job_section(const std::string& path, Job job) {
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorKind::io, path + ": cannot read the model spec");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  return parse_job_section(read_input_file(path, limits::kMaxSpecBytes, "model spec"), path, job);
+}
+
+Job parse_job_section(std::string_view spec_text, const std::string& path, Job job) {
+  const std::string_view text = strip_bom(spec_text);
   const auto first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || text[first] == '{') return job;  // JSON: no job section
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    root = YAML::Load(std::string(text));
   } catch (const YAML::Exception& e) {
     throw Error(ErrorKind::parse, path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
-  if (!root.IsMap() || !root["job"]) return job;
-  const YAML::Node j = root["job"];
+  if (!root.IsMap()) return job;
+  // root["job"] would take the first of two job: sections and drop the other silently.
+  std::optional<YAML::Node> section;
+  for (const auto& kv : root) {
+    if (!kv.first.IsScalar() || kv.first.Scalar() != "job") continue;
+    if (section)
+      throw Error(ErrorKind::invalid_job, path + ":" + std::to_string(kv.first.Mark().line + 1) +
+                                              ": job: a second job section; give one");
+    section = kv.second;
+  }
+  if (!section) return job;
+  const YAML::Node j = *section;
   if (!j.IsMap()) throw Error(ErrorKind::invalid_job, path + ":" + std::to_string(j.Mark().line + 1) + ": job: must be a mapping");
+  std::set<std::string> seen;
   for (const auto& kv : j) {
-    const std::string key = kv.first.as<std::string>();
+    if (!kv.first.IsScalar())
+      throw Error(ErrorKind::invalid_job, path + ":" + std::to_string(kv.first.Mark().line + 1) + ": job: keys must be plain names");
+    const std::string key = kv.first.Scalar();
     const YAML::Node& v = kv.second;
     const std::string where = path + ":" + std::to_string(v.Mark().line + 1) + ": job." + key;
+    if (!seen.insert(key).second) throw Error(ErrorKind::invalid_job, where + ": duplicate key; give each key once");
     auto text_of = [&]() {
       if (!v.IsScalar()) throw Error(ErrorKind::invalid_job, where + ": must be a scalar");
       return v.as<std::string>();

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "membudget/input.hpp"
+
 namespace membudget {
 namespace {
 
@@ -153,7 +155,7 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
       return out.str();
     }
     case Format::markdown: {
-      out << "## " << b.model.name << " — " << to_string(b.job.mode) << ", batch " << b.job.batch << " × seq "
+      out << "## " << printable(b.model.name) << " — " << to_string(b.job.mode) << ", batch " << b.job.batch << " × seq "
           << b.job.seq << ", " << to_string(b.job.precision) << "\n\n";
       out << "| term | bytes | size |\n|---|---:|---:|\n";
       const std::pair<const char*, bytes_t> terms[] = {{"model states", b.terms.model_states},
@@ -176,7 +178,7 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
     case Format::table: break;
   }
   // A readable table.
-  out << b.model.name << " · " << static_cast<double>(b.parameters.total) / 1e9
+  out << printable(b.model.name) << " · " << static_cast<double>(b.parameters.total) / 1e9
       << "B parameters · " << to_string(b.job.mode) << " · batch " << b.job.batch << " × seq " << b.job.seq << " · ";
   if (b.job.mode == Mode::infer)
     out << "weights " << to_string(b.job.weights) << " · KV " << to_string(b.job.kv_dtype)

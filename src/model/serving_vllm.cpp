@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 
 #include "membudget/error.hpp"
+#include "membudget/input.hpp"
 #include "membudget/serving.hpp"
 
 namespace membudget {
@@ -104,6 +106,11 @@ ServePlan plan_serving(const ModelSpec& m, const ServeOptions& o) {
     throw bad("--gpu-memory-utilization: must be in (0, 1], e.g. 0.9 (got " +
               std::to_string(o.gpu_memory_utilization) + ")");
   if (o.total_memory == 0) throw bad("--device: the card's capacity must be positive");
+  // available = requested − non_kv is signed (it may be negative): a capacity of 2^63 bytes or more
+  // would wrap it.
+  if (o.total_memory > static_cast<bytes_t>(INT64_MAX))
+    throw Error(ErrorKind::overflow, "--device-memory: " + std::to_string(o.total_memory) +
+                                         " bytes is more than vLLM's budget can hold here (at most 2^63 - 1)");
   if (o.block_size == 0) throw bad("--block-size: must be at least 1 (vLLM uses 16)");
   ServePlan p;
   p.total_memory = o.total_memory;
@@ -128,14 +135,27 @@ ServePlan plan_serving(const ModelSpec& m, const ServeOptions& o) {
   if (p.max_num_batched_tokens == 0) throw bad("--max-num-batched-tokens: must be at least 1");
   if (p.max_num_seqs == 0) throw bad("--max-num-seqs: must be at least 1");
 
-  p.requested = static_cast<bytes_t>(static_cast<double>(o.total_memory) * o.gpu_memory_utilization);
+  // total · utilization ≤ total; in doubles it can round up to 2^64 (a total within 1 KiB of 2^64),
+  // which no integer holds: the range is checked, never cast blindly.
+  const double requested = static_cast<double>(o.total_memory) * o.gpu_memory_utilization;
+  p.requested = requested >= 18446744073709551616.0 ? o.total_memory : bytes_from_double(requested, "requested memory");
   p.weights = serving_weight_bytes(m, o.weights, o.group_size);
   p.activation_peak = vllm_profile_activation_peak(m, p.max_num_batched_tokens, p.max_num_seqs);
   p.non_torch = o.non_torch.value_or(128 * MiB);
   p.cudagraph = o.cudagraph;
   p.non_kv = checked_add(checked_add(p.weights, p.activation_peak, "non-KV memory"),
                          checked_add(p.non_torch, p.cudagraph, "non-KV memory"), "non-KV memory");
-  p.available = static_cast<std::int64_t>(p.requested) - static_cast<std::int64_t>(p.non_kv);
+  // available = requested − non_kv, signed, computed without wrapping (requested may round up to
+  // 2^63 on a card of 2^63 − 1 bytes).
+  if (p.requested >= p.non_kv) {
+    const bytes_t d = p.requested - p.non_kv;
+    if (d > static_cast<bytes_t>(INT64_MAX))
+      throw Error(ErrorKind::overflow, "available KV cache memory: " + std::to_string(d) + " bytes exceeds 2^63 - 1");
+    p.available = static_cast<std::int64_t>(d);
+  } else {
+    const bytes_t d = p.non_kv - p.requested;
+    p.available = d > static_cast<bytes_t>(INT64_MAX) ? INT64_MIN : -static_cast<std::int64_t>(d);
+  }
 
   // Page of one block in one layer: 2 × block × kv_heads × head_size × bytes (MLA: one latent).
   p.page_size = checked_mul(o.block_size, kv_bytes_per_token_layer(m, o.kv_dtype), "KV page size");
@@ -210,6 +230,7 @@ Traffic parse_traffic(const std::string& text) {
                                                   "' is not CONCURRENCYxCONTEXT (e.g. 64x2048) or "
                                                   "CONCURRENCY:MEAN:MAX (e.g. 64:2048:8192)");
   };
+  if (text.find('\n') != std::string::npos) throw bad();  // the loop below ends at the first one
   std::vector<std::uint64_t> nums;
   std::string cur;
   char sep = 0;

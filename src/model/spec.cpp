@@ -3,6 +3,8 @@
 
 #include "membudget/spec.hpp"
 
+#include "membudget/input.hpp"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -540,6 +542,8 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
 
   ModelSpec s;
   s.name = r.opt_string(top, "name", "name").value_or("");
+  if (!valid_utf8(s.name))
+    throw Error::field(ErrorKind::invalid_spec, r.line_of("name"), "name", "is not valid UTF-8");
   s.family = r.opt_string(top, "family", "family").value_or("");
   s.vocab_size = r.req_uint(top, "vocab_size");
   s.hidden_size = r.req_uint(top, "hidden_size");
@@ -572,6 +576,9 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
                   r.line_of("sliding_window") +
                       ": sliding_window.window: missing; give the window in tokens, or remove "
                       "sliding_window");
+    if (*window == 0)  // 0 would silently mean "no window": remove the section instead
+      throw Error::field(ErrorKind::invalid_spec, r.line_of("sliding_window.window"), "sliding_window.window",
+                         "must be at least 1 token; remove sliding_window for full attention");
     s.sliding.window = *window;
     s.sliding.every_nth = r.opt_uint(e, "every_nth", "sliding_window.every_nth").value_or(1);
   }
@@ -584,6 +591,9 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     s.mla.q_lora_rank = r.opt_uint(e, "q_lora_rank", "mla.q_lora_rank").value_or(0);
     s.mla.qk_nope_head_dim = r.opt_uint(e, "qk_nope_head_dim", "mla.qk_nope_head_dim").value_or(0);
     s.mla.v_head_dim = r.opt_uint(e, "v_head_dim", "mla.v_head_dim").value_or(0);
+    if (!s.mla.enabled())  // an empty or all-zero section would silently mean "no MLA"
+      throw Error::field(ErrorKind::invalid_spec, r.line_of(e.count("kv_lora_rank") ? "mla.kv_lora_rank" : "mla"),
+                         "mla.kv_lora_rank", "must be > 0 in an mla section; remove mla for standard attention");
   }
   s.quirks = quirks_of_family(s.family);
   if (auto q = r.opt_map(top, "quirks", "quirks")) {
@@ -626,6 +636,16 @@ using nlohmann::json;
 constexpr const char* kSupportedTypes =
     "llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, deepseek_v2, deepseek_v3";
 
+// A value as it appears in a message: scalars as JSON (at most 64 characters; dump() would
+// recurse through a deeply nested value and copy a huge one), containers by their kind.
+std::string brief(const json& v) {
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 64) s = s.substr(0, 61) + "...";
+  return s;
+}
+
 class JsonReader {
  public:
   JsonReader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
@@ -646,9 +666,9 @@ class JsonReader {
     if (!v) return std::nullopt;
     if (v->is_number_unsigned()) return v->get<std::uint64_t>();
     if (v->is_number_integer())
-      throw error(key, "must not be negative (got " + v->dump() + ")");
-    if (v->is_number_float()) throw error(key, "must be a whole number (got " + v->dump() + ")");
-    throw error(key, "expected a non-negative integer, got " + v->dump());
+      throw error(key, "must not be negative (got " + brief(*v) + ")");
+    if (v->is_number_float()) throw error(key, "must be a whole number (got " + brief(*v) + ")");
+    throw error(key, "expected a non-negative integer, got " + brief(*v));
   }
 
   std::uint64_t req_uint(std::string_view key) const {
@@ -662,14 +682,14 @@ class JsonReader {
   std::optional<bool> opt_bool(std::string_view key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_boolean()) throw error(key, "expected true or false, got " + v->dump());
+    if (!v->is_boolean()) throw error(key, "expected true or false, got " + brief(*v));
     return v->get<bool>();
   }
 
   std::optional<double> opt_double(std::string_view key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_number()) throw error(key, "expected a number, got " + v->dump());
+    if (!v->is_number()) throw error(key, "expected a number, got " + brief(*v));
     double d = v->get<double>();
     if (!std::isfinite(d) || d < 0) throw error(key, "must be a finite number >= 0");
     return d;
@@ -678,7 +698,7 @@ class JsonReader {
   std::optional<std::string> opt_string(std::string_view key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_string()) throw error(key, "expected a string, got " + v->dump());
+    if (!v->is_string()) throw error(key, "expected a string, got " + brief(*v));
     return v->get<std::string>();
   }
 
@@ -718,6 +738,9 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     }
     throw Error(ErrorKind::parse, where + ":" + std::to_string(line) + ":" + std::to_string(col) +
                                       ": malformed JSON: " + e.what());
+  } catch (const json::exception& e) {
+    // A number beyond a double (1e400), anywhere in the file, even under a key we ignore.
+    throw Error(ErrorKind::parse, where + ": malformed JSON: " + e.what());
   }
   if (!j.is_object())
     throw Error(ErrorKind::parse, where + ": expected a JSON object (a Hugging Face config.json)");
@@ -795,15 +818,21 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     s.head_dim = s.hidden_size / s.num_heads;
   }
 
+  // sliding_window: null (or absent) is "none"; 0 is refused rather than read as "none".
+  auto window = [&]() -> std::optional<std::uint64_t> {
+    auto w = r.opt_uint("sliding_window");
+    if (w && *w == 0) throw r.error("sliding_window", "0 is not a window; use null for full attention");
+    return w;
+  };
   if (gemma2) {
     s.norms_per_layer = 4;
     s.final_logit_softcap = r.opt_double("final_logit_softcapping").value_or(0);
-    if (auto w = r.opt_uint("sliding_window"); w && *w > 0) {
+    if (auto w = window()) {
       s.sliding.window = *w;
       s.sliding.every_nth = 2;
     }
   } else if (mistral || phi3) {
-    if (auto w = r.opt_uint("sliding_window"); w && *w > 0) s.sliding.window = *w;
+    if (auto w = window()) s.sliding.window = *w;
   } else if (qwen2 || qwen3) {
     if (r.opt_bool("use_sliding_window").value_or(false)) {
       auto w = r.opt_uint("sliding_window");
@@ -833,14 +862,8 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
 // ------------------------------------------------------------------------------------------------
 
 ModelSpec load_model(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw Error(ErrorKind::io, "cannot read model spec '" + path + "': " + std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad())
-    throw Error(ErrorKind::io, "cannot read model spec '" + path + "': read failed");
-  const std::string text = buf.str();
+  const std::string bytes = read_input_file(path, limits::kMaxSpecBytes, "model spec");
+  const std::string_view text = strip_bom(bytes);  // editors on Windows write one
 
   const auto first = text.find_first_not_of(" \t\r\n");
   const bool is_json = first != std::string::npos && text[first] == '{';
@@ -851,7 +874,8 @@ ModelSpec load_model(const std::string& path) {
     // A Hugging Face checkout is a directory holding config.json: its name is the model's.
     if (stem == "config" && p.has_parent_path() && !p.parent_path().filename().empty())
       stem = p.parent_path().filename().string();
-    s.name = stem;
+    // A file name need not be UTF-8; the name goes into JSON, which must be.
+    s.name = valid_utf8(stem) ? stem : printable(stem);
   }
   return s;
 }

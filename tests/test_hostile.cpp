@@ -1,0 +1,460 @@
+// Hostile and absurd input (issue 13, docs/robustness.md): one test per class of input. Expected
+// values are worked out by hand or by an independent computation, never read back from the code
+// under test.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "diagnose/pickle.hpp"
+#include "helpers.hpp"
+#include "membudget/api.hpp"
+#include "membudget/input.hpp"
+#include "membudget/job_yaml.hpp"
+#include "membudget/leaks.hpp"
+#include "membudget/oom.hpp"
+
+using namespace membudget;
+
+namespace {
+
+constexpr std::uint64_t kMax64 = std::numeric_limits<std::uint64_t>::max();
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("membudget_hostile_" + name)).string();
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+ErrorKind kind_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.kind();
+  }
+  FAIL("no membudget::Error thrown");
+  return ErrorKind::invalid_argument;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  FAIL("no membudget::Error thrown");
+  return {};
+}
+
+const char* const kTinyYaml =
+    "name: tiny\nvocab_size: 256\nhidden_size: 64\nintermediate_size: 160\nnum_layers: 2\nnum_heads: 4\n"
+    "num_kv_heads: 2\nmax_positions: 512\n";
+
+}  // namespace
+
+// ---- 1. capacities near 2^64: no hang, the exact limit --------------------------------------------
+
+TEST_CASE("usable_bytes: headroom 0 keeps every byte of any capacity, up to 2^64 - 1, at once") {
+  // With no headroom the limit is the capacity itself: every r <= capacity has double(r) <= double(capacity).
+  for (std::uint64_t cap : {std::uint64_t{1}, std::uint64_t{1} << 53, (std::uint64_t{1} << 53) + 1,
+                            std::uint64_t{1} << 63, (std::uint64_t{1} << 63) + 1, kMax64 - 1024, kMax64 - 1, kMax64}) {
+    CAPTURE(cap);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(usable_bytes(Device{"x", cap}, 0.0) == cap);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(100));
+  }
+  CHECK(usable_bytes(Device{"x", 1000}, 0.5) == 500);
+  // The limit is what check_fit accepts, comparing in doubles: at 2^62 doubles are 1024 apart, so
+  // 2^62 + 512 (a tie, rounding to the even 2^62) still compares equal to 2^63 · 0.5, and 2^62 + 513
+  // does not.
+  CHECK(usable_bytes(Device{"x", std::uint64_t{1} << 63}, 0.5) == (std::uint64_t{1} << 62) + 512);
+  for (std::uint64_t cap : {std::uint64_t{80} << 30, kMax64, kMax64 / 3, std::uint64_t{1} << 63})
+    for (double h : {0.0, 1e-300, 0.05, 0.5, 0.999999}) {
+      CAPTURE(cap);
+      CAPTURE(h);
+      const double lim = static_cast<double>(cap) * (1.0 - h);
+      const bytes_t r = usable_bytes(Device{"x", cap}, h);
+      CHECK(static_cast<double>(r) <= lim);
+      CHECK((r == cap || static_cast<double>(r + 1) > lim));
+    }
+}
+
+TEST_CASE("fits and the searches answer at once for a capacity of 2^64 - 1 and no headroom") {
+  const ModelSpec m = load_model(test::source_path("configs/tiny-llama.yaml"));
+  Job j;
+  j.batch = 1;
+  j.seq = 64;
+  const Device huge{"unlimited", kMax64};
+  const auto t0 = std::chrono::steady_clock::now();
+  const FitResult f = fits(m, j, huge, 0.0);
+  CHECK(f.fits);
+  CHECK(f.limit == kMax64);
+  SearchOptions o;
+  o.headroom = 0.0;
+  const MaxBatchResult b = max_micro_batch(m, j, huge, o);
+  CHECK(b.max_micro_batch == 65536);  // everything fits: the search stops at its default bound
+  const MaxSeqResult s = max_sequence_length(m, j, huge, o);
+  CHECK(s.max_seq == m.max_positions);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+}
+
+// ---- 2. sizes parsed exactly ----------------------------------------------------------------------
+
+TEST_CASE("parse_bytes is exact over the whole 64-bit range and refuses what does not fit") {
+  CHECK(parse_bytes("18446744073709551615") == kMax64);
+  CHECK(parse_bytes("9223372036854775808") == std::uint64_t{1} << 63);
+  CHECK(parse_bytes("9223372036854775809") == (std::uint64_t{1} << 63) + 1);
+  CHECK(parse_bytes("18446744073709551000") == 18446744073709551000ull);  // was 2^63 through llround
+  CHECK(parse_bytes("9007199254740993") == 9007199254740993ull);          // 2^53 + 1: no double holds it
+  CHECK(parse_bytes("1.8446744073709551615e19") == kMax64);
+  CHECK(parse_bytes("15.999999999999999999TiB") == 17592186044416ull);  // 16 TiB - 2^40·1e-18 B: rounds up
+  CHECK(parse_bytes("0.5") == 1);   // halves round up
+  CHECK(parse_bytes("0.49") == 0);
+  CHECK(parse_bytes("1.37 GiB") == 1471026299ull);  // 1.37 · 2^30 = 1471026298.88
+  CHECK(parse_bytes("141e9") == 141000000000ull);
+  CHECK(parse_bytes("1.8e19") == 18000000000000000000ull);  // below 2^64 - 1: refused before
+  CHECK(parse_bytes("1e-3KiB") == 1);  // 1.024 bytes
+  CHECK(parse_bytes("+80GiB") == 80 * GiB);
+  CHECK(parse_bytes("0000000000000000000000000000000000000000001") == 1);
+  CHECK(parse_bytes("16777215TiB") == 16777215ull << 40);  // 2^64 - 2^40
+  for (const char* bad : {"18446744073709551616", "18446744073709551615.5", "16777216TiB", "1e400",
+                          "-1", "-0", "nan", "inf", "1e", "1.2.3", "1,5GiB", "0x10", "", " ", "GiB", "1.8446744073709551616e19",
+                          "1.00000000000000000000000000000000000000001", "16EiB"}) {
+    CAPTURE(bad);
+    CHECK(kind_of([&] { parse_bytes(bad); }) == ErrorKind::invalid_argument);
+  }
+  CHECK(message_of([] { parse_bytes("18446744073709551616", "--device-memory"); }).find("--device-memory") == 0);
+}
+
+TEST_CASE("--device-memory and --overhead keep the last digit of a size above 2^63") {
+  const std::string spec = test::source_path("configs/tiny-llama.yaml");
+  auto r = test::run_cli("predict " + spec + " --batch 1 --seq 64 --overhead 9223372036854775809 --format json 2>/dev/null");
+  REQUIRE(r.exit_code == 0);
+  CHECK(nlohmann::json::parse(r.out)["terms"]["overhead"].get<std::uint64_t>() == 9223372036854775809ull);
+  r = test::run_cli("predict " + spec + " --batch 1 --seq 64 --device-memory 18446744073709551615 --headroom 0 --format json");
+  REQUIRE(r.exit_code == 0);
+  CHECK(nlohmann::json::parse(r.out)["device"]["capacity"].get<std::uint64_t>() == kMax64);
+  CHECK(test::run_cli("predict " + spec + " --device-memory 18446744073709551616").exit_code == 2);
+}
+
+// ---- 3. numbers no double holds in a config.json ---------------------------------------------------
+
+TEST_CASE("a number beyond a double anywhere in a config.json is a parse error, exit 2") {
+  const std::string base = R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512)";
+  for (const char* extra : {R"(, "rope_theta": 1e400})", R"(, "ignored": {"deep": [1, -1e400]}})",
+                            R"(, "vocab_size_2": 1e309})"}) {
+    CAPTURE(extra);
+    CHECK(kind_of([&] { parse_hf_config(base + extra, "c.json"); }) == ErrorKind::parse);
+  }
+  const std::string path = temp_file("huge_number.json", base + R"(, "initializer_range": 2e400})");
+  const auto r = test::run_cli("predict " + path);
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("internal error") == std::string::npos);
+  CHECK(r.out.find("parse error") == std::string::npos);  // the message itself, not the kind's name
+  CHECK(r.out.find(path) != std::string::npos);
+}
+
+// ---- 4. sweep grids bounded before the work ---------------------------------------------------------
+
+TEST_CASE("a sweep grid past the point limit is refused before any point is computed") {
+  const ModelSpec m = load_model(test::source_path("configs/tiny-llama.yaml"));
+  SweepGrid g;
+  for (std::uint64_t b = 1; b <= 1000; ++b) g.batches.push_back(b);
+  for (std::uint64_t s = 1; s <= 101; ++s) g.seqs.push_back(s);  // 101,000 points > 100,000
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = message_of([&] { sweep(m, Job{}, g); });
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  CHECK(msg.find(std::to_string(limits::kMaxSweepPoints)) != std::string::npos);
+  g.seqs.resize(100);  // 100,000 points: at the limit, computed
+  CHECK(sweep(m, Job{}, g).size() == 100000);
+  // The CLI: a grid whose product would wrap 64 bits, and one list past its own limit.
+  const std::string spec = test::source_path("configs/tiny-llama.yaml");
+  auto r = test::run_cli("sweep " + spec + " --batch 1..10000 --seq 1..1000");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("100000") != std::string::npos);
+  r = test::run_cli("sweep " + spec + " --batch 1..99999,1..99999");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("100000") != std::string::npos);
+}
+
+// ---- 5. pickles: what the reader holds is bounded --------------------------------------------------
+
+TEST_CASE("a pickle of empty containers stops at the value limit, in linear time") {
+  using diagnose::parse_pickle;
+  // A list of 2^23 + 1 empty lists: each costs a container although it expands to nothing.
+  const std::size_t n = limits::kMaxPickleValues / 2 + 1;
+  std::string p = "\x80\x04]";
+  p.reserve(3 + 2 * n + 1);
+  for (std::size_t i = 0; i < n; ++i) p += "]a";
+  p += ".";
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = message_of([&] { parse_pickle(p, "lists.pickle"); });
+  CHECK(msg.find(std::to_string(limits::kMaxPickleValues)) != std::string::npos);
+  // One-item APPENDS grow the list geometrically: a million of them take well under a second.
+  std::string q = "\x80\x04]";
+  for (int i = 0; i < 1000000; ++i) q += "(Ne";
+  q += ".";
+  CHECK(parse_pickle(q, "appends.pickle").root().size() == 1000000);
+  // MEMOIZE costs a value too.
+  std::string r = "\x80\x04N" + std::string(limits::kMaxPickleValues + 1, '\x94') + ".";
+  CHECK(message_of([&] { parse_pickle(r, "memo.pickle"); }).find("MEMOIZE") != std::string::npos);
+  // (generous: the sanitizer build is several times slower; the quadratic reader took minutes)
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+}
+
+// ---- 6. and 13. input files: bounded, and I/O errors for what is not a file -------------------------
+
+TEST_CASE("input files: the limit before reading, pipes read up to it, directories are I/O errors") {
+  const std::string big = temp_file("big.yaml", std::string(limits::kMaxSpecBytes + 1, '#'));
+  std::string msg = message_of([&] { load_model(big); });
+  CHECK(msg.find(std::to_string(limits::kMaxSpecBytes)) != std::string::npos);
+  CHECK(kind_of([&] { load_model("/dev/zero"); }) == ErrorKind::invalid_argument);
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  CHECK(kind_of([&] { load_model(dir); }) == ErrorKind::io);
+  CHECK(kind_of([&] { read_steps_csv_file(dir); }) == ErrorKind::io);
+  CHECK(kind_of([&] { diagnose::read_pickle_file(dir); }) == ErrorKind::io);
+  CHECK(kind_of([&] { load_model("/nonexistent/spec.yaml"); }) == ErrorKind::io);
+  // The CLI: exit 5 for a directory, 2 for an endless device, for every file-reading command.
+  for (const char* cmd : {"predict", "attribute", "leaks", "oom --file"}) {
+    CAPTURE(cmd);
+    CHECK(test::run_cli(std::string(cmd) + " " + dir).exit_code == 5);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(test::run_cli(std::string(cmd) + " /dev/zero").exit_code == 2);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+  }
+  CHECK(test::run_cli("oom < /dev/zero").exit_code == 2);
+}
+
+// ---- 7. and 14. oom: the step and the figures --------------------------------------------------------
+
+TEST_CASE("oom --step is a whole number up to 10^9; a message whose free memory exceeds the capacity is refused") {
+  const std::string msg = test::source_path("tests/data/snapshots/oom_fragmented_2gib.txt");
+  CHECK(test::run_cli("oom --file " + msg + " --step 0").exit_code == 0);
+  CHECK(test::run_cli("oom --file " + msg + " --step 1000000000").exit_code == 0);
+  for (const char* bad : {"-1", "1000000001", "18446744073709551615", "1e3", "2.0", "' '"}) {
+    CAPTURE(bad);
+    const auto r = test::run_cli("oom --file " + msg + " --step " + bad);
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.find("--step") != std::string::npos);
+  }
+  const std::string text =
+      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.00 GiB "
+      "of which 80.00 GiB is free. Of the allocated memory 60.00 GiB is allocated by PyTorch, and 1.00 GiB is reserved "
+      "by PyTorch but unallocated.";
+  const std::string what = message_of([&] { parse_oom_message(text); });
+  CHECK(what.find("80.00 GiB") != std::string::npos);
+  CHECK(what.find("79.00 GiB") != std::string::npos);
+  // free == capacity is possible (nothing allocated yet) and read.
+  std::string equal = text;
+  equal.replace(equal.find("80.00 GiB is free"), 9, "79.00 GiB");
+  CHECK(parse_oom_message(equal).free == 79 * GiB);
+}
+
+// ---- 8. every option used or refused for the mode ----------------------------------------------------
+
+TEST_CASE("check_options_apply refuses what the mode does not read, naming the option and the mode") {
+  Job train;
+  for (const char* o : {"kv-dtype", "--weights", "group_size"}) {
+    CAPTURE(o);
+    const std::string m = message_of([&] { check_options_apply(train, {o}); });
+    CHECK(m.find("training") != std::string::npos);
+  }
+  for (const char* o : {"precision", "optimizer", "recompute", "attention", "loss", "activations", "lora"})
+    CHECK_NOTHROW(check_options_apply(train, {o, "batch", "seq", "mode", "profile", "overhead"}));
+  Job serve;
+  serve.mode = Mode::infer;
+  for (const char* o : {"precision", "optimizer", "recompute", "attention", "loss", "loss-chunk", "activations", "lora"}) {
+    CAPTURE(o);
+    const std::string m = message_of([&] { check_options_apply(serve, {o}); });
+    CHECK(m.find("--mode infer") != std::string::npos);
+  }
+  CHECK_NOTHROW(check_options_apply(serve, {"kv-dtype", "weights", "batch", "seq", "profile", "overhead"}));
+  CHECK_THROWS(check_options_apply(serve, {"group-size"}));  // weights bf16: no groups
+  serve.weights = DType::int4;
+  CHECK_NOTHROW(check_options_apply(serve, {"group-size"}));
+  CHECK_THROWS(check_options_apply(train, {"loss-chunk"}));
+  train.loss = Loss::chunked;
+  CHECK_NOTHROW(check_options_apply(train, {"loss-chunk"}));
+}
+
+TEST_CASE("the CLI refuses options the mode or the command does not use, exit 2, naming them") {
+  const std::string spec = test::source_path("configs/tiny-llama.yaml");
+  const std::pair<std::string, const char*> cases[] = {
+      {"predict " + spec + " --weights int4", "--weights"},
+      {"predict " + spec + " --kv-dtype fp8", "--kv-dtype"},
+      {"predict " + spec + " --group-size 64", "--group-size"},
+      {"predict " + spec + " --mode infer --lora 16", "--lora"},
+      {"predict " + spec + " --mode infer --recompute full", "--recompute"},
+      {"predict " + spec + " --mode infer --precision bf16", "--precision"},
+      {"predict " + spec + " --mode infer --weights bf16 --group-size 64", "--group-size"},
+      {"predict " + spec + " --loss-chunk 512", "--loss-chunk"},
+      {"predict " + spec + " --profile harness --activations korthikanti", "--activations"},
+      {"predict " + spec + " --device ''", "--device"},
+      {"predict " + spec + " --device-memory ''", "--device-memory"},
+      {"predict " + spec + " --headroom 0.1", "--headroom"},
+      {"max-batch " + spec + " --device H100 --global-batch 0", "--global-batch"},
+      {"max-batch " + spec + " --device H100 --global-batch -1", "--global-batch"},
+      {"max-batch " + spec + " --device H100 --max 0", "--max"},
+      {"max-batch " + spec + " --device H100 --data-parallel 2", "--data-parallel"},
+      {"sweep " + spec + " --mode infer --precision bf16,fp32", "--precision"},
+      {"serve " + spec + " --device H100 --group-size 64", "--group-size"},
+      {"serve " + spec + " --device ''", "--device"},
+      {"advise " + spec + " --device H100 --explain", "--explain"},
+      {"verify " + spec + " --headroom 0.1", "--headroom"},
+      {"verify " + spec + " --mode infer --lr 0.1", "--lr"},
+      {"verify " + spec + " --steps 1000000", "--steps"},
+      {"attribute " + test::source_path("tests/data/snapshots/train_tiny_llama_amp_bf16_ctx_all.pickle") + " --batch 2",
+       "--batch"},
+      {"attribute " + test::source_path("tests/data/snapshots/train_tiny_llama_amp_bf16_ctx_all.pickle") +
+           " --device H100",
+       "--device"},
+      {"attribute " + test::source_path("tests/data/snapshots/train_tiny_llama_amp_bf16_ctx_all.pickle") + " --top -1",
+       "--top"},
+      {"oom --batch 4 'CUDA out of memory'", "--batch"},
+  };
+  for (const auto& c : cases) {
+    const std::string& args = c.first;
+    const char* flag = c.second;
+    CAPTURE(args);
+    const auto r = test::run_cli(args);
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.find(flag) != std::string::npos);
+  }
+  // What each mode does read still works.
+  CHECK(test::run_cli("predict " + spec + " --mode infer --weights int4 --group-size 64 --kv-dtype fp8").exit_code == 0);
+  CHECK(test::run_cli("predict " + spec + " --loss chunked --loss-chunk 512 --lora 4").exit_code == 0);
+  CHECK(test::run_cli("predict " + spec + " --device H100 --headroom 0").exit_code == 0);
+  // The spec's job section holds defaults, not options given: a training section does not stop serving.
+  CHECK(test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --mode infer").exit_code == 0);
+}
+
+// ---- 9. the job section: one of each ----------------------------------------------------------------
+
+TEST_CASE("a key given twice in job:, and a second job: section, are errors naming the line") {
+  const std::string dup = std::string(kTinyYaml) + "job:\n  batch: 2\n  seq: 128\n  batch: 8\n";
+  std::string m = message_of([&] { parse_job_section(dup, "dup.yaml", Job{}); });
+  CHECK(m.find("dup.yaml:12") != std::string::npos);
+  CHECK(m.find("job.batch") != std::string::npos);
+  const std::string two = std::string(kTinyYaml) + "job:\n  batch: 2\njob:\n  batch: 8\n";
+  m = message_of([&] { parse_job_section(two, "two.yaml", Job{}); });
+  CHECK(m.find("two.yaml:11") != std::string::npos);
+  const std::string one = std::string(kTinyYaml) + "job:\n  batch: 2\n  seq: 128\n";
+  const Job j = parse_job_section(one, "one.yaml", Job{});
+  CHECK(j.batch == 2);
+  CHECK(j.seq == 128);
+  CHECK(test::run_cli("predict " + temp_file("dup_job.yaml", dup)).exit_code == 2);
+}
+
+// ---- 10. names escaped for the terminal ------------------------------------------------------------
+
+TEST_CASE("printable escapes control characters and stray bytes and keeps UTF-8") {
+  CHECK(printable("llama-3") == "llama-3");
+  CHECK(printable("Ünïcødé × 2 — ok") == "Ünïcødé × 2 — ok");
+  CHECK(printable("a\x1b[31mb") == "a\\x1B[31mb");
+  CHECK(printable(std::string("a\0b", 3)) == "a\\x00b");
+  CHECK(printable("\x7f") == "\\x7F");
+  CHECK(printable("\xc2\x9b") == "\\u{009B}");  // C1 CSI
+  CHECK(printable("\xff\xfe") == "\\xFF\\xFE");
+  CHECK(printable("\xe2\x82") == "\\xE2\\x82");  // a cut sequence
+  CHECK(valid_utf8("Ünïcødé"));
+  CHECK_FALSE(valid_utf8("\xc0\xaf"));          // overlong '/'
+  CHECK_FALSE(valid_utf8("\xed\xa0\x80"));      // a surrogate
+  CHECK_FALSE(valid_utf8("\xf4\x90\x80\x80"));  // past U+10FFFF
+}
+
+TEST_CASE("a spec's name reaches no terminal raw: table, markdown, csv, errors; JSON stays valid") {
+  std::string yaml = std::string(kTinyYaml);
+  yaml.replace(yaml.find("name: tiny"), 10, "name: \"evil\\e[2J\\0name\"");
+  const std::string path = temp_file("evil_name.yaml", yaml);
+  for (const char* fmt : {"table", "markdown", "csv"}) {
+    CAPTURE(fmt);
+    const auto r = test::run_cli("predict " + path + " --seq 64 --format " + std::string(fmt) + " --device H100");
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find('\x1b') == std::string::npos);
+    CHECK(r.out.find('\0') == std::string::npos);
+  }
+  const auto j = test::run_cli("predict " + path + " --seq 64 --format json");
+  REQUIRE(j.exit_code == 0);
+  CHECK(nlohmann::json::parse(j.out)["model"]["name"] == std::string("evil\x1b[2J\0name", 13));
+  for (const char* cmd : {"serve", "max-batch", "advise"}) {
+    CAPTURE(cmd);
+    const auto r = test::run_cli(std::string(cmd) + " " + path + " --device H100");
+    CHECK(r.out.find('\x1b') == std::string::npos);
+  }
+  // An error quoting a hostile key: escaped too.
+  const std::string bad = temp_file("evil_key.yaml", std::string(kTinyYaml) + "\"\\e]0;pwned\\a\": 1\n");
+  const auto r = test::run_cli("predict " + bad);
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find('\x1b') == std::string::npos);
+  CHECK(r.out.find('\a') == std::string::npos);
+  // A name that is not UTF-8 would make the JSON invalid: refused.
+  std::string latin1 = std::string(kTinyYaml);
+  latin1.replace(latin1.find("name: tiny"), 10, "name: caf\xe9");
+  const ErrorKind k = kind_of([&] { parse_model_yaml(latin1, "latin1.yaml"); });
+  CHECK((k == ErrorKind::invalid_spec || k == ErrorKind::parse));
+}
+
+// ---- 11. values that would silently mean "absent" ------------------------------------------------
+
+TEST_CASE("sliding_window 0 and an all-zero mla section are refused, not read as absent") {
+  CHECK(kind_of([] { parse_model_yaml(std::string(kTinyYaml) + "sliding_window:\n  window: 0\n"); }) ==
+        ErrorKind::invalid_spec);
+  CHECK(message_of([] { parse_model_yaml(std::string(kTinyYaml) + "sliding_window:\n  window: 0\n", "w.yaml"); })
+            .find("w.yaml:10") != std::string::npos);
+  CHECK(parse_model_yaml(std::string(kTinyYaml) + "sliding_window:\n  window: 128\n").sliding.window == 128);
+  for (const char* mla : {"mla:\n  kv_lora_rank: 0\n  qk_rope_head_dim: 0\n  qk_nope_head_dim: 0\n  v_head_dim: 0\n",
+                          "mla: {}\n", "mla:\n  q_lora_rank: 0\n"}) {
+    CAPTURE(mla);
+    CHECK(kind_of([&] { parse_model_yaml(std::string(kTinyYaml) + mla); }) == ErrorKind::invalid_spec);
+  }
+  const std::string mistral = R"({"model_type": "mistral", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512, "sliding_window": )";
+  CHECK(kind_of([&] { parse_hf_config(mistral + "0}"); }) == ErrorKind::invalid_spec);
+  CHECK_FALSE(parse_hf_config(mistral + "null}").sliding.enabled());
+  CHECK(parse_hf_config(mistral + "128}").sliding.window == 128);
+}
+
+// ---- 12. byte-order marks ----------------------------------------------------------------------
+
+TEST_CASE("a config.json or a YAML spec that starts with a UTF-8 byte-order mark is read as such") {
+  const std::string json = test::source_path("configs/hf/llama-3.2-1b.json");
+  std::ifstream in(json);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const ModelSpec plain = parse_hf_config(text);
+  const ModelSpec bom = load_model(temp_file("bom_config.json", "\xEF\xBB\xBF" + text));
+  CHECK(bom.family == "llama");
+  CHECK(bom.parameters().total == plain.parameters().total);
+  const ModelSpec y = load_model(temp_file("bom.yaml", "\xEF\xBB\xBF" + std::string(kTinyYaml) + "job:\n  batch: 3\n"));
+  CHECK(y.name == "tiny");
+  CHECK(load_job_section(temp_file("bom.yaml", "\xEF\xBB\xBF" + std::string(kTinyYaml) + "job:\n  batch: 3\n"), Job{})
+            .batch == 3);
+}
+
+// ---- 15 (C++ side): floating point to integer ---------------------------------------------------------
+
+TEST_CASE("bytes_from_double refuses what no 64-bit integer holds") {
+  CHECK(bytes_from_double(0.0, "x") == 0);
+  CHECK(bytes_from_double(1.9, "x") == 1);
+  CHECK(bytes_from_double(18446744073709549568.0, "x") == 18446744073709549568ull);  // the largest double < 2^64
+  for (double bad : {18446744073709551616.0, 1e300, -1.0, std::numeric_limits<double>::quiet_NaN(),
+                     std::numeric_limits<double>::infinity()}) {
+    CAPTURE(bad);
+    CHECK(kind_of([&] { bytes_from_double(bad, "x"); }) == ErrorKind::overflow);
+  }
+  // vLLM's budget on a card of 2^64 - 1 bytes: refused as an overflow (its signed available memory
+  // would wrap), not answered "no memory for the cache".
+  const std::string spec = test::source_path("configs/tiny-llama.yaml");
+  auto r = test::run_cli("serve " + spec + " --device-memory 18446744073709551615 --gpu-memory-utilization 1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("overflow") == std::string::npos);
+  CHECK(r.out.find("2^63") != std::string::npos);
+  r = test::run_cli("serve " + spec + " --device-memory 9223372036854775807 --gpu-memory-utilization 1 --format json");
+  CHECK(r.exit_code == 0);
+}
