@@ -50,6 +50,12 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_flag("--explain", explain, "list the tensors live at each phase peak");
 }
 
+void JobFlags::add_allocator_conf(CLI::App* cmd) {
+  cmd->add_option("--allocator-conf", allocator_conf,
+                  "PYTORCH_CUDA_ALLOC_CONF of the job, e.g. expandable_segments:True,max_split_size_mb:512 "
+                  "(reserved memory follows it)");
+}
+
 ModelSpec JobFlags::model() const { return load_model(model_path); }
 
 Job JobFlags::job(const ModelSpec& spec, bool warn) const {
