@@ -92,3 +92,86 @@ TEST_CASE("reserved_peak against memory_reserved() after the steady step, every 
     CHECK(std::fabs(e.err) <= 0.07);
   }
 }
+
+TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
+  using detail::parse_allocator_conf;
+  CHECK(!parse_allocator_conf("").policy.expandable_segments);
+  const auto a = parse_allocator_conf("expandable_segments:True, max_split_size_mb:512,garbage_collection_threshold:0.6");
+  CHECK(a.policy.expandable_segments);
+  CHECK(a.policy.max_split_size == 512 * MiB);
+  CHECK(a.garbage_collection_threshold == doctest::Approx(0.6));
+  const auto r = parse_allocator_conf("roundup_power2_divisions:4");
+  CHECK(r.policy.roundup_power2_divisions[0] == 4);
+  CHECK(r.policy.roundup_power2_divisions[15] == 4);
+  CHECK(r.policy.round_size(5 * MiB + 1) == 6 * MiB);  // [4, 8) MiB in 4 steps of 1 MiB
+  const auto l = parse_allocator_conf("roundup_power2_divisions:[1:2,4:4,>:8]");
+  CHECK(l.policy.roundup_power2_divisions[0] == 2);
+  CHECK(l.policy.roundup_power2_divisions[2] == 4);
+  CHECK(l.policy.roundup_power2_divisions[3] == 8);
+  // c10 refuses a max split below a large segment by raising it to 20 MiB
+  CHECK(parse_allocator_conf("max_split_size_mb:1").policy.max_split_size == 20 * MiB);
+  auto fails = [](const char* conf, const char* needle) {
+    try {
+      parse_allocator_conf(conf);
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::invalid_job);
+      CHECK(std::string(e.what()).find(needle) != std::string::npos);
+      return;
+    }
+    FAIL("accepted " << conf);
+  };
+  fails("pinned_use_cuda_host_register:True", "'pinned_use_cuda_host_register' is not modelled");
+  fails("backend:cudaMallocAsync", "'backend' is not modelled");
+  fails("expandable_segments:yes", "expandable_segments");
+  fails("max_split_size_mb:x", "max_split_size_mb");
+  fails("roundup_power2_divisions:3", "power of 2");
+  fails("garbage_collection_threshold:1.5", "garbage_collection_threshold");
+  fails("expandable_segments", "key:value");
+}
+
+TEST_CASE("reserved memory follows the allocator settings, and is asked for") {
+  const ModelSpec m = load_model(test::source_path("configs/hf/llama-3.2-1b.json"));
+  Job job;
+  job.batch = 1;
+  job.seq = 2048;
+  const Budget plain = predict(m, job);
+  CHECK(plain.reserved_peak == 0);  // estimate-speed path: not computed unless asked
+  CHECK(plain.reserved.empty());
+  PredictOptions po;
+  po.reserved = true;
+  const Budget b = predict(m, job, po);
+  REQUIRE(b.reserved.size() == b.phases.size());
+  CHECK(b.peak == plain.peak);  // the allocated figures do not change
+  CHECK(b.reserved_peak >= b.peak);
+  for (std::size_t i = 0; i < b.phases.size(); ++i) CHECK(b.reserved[i].bytes >= b.phases[i].bytes);
+  CHECK(b.nvidia_smi() == b.reserved_peak + b.terms.overhead);
+  po.allocator_conf = "expandable_segments:True";
+  const Budget e = predict(m, job, po);
+  CHECK(e.reserved_peak < b.reserved_peak);  // no fragmentation: close to the allocated peak
+  CHECK(e.reserved_peak >= b.peak);
+  po.allocator_conf = "backend:native";
+  CHECK_THROWS_AS(predict(m, job, po), Error);
+  // serving: nothing to replay yet
+  Job serve;
+  serve.mode = Mode::infer;
+  po.allocator_conf.clear();
+  CHECK(predict(m, serve, po).reserved_peak == 0);
+}
+
+TEST_CASE("CLI: reserved_peak and nvidia_smi in the JSON, reserved beside allocated in the table") {
+  auto j = test::run_cli("predict " + test::source_path("configs/hf/llama-3.2-1b.json") + " -b 1 -s 2048 --format json");
+  REQUIRE(j.exit_code == 0);
+  const auto o = nlohmann::json::parse(j.out);
+  CHECK(o["reserved_peak"].get<bytes_t>() >= o["peak"].get<bytes_t>());
+  CHECK(o["nvidia_smi"].get<bytes_t>() == o["reserved_peak"].get<bytes_t>() + o["terms"]["overhead"].get<bytes_t>());
+  CHECK(o["reserved_phases"].contains("backward_peak"));
+  auto t = test::run_cli("predict " + test::source_path("configs/hf/llama-3.2-1b.json") + " -b 1 -s 2048");
+  CHECK(t.out.find("allocated    reserved") != std::string::npos);
+  CHECK(t.out.find("nvidia-smi") != std::string::npos);
+  auto bad = test::run_cli("predict " + test::source_path("configs/hf/llama-3.2-1b.json") + " --allocator-conf foo:1");
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.out.find("'foo' is not modelled") != std::string::npos);
+  auto ex = test::run_cli("predict " + test::source_path("configs/hf/llama-3.2-1b.json") + " -b 1 -s 2048 --format json --allocator-conf expandable_segments:True");
+  REQUIRE(ex.exit_code == 0);
+  CHECK(nlohmann::json::parse(ex.out)["reserved_peak"].get<bytes_t>() < o["reserved_peak"].get<bytes_t>());
+}
