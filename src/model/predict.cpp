@@ -66,7 +66,9 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
       b.peak = p.bytes;
       b.peak_phase = phase_label(p.phase, true);
     }
-  const detail::AllocatorConf conf = detail::parse_allocator_conf(options.allocator_conf);
+  // Parsed whenever given (a bad key is an error even without the replay); nothing on the fast path.
+  const detail::AllocatorConf conf =
+      options.allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(options.allocator_conf);
   if (options.reserved && job.mode == Mode::train && job.profile == Profile::torch) {
     const detail::ReservedResult r = detail::simulate_reserved(model, job, conf.policy);
     for (std::size_t i = 0; i < std::size(kTrainPhases); ++i) {
