@@ -127,6 +127,24 @@ void BM_predict_full_simulation(benchmark::State& state) {
 }
 BENCHMARK(BM_predict_full_simulation)->Arg(8)->Arg(70)->Unit(benchmark::kMicrosecond);
 
+// predict() with the reserved memory (PredictOptions::reserved, what `membudget predict` asks for):
+// a full simulation of step 0 and a steady step replayed through the caching allocator, a new
+// shape every call. Its cost minus BM_predict_full_simulation's is the replay.
+void BM_predict_reserved_new_shape(benchmark::State& state) {
+  const ModelSpec& m = model_of(state.range(0));
+  Job j;
+  PredictOptions o;
+  o.reserved = true;
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const auto& [b, s] = shapes()[i++ % shapes().size()];
+    j.batch = 1 + b % 4;
+    j.seq = 1 + s % 8192;
+    benchmark::DoNotOptimize(predict(m, j, o).reserved_peak);
+  }
+}
+BENCHMARK(BM_predict_reserved_new_shape)->Arg(8)->Arg(70)->Unit(benchmark::kMicrosecond);
+
 // max_micro_batch(): galloping + binary search, a different sequence length every call (every
 // estimate in the search is a new shape).
 void BM_max_micro_batch(benchmark::State& state) {

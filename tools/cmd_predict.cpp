@@ -12,12 +12,15 @@ Registrar reg("predict", 10, [](CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("predict", "predict the memory of a training or serving step");
   flags->add(cmd);
   flags->add_explain(cmd);
+  flags->add_allocator_conf(cmd);
   cmd->callback([flags] {
     const ModelSpec spec = flags->model();
     const Job job = flags->job(spec);
     const Format format = parse_format(flags->format);
     PredictOptions po;
     po.explain = flags->explain || format == Format::table;
+    po.reserved = true;  // reserved_peak and nvidia_smi (training with the torch profile)
+    po.allocator_conf = flags->allocator_conf;
     const Budget budget = predict(spec, job, po);
     std::optional<Fit> fit;
     if (auto dev = flags->device_choice()) fit = check_fit(budget, *dev, flags->headroom);

@@ -68,7 +68,8 @@ bool JobFlags::given(const std::string& flag) const {
       {"--attention", &attention}, {"--loss", &loss},         {"--loss-chunk", &loss_chunk},
       {"--activations", &activations}, {"--profile", &profile}, {"--overhead", &overhead},
       {"--kv-dtype", &kv_dtype},   {"--weights", &weights},   {"--group-size", &group_size},
-      {"--lora", &lora},           {"--device", &device},     {"--device-memory", &device_memory}};
+      {"--lora", &lora},           {"--device", &device},     {"--device-memory", &device_memory},
+      {"--optimizer-impl", &optimizer_impl}, {"--allocator-conf", &allocator_conf}};
   for (const auto& [name, value] : values)
     if (flag == name) return !value->empty();
   return false;
@@ -78,7 +79,7 @@ std::vector<std::string> JobFlags::given_job_flags() const {
   std::vector<std::string> out;
   for (const char* f : {"--batch", "--seq", "--mode", "--precision", "--optimizer", "--recompute", "--attention",
                         "--loss", "--loss-chunk", "--activations", "--lora", "--profile", "--overhead", "--kv-dtype",
-                        "--weights", "--group-size"})
+                        "--weights", "--group-size", "--optimizer-impl", "--allocator-conf"})
     if (given(f)) out.push_back(f);
   return out;
 }
@@ -96,6 +97,12 @@ void refuse_given(const CLI::App& cmd, std::initializer_list<const char*> flags,
     const CLI::Option* o = cmd.get_option_no_throw(f);
     if (o && o->count() > 0) throw Error(ErrorKind::invalid_argument, std::string(f) + ": " + why);
   }
+}
+
+void JobFlags::add_allocator_conf(CLI::App* cmd) {
+  cmd->add_option("--allocator-conf", allocator_conf,
+                  "PYTORCH_CUDA_ALLOC_CONF of the job, e.g. expandable_segments:True,max_split_size_mb:512 "
+                  "(reserved memory follows it)");
 }
 
 ModelSpec JobFlags::model() const { return load_model(model_path); }

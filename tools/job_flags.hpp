@@ -19,11 +19,14 @@ struct JobFlags {
   double headroom = 0.05;
   std::string format = "table";
   bool explain = false;
+  std::string allocator_conf;  // --allocator-conf (PYTORCH_CUDA_ALLOC_CONF syntax)
 
   // Adds the model argument and every job flag to `cmd`.
   void add(CLI::App* cmd, bool with_batch_seq = true);
   // The job flags without the model argument (for commands where the model is optional).
   void add_job_options(CLI::App* cmd, bool with_batch_seq = true);
+  // --allocator-conf (predict: the reserved-memory replay follows it).
+  void add_allocator_conf(CLI::App* cmd);
   // --explain (predict only).
   void add_explain(CLI::App* cmd);
   // The model spec and the job: YAML `job:` section first, then the flags that were given. A flag

@@ -125,6 +125,15 @@ struct Budget {
   std::vector<PhasePeak> step0;   // training only: the first step, before optimizer state exists
   bytes_t peak = 0;               // max over phases (and step 0)
   std::string peak_phase;         // e.g. "backward_peak" or "step0.backward_peak"
+  // Reserved memory (PredictOptions::reserved; training with the torch profile, else empty / 0):
+  // torch.cuda.memory_reserved() at the end of each phase (reserved only grows within a step), the
+  // step's allocations replayed through PyTorch's caching allocator; reserved_peak is the figure
+  // after a steady-state step (step 0 included before it, as a real run has it).
+  std::vector<PhasePeak> reserved;        // steady state, same phases as `phases`
+  std::vector<PhasePeak> reserved_step0;  // the first step
+  bytes_t reserved_peak = 0;
+  // What nvidia-smi shows for the process: reserved_peak plus the memory outside the allocator.
+  bytes_t nvidia_smi() const { return reserved_peak ? reserved_peak + terms.overhead : 0; }
 
   bytes_t phase(Phase ph) const {  // 0 when absent
     const PhasePeak* p = find_phase(ph);
@@ -154,6 +163,13 @@ struct PredictOptions {
   // (model, recipe) from simulations of 4-6 layer copies at three probe shapes (same numbers; see
   // docs/api.md); this switch exists for tests and for checking that claim.
   bool full_simulation = false;
+  // Also compute the reserved memory (Budget::reserved, reserved_peak): a full simulation replayed
+  // through the caching allocator, about a millisecond for a new shape, so it is asked for.
+  bool reserved = false;
+  // PYTORCH_CUDA_ALLOC_CONF the job runs with (expandable_segments:True, max_split_size_mb:N,
+  // roundup_power2_divisions:N, garbage_collection_threshold:F); empty: PyTorch's defaults. Any
+  // other key is Error(invalid_job) naming it.
+  std::string allocator_conf;
 };
 
 // Throws Error(invalid_spec / invalid_job / unsupported / overflow).

@@ -13,6 +13,12 @@
 
 namespace membudget::measure {
 
+// RawMemory's defaults: no virtual-memory mapping.
+void* RawMemory::reserve_range(std::size_t) { return nullptr; }
+void RawMemory::release_range(void*, std::size_t) {}
+bool RawMemory::map_range(void*, std::size_t) { return false; }
+void RawMemory::unmap_range(void*, std::size_t) {}
+
 namespace {
 
 struct Segment;

@@ -11,10 +11,6 @@
 
 namespace membudget::measure {
 
-void* RawMemory::reserve_range(std::size_t) { return nullptr; }
-void RawMemory::release_range(void*, std::size_t) {}
-bool RawMemory::map_range(void*, std::size_t) { return false; }
-void RawMemory::unmap_range(void*, std::size_t) {}
 
 namespace {
 

@@ -229,6 +229,8 @@ void check_options_apply(const Job& job, const std::vector<std::string>& given) 
     for (const char* t : kServeOnly)
       if (train && name == t) refuse("applies to serving (--mode infer); training does not use it");
     if (name == "loss-chunk" && job.loss != Loss::chunked) refuse("applies only with --loss chunked");
+    if (name == "allocator-conf" && (!train || job.profile != Profile::torch))
+      refuse("the reserved-memory replay covers training with --profile torch");
     if (name == "group-size" && job.weights != DType::int4 && job.weights != DType::int8)
       refuse(std::string("applies only with --weights int4 or int8, not ") + to_string(job.weights));
   }

@@ -1,9 +1,11 @@
 // predict(): assembles the five terms and the phase peaks.
 #include <algorithm>
+#include <iterator>
 
 #include "inventory.hpp"
 #include "korthikanti.hpp"
 #include "predictors.hpp"
+#include "reserved.hpp"
 #include "membudget/budget.hpp"
 
 namespace membudget {
@@ -64,6 +66,17 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
       b.peak = p.bytes;
       b.peak_phase = phase_label(p.phase, true);
     }
+  // Parsed whenever given (a bad key is an error even without the replay); nothing on the fast path.
+  const detail::AllocatorConf conf =
+      options.allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(options.allocator_conf);
+  if (options.reserved && job.mode == Mode::train && job.profile == Profile::torch) {
+    const detail::ReservedResult r = detail::simulate_reserved(model, job, conf.policy);
+    for (std::size_t i = 0; i < std::size(kTrainPhases); ++i) {
+      b.reserved.push_back({kTrainPhases[i], r.steady[i], {}});
+      b.reserved_step0.push_back({kTrainPhases[i], r.step0[i], {}});
+    }
+    b.reserved_peak = r.reserved_peak;
+  }
   if (!options.explain) {
     for (auto& p : b.phases) p.live.clear();
     for (auto& p : b.step0) p.live.clear();

@@ -121,6 +121,12 @@ std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool 
   if (!b.step0.empty()) j["step0"] = phases_json(b.step0);
   j["peak"] = b.peak;
   j["peak_phase"] = b.peak_phase;
+  if (b.reserved_peak) {  // PredictOptions::reserved
+    j["reserved_peak"] = b.reserved_peak;
+    j["nvidia_smi"] = b.nvidia_smi();
+    j["reserved_phases"] = phases_json(b.reserved);
+    j["reserved_step0"] = phases_json(b.reserved_step0);
+  }
   if (explain) {
     ordered_json ex = ordered_json::object();
     for (const auto& p : b.phases) ex[p.name()] = tensors_json(p.live);
@@ -216,17 +222,35 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
         << (b.job.profile == Profile::harness ? b.job.seq + 1 : b.job.seq) << " tokens; activations: "
         << format_bytes(b.activations.other) << " transient at the prefill peak\n";
   }
-  out << "\nPhases (max_memory_allocated)\n";
+  // With reserved memory: allocated and reserved side by side.
+  const bool with_reserved = b.reserved_peak != 0;
+  auto reserved_of = [with_reserved](const std::vector<PhasePeak>& list, Phase ph) -> std::string {
+    std::string cell;
+    if (!with_reserved) return cell;
+    for (const auto& p : list)
+      if (p.phase == ph) cell = format_bytes(p.bytes);
+    cell = rpad(cell, 12);
+    return cell;
+  };
+  if (with_reserved)
+    out << "\nPhases            allocated    reserved\n";
+  else
+    out << "\nPhases (max_memory_allocated)\n";
   bytes_t pmax = b.peak;
   for (const auto& p : b.phases)
-    out << "  " << pad_columns(p.name(), 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
+    out << "  " << pad_columns(p.name(), 17) << rpad(format_bytes(p.bytes), 11)
+        << reserved_of(b.reserved, p.phase) << "  " << bar(p.bytes, pmax)
         << (p.name() == b.peak_phase ? "  ← peak" : "") << "\n";
   if (!b.step0.empty()) {
     out << "  step 0 (no optimizer state yet)\n";
     for (const auto& p : b.step0)
-      out << "  " << pad_columns(std::string("  ") + p.name(), 17) << rpad(format_bytes(p.bytes), 11) << "  " << bar(p.bytes, pmax)
-          << (phase_label(p.phase, true) == b.peak_phase ? "  ← peak" : "") << "\n";
+      out << "  " << pad_columns(std::string("  ") + p.name(), 17) << rpad(format_bytes(p.bytes), 11)
+          << reserved_of(b.reserved_step0, p.phase) << "  "
+          << bar(p.bytes, pmax) << (phase_label(p.phase, true) == b.peak_phase ? "  ← peak" : "") << "\n";
   }
+  if (with_reserved)
+    out << "  reserved after a steady step " << format_bytes(b.reserved_peak) << " (memory_reserved()); nvidia-smi "
+        << format_bytes(b.nvidia_smi()) << " with " << format_bytes(b.terms.overhead) << " outside the allocator\n";
   out << "\nPeak " << format_bytes(b.peak) << " in " << b.peak_phase;
   auto top = top_tensors(b.peak_entry(), o.top);
   if (!top.empty()) {

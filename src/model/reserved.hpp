@@ -1,0 +1,34 @@
+// src/model/reserved.hpp: memory_reserved() of a training step, by replaying the simulated step's
+// allocations and frees through the c10-policy caching allocator (internal).
+#pragma once
+
+#include <array>
+#include <string_view>
+
+#include "common/allocator_policy.hpp"
+#include "membudget/budget.hpp"
+
+namespace membudget::detail {
+
+struct ReservedResult {
+  // memory_reserved() at the end of each phase (reserved only grows within a step), indexed as
+  // kTrainPhases: floor, forward_peak, backward_peak, optimizer_peak.
+  std::array<bytes_t, 4> step0{}, steady{};
+  bytes_t reserved_peak = 0;   // memory_reserved() after the steady step
+  bytes_t allocated_peak = 0;  // max_memory_allocated() over the steady step, as replayed
+};
+
+// Replays step 0 then a steady step of `job` (mode train, profile torch) through a
+// CachingAllocator on fake device memory (addresses only) with `policy`.
+ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
+
+// PYTORCH_CUDA_ALLOC_CONF ("expandable_segments:True,max_split_size_mb:128") into a policy.
+// garbage_collection_threshold is accepted and kept (it only acts near the memory fraction's limit,
+// which the replay on unlimited fake memory never reaches). Any other key: Error(invalid_job).
+struct AllocatorConf {
+  AllocatorPolicy policy;
+  double garbage_collection_threshold = 0.0;
+};
+AllocatorConf parse_allocator_conf(std::string_view conf);
+
+}  // namespace membudget::detail

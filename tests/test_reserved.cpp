@@ -1,0 +1,177 @@
+// Reserved memory: the simulated step replayed through the caching allocator (src/model/reserved.cpp)
+// against torch.cuda.memory_reserved() after the last measured (steady) step of every committed
+// PyTorch measurement (tests/data/torch_train_*.json), and the PYTORCH_CUDA_ALLOC_CONF parser.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "helpers.hpp"
+#include "membudget/budget.hpp"
+#include "model/reserved.hpp"
+
+using namespace membudget;
+
+namespace {
+
+struct Err {
+  std::string name;
+  double err;
+};
+
+// Every ok case of the file: predicted reserved_peak against the last step's `reserved`.
+std::vector<Err> reserved_errors(const char* rel) {
+  std::ifstream in(test::source_path(rel));
+  REQUIRE(in.good());
+  const auto data = nlohmann::json::parse(in);
+  std::vector<Err> out;
+  for (const auto& c : data["cases"]) {
+    if (c["status"] != "ok") continue;
+    const auto& j = c["job"];
+    ModelSpec m = load_model(test::source_path(j["config"].get<std::string>()));
+    if (j.contains("overrides") && j["overrides"].is_object()) {  // the smoke cases: a 2-layer copy
+      for (const auto& [k, v] : j["overrides"].items()) {
+        REQUIRE(k == "num_hidden_layers");
+        m.num_layers = v.get<std::uint64_t>();
+      }
+    }
+    Job job;
+    job.batch = j["batch"].get<std::uint64_t>();
+    job.seq = j["seq"].get<std::uint64_t>();
+    job.precision = parse_precision(j["precision"].get<std::string>());
+    job.optimizer = parse_optimizer(j["optimizer"].get<std::string>());
+    job.recompute = parse_recompute(j["recompute"].get<std::string>());
+    job.attention = parse_attention(j["attention"].get<std::string>());
+    if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
+    PredictOptions po;
+    po.reserved = true;
+    const Budget b = predict(m, job, po);
+    nlohmann::json last;
+    for (const auto& s : c["steps"])
+      if (s.value("phase", "") == "done") last = s;
+    REQUIRE(!last.is_null());
+    const double measured = last["reserved"].get<double>();
+    const double predicted = static_cast<double>(b.reserved_peak);
+    out.push_back({c["name"].get<std::string>(), (predicted - measured) / measured});
+  }
+  return out;
+}
+
+}  // namespace
+
+// The measured distribution (2026-12-01, every case of the seven files): see docs/accuracy.md.
+TEST_CASE("reserved_peak against memory_reserved() after the steady step, every committed case") {
+  const char* files[] = {"tests/data/torch_train_h200.json",          "tests/data/torch_train_holdout_h200.json",
+                         "tests/data/torch_train_8b_class_h200.json", "tests/data/torch_train_lora_h200.json",
+                         "tests/data/torch_train_gemma2_long_h200.json", "tests/data/torch_train_smoke_h200.json"};
+  std::vector<Err> all;
+  for (const char* f : files) {
+    auto e = reserved_errors(f);
+    all.insert(all.end(), e.begin(), e.end());
+  }
+  std::sort(all.begin(), all.end(), [](const Err& a, const Err& b) { return std::fabs(a.err) < std::fabs(b.err); });
+  int within1 = 0, within3 = 0, within5 = 0;
+  for (const Err& e : all) {
+    within1 += std::fabs(e.err) <= 0.01;
+    within3 += std::fabs(e.err) <= 0.03;
+    within5 += std::fabs(e.err) <= 0.05;
+    if (std::getenv("MEMBUDGET_RESERVED_VERBOSE")) std::printf("%+7.2f%%  %s\n", e.err * 100, e.name.c_str());
+  }
+  MESSAGE(all.size() << " cases: " << within1 << " within 1%, " << within3 << " within 3%, " << within5
+                     << " within 5%; worst " << all.back().err * 100 << "% (" << all.back().name << ")");
+  CHECK(all.size() >= 100);
+  // The target is 3% for every case; on 2026-12-01 93 of 104 cases met it and every case was
+  // within 7% (the misses are full-recompute and short-sequence steps: docs/accuracy.md). The bars
+  // below hold what is measured, so that a regression shows.
+  CHECK(within3 >= 93);
+  for (const Err& e : all) {
+    CAPTURE(e.name);
+    CHECK(std::fabs(e.err) <= 0.07);
+  }
+}
+
+TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
+  using detail::parse_allocator_conf;
+  CHECK(!parse_allocator_conf("").policy.expandable_segments);
+  const auto a = parse_allocator_conf("expandable_segments:True, max_split_size_mb:512,garbage_collection_threshold:0.6");
+  CHECK(a.policy.expandable_segments);
+  CHECK(a.policy.max_split_size == 512 * MiB);
+  CHECK(a.garbage_collection_threshold == doctest::Approx(0.6));
+  const auto r = parse_allocator_conf("roundup_power2_divisions:4");
+  CHECK(r.policy.roundup_power2_divisions[0] == 4);
+  CHECK(r.policy.roundup_power2_divisions[15] == 4);
+  CHECK(r.policy.round_size(5 * MiB + 1) == 6 * MiB);  // [4, 8) MiB in 4 steps of 1 MiB
+  const auto l = parse_allocator_conf("roundup_power2_divisions:[1:2,4:4,>:8]");
+  CHECK(l.policy.roundup_power2_divisions[0] == 2);
+  CHECK(l.policy.roundup_power2_divisions[2] == 4);
+  CHECK(l.policy.roundup_power2_divisions[3] == 8);
+  // c10 refuses a max split below a large segment by raising it to 20 MiB
+  CHECK(parse_allocator_conf("max_split_size_mb:1").policy.max_split_size == 20 * MiB);
+  auto fails = [](const char* conf, const char* needle) {
+    try {
+      parse_allocator_conf(conf);
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::invalid_job);
+      CHECK(std::string(e.what()).find(needle) != std::string::npos);
+      return;
+    }
+    FAIL("accepted " << conf);
+  };
+  fails("pinned_use_cuda_host_register:True", "'pinned_use_cuda_host_register' is not modelled");
+  fails("backend:cudaMallocAsync", "'backend' is not modelled");
+  fails("expandable_segments:yes", "expandable_segments");
+  fails("max_split_size_mb:x", "max_split_size_mb");
+  fails("roundup_power2_divisions:3", "power of 2");
+  fails("garbage_collection_threshold:1.5", "garbage_collection_threshold");
+  fails("expandable_segments", "key:value");
+}
+
+TEST_CASE("reserved memory follows the allocator settings, and is asked for") {
+  const ModelSpec m = load_model(test::source_path("configs/hf/llama-3.2-1b.json"));
+  Job job;
+  job.batch = 1;
+  job.seq = 2048;
+  const Budget plain = predict(m, job);
+  CHECK(plain.reserved_peak == 0);  // estimate-speed path: not computed unless asked
+  CHECK(plain.reserved.empty());
+  PredictOptions po;
+  po.reserved = true;
+  const Budget b = predict(m, job, po);
+  REQUIRE(b.reserved.size() == b.phases.size());
+  CHECK(b.peak == plain.peak);  // the allocated figures do not change
+  CHECK(b.reserved_peak >= b.peak);
+  for (std::size_t i = 0; i < b.phases.size(); ++i) CHECK(b.reserved[i].bytes >= b.phases[i].bytes);
+  CHECK(b.nvidia_smi() == b.reserved_peak + b.terms.overhead);
+  po.allocator_conf = "expandable_segments:True";
+  const Budget e = predict(m, job, po);
+  CHECK(e.reserved_peak < b.reserved_peak);  // no fragmentation: close to the allocated peak
+  CHECK(e.reserved_peak >= b.peak);
+  po.allocator_conf = "backend:native";
+  CHECK_THROWS_AS(predict(m, job, po), Error);
+  // serving: nothing to replay yet
+  Job serve;
+  serve.mode = Mode::infer;
+  po.allocator_conf.clear();
+  CHECK(predict(m, serve, po).reserved_peak == 0);
+}
+
+TEST_CASE("CLI: reserved_peak and nvidia_smi in the JSON, reserved beside allocated in the table") {
+  auto j = test::run_cli("predict " + test::source_path("configs/hf/llama-3.2-1b.json") + " -b 1 -s 2048 --format json");
+  REQUIRE(j.exit_code == 0);
+  const auto o = nlohmann::json::parse(j.out);
+  CHECK(o["reserved_peak"].get<bytes_t>() >= o["peak"].get<bytes_t>());
+  CHECK(o["nvidia_smi"].get<bytes_t>() == o["reserved_peak"].get<bytes_t>() + o["terms"]["overhead"].get<bytes_t>());
+  CHECK(o["reserved_phases"].contains("backward_peak"));
+  auto t = test::run_cli("predict " + test::source_path("configs/hf/llama-3.2-1b.json") + " -b 1 -s 2048");
+  CHECK(t.out.find("allocated    reserved") != std::string::npos);
+  CHECK(t.out.find("nvidia-smi") != std::string::npos);
+  auto bad = test::run_cli("predict " + test::source_path("configs/hf/llama-3.2-1b.json") + " --allocator-conf foo:1");
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.out.find("'foo' is not modelled") != std::string::npos);
+  auto ex = test::run_cli("predict " + test::source_path("configs/hf/llama-3.2-1b.json") + " -b 1 -s 2048 --format json --allocator-conf expandable_segments:True");
+  REQUIRE(ex.exit_code == 0);
+  CHECK(nlohmann::json::parse(ex.out)["reserved_peak"].get<bytes_t>() < o["reserved_peak"].get<bytes_t>());
+}
