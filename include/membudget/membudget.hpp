@@ -16,6 +16,7 @@
 #include "membudget/budget.hpp"
 #include "membudget/bytes.hpp"
 #include "membudget/error.hpp"
+#include "membudget/input.hpp"
 #include "membudget/job.hpp"
 #include "membudget/job_yaml.hpp"
 #include "membudget/leaks.hpp"
