@@ -48,6 +48,9 @@ std::vector<Err> reserved_errors(const char* rel) {
     if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
     PredictOptions po;
     po.reserved = true;
+    // the run's allocator settings, as the measuring process had them
+    if (data.contains("env") && data["env"].value("PYTORCH_CUDA_ALLOC_CONF", nlohmann::json()).is_string())
+      po.allocator_conf = data["env"]["PYTORCH_CUDA_ALLOC_CONF"].get<std::string>();
     const Budget b = predict(m, job, po);
     nlohmann::json last;
     for (const auto& s : c["steps"])
@@ -90,6 +93,25 @@ TEST_CASE("reserved_peak against memory_reserved() after the steady step, every 
   for (const Err& e : all) {
     CAPTURE(e.name);
     CHECK(std::fabs(e.err) <= 0.07);
+  }
+}
+
+// The same seven steps measured in one H200 run with the default allocator and with
+// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (tools/device/reserved_run.sh). 2026-12-01: default
+// 5 of 7 within 0.3% (Qwen2.5 1.5B bf16 -2.79%, its amp-bf16 full recompute +3.28%); expandable 5 of 7
+// within 0.1% (the two full-recompute steps of Llama 3.2 1B bf16 +4.02% and Qwen2.5 amp-bf16 -3.62%).
+TEST_CASE("reserved_peak with and without expandable segments, the same steps") {
+  for (const char* f : {"tests/data/torch_train_reserved_h200.json", "tests/data/torch_train_reserved_expandable_h200.json"}) {
+    CAPTURE(f);
+    const auto errs = reserved_errors(f);
+    CHECK(errs.size() == 7);
+    int within_half = 0;
+    for (const Err& e : errs) {
+      CAPTURE(e.name);
+      CHECK(std::fabs(e.err) <= 0.045);
+      within_half += std::fabs(e.err) <= 0.005;
+    }
+    CHECK(within_half >= 5);
   }
 }
 
