@@ -211,12 +211,14 @@ TEST_CASE("attribute --format json: peak_bytes, groups {frame, bytes, count, ter
   CHECK(t.out.find("peak allocated") != std::string::npos);
 }
 
-TEST_CASE("the benchmark snapshot (6.8 MB) is attributed well under a second") {
+// A coarse bound that catches a pathological slowdown (0.4 s alone on the build machine); the
+// figures belong to the benchmarks, and a loaded 2-core CI machine must not flake here.
+TEST_CASE("the benchmark snapshot (6.8 MB) is attributed in seconds, not minutes") {
   const auto t0 = std::chrono::steady_clock::now();
   const Attribution a = attribute_snapshot_file(test::source_path(kBench));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MESSAGE("bench snapshot: " << s << " s");
-  CHECK(s < 1.0 * test::kTimeScale);
+  CHECK(s < 5.0 * test::kTimeScale);
   const auto j = sidecar(kBench);
   CHECK(a.end_bytes == j["readings"].back()["allocated"].get<std::uint64_t>());
   // unsplit large blocks are not in the trace: within 0.1% of max_memory_allocated
