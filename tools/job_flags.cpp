@@ -57,30 +57,42 @@ void JobFlags::add_explain(CLI::App* cmd) {
   cmd->add_flag("--explain", explain, "list the tensors live at each phase peak");
 }
 
+namespace {
+// Every string-valued flag JobFlags holds, once: `job` marks the options of the job itself (what
+// check_options_apply judges for the mode), as opposed to the card.
+struct StringFlag {
+  const char* name;
+  std::string JobFlags::*value;
+  bool job;
+};
+constexpr StringFlag kStringFlags[] = {
+    {"--batch", &JobFlags::batch, true},           {"--seq", &JobFlags::seq, true},
+    {"--mode", &JobFlags::mode, true},             {"--precision", &JobFlags::precision, true},
+    {"--optimizer", &JobFlags::optimizer, true},   {"--recompute", &JobFlags::recompute, true},
+    {"--attention", &JobFlags::attention, true},   {"--loss", &JobFlags::loss, true},
+    {"--loss-chunk", &JobFlags::loss_chunk, true}, {"--activations", &JobFlags::activations, true},
+    {"--lora", &JobFlags::lora, true},             {"--profile", &JobFlags::profile, true},
+    {"--overhead", &JobFlags::overhead, true},     {"--kv-dtype", &JobFlags::kv_dtype, true},
+    {"--weights", &JobFlags::weights, true},       {"--group-size", &JobFlags::group_size, true},
+    {"--optimizer-impl", &JobFlags::optimizer_impl, true}, {"--allocator-conf", &JobFlags::allocator_conf, true},
+    {"--device", &JobFlags::device, false},        {"--device-memory", &JobFlags::device_memory, false},
+};
+}  // namespace
+
 bool JobFlags::given(const std::string& flag) const {
   if (cmd_) {
     const CLI::Option* o = cmd_->get_option_no_throw(flag);
     return o && o->count() > 0;
   }
-  const std::pair<const char*, const std::string*> values[] = {
-      {"--batch", &batch},         {"--seq", &seq},           {"--mode", &mode},
-      {"--precision", &precision}, {"--optimizer", &optimizer}, {"--recompute", &recompute},
-      {"--attention", &attention}, {"--loss", &loss},         {"--loss-chunk", &loss_chunk},
-      {"--activations", &activations}, {"--profile", &profile}, {"--overhead", &overhead},
-      {"--kv-dtype", &kv_dtype},   {"--weights", &weights},   {"--group-size", &group_size},
-      {"--lora", &lora},           {"--device", &device},     {"--device-memory", &device_memory},
-      {"--optimizer-impl", &optimizer_impl}, {"--allocator-conf", &allocator_conf}};
-  for (const auto& [name, value] : values)
-    if (flag == name) return !value->empty();
+  for (const StringFlag& f : kStringFlags)
+    if (flag == f.name) return !(this->*f.value).empty();
   return false;
 }
 
 std::vector<std::string> JobFlags::given_job_flags() const {
   std::vector<std::string> out;
-  for (const char* f : {"--batch", "--seq", "--mode", "--precision", "--optimizer", "--recompute", "--attention",
-                        "--loss", "--loss-chunk", "--activations", "--lora", "--profile", "--overhead", "--kv-dtype",
-                        "--weights", "--group-size", "--optimizer-impl", "--allocator-conf"})
-    if (given(f)) out.push_back(f);
+  for (const StringFlag& f : kStringFlags)
+    if (f.job && given(f.name)) out.push_back(f.name);
   return out;
 }
 
