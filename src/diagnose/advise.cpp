@@ -5,6 +5,7 @@
 // (Context::measure), so adding a fix is adding a row.
 #include "membudget/advise.hpp"
 #include "membudget/input.hpp"
+#include "model/job_key.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -79,14 +80,6 @@ struct FixRow {
   std::string fits_note, fails_note;
 };
 
-bool same_prediction(const Job& a, const Job& b) {
-  return a.batch == b.batch && a.seq == b.seq && a.precision == b.precision && a.optimizer == b.optimizer &&
-         a.optimizer_impl == b.optimizer_impl &&
-         a.recompute == b.recompute && a.attention == b.attention && a.loss == b.loss &&
-         a.loss_chunk == b.loss_chunk && a.activations == b.activations && a.profile == b.profile &&
-         a.lora_rank == b.lora_rank;
-}
-
 std::string pct(double f) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%+.0f%%", f * 100);
@@ -132,7 +125,7 @@ struct Context {
 
   const Budget& predicted(const Job& j) {
     for (const auto& [k, b] : predictions)
-      if (same_prediction(k, j)) return b;
+      if (detail::key_of(model, k) == detail::key_of(model, j)) return b;  // every field that changes a number
     PredictOptions po;
     po.explain = true;
     return predictions.emplace_back(j, predict(model, j, po)).second;
