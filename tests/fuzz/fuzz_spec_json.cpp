@@ -10,24 +10,13 @@
 
 #include "membudget/input.hpp"
 #include "membudget/spec.hpp"
+#include "spec_loader_checks.hpp"
 
 using namespace membudget;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  try {
-    const ModelSpec s = parse_hf_config(text, "fuzz.json");
-    s.validate();
-    if (!valid_utf8(s.name) || s.family.empty()) std::abort();
-    try {
-      (void)s.parameters();
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::overflow) std::abort();
-    }
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::invalid_spec && e.kind() != ErrorKind::parse && e.kind() != ErrorKind::overflow &&
-        e.kind() != ErrorKind::unsupported)
-      std::abort();
-  }
-  return 0;
+  return check_spec_loader([&] { return parse_hf_config(text, "fuzz.json"); }, [](const ModelSpec& s) {
+    if (s.family.empty()) std::abort();  // model_type is required
+  });
 }

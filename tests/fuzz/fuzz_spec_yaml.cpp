@@ -10,26 +10,13 @@
 #include "membudget/input.hpp"
 #include "membudget/job_yaml.hpp"
 #include "membudget/spec.hpp"
+#include "spec_loader_checks.hpp"
 
 using namespace membudget;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  try {
-    const ModelSpec s = parse_model_yaml(text, "fuzz.yaml");
-    s.validate();  // the loader promises a valid spec
-    if (!valid_utf8(s.name)) std::abort();
+  return check_spec_loader([&] { return parse_model_yaml(text, "fuzz.yaml"); }, [](const ModelSpec& s) {
     if (s.sliding.window == 0 && s.sliding.every_nth != 1) std::abort();
-    try {
-      const ParameterCounts c = s.parameters();
-      if (c.total < c.embedding || c.layers < c.per_layer) std::abort();
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::overflow) std::abort();
-    }
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::invalid_spec && e.kind() != ErrorKind::parse && e.kind() != ErrorKind::overflow &&
-        e.kind() != ErrorKind::unsupported)
-      std::abort();
-  }
-  return 0;
+  });
 }
