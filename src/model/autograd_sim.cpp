@@ -154,8 +154,7 @@ TensorId AutogradSim::grad_of(TensorId t) const {
 }
 
 bytes_t AutogradSim::grad_bytes(TensorId input) const {
-  const auto& ti = tensors_[input];
-  return ti.param ? static_cast<bytes_t>(static_cast<double>(ti.bytes) * grad_scale_) : ti.bytes;
+  return tensors_[input].bytes;  // a gradient has its tensor's dtype and shape
 }
 
 TensorId AutogradSim::make_grad(TensorId input, const char* op) {

@@ -129,9 +129,6 @@ class AutogradSim {
   void backward(TensorId root, RecomputeFn recompute = nullptr, void* ctx = nullptr);
   bool replaying() const { return replay_cursor_ != kNoReplay; }
 
-  // Parameter gradients: when accumulate_grads is false (e.g. frozen), nothing is allocated.
-  void set_grad_dtype_bytes(double per_param_byte) { grad_scale_ = per_param_byte; }
-
   // ---- phases ----
   void begin_phase(Phase phase);
   std::vector<PhasePeak> take_phases();
@@ -183,7 +180,6 @@ class AutogradSim {
   bool explain_;
   GradMode grad_;
   bool discard_saves_ = false;
-  double grad_scale_ = 1.0;
   std::vector<TensorInfo> tensors_;
   std::vector<Node> nodes_;
   std::vector<Region> regions_;
