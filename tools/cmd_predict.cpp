@@ -19,7 +19,8 @@ Registrar reg("predict", 10, [](CLI::App& app) {
     const Format format = parse_format(flags->format);
     PredictOptions po;
     po.explain = flags->explain || format == Format::table;
-    po.reserved = true;  // reserved_peak and nvidia_smi (training with the torch profile)
+    po.reserved = true;
+    po.ranks = true;  // a distributed job lists every group of ranks whose memory differs  // reserved_peak and nvidia_smi (training with the torch profile)
     po.allocator_conf = flags->allocator_conf;
     const Budget budget = predict(spec, job, po);
     std::optional<Fit> fit;

@@ -17,6 +17,11 @@ std::uint64_t parse_count(const std::string& text, const char* option) {
       throw Error(ErrorKind::invalid_job, std::string(option) + ": '" + text + "' is not a positive integer");
   return std::stoull(text);
 }
+bool parse_bool(const std::string& text, const char* option) {
+  if (text == "true" || text == "True" || text == "1") return true;
+  if (text == "false" || text == "False" || text == "0") return false;
+  throw Error(ErrorKind::invalid_job, std::string(option) + ": '" + text + "' is not true or false");
+}
 }  // namespace
 
 void JobFlags::add(CLI::App* cmd, bool with_batch_seq) {
@@ -46,6 +51,15 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--kv-dtype", kv_dtype, "KV cache dtype when serving: bf16 | fp16 | fp8 | int8");
   cmd->add_option("--weights", weights, "weight precision when serving: bf16 | fp16 | fp8 | int8 | int4");
   cmd->add_option("--group-size", group_size, "group size of int4/int8 weight scales (default 128)");
+  cmd->add_option("--dp", dp, "data-parallel ranks: DistributedDataParallel, or HSDP's replicas with --fsdp (docs/distributed.md)");
+  cmd->add_option("--fsdp", fsdp, "FSDP2 shard ranks: fully_shard on every decoder layer, then the root");
+  cmd->add_option("--zero", zero, "ZeRO stage over --dp ranks: 1 ZeroRedundancyOptimizer, 2 FSDP2 without, 3 with reshard after forward");
+  cmd->add_option("--reshard-after-forward", reshard_after_forward, "FSDP2 reshard_after_forward: true (default) | false");
+  cmd->add_flag("--ddp-bucket-view", ddp_bucket_view, "DDP with gradient_as_bucket_view=True");
+  cmd->add_option("--rank", rank, "the rank predicted (default: the most loaded one)");
+  cmd->add_option("--tp", tp, "tensor-parallel ranks (not modelled yet: refused)");
+  cmd->add_option("--pp", pp, "pipeline stages (not modelled yet: refused)");
+  cmd->add_flag("--sp", sp, "sequence parallelism (not modelled yet: refused)");
   cmd->add_option("--device", device, "card: H100, H200, A100-40GB, A100-80GB, L40S, RTX-4090, B200, MI300X, …");
   cmd->add_option("--device-memory", device_memory, "card capacity instead of --device, e.g. 80GiB");
   cmd->add_option("--headroom", headroom, "fraction of the card kept free (default 0.05)");
@@ -75,6 +89,10 @@ constexpr StringFlag kStringFlags[] = {
     {"--overhead", &JobFlags::overhead, true},     {"--kv-dtype", &JobFlags::kv_dtype, true},
     {"--weights", &JobFlags::weights, true},       {"--group-size", &JobFlags::group_size, true},
     {"--optimizer-impl", &JobFlags::optimizer_impl, true}, {"--allocator-conf", &JobFlags::allocator_conf, true},
+    {"--dp", &JobFlags::dp, true},                 {"--fsdp", &JobFlags::fsdp, true},
+    {"--zero", &JobFlags::zero, true},             {"--reshard-after-forward", &JobFlags::reshard_after_forward, true},
+    {"--rank", &JobFlags::rank, true},             {"--tp", &JobFlags::tp, true},
+    {"--pp", &JobFlags::pp, true},
     {"--device", &JobFlags::device, false},        {"--device-memory", &JobFlags::device_memory, false},
 };
 }  // namespace
@@ -93,6 +111,8 @@ std::vector<std::string> JobFlags::given_job_flags() const {
   std::vector<std::string> out;
   for (const StringFlag& f : kStringFlags)
     if (f.job && given(f.name)) out.push_back(f.name);
+  if (ddp_bucket_view) out.push_back("--ddp-bucket-view");
+  if (sp) out.push_back("--sp");
   return out;
 }
 
@@ -138,6 +158,20 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (!weights.empty()) j.weights = parse_dtype(weights, "--weights");
   if (!group_size.empty()) j.group_size = parse_count(group_size, "--group-size");
   if (!lora.empty()) j.lora_rank = lora == "0" ? 0 : parse_count(lora, "--lora");
+  Parallelism& p = j.parallel;
+  if (!dp.empty()) p.data = parse_count(dp, "--dp");
+  if (!fsdp.empty()) p.fsdp = parse_count(fsdp, "--fsdp");
+  if (!tp.empty()) p.tensor = parse_count(tp, "--tp");
+  if (!pp.empty()) p.pipeline = parse_count(pp, "--pp");
+  if (!zero.empty()) {
+    if (zero.size() != 1 || zero[0] < '0' || zero[0] > '3')
+      throw Error(ErrorKind::invalid_job, "--zero: '" + zero + "' is not one of 0, 1, 2, 3");
+    p.zero_stage = zero[0] - '0';
+  }
+  if (!reshard_after_forward.empty()) p.reshard_after_forward = parse_bool(reshard_after_forward, "--reshard-after-forward");
+  if (ddp_bucket_view) p.ddp_bucket_view = true;
+  if (sp) p.sequence_parallel = true;
+  if (!rank.empty()) p.rank = parse_whole(rank, "--rank", 0, (1ull << 20) - 1);
   j.validate();
   check_options_apply(j, given_job_flags());
   if (warn) warn_beyond_context(spec, j.seq);

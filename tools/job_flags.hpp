@@ -20,6 +20,9 @@ struct JobFlags {
   std::string format = "table";
   bool explain = false;
   std::string allocator_conf;  // --allocator-conf (PYTORCH_CUDA_ALLOC_CONF syntax)
+  // the parallel layout (docs/distributed.md)
+  std::string dp, fsdp, zero, reshard_after_forward, rank, tp, pp;
+  bool ddp_bucket_view = false, sp = false;
 
   // Adds the model argument and every job flag to `cmd`.
   void add(CLI::App* cmd, bool with_batch_seq = true);

@@ -40,6 +40,7 @@ enum class Role {
   workspace,            // library workspaces (cuBLAS) and allocator slack
   kv_cache,             // serving: the KV cache
   input,                // input ids and labels
+  communication,        // collective buffers: FSDP2's all-gather and reduce-scatter inputs and outputs
 };
 const char* to_string(Role r) noexcept;
 
@@ -132,6 +133,18 @@ struct Budget {
   std::vector<PhasePeak> reserved;        // steady state, same phases as `phases`
   std::vector<PhasePeak> reserved_step0;  // the first step
   bytes_t reserved_peak = 0;
+  // A distributed job (Job::parallel): the figures above are those of rank `rank` of `world`; `ranks`
+  // lists the groups of ranks whose phases differ (ZeRO-1's partition, FSDP2's uneven shards), when
+  // PredictOptions::ranks asks for them. One GPU: rank 0 of 1, no groups.
+  struct RankGroup {
+    std::vector<std::uint64_t> ranks;  // the ranks with these phases
+    std::vector<PhasePeak> phases, step0;
+    bytes_t peak = 0;
+  };
+  std::uint64_t rank = 0, world = 1;
+  std::vector<RankGroup> ranks;
+  // Why reserved_peak is absent although asked for (empty when it is there or was not asked for).
+  std::string reserved_unmodelled;
   // What nvidia-smi shows for the process: reserved_peak plus the memory outside the allocator.
   bytes_t nvidia_smi() const { return reserved_peak ? reserved_peak + terms.overhead : 0; }
 
@@ -166,6 +179,8 @@ struct PredictOptions {
   // Also compute the reserved memory (Budget::reserved, reserved_peak): a full simulation replayed
   // through the caching allocator, about a millisecond for a new shape, so it is asked for.
   bool reserved = false;
+  // Distributed jobs: also predict every group of ranks whose memory differs (Budget::ranks).
+  bool ranks = false;
   // PYTORCH_CUDA_ALLOC_CONF the job runs with (expandable_segments:True, max_split_size_mb:N,
   // roundup_power2_divisions:N, garbage_collection_threshold:F); empty: PyTorch's defaults. Any
   // other key is Error(invalid_job) naming it.

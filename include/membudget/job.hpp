@@ -77,16 +77,33 @@ Recipe recipe_of(Precision p) noexcept;
 // Whole bytes of one element of a 16- or 32-bit dtype (the recipe's dtypes).
 inline std::uint64_t element_size(DType d) noexcept { return static_cast<std::uint64_t>(dtype_bytes(d)); }
 
-// How the job is spread over GPUs. Not modelled yet (per-rank memory of distributed jobs is a later
-// addition): validate() throws Error(unsupported) naming every setting other than one rank, i.e.
-// anything but these defaults. (max_micro_batch's SearchOptions::data_parallel is something else:
-// the ranks a global batch is divided over, with each rank still holding the whole model.)
+// How the job is spread over GPUs (docs/distributed.md). predict() answers for one rank.
+//   --dp N                  DistributedDataParallel over N replicas (bucket_cap_mb 25,
+//                           gradient_as_bucket_view from ddp_bucket_view)
+//   --dp N --zero 1         plus torch.distributed.optim.ZeroRedundancyOptimizer: the optimizer
+//                           state sharded over the N ranks, whole parameters each owned by one rank
+//   --fsdp N                FSDP2: fully_shard on every decoder layer, then the root, over N ranks,
+//                           each group with reshard_after_forward (default true)
+//   --dp R --fsdp S         HSDP: shard over S, replicate over R (world R·S)
+//   --dp N --zero 2 | 3     FSDP2 over N without | with reshard after forward (PyTorch's ZeRO-2 /
+//                           ZeRO-3: gradients and optimizer state sharded, plus parameters between
+//                           forward and backward for 3)
+// Tensor, pipeline and sequence parallelism are not modelled yet: validate() refuses them by name.
 struct Parallelism {
-  std::uint64_t tensor = 1;     // t: Megatron tensor parallel
-  std::uint64_t pipeline = 1;   // p
-  std::uint64_t data = 1;       // d: data-parallel ranks the ZeRO stage shards over
-  int zero_stage = 0;           // 0: none, 1: optimizer state, 2: + gradients, 3: + parameters
-  bool sequence_parallel = false;
+  std::uint64_t tensor = 1;     // --tp
+  std::uint64_t pipeline = 1;   // --pp
+  std::uint64_t data = 1;       // --dp: DDP replicas, or HSDP's replicate dimension with --fsdp
+  std::uint64_t fsdp = 1;       // --fsdp: FSDP2 shard ranks
+  int zero_stage = 0;           // --zero: 0 none; 1, 2, 3 over --dp as above
+  bool sequence_parallel = false;      // --sp
+  bool reshard_after_forward = true;   // --reshard-after-forward (FSDP2)
+  bool ddp_bucket_view = false;        // --ddp-bucket-view: DDP's gradient_as_bucket_view=True
+  // --rank: the rank predicted; unset: the most loaded one (ranks differ under ZeRO-1's partition
+  // and FSDP2's uneven shards).
+  std::optional<std::uint64_t> rank;
+  // Ranks in the job (data × fsdp × tensor × pipeline); saturates at 2^64 − 1 (validate refuses it).
+  std::uint64_t world() const noexcept;
+  bool single() const noexcept { return world() == 1; }
 };
 
 struct Job {

@@ -154,7 +154,28 @@ TensorId AutogradSim::grad_of(TensorId t) const {
 }
 
 bytes_t AutogradSim::grad_bytes(TensorId input) const {
-  return tensors_[input].bytes;  // a gradient has its tensor's dtype and shape
+  // a gradient has its tensor's dtype and shape
+  return tensors_[input].grad_bytes ? tensors_[input].grad_bytes : tensors_[input].bytes;
+}
+
+void AutogradSim::release_storage(TensorId t) {
+  auto& ti = tensors_[t];
+  if (!ti.alive) throw Error(ErrorKind::unsupported, std::string("internal: storage of ") + ti.name + " released twice");
+  ti.alive = false;
+  live_ -= ti.rounded;
+  if (explain_) log_.push_back(~t);
+  if (trace_) trace_->events.push_back({~t, section_});
+}
+
+void AutogradSim::restore_storage(TensorId t) {
+  if (tensors_[t].alive) throw Error(ErrorKind::unsupported, std::string("internal: storage of ") + tensors_[t].name + " allocated twice");
+  allocate(t);
+}
+
+void AutogradSim::drop_grad(TensorId param) {
+  if (grads_[param] == kNone) return;
+  drop(grads_[param]);
+  grads_[param] = kNone;
 }
 
 TensorId AutogradSim::make_grad(TensorId input, const char* op) {
@@ -214,7 +235,25 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
   grads_[root] = g;
 
   std::vector<TensorId> grad_holders{root};  // tensors that have been given a gradient
+  // grad_ready: each parameter's gradient is complete after the earliest node that has it as input
+  std::vector<std::vector<TensorId>> ready_after;
+  if (hooks_.grad_ready) {
+    ready_after.resize(nodes_.size());
+    std::vector<char> seen(tensors_.size(), 0);
+    for (std::size_t k = 0; k < nodes_.size(); ++k)
+      for (TensorId i : nodes_[k].inputs)
+        if (i != kNone && tensors_[i].param && tensors_[i].requires_grad && !seen[i]) {
+          seen[i] = 1;
+          ready_after[k].push_back(i);
+        }
+  }
+  int section_run = -1;  // the section of the last node run (hooks_.section)
   for (std::size_t k = nodes_.size(); k-- > 0;) {
+    if (hooks_.section && nodes_[k].section != section_run) {
+      section_ = nodes_[k].section;
+      hooks_.section(*this, hooks_.ctx, section_run, nodes_[k].section);
+      section_run = nodes_[k].section;
+    }
     // Entering a checkpointed region from its end: recompute its forward first.
     if (recompute) {
       for (const auto& r : regions_) {
@@ -266,7 +305,11 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
       drop(p.incoming);
     }
     pending_.clear();
+    if (hooks_.grad_ready)
+      for (TensorId p : ready_after[k])
+        if (grads_[p] != kNone) hooks_.grad_ready(*this, hooks_.ctx, p);
   }
+  if (hooks_.section) hooks_.section(*this, hooks_.ctx, section_run, -1);
   // The seed gradient and any gradient left on non-parameter leaves die with the graph.
   for (TensorId t : grad_holders) {
     if (grads_[t] != kNone && !tensors_[t].param) {

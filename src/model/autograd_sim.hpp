@@ -42,6 +42,8 @@ struct TensorInfo {
   const char* shape = "";  // "b·s·I"
   bytes_t bytes = 0;       // logical size (numel × element size)
   bytes_t rounded = 0;     // what the allocator counts (multiple of 512)
+  bytes_t grad_bytes = 0;  // its gradient's logical size when that differs from `bytes` (an FSDP2
+                           // unsharded parameter's storage is padded, its gradient is not); 0: bytes
   Term term = Term::activations;
   Role role = Role::saved_activation;
   bool param = false;
@@ -90,6 +92,15 @@ class AutogradSim {
                  Role role = Role::parameter);
   void hold(TensorId t);
   void drop(TensorId t);
+  // A parameter's storage freed and allocated again (FSDP2's unsharded parameters: resize_(0) after
+  // use, resize_ back at the next all-gather); the tensor, its autograd identity and its gradient
+  // stay. `grad_bytes`: its gradient's logical size when not `bytes` (see TensorInfo).
+  void release_storage(TensorId t);
+  void restore_storage(TensorId t);
+  bool storage_alive(TensorId t) const { return tensors_[t].alive; }
+  void set_grad_bytes(TensorId t, bytes_t b) { tensors_[t].grad_bytes = b; }
+  // Frees a parameter's gradient (FSDP2 reduce-scatters it away, DDP's bucket view replaces it).
+  void drop_grad(TensorId param);
   // Records a backward node: `inputs` receive gradients (those that require grad), `outputs` send
   // them, `saved` are kept until the node runs. `bwd_workspace` is transient memory of the
   // backward kernel beyond the input gradients. Bit i of `view_grads` says that the backward
@@ -127,6 +138,17 @@ class AutogradSim {
   // saved tensors by calling node() again for exactly the region's nodes, in order, while
   // replaying() is true; those calls attach saved tensors to the existing nodes.
   void backward(TensorId root, RecomputeFn recompute = nullptr, void* ctx = nullptr);
+  // What data-parallel wrappers do during backward (src/model/data_parallel.cpp), called by
+  // backward(): `section(from, to)` when the next node to run belongs to another section than the
+  // last one (from −1 at the start, to −1 at the end; before that section's recompute), i.e.
+  // FSDP2's pre- and post-backward hooks of a layer; `grad_ready(param)` once the last node that
+  // contributes to a parameter's gradient has run (DDP's autograd hook on AccumulateGrad).
+  struct BackwardHooks {
+    void* ctx = nullptr;
+    void (*section)(AutogradSim&, void* ctx, int from, int to) = nullptr;
+    void (*grad_ready)(AutogradSim&, void* ctx, TensorId param) = nullptr;
+  };
+  void set_backward_hooks(BackwardHooks hooks) { hooks_ = hooks; }
   bool replaying() const { return replay_cursor_ != kNoReplay; }
 
   // ---- phases ----
@@ -194,6 +216,7 @@ class AutogradSim {
   std::vector<std::size_t> peak_event_;   // explain: log position of each phase's peak
   std::vector<TensorBytes> groups_at(std::size_t event) const;
   SimTrace* trace_ = nullptr;
+  BackwardHooks hooks_;
 };
 
 // The role a tensor of `term` has unless its creator says otherwise.

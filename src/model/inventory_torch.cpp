@@ -14,7 +14,9 @@
 #include <string>
 
 #include "autograd_sim.hpp"
+#include "data_parallel.hpp"
 #include "inventory.hpp"
+#include "parallel.hpp"
 #include "torch_ops.hpp"
 
 namespace membudget::detail {
@@ -75,6 +77,10 @@ struct Step {
   bool masked = false;
   bool layer_masked = false;
   TensorId mask = kNone;
+  // The data-parallel wrapper's hooks around the forward (FSDP2's all-gathers and reshards), and
+  // the parameters by FSDP2 group (0: the root, 1 + i: layer i) as build_parameters made them.
+  DataParallelSim* dp = nullptr;
+  std::vector<std::vector<std::pair<TensorId, ParamTensor>>> groups{};
 
   // The shared transformers ops (torch_ops.hpp) over this step's tokens; norm weights in the
   // parameters' dtype.
@@ -475,6 +481,7 @@ TensorId forward(Step& st, bool checkpoint) {
   auto& sim = st.sim;
   const auto& d = st.d;
   const auto& r = st.r;
+  st.dp->pre_forward(0);  // the root (embedding, final norm, lm_head) is all-gathered first
   // inputs_embeds = embed_tokens(input_ids): the embedding saves only the indices.
   TensorId x = sim.make("embedding output", mul(d.T, d.h, r.param), Term::activations, "embedding",
                         r.param_name, "b·s·h", true);
@@ -503,6 +510,7 @@ TensorId forward(Step& st, bool checkpoint) {
   for (std::size_t i = 0; i < d.L; ++i) {
     TensorId out = kNone;
     sim.set_section(static_cast<int>(i) + 1);  // plans: layer i's section
+    st.dp->pre_forward(i + 1);
     if (checkpoint) {
       // torch.utils.checkpoint(use_reentrant=False): saved tensors are dropped; the layer input
       // (held by the checkpoint frame) is kept; backward re-runs the layer first.
@@ -516,6 +524,7 @@ TensorId forward(Step& st, bool checkpoint) {
       st.layer(i, x, &out);
       sim.drop(x);
     }
+    st.dp->post_forward(i + 1);
     x = out;
   }
   sim.set_section(static_cast<int>(d.L) + 1);  // after the layers
@@ -593,6 +602,7 @@ TensorId forward(Step& st, bool checkpoint) {
   }
   st.drop_kv_cache();
   sim.drop(hn);
+  st.dp->root_post_forward();  // the root module's forward ends with the loss
   return loss;
 }
 
@@ -630,7 +640,8 @@ std::uint64_t largest_trainable(const ModelSpec& m, std::uint64_t lora_rank) {
 // The implementation (effective_optimizer_impl) decides the step's temporaries; the line numbers
 // are torch 2.11.0's torch/optim/ sources (tools/device/optimizer_impl_run.sh keeps a copy), and
 // tests/data/torch_train_optimizer_impl_h200.json measures each.
-OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params) {
+// `largest_tensor`: the elements of the largest of them (the for-loop's temporaries).
+OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params, std::uint64_t largest_tensor) {
   OptimizerCost c;
   const bytes_t n = params;
   const Recipe recipe = recipe_of(job.precision);
@@ -651,7 +662,7 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
         // (adam.py:545): sqrt() and the division's result are both live, for one parameter at a
         // time; the peak holds the largest parameter's two, each a block of its own
         // (own_segment_block: a 501 MiB bf16 embedding takes a 502 MiB block, as measured)
-        c.transient = mul(own_segment_block(mul(largest_trainable(m, job.lora_rank), sb)), 2);
+        c.transient = mul(own_segment_block(mul(largest_tensor, sb)), 2);
       // fused: torch._fused_adamw_ (adam.py:878) updates in place, no parameter-sized temporary
       // (its state["step"] lives on the device, adam.py:168: a 512-byte block per parameter
       // tensor, 75 KB for Llama 3.2 1B, not counted)
@@ -763,17 +774,29 @@ void build_parameters(Step& st) {
   AutogradSim& sim = st.sim;
   const ModelSpec& m = st.m;
   const bytes_t rank = st.job.lora_rank;
-  auto P = [&](bytes_t n) {
-    return sim.param("parameters", mul(n, st.r.param), Term::model_states, st.r.param_name, rank == 0);
+  const bool fsdp = st.dp->fsdp();
+  const std::uint64_t S = st.dp->layout().shard;
+  st.groups.assign(st.d.L + 1, {});
+  // Under FSDP2 these are the unsharded parameters the forward uses (param_dtype), each one padded
+  // storage of S shards; their gradients have the parameter's own size.
+  auto P = [&](const ParamTensor& t, std::size_t group) {
+    const bytes_t n = t.elements();
+    const TensorId id = sim.param(fsdp ? "FSDP2 unsharded parameters (all-gathered)" : "parameters",
+                                  mul(fsdp ? mul(S, fsdp_padded_shard(t, S)) : n, st.r.param),
+                                  fsdp ? Term::other : Term::model_states,
+                                  st.r.param_name, rank == 0);
+    if (fsdp) sim.set_grad_bytes(id, mul(n, st.r.param));
+    st.groups[group].push_back({id, t});
+    return id;
   };
   const auto outer = m.outer_tensors();
-  st.emb = P(outer.front().elements());
+  st.emb = P(outer.front(), 0);
   st.layers.resize(st.d.L);
   for (std::size_t il = 0; il < st.layers.size(); ++il)
     for (const ParamTensor& t : m.layer_tensors(il)) {
       TensorId* slot = slot_of(st.layers[il], t);
       if (!slot) throw Error(ErrorKind::unsupported, std::string("internal: no inventory slot for ") + to_string(t.module));
-      *slot = P(t.elements());
+      *slot = P(t, il + 1);
       if (il == 0) st.layer0_params.push_back(*slot);
     }
   if (rank)  // peft adds the adapters after the model is built, on every decoder projection
@@ -786,8 +809,8 @@ void build_parameters(Step& st) {
         }
   st.lm_head = st.emb;
   for (const ParamTensor& t : outer) {
-    if (t.module == Module::final_norm) st.final_norm = P(t.elements());
-    if (t.module == Module::lm_head) st.lm_head = P(t.elements());
+    if (t.module == Module::final_norm) st.final_norm = P(t, 0);
+    if (t.module == Module::lm_head) st.lm_head = P(t, 0);
   }
 }
 
@@ -808,7 +831,7 @@ struct SegmentTails {
   bytes_t params = 0, state = 0;
 };
 
-SegmentTails segment_tails(const Step& st, const ModelSpec& sizing) {
+SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLayout& layout) {
   const Job& job = st.job;
   const bytes_t rank = job.lora_rank;
   const Recipe recipe = recipe_of(job.precision);
@@ -818,24 +841,62 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing) {
                             : job.optimizer == Optimizer::sgd_momentum || job.optimizer == Optimizer::lion ? 1
                                                                                                             : 0;
   auto tail = [](bytes_t b) { return own_segment_block(b) - round512(b); };
-  std::vector<char> in_layer0(static_cast<std::size_t>(st.input_ids), 0);
-  for (TensorId t : st.layer0_params) in_layer0[static_cast<std::size_t>(t)] = 1;
+  auto state_tail = [&](bytes_t elems) { return per_param * tail(mul(elems, sb)) + (master ? tail(mul(elems, 4)) : 0); };
   SegmentTails out;
   bytes_t layer0_state = 0;
-  for (TensorId p = 0; p < st.input_ids; ++p) {
-    const TensorInfo& info = st.sim.info(p);
-    if (!info.param) continue;
-    const bytes_t elems = info.bytes / (rank ? 4 : st.r.param);  // a trainable parameter's elements
-    const bytes_t state = !info.requires_grad ? 0
-                                              : per_param * tail(mul(elems, sb)) +
-                                                    (master ? tail(mul(elems, 4)) : 0);
-    out.params += tail(info.bytes);
-    out.state += state;
-    if (in_layer0[static_cast<std::size_t>(p)]) layer0_state += state;
+  if (layout.strategy == DataStrategy::fsdp) {
+    // the sharded parameters (their original dtype) and the state of this rank's part of each
+    const bytes_t stored = element_size(recipe.param);
+    for (std::size_t g = 0; g < st.groups.size(); ++g)
+      for (const auto& [id, t] : st.groups[g]) {
+        out.params += tail(mul(fsdp_padded_shard(t, layout.shard), stored));
+        const bytes_t state = state_tail(fsdp_local_shard(t, layout.shard, layout.shard_rank));
+        out.state += state;
+        if (g == 1) layer0_state += state;
+      }
+  } else {
+    std::vector<char> in_layer0(static_cast<std::size_t>(st.input_ids), 0);
+    for (TensorId t : st.layer0_params) in_layer0[static_cast<std::size_t>(t)] = 1;
+    for (TensorId p = 0; p < st.input_ids; ++p) {
+      const TensorInfo& info = st.sim.info(p);
+      if (!info.param) continue;
+      const bytes_t elems = info.bytes / (rank ? 4 : st.r.param);  // a trainable parameter's elements
+      const bytes_t state = !info.requires_grad ? 0 : state_tail(elems);
+      out.params += tail(info.bytes);
+      out.state += state;
+      if (in_layer0[static_cast<std::size_t>(p)]) layer0_state += state;
+    }
   }
   // state for the full model's layer count; the parameters are those simulated
   out.state = out.state - layer0_state * st.d.L + layer0_state * sizing.num_layers;
+  if (layout.strategy == DataStrategy::zero1) {  // the state of the tensors this rank owns (full model)
+    out.state = 0;
+    const std::vector<Partition> parts = zero1_partition(sizing, layout.shard);
+    for (std::uint64_t n : parts[layout.shard_rank].owned) out.state += state_tail(n);
+  }
   return out;
+}
+
+// The trainable elements this rank's optimizer steps, and the largest of its tensors: every
+// parameter (or LoRA's adapters), the tensors ZeRO-1 gives this rank, or FSDP2's local shards.
+std::pair<std::uint64_t, std::uint64_t> trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l) {
+  if (job.lora_rank) return {lora_parameters(sizing, job.lora_rank), largest_trainable(sizing, job.lora_rank)};
+  switch (l.strategy) {
+    case DataStrategy::zero1: {
+      const Partition p = zero1_partition(sizing, l.shard)[l.shard_rank];
+      return {p.elements, p.largest};
+    }
+    case DataStrategy::fsdp: {
+      std::uint64_t n = 0, largest = 0;
+      for (const ParamTensor& t : model_tensors(sizing)) {
+        const std::uint64_t mine = fsdp_local_shard(t, l.shard, l.shard_rank);
+        n = checked_add(n, mine, "FSDP2 local shards");
+        largest = std::max(largest, mine);
+      }
+      return {n, largest};
+    }
+    default: return {sizing.parameters().total, largest_trainable(sizing, 0)};
+  }
 }
 
 }  // namespace
@@ -849,6 +910,17 @@ bool sliding_window_mask(const ModelSpec& m, const Job& job) {
 
 namespace {
 
+// The recipe the model's ops run in: the job's, except that FSDP2's amp-bf16
+// (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), no autocast) computes on bf16
+// unsharded parameters exactly as the bf16 recipe does; its shards, gradients and optimizer state
+// stay fp32 (the stored dtype, reduce_bytes, optimizer_cost's recipe_of(job.precision)).
+Recipe walk_recipe(const Job& job, const RankLayout& l) {
+  if (l.strategy == DataStrategy::fsdp && job.precision == Precision::amp_bf16) return recipe_of(Precision::bf16);
+  return recipe_of(job.precision);
+}
+// The sharded gradients' element bytes: reduce_dtype fp32 under amp-bf16, else the parameters'.
+bytes_t reduce_bytes(const Job& job, const RankLayout&) { return element_size(recipe_of(job.precision).param); }
+
 // One simulated training step (step 0, or a steady-state step), in the stages a real step runs:
 // the model and batch on the device, the persistent optimizer state and library workspaces, the
 // forward, the backward, the optimizer step. Each stage marks the phase whose peak it makes.
@@ -859,10 +931,14 @@ class TrainPass {
             TorchStepResult& res)
       : res_(res),
         sim_(explain),
-        st_{m, job, {}, RecipeBytes(recipe_of(job.precision)), sim_, {}},
+        layout_(layout_of(sizing, job)),
+        dp_(sim_, layout_, element_size(walk_recipe(job, layout_).param), element_size(recipe_of(job.precision).param),
+            reduce_bytes(job, layout_)),
+        st_{m, job, {}, RecipeBytes(walk_recipe(job, layout_)), sim_, {}},
         sizing_(sizing),
         steady_(steady) {
     if (trace) sim_.record_to(trace);
+    st_.dp = &dp_;
     st_.masked = sliding_window_mask(m, job);
     auto& d = st_.d;
     d.b = job.batch; d.s = job.seq; d.T = mul(job.batch, job.seq);
@@ -874,14 +950,23 @@ class TrainPass {
   // The parameters (and adapters), the batch, and the whole segments the parameters hold.
   void load_model_and_batch() {
     build_parameters(st_);
+    if (dp_.fsdp()) {
+      for (auto& g : st_.groups) dp_.add_group(std::move(g));
+      dp_.shard();
+    }
     weights_ = sim_.live();
+    if (dp_.ddp()) {
+      const bytes_t before = sim_.live();
+      dp_.allocate_buckets(sizing_, steady_);
+      buckets_ = sim_.live() - before;
+    }
     const bytes_t T = st_.d.T;
     st_.input_ids = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     st_.labels = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
-    const bytes_t rank = st_.job.lora_rank;
-    oc_ = optimizer_cost(st_.job, sizing_, rank ? lora_parameters(sizing_, rank) : sizing_.parameters().total);
-    tails_ = segment_tails(st_, sizing_);
+    const auto [elements, largest] = trainable_elements(st_.job, sizing_, layout_);
+    oc_ = optimizer_cost(st_.job, sizing_, elements, largest);
+    tails_ = segment_tails(st_, sizing_, layout_);
     sim_.alloc_raw("allocator: whole segments held by parameters", tails_.params, Term::other, Role::workspace,
                    "caching allocator");
   }
@@ -913,6 +998,7 @@ class TrainPass {
   void backward() {
     sim_.begin_phase(Phase::backward_peak);
     if (!steady_) cublas_workspace();  // the autograd thread's handle: at its first matmul of step 0
+    dp_.install_backward_hooks(st_.d.L);
     sim_.backward(loss_, checkpointed() ? recompute_layer : nullptr, &st_);
     sim_.drop(loss_);
     if (checkpointed()) {
@@ -925,8 +1011,11 @@ class TrainPass {
       const TensorId g = sim_.grad_of(p);
       if (g == kNone) continue;
       grad_ids_.push_back(g);
-      grads_ += sim_.info(g).rounded;
     }
+    // FSDP2's gradients are its reduce-scatter outputs (the unsharded ones are gone)
+    for (TensorId g : dp_.sharded_grads()) grad_ids_.push_back(g);
+    for (TensorId g : grad_ids_) grads_ += sim_.info(g).rounded;
+    grads_ += buckets_;  // DDP's buckets hold a copy of every gradient
   }
 
   // optimizer.step(), then zero_grad(set_to_none=True).
@@ -975,12 +1064,14 @@ class TrainPass {
 
   TorchStepResult& res_;
   AutogradSim sim_;
+  RankLayout layout_;
+  DataParallelSim dp_;
   Step st_;
   const ModelSpec& sizing_;
   bool steady_;
   OptimizerCost oc_;
   SegmentTails tails_;
-  bytes_t weights_ = 0, floor_ = 0, grads_ = 0;
+  bytes_t weights_ = 0, floor_ = 0, grads_ = 0, buckets_ = 0;
   TensorId loss_ = kNone;
   std::vector<TensorId> grad_ids_;
 };

@@ -139,6 +139,60 @@ double dtype_bytes(DType d) noexcept {
   return 2;
 }
 
+std::uint64_t Parallelism::world() const noexcept {
+  using u128 = unsigned __int128;
+  const u128 w = static_cast<u128>(data) * fsdp * tensor * pipeline;
+  return w > ~std::uint64_t{0} ? ~std::uint64_t{0} : static_cast<std::uint64_t>(w);
+}
+
+namespace {
+// The layouts predict() models (docs/distributed.md) and the settings that make sense with them;
+// everything else is refused by name.
+void validate_parallel(const Job& j) {
+  const Parallelism& p = j.parallel;
+  auto bad = [](const char* flag, const std::string& what) { return Error(ErrorKind::invalid_job, std::string(flag) + ": " + what); };
+  auto unsupported = [](const std::string& what) { return Error(ErrorKind::unsupported, what); };
+  constexpr std::uint64_t kMaxRanks = 1ull << 20;
+  if (p.tensor == 0) throw bad("--tp", "must be at least 1");
+  if (p.pipeline == 0) throw bad("--pp", "must be at least 1");
+  if (p.data == 0) throw bad("--dp", "must be at least 1");
+  if (p.fsdp == 0) throw bad("--fsdp", "must be at least 1");
+  if (p.world() > kMaxRanks)
+    throw bad("--dp × --fsdp × --tp × --pp", std::to_string(p.world()) + " ranks is absurdly large (limit 2^20)");
+  if (p.zero_stage < 0 || p.zero_stage > 3) throw bad("--zero", "the ZeRO stage must be 0, 1, 2 or 3");
+  // Not modelled yet: refused by name, never answered as if unsharded.
+  if (p.tensor != 1) throw unsupported("--tp " + std::to_string(p.tensor) + ": tensor parallelism is not modelled yet (data parallelism is: --dp, --fsdp, --zero)");
+  if (p.pipeline != 1) throw unsupported("--pp " + std::to_string(p.pipeline) + ": pipeline parallelism is not modelled yet (data parallelism is: --dp, --fsdp, --zero)");
+  if (p.sequence_parallel) throw unsupported("--sp: sequence parallelism is not modelled yet");
+  if (p.zero_stage > 0 && p.fsdp > 1)
+    throw bad("--zero", "with --fsdp: FSDP2 already shards parameters, gradients and optimizer state (--zero 2 and 3 "
+                        "are FSDP2 over --dp ranks; give one or the other)");
+  if (p.zero_stage > 0 && p.data < 2)
+    throw bad("--zero", "stage " + std::to_string(p.zero_stage) + " shards over the data-parallel ranks: give --dp N (N ≥ 2)");
+  if (p.zero_stage == 3 && !p.reshard_after_forward)
+    throw bad("--reshard-after-forward", "false contradicts --zero 3 (ZeRO-3 reshards after forward; --zero 2 does not)");
+  const bool fsdp = p.fsdp > 1 || p.zero_stage >= 2;
+  const bool ddp = p.data > 1 && !fsdp;
+  if (p.ddp_bucket_view && !ddp) throw bad("--ddp-bucket-view", "applies to DistributedDataParallel (--dp N without --fsdp or --zero 2/3)");
+  if (!p.reshard_after_forward && !fsdp && p.zero_stage != 2)
+    throw bad("--reshard-after-forward", "applies to FSDP2 (--fsdp N)");
+  if (p.rank && *p.rank >= p.world())
+    throw bad("--rank", std::to_string(*p.rank) + " is not a rank of a job of " + std::to_string(p.world()) + " ranks (0 to " +
+                           std::to_string(p.world() - 1) + ")");
+  if (p.single()) return;
+  const std::string layout = fsdp ? "--fsdp" : p.zero_stage == 1 ? "--zero 1" : "--dp";
+  if (j.mode == Mode::infer) throw unsupported(layout + ": serving is predicted on one GPU (tensor-parallel serving is not modelled yet)");
+  if (j.profile == Profile::harness) throw unsupported(layout + ": the harness step runs on one device; use --profile torch");
+  if (j.lora_rank) throw unsupported(layout + " with --lora: a sharded LoRA fine-tune is not modelled yet");
+  if (j.optimizer != Optimizer::adamw && j.optimizer != Optimizer::sgd && j.optimizer != Optimizer::sgd_momentum)
+    throw unsupported(layout + " with --optimizer " + std::string(to_string(j.optimizer)) +
+                      ": the sharded optimizer is modelled for adamw, sgd and sgd-momentum");
+  if (fsdp && j.precision == Precision::bf16_master)
+    throw unsupported("--fsdp with --precision bf16-master: FSDP2 keeps one copy of the parameters (amp-bf16 is its "
+                      "MixedPrecisionPolicy: fp32 shards, bf16 compute)");
+}
+}  // namespace
+
 void Job::validate() const {
   auto bad = [](const char* field, const std::string& what) {
     return Error(ErrorKind::invalid_job, std::string(field) + ": " + what);
@@ -152,25 +206,7 @@ void Job::validate() const {
     throw bad("--batch × --seq", std::to_string(batch) + " × " + std::to_string(seq) +
                                      " tokens per micro-batch is absurdly large (limit 2^32)");
   if (loss == Loss::chunked && loss_chunk == 0) throw bad("--loss-chunk", "must be at least 1");
-  if (parallel.tensor == 0 || parallel.pipeline == 0 || parallel.data == 0)
-    throw bad("parallel", "tensor, pipeline and data sizes must be at least 1");
-  if (parallel.zero_stage < 0 || parallel.zero_stage > 3)
-    throw bad("parallel.zero_stage", "ZeRO stage must be 0, 1, 2 or 3");
-  // Until per-rank memory of distributed jobs is modelled, a job is one rank holding the whole
-  // model: any other parallel setting is refused by name, never answered as if unsharded.
-  std::string ranks;
-  auto note = [&](const char* setting, const std::string& value) {
-    ranks += (ranks.empty() ? "" : ", ") + std::string(setting) + " = " + value;
-  };
-  if (parallel.tensor != 1) note("parallel.tensor", std::to_string(parallel.tensor));
-  if (parallel.pipeline != 1) note("parallel.pipeline", std::to_string(parallel.pipeline));
-  if (parallel.data != 1) note("parallel.data", std::to_string(parallel.data));
-  if (parallel.zero_stage != 0) note("parallel.zero_stage", std::to_string(parallel.zero_stage));
-  if (parallel.sequence_parallel) note("parallel.sequence_parallel", "true");
-  if (!ranks.empty())
-    throw Error(ErrorKind::unsupported,
-                ranks + ": parallel and sharded jobs are not modelled yet; membudget predicts one rank holding "
-                        "the whole model (tensor, pipeline and data 1, ZeRO stage 0, no sequence parallelism)");
+  validate_parallel(*this);
   if (group_size == 0) throw bad("--group-size", "must be at least 1");
   if (lora_rank > 65536) throw bad("--lora", "rank " + std::to_string(lora_rank) + " is absurdly large (limit 65536)");
   if (lora_rank && mode == Mode::train && profile == Profile::harness)
@@ -222,7 +258,8 @@ void check_options_apply(const Job& job, const std::vector<std::string>& given) 
     const std::string flag = "--" + name;
     auto refuse = [&](const std::string& why) { throw Error(ErrorKind::invalid_job, flag + ": " + why); };
     static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention",
-                                             "loss",      "loss-chunk", "activations",    "lora"};
+                                             "loss",      "loss-chunk", "activations",    "lora",  "dp", "fsdp", "zero",
+                                             "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "sp"};
     static const char* const kServeOnly[] = {"kv-dtype", "weights", "group-size"};
     for (const char* t : kTrainOnly)
       if (!train && name == t) refuse("applies to training; --mode infer (serving) does not use it");

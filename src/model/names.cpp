@@ -31,6 +31,7 @@ const char* to_string(Role r) noexcept {
     case Role::workspace: return "workspace";
     case Role::kv_cache: return "kv_cache";
     case Role::input: return "input";
+    case Role::communication: return "communication";
   }
   return "temporary";
 }

@@ -4,6 +4,7 @@
 
 #include "inventory.hpp"
 #include "korthikanti.hpp"
+#include "parallel.hpp"
 #include "predictors.hpp"
 #include "reserved.hpp"
 #include "membudget/budget.hpp"
@@ -69,7 +70,34 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   // Parsed whenever given (a bad key is an error even without the replay); nothing on the fast path.
   const detail::AllocatorConf conf =
       options.allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(options.allocator_conf);
-  if (options.reserved && job.mode == Mode::train && job.profile == Profile::torch) {
+  if (!job.parallel.single()) {
+    const detail::RankLayout layout = detail::layout_of(model, job);
+    b.rank = layout.rank;
+    b.world = layout.world;
+    if (options.ranks) {
+      PredictOptions one = options;
+      one.ranks = one.reserved = one.explain = false;
+      for (auto& group : detail::distinct_ranks(model, job)) {
+        Budget::RankGroup g;
+        Job at = job;
+        at.parallel.rank = group.front();
+        Budget r = group.front() == b.rank ? Budget{} : predict(model, at, one);
+        g.ranks = std::move(group);
+        const Budget& src = g.ranks.front() == b.rank ? b : r;
+        for (const auto& p : src.phases) g.phases.push_back({p.phase, p.bytes, {}});
+        for (const auto& p : src.step0) g.step0.push_back({p.phase, p.bytes, {}});
+        g.peak = src.peak;
+        b.ranks.push_back(std::move(g));
+      }
+    }
+  }
+  // FSDP2 allocates on its all-gather and reduce-scatter streams (blocks are not reused across
+  // streams), which the single-stream replay does not model.
+  const bool several_streams = detail::layout_of(model, job).strategy == detail::DataStrategy::fsdp;
+  if (options.reserved && several_streams)
+    b.reserved_unmodelled = "FSDP2 allocates on its all-gather and reduce-scatter streams; reserved memory of several "
+                            "streams is not modelled yet";
+  if (options.reserved && !several_streams && job.mode == Mode::train && job.profile == Profile::torch) {
     const detail::ReservedResult r = detail::simulate_reserved(model, job, conf.policy);
     for (std::size_t i = 0; i < std::size(kTrainPhases); ++i) {
       b.reserved.push_back({kTrainPhases[i], r.steady[i], {}});

@@ -44,12 +44,32 @@ ordered_json job_json(const Job& j) {
   else o["optimizer_impl"] = nullptr;
   if (j.loss == Loss::chunked) o["loss_chunk"] = j.loss_chunk;
   if (j.mode == Mode::train && j.lora_rank) o["lora_rank"] = j.lora_rank;
+  if (!j.parallel.single()) {
+    const Parallelism& p = j.parallel;
+    ordered_json par = {{"dp", p.data}, {"fsdp", p.fsdp}, {"zero", p.zero_stage}, {"world", p.world()}};
+    if (p.fsdp > 1 || p.zero_stage >= 2) par["reshard_after_forward"] = p.zero_stage >= 2 ? p.zero_stage == 3 : p.reshard_after_forward;
+    if (p.ddp_bucket_view) par["ddp_bucket_view"] = true;
+    par["rank"] = p.rank ? ordered_json(*p.rank) : ordered_json(nullptr);
+    o["parallel"] = par;
+  }
   if (j.mode == Mode::infer) {
     o["weights"] = to_string(j.weights);
     o["kv_dtype"] = to_string(j.kv_dtype);
     if (j.weights == DType::int4 || j.weights == DType::int8) o["group_size"] = j.group_size;
   }
   return o;
+}
+
+// "FSDP2 over 8 ranks (reshard after forward)", "DDP over 4 ranks", ...
+std::string layout_label(const Parallelism& p) {
+  const std::string n = std::to_string(p.world());
+  if (p.fsdp > 1 && p.data > 1)
+    return "HSDP: FSDP2 over " + std::to_string(p.fsdp) + " ranks × " + std::to_string(p.data) + " replicas" +
+           (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
+  if (p.fsdp > 1) return "FSDP2 over " + n + " ranks" + (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
+  if (p.zero_stage >= 2) return "ZeRO-" + std::to_string(p.zero_stage) + " (FSDP2) over " + n + " ranks";
+  if (p.zero_stage == 1) return "DDP + ZeRO-1 (ZeroRedundancyOptimizer) over " + n + " ranks";
+  return "DDP over " + n + " ranks" + (p.ddp_bucket_view ? " (gradient_as_bucket_view)" : "");
 }
 
 std::vector<TensorBytes> top_tensors(const PhasePeak* p, std::size_t n) {
@@ -121,6 +141,16 @@ std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool 
   if (!b.step0.empty()) j["step0"] = phases_json(b.step0);
   j["peak"] = b.peak;
   j["peak_phase"] = b.peak_phase;
+  if (!b.job.parallel.single()) {
+    j["rank"] = b.rank;  // the rank these figures are for (the most loaded unless --rank)
+    if (!b.ranks.empty()) {
+      ordered_json groups = ordered_json::array();
+      for (const auto& g : b.ranks)
+        groups.push_back({{"ranks", g.ranks}, {"phases", phases_json(g.phases)}, {"step0", phases_json(g.step0)}, {"peak", g.peak}});
+      j["ranks"] = groups;
+    }
+  }
+  if (!b.reserved_unmodelled.empty()) j["reserved_unmodelled"] = b.reserved_unmodelled;
   if (b.reserved_peak) {  // PredictOptions::reserved
     j["reserved_peak"] = b.reserved_peak;
     j["nvidia_smi"] = b.nvidia_smi();
@@ -198,6 +228,10 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
         << " · recompute " << to_string(b.job.recompute) << " · "
         << to_string(b.job.attention) << " attention · " << to_string(b.job.loss) << " loss"
         << (b.job.lora_rank ? " · LoRA rank " + std::to_string(b.job.lora_rank) + " (base frozen)" : std::string());
+  if (!b.job.parallel.single())
+    out << "\n" << layout_label(b.job.parallel) << " · rank " << b.rank << " of " << b.world
+        << (b.job.parallel.rank ? "" : " (the most loaded)")
+        << (b.ranks.size() > 1 ? " · " + std::to_string(b.ranks.size()) + " groups of ranks differ (--format json: ranks)" : std::string());
   out << "\n\nTerms\n";
   const std::pair<const char*, bytes_t> terms[] = {{"model states", b.terms.model_states},
                                                    {"activations", b.terms.activations},

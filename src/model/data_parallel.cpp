@@ -1,0 +1,165 @@
+// What DDP and FSDP2 allocate around a training step: data_parallel.hpp. The torch 2.11 functions
+// each step follows are in torch/distributed/fsdp/_fully_shard/ (_fsdp_param_group.py,
+// _fsdp_collectives.py, _fsdp_param.py, _fsdp_state.py) and torch/csrc/distributed/c10d/reducer.cpp.
+#include "data_parallel.hpp"
+
+namespace membudget::detail {
+namespace {
+bytes_t times(std::uint64_t a, std::uint64_t b, std::uint64_t c = 1) {
+  return checked_product("data-parallel buffer", a, b, c, 1);
+}
+}  // namespace
+
+void DataParallelSim::add_group(std::vector<std::pair<TensorId, ParamTensor>> params) {
+  Group g;
+  for (const auto& [id, t] : params) g.shard_elems = checked_add(g.shard_elems, fsdp_padded_shard(t, l_.shard), "FSDP2 group");
+  g.params = std::move(params);
+  groups_.push_back(std::move(g));
+}
+
+std::vector<TensorId> DataParallelSim::shard() {
+  // fully_shard keeps each parameter's padded dim-0 chunk as its own tensor (_init_sharded_param:
+  // new_zeros(padded_sharded_size)) and frees the whole parameter; the unsharded parameter is an
+  // empty storage until the first all-gather.
+  std::vector<TensorId> sharded;
+  for (const Group& g : groups_)
+    for (const auto& [id, t] : g.params) {
+      sharded.push_back(sim_.alloc_raw("FSDP2 sharded parameters", times(fsdp_padded_shard(t, l_.shard), stored_),
+                                       Term::model_states, Role::parameter, "fully_shard"));
+      sim_.release_storage(id);
+    }
+  return sharded;
+}
+
+void DataParallelSim::allocate_buckets(const ModelSpec& sizing, bool steady) {
+  // Reducer::initialize_buckets: one contiguous gradient buffer per bucket, kept for the run. In
+  // the first iteration the whole model is one bucket (one block of its own segment); the buckets
+  // rebuilt before the second forward are carved from that freed block.
+  const auto buckets = ddp_buckets(sizing, stored_, steady);
+  bytes_t total = 0;
+  for (std::uint64_t n : buckets) {
+    const bytes_t b = times(n, stored_);
+    total = checked_add(total, steady ? round512(b) : own_segment_block(b), "DDP buckets");
+  }
+  sim_.alloc_raw("DDP gradient buckets", total, Term::other, Role::gradient, "DistributedDataParallel");
+}
+
+bool DataParallelSim::unsharded(std::size_t g) const {
+  return !groups_[g].params.empty() && sim_.storage_alive(groups_[g].params.front().first);
+}
+
+TensorId DataParallelSim::all_gather(std::size_t g) {
+  // foreach_all_gather: with a MixedPrecisionPolicy that casts, the shards are first copied into
+  // one flat param_dtype input (_get_param_all_gather_inputs); otherwise the output's own slice is
+  // the input. The output holds every rank's shards (S · Σ padded shard elements).
+  const Group& gr = groups_[g];
+  const TensorId in = stored_ != compute_
+                          ? sim_.make("FSDP2 all-gather input (shards cast to param_dtype)", times(gr.shard_elems, compute_),
+                                      Term::other, Role::communication, "foreach_all_gather", "", "", false)
+                          : kNone;
+  const TensorId out = sim_.make("FSDP2 all-gather output", times(l_.shard, gr.shard_elems, compute_), Term::other,
+                                 Role::communication, "foreach_all_gather", "", "", false);
+  sim_.drop(in);
+  return out;
+}
+
+void DataParallelSim::copy_out(std::size_t g) {
+  // foreach_all_gather_copy_out: each unsharded parameter's padded storage is resized back, then
+  // filled from the flat output
+  for (const auto& [id, t] : groups_[g].params) sim_.restore_storage(id);
+}
+
+void DataParallelSim::pre_forward(std::size_t g) {
+  if (!fsdp()) return;
+  const TensorId out = all_gather(g);
+  copy_out(g);
+  // FSDPParamGroup.wait_for_unshard: the previous group's output is held (all_gather_state) until
+  // this copy-out, so that its stream's work is done before its memory is reused
+  sim_.drop(held_all_gather_);
+  held_all_gather_ = out;
+}
+
+void DataParallelSim::post_forward(std::size_t g) {
+  if (!fsdp() || !l_.reshard) return;
+  for (const auto& [id, t] : groups_[g].params) sim_.release_storage(id);
+}
+
+void DataParallelSim::root_post_forward() {
+  if (!fsdp()) return;
+  post_forward(0);  // reshard_after_forward is given to the root too (docs/distributed.md)
+  sim_.drop(held_all_gather_);  // FSDPState._post_forward of the root drops the last all_gather_state
+  held_all_gather_ = kNone;
+}
+
+void DataParallelSim::pre_backward(std::size_t g, std::size_t next) {
+  Group& gr = groups_[g];
+  if (!unsharded(g)) {
+    if (gr.prefetched != kNone) {  // the output of the previous group's prefetch
+      copy_out(g);
+      sim_.drop(gr.prefetched);
+      gr.prefetched = kNone;
+    } else {
+      const TensorId out = all_gather(g);
+      copy_out(g);
+      sim_.drop(out);  // in backward the output is freed right after its copy-out
+    }
+  }
+  // _backward_prefetch: the group that runs backward next is all-gathered now
+  if (next != g && !unsharded(next) && groups_[next].prefetched == kNone) groups_[next].prefetched = all_gather(next);
+}
+
+void DataParallelSim::post_backward(std::size_t g) {
+  // FSDPParamGroup.post_backward: reshard (reshard_after_backward), wait on and drop the previous
+  // reduce-scatter's input, then foreach_reduce: the unsharded gradients copied (cast to
+  // reduce_dtype) into one flat input and freed, the output allocated; the sharded gradients are
+  // views of that output until zero_grad.
+  const Group& gr = groups_[g];
+  if (unsharded(g))
+    for (const auto& [id, t] : gr.params) sim_.release_storage(id);
+  sim_.drop(held_reduce_scatter_);
+  held_reduce_scatter_ = sim_.make("FSDP2 reduce-scatter input", times(l_.shard, gr.shard_elems, reduce_), Term::other,
+                                   Role::communication, "foreach_reduce", "", "", false);
+  for (const auto& [id, t] : gr.params) sim_.drop_grad(id);
+  rs_outputs_.push_back(sim_.make("FSDP2 sharded gradients (reduce-scatter output)", times(gr.shard_elems, reduce_),
+                                  Term::model_states, Role::gradient, "foreach_reduce", "", "", false));
+}
+
+std::size_t DataParallelSim::group_of_section(int section) const {
+  // sections (AutogradSim::set_section): 0 before the layers, 1 + i layer i, L + 1 after them
+  return section >= 1 && static_cast<std::uint64_t>(section) <= layers_ ? static_cast<std::size_t>(section) : 0;
+}
+
+void DataParallelSim::on_section(AutogradSim&, void* ctx, int from, int to) {
+  auto& self = *static_cast<DataParallelSim*>(ctx);
+  const std::size_t L = static_cast<std::size_t>(self.layers_);
+  // The root's pre-backward hook runs first (on the loss), and prefetches the last layer.
+  if (from < 0) self.pre_backward(0, L);
+  const std::size_t gf = from < 0 ? 0 : self.group_of_section(from);
+  const std::size_t gt = to < 0 ? 0 : self.group_of_section(to);
+  if (from >= 0 && gf != 0 && gf != gt) self.post_backward(gf);
+  if (to >= 0 && gt != 0 && gt != gf) self.pre_backward(gt, gt - 1);
+  if (to < 0) {
+    // _root_post_backward_final_callback: the root's post-backward (its inputs need no gradient,
+    // so it runs only here), then the last reduce-scatter input is dropped
+    self.post_backward(0);
+    self.sim_.drop(self.held_reduce_scatter_);
+    self.held_reduce_scatter_ = kNone;
+  }
+}
+
+void DataParallelSim::on_grad_ready(AutogradSim& sim, void*, TensorId param) {
+  // gradient_as_bucket_view: mark_variable_ready copies the gradient into its bucket and points
+  // .grad at the bucket's view; the gradient AccumulateGrad made is freed
+  sim.drop_grad(param);
+}
+
+void DataParallelSim::install_backward_hooks(std::uint64_t layers) {
+  layers_ = layers;
+  AutogradSim::BackwardHooks h;
+  h.ctx = this;
+  if (fsdp()) h.section = on_section;
+  if (ddp() && l_.bucket_view) h.grad_ready = on_grad_ready;
+  sim_.set_backward_hooks(h);
+}
+
+}  // namespace membudget::detail

@@ -1,0 +1,76 @@
+// src/model/data_parallel.hpp: what DDP and FSDP2 allocate around a training step (internal).
+//
+// The training walk (inventory_torch.cpp) runs the model's ops; a DataParallelSim beside it adds
+// what the data-parallel wrapper does, at the moments the wrapper's hooks run: FSDP2's all-gathers
+// before each group's forward and backward, its reshards, its reduce-scatters after each group's
+// backward; DDP's gradient buckets. The sizes come from parallel.hpp; docs/distributed.md says
+// which torch 2.11 code each step models.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "autograd_sim.hpp"
+#include "parallel.hpp"
+
+namespace membudget::detail {
+
+class DataParallelSim {
+ public:
+  // `compute`: bytes of the unsharded parameters and their gradients (FSDP2's param_dtype);
+  // `stored`: bytes of the sharded parameters (their original dtype); `reduce`: of the sharded
+  // gradients (reduce_dtype, else the parameters' dtype).
+  DataParallelSim(AutogradSim& sim, const RankLayout& layout, bytes_t compute, bytes_t stored, bytes_t reduce)
+      : sim_(sim), l_(layout), compute_(compute), stored_(stored), reduce_(reduce) {}
+
+  bool fsdp() const { return l_.strategy == DataStrategy::fsdp; }
+  bool ddp() const { return l_.strategy == DataStrategy::ddp || l_.strategy == DataStrategy::zero1; }
+  const RankLayout& layout() const { return l_; }
+
+  // FSDP2: the unsharded parameters of one group (index 0 is the root: embedding, final norm,
+  // lm_head; 1 + i is decoder layer i) with their descriptions. After the last group: shard().
+  void add_group(std::vector<std::pair<TensorId, ParamTensor>> params);
+  // The model as fully_shard leaves it: the sharded parameters (ps rows each, padded) allocated,
+  // the unsharded storage freed. Returns the sharded parameters (for the allocator's segment tails).
+  std::vector<TensorId> shard();
+
+  // DDP: the gradient buckets, allocated when DistributedDataParallel is built (step 0's one bucket
+  // of every parameter) or rebuilt before the second forward (a steady step's).
+  void allocate_buckets(const ModelSpec& sizing, bool steady);
+
+  // Forward hooks (FSDP2): before and after group g's forward; the root's post-forward follows the loss.
+  void pre_forward(std::size_t g);
+  void post_forward(std::size_t g);
+  void root_post_forward();
+  // Installs the backward hooks on the simulator (FSDP2 pre/post-backward, DDP's bucket view).
+  void install_backward_hooks(std::uint64_t layers);
+  // What the step keeps after backward as the parameters' gradients: FSDP2's reduce-scatter outputs
+  // (freed by zero_grad with the rest).
+  const std::vector<TensorId>& sharded_grads() const { return rs_outputs_; }
+
+ private:
+  struct Group {
+    std::vector<std::pair<TensorId, ParamTensor>> params;
+    std::uint64_t shard_elems = 0;  // Σ padded shard elements: the all-gather input per rank
+    TensorId prefetched = kNone;    // all-gather output issued by the backward prefetch
+  };
+  static void on_section(AutogradSim& sim, void* ctx, int from, int to);
+  static void on_grad_ready(AutogradSim& sim, void* ctx, TensorId param);
+  bool unsharded(std::size_t g) const;
+  TensorId all_gather(std::size_t g);  // returns the output; allocates and frees the input
+  void copy_out(std::size_t g);
+  void pre_backward(std::size_t g, std::size_t next);
+  void post_backward(std::size_t g);
+  std::size_t group_of_section(int section) const;
+
+  AutogradSim& sim_;
+  RankLayout l_;
+  bytes_t compute_, stored_, reduce_;
+  std::vector<Group> groups_;
+  std::uint64_t layers_ = 0;
+  TensorId held_all_gather_ = kNone;      // forward: the last all-gather output, until the next copy-out
+  TensorId held_reduce_scatter_ = kNone;  // the last reduce-scatter input, until the next group's
+  std::vector<TensorId> rs_outputs_;
+};
+
+}  // namespace membudget::detail

@@ -1,0 +1,151 @@
+// One rank of a data-parallel job: the layout and the sizes each strategy allocates (parallel.hpp).
+#include "parallel.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "membudget/bytes.hpp"
+
+namespace membudget::detail {
+
+std::vector<ParamTensor> model_tensors(const ModelSpec& m) {
+  std::vector<ParamTensor> out;
+  const auto outer = m.outer_tensors();
+  out.push_back(outer.front());  // the embedding
+  for (std::uint64_t il = 0; il < m.num_layers; ++il)
+    for (const ParamTensor& t : m.layer_tensors(il)) out.push_back(t);
+  out.insert(out.end(), outer.begin() + 1, outer.end());
+  return out;
+}
+
+std::uint64_t dim0_rows(const ParamTensor& t) {
+  // nn.Embedding's weight is (V, h) — its `in` is the vocabulary; nn.Linear's is (out, in); a
+  // vector is its own dim 0.
+  return t.module == Module::embedding ? t.in : t.out;
+}
+
+std::uint64_t fsdp_padded_shard(const ParamTensor& t, std::uint64_t shard) {
+  const std::uint64_t rows = dim0_rows(t);
+  const std::uint64_t per_row = rows ? t.elements() / rows : 0;
+  return checked_mul((rows + shard - 1) / shard, per_row, "FSDP2 shard size");
+}
+
+std::uint64_t fsdp_local_shard(const ParamTensor& t, std::uint64_t shard, std::uint64_t shard_rank) {
+  const std::uint64_t rows = dim0_rows(t);
+  const std::uint64_t chunk = (rows + shard - 1) / shard;
+  const std::uint64_t first = std::min(rows, chunk * shard_rank);  // torch.chunk: full chunks, then the rest
+  const std::uint64_t mine = std::min(chunk, rows - first);
+  return rows ? checked_mul(mine, t.elements() / rows, "FSDP2 shard size") : 0;
+}
+
+std::vector<Partition> zero1_partition(const ModelSpec& m, std::uint64_t ranks) {
+  std::vector<std::uint64_t> sizes;
+  for (const ParamTensor& t : model_tensors(m)) sizes.push_back(t.elements());
+  std::stable_sort(sizes.begin(), sizes.end(), std::greater<>());
+  std::vector<Partition> parts(static_cast<std::size_t>(ranks));
+  for (std::uint64_t n : sizes) {
+    auto it = std::min_element(parts.begin(), parts.end(),
+                               [](const Partition& a, const Partition& b) { return a.elements < b.elements; });
+    it->elements += n;
+    it->largest = std::max(it->largest, n);
+    it->owned.push_back(n);
+  }
+  return parts;
+}
+
+std::vector<std::uint64_t> ddp_buckets(const ModelSpec& m, std::uint64_t elem_bytes, bool rebuilt) {
+  const auto tensors = model_tensors(m);
+  std::vector<std::uint64_t> out;
+  if (!rebuilt) {
+    std::uint64_t all = 0;
+    for (const ParamTensor& t : tensors) all = checked_add(all, t.elements(), "DDP bucket");
+    out.push_back(all);
+    return out;
+  }
+  // torch/nn/parallel/distributed.py: _DEFAULT_FIRST_BUCKET_BYTES (1 MiB), then bucket_cap_mb 25;
+  // the reducer closes a bucket once its size reaches the cap (compute_bucket_assignment_by_size).
+  std::uint64_t cap = 1 * MiB, cur = 0;
+  for (auto it = tensors.rbegin(); it != tensors.rend(); ++it) {
+    cur = checked_add(cur, it->elements(), "DDP bucket");
+    if (checked_mul(cur, elem_bytes, "DDP bucket") >= cap) {
+      out.push_back(cur);
+      cur = 0;
+      cap = 25 * MiB;
+    }
+  }
+  if (cur) out.push_back(cur);
+  return out;
+}
+
+std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const Job& job) {
+  const RankLayout l = layout_of(m, job);
+  if (l.world > 65536)
+    throw Error(ErrorKind::unsupported, "ranks: listing the memory of " + std::to_string(l.world) +
+                                            " ranks is not supported (at most 65,536); give --rank");
+  // What tells one shard rank from another: ZeRO-1's owned tensor sizes, FSDP2's local chunk sizes.
+  std::vector<std::vector<std::uint64_t>> signature(static_cast<std::size_t>(l.shard));
+  if (l.strategy == DataStrategy::zero1) {
+    auto parts = zero1_partition(m, l.shard);
+    for (std::size_t r = 0; r < parts.size(); ++r) signature[r] = std::move(parts[r].owned);
+  } else if (l.strategy == DataStrategy::fsdp) {
+    const auto tensors = model_tensors(m);
+    for (std::uint64_t r = 0; r < l.shard; ++r)
+      for (const ParamTensor& t : tensors) signature[r].push_back(fsdp_local_shard(t, l.shard, r));
+  }
+  std::vector<std::vector<std::uint64_t>> groups;
+  std::vector<std::size_t> group_of_shard(signature.size(), SIZE_MAX);
+  for (std::uint64_t r = 0; r < l.world; ++r) {
+    const std::size_t s = l.strategy == DataStrategy::ddp ? 0 : static_cast<std::size_t>(r % l.shard);
+    if (group_of_shard[s] == SIZE_MAX) {
+      for (std::size_t q = 0; q < s && group_of_shard[s] == SIZE_MAX; ++q)
+        if (signature[q] == signature[s]) group_of_shard[s] = group_of_shard[q];
+      if (group_of_shard[s] == SIZE_MAX) {
+        group_of_shard[s] = groups.size();
+        groups.emplace_back();
+      }
+    }
+    groups[group_of_shard[s]].push_back(r);
+  }
+  return groups;
+}
+
+RankLayout layout_of(const ModelSpec& m, const Job& job) {
+  const Parallelism& p = job.parallel;
+  RankLayout l;
+  l.world = p.world();
+  l.reshard = p.reshard_after_forward;
+  l.bucket_view = p.ddp_bucket_view;
+  if (l.world == 1) return l;
+  if (p.fsdp > 1) {
+    l.strategy = DataStrategy::fsdp;
+    l.shard = p.fsdp;
+    l.replicate = p.data;  // HSDP when > 1
+  } else if (p.zero_stage >= 2) {
+    l.strategy = DataStrategy::fsdp;  // PyTorch's ZeRO-2 / ZeRO-3: FSDP2 over the data-parallel ranks
+    l.shard = p.data;
+    l.reshard = p.zero_stage == 3;
+  } else if (p.zero_stage == 1) {
+    l.strategy = DataStrategy::zero1;
+    l.shard = p.data;
+  } else {
+    l.strategy = DataStrategy::ddp;
+  }
+  if (p.rank) {
+    l.rank = *p.rank;
+  } else if (l.strategy == DataStrategy::zero1) {
+    // the most loaded rank: the most optimizer state (then the largest tensor), the lowest index
+    const auto parts = zero1_partition(m, l.shard);
+    std::size_t best = 0;
+    for (std::size_t r = 1; r < parts.size(); ++r)
+      if (parts[r].elements > parts[best].elements ||
+          (parts[r].elements == parts[best].elements && parts[r].largest > parts[best].largest))
+        best = r;
+    l.rank = best;
+  }  // FSDP2: rank 0 holds full chunks of every parameter, the most
+  // HSDP's mesh is (replicate, shard): rank r is shard r mod S of replica r / S
+  l.shard_rank = l.strategy == DataStrategy::ddp ? 0 : l.rank % l.shard;
+  return l;
+}
+
+}  // namespace membudget::detail

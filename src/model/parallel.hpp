@@ -1,0 +1,64 @@
+// src/model/parallel.hpp: one rank of a data-parallel job, as the simulator sees it (internal).
+//
+// Job::parallel (job.hpp) says how the job is spread; layout_of() turns it into the strategy that
+// runs (DDP, DDP with ZeroRedundancyOptimizer, FSDP2) and the rank predicted, and the functions
+// below give the sizes each strategy allocates from the model's one tensor description
+// (ModelSpec::layer_tensors / outer_tensors). What each buffer is and when it lives:
+// docs/distributed.md.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "membudget/job.hpp"
+#include "membudget/spec.hpp"
+
+namespace membudget::detail {
+
+enum class DataStrategy : std::uint8_t { single, ddp, zero1, fsdp };
+
+struct RankLayout {
+  DataStrategy strategy = DataStrategy::single;
+  std::uint64_t world = 1;      // ranks in the job
+  std::uint64_t shard = 1;      // FSDP2: ranks a parameter is sharded over; ZeRO-1: ranks the state is
+  std::uint64_t replicate = 1;  // HSDP: replicas of each shard (FSDP2 all-reduces in place: no memory)
+  bool reshard = true;          // FSDP2 reshard_after_forward
+  bool bucket_view = false;     // DDP gradient_as_bucket_view
+  std::uint64_t rank = 0;       // the global rank predicted
+  std::uint64_t shard_rank = 0; // its index in the shard group (FSDP2) or the partition (ZeRO-1)
+};
+
+// The layout of a validated job; the rank is the job's, else the most loaded (most_loaded_rank).
+RankLayout layout_of(const ModelSpec& m, const Job& job);
+
+// Every parameter tensor of the model once, in module order: the embedding, layer 0 … L−1, the final
+// norm, an untied lm_head (a tied lm_head is the embedding).
+std::vector<ParamTensor> model_tensors(const ModelSpec& m);
+
+// FSDP2 chunks each parameter on dim 0 with torch.chunk: every rank stores ⌈dim0 / S⌉ rows
+// (padded; _fsdp_param.py, _init_sharded_param), and rank r's real rows are those of its chunk.
+std::uint64_t dim0_rows(const ParamTensor& t);
+std::uint64_t fsdp_padded_shard(const ParamTensor& t, std::uint64_t shard);  // elements, every rank
+std::uint64_t fsdp_local_shard(const ParamTensor& t, std::uint64_t shard, std::uint64_t shard_rank);
+
+// ZeroRedundancyOptimizer._partition_parameters: parameters sorted by numel, largest first, each to
+// the rank whose partition holds the fewest elements so far (the lowest such rank). Per rank: the
+// elements it owns and its largest tensor.
+struct Partition {
+  std::uint64_t elements = 0, largest = 0;
+  std::vector<std::uint64_t> owned;  // the elements of each tensor it owns
+};
+std::vector<Partition> zero1_partition(const ModelSpec& m, std::uint64_t ranks);
+
+// DDP's gradient buckets in elements. Step 0: one bucket per dtype holding every parameter (the
+// reducer's first iteration, bucket_cap [sys.maxsize]); rebuilt at the second forward in the order
+// gradients became ready (the reverse of the forward's), closing a bucket once it reaches 1 MiB
+// (the first) or bucket_cap_mb 25 (the rest) of `elem_bytes`-byte gradients.
+std::vector<std::uint64_t> ddp_buckets(const ModelSpec& m, std::uint64_t elem_bytes, bool rebuilt);
+
+// The job's ranks grouped by what they hold (equal memory within a group), each group's ranks in
+// order, the groups by their first rank: one group for DDP and for evenly sharded FSDP2; ZeRO-1's
+// partition and FSDP2's last chunks make more. Error(unsupported) past 65,536 ranks (too many to list).
+std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const Job& job);
+
+}  // namespace membudget::detail

@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""Measure one rank of a distributed PyTorch training step on one GPU, through the fake process group.
+
+PyTorch's "fake" backend (torch.testing._internal.distributed.fake_pg) lets a single process play
+rank r of a world of W: every buffer the rank allocates is real, the collectives return at once
+without moving data. So the rank's memory, phase by phase, is what a real rank allocates, less
+NCCL's own memory and the longer buffer lifetimes of communication overlapping compute (measured
+by tools/torch_profile_torchrun.py on machines with several GPUs).
+
+The step and its phases are tools/torch_profile_step.py's (run_step): floor, forward_peak,
+backward_peak, optimizer_peak, the reserved memory after each phase, step 0 and the steady state.
+
+Strategies (a case's "strategy"), with the mapping membudget's flags make onto them:
+    ddp     DistributedDataParallel(model) with its defaults (bucket_cap_mb 25,
+            gradient_as_bucket_view from the case's "bucket_view"); --dp W [--ddp-bucket-view].
+            DDP's reducer cannot run the fake allreduce (its future carries no tensor): a
+            communication hook returns a completed future holding bucket.buffer(), so every DDP
+            buffer stays real and only the in-place allreduce is skipped.
+    zero1   DDP plus torch.distributed.optim.ZeroRedundancyOptimizer (optimizer state sharded
+            over the W ranks); --dp W --zero 1. Ranks own different parameters: measure each.
+    fsdp    FSDP2: fully_shard on every decoder layer, then the root, over W ranks
+            (reshard_after_forward from "reshard"); --fsdp W [--reshard-after-forward false].
+            --zero 3 is fsdp with reshard, --zero 2 without. Precision amp-bf16 is fp32 sharded
+            parameters with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) and no
+            autocast (torchtitan's recipe); bf16 is bf16 parameters, no policy.
+    hsdp    FSDP2 over a 2-D mesh (replicate R × shard W/R); --dp R --fsdp W/R.
+    tp      DTensor tensor parallel over W ranks (q/k/v/gate/up ColwiseParallel, o/down
+            RowwiseParallel, the rest replicated); --tp W. "sp": true adds sequence parallel.
+
+Matrix file: {"defaults": {...}, "cases": [{"name", "config", "overrides", "batch", "seq",
+"precision", "recompute", "strategy", "world", "rank", "replicate", "reshard", "bucket_view",
+"sp", "optimizer_impl", "snapshot": {"step": N}}]}. Results are rewritten after every case.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_gt_common as common  # noqa: E402
+import torch_profile_step as step  # noqa: E402
+
+DEFAULTS = {"precision": "amp-bf16", "recompute": "none", "attention": "flash", "steps": 4, "warmup": 2,
+            "overrides": None, "strategy": "fsdp", "world": 8, "rank": 0, "replicate": 1, "reshard": True,
+            "bucket_view": False, "sp": False, "optimizer_impl": None, "batch": 1, "seq": 2048}
+
+
+def init_pg(rank, world):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+
+
+def materialise(model):
+    """Real storage on the GPU for a model built on the meta device, with random values.
+
+    to_empty gives lm_head and embed_tokens storages of their own: a tied model is tied again."""
+    import torch
+
+    model.to_empty(device="cuda")
+    if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
+        model.lm_head.weight = model.model.embed_tokens.weight
+    with torch.no_grad():
+        for p in model.parameters():
+            (p.to_local() if hasattr(p, "to_local") else p).normal_(0.0, 0.02)
+        for name, b in model.named_buffers():
+            if b.is_floating_point():
+                (b.to_local() if hasattr(b, "to_local") else b).uniform_(1e-4, 1e-2)  # rotary inv_freq
+
+
+def build(case, cfgd):
+    """The model wrapped for the case's strategy, the optimizers, and whether autocast runs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    strategy = case["strategy"]
+    W, rank = int(case["world"]), int(case["rank"])
+    init_pg(rank, W)
+    cfg = common.make_config(cfgd)
+    attn = common.ATTENTION_IMPL[case["attention"]]
+    bf16 = case["precision"] == "bf16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    impl = dict(step.IMPL_KWARGS[case.get("optimizer_impl")])
+    torch.manual_seed(0)
+    # Built on the meta device, then given real (random) storage: the fast way for every strategy,
+    # and FSDP2's own recipe (shard on meta, then to_empty).
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=dtype)
+    amp = case["precision"] == "amp-bf16"
+    if strategy in ("fsdp", "hsdp"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        R = int(case.get("replicate") or 1)
+        if strategy == "hsdp":
+            mesh = init_device_mesh("cuda", (R, W // R), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cuda", (W,), mesh_dim_names=("shard",))
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if amp else MixedPrecisionPolicy())
+        kw = {"mesh": mesh, "reshard_after_forward": bool(case["reshard"]), "mp_policy": mp}
+        for layer in model.model.layers:
+            fully_shard(layer, **kw)
+        fully_shard(model, **kw)
+        amp = False  # the policy casts; no autocast
+        materialise(model)
+    elif strategy == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                       SequenceParallel, parallelize_module)
+
+        materialise(model)
+        mesh = init_device_mesh("cuda", (W,), mesh_dim_names=("tp",))
+        sp = bool(case.get("sp"))
+        for layer in model.model.layers:
+            plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                    "self_attn.v_proj": ColwiseParallel(), "mlp.gate_proj": ColwiseParallel(),
+                    "mlp.up_proj": ColwiseParallel()}
+            if sp:  # torchtitan's layouts: the residual stream stays a DTensor sharded on the sequence
+                plan.update({
+                    "input_layernorm": SequenceParallel(),
+                    "post_attention_layernorm": SequenceParallel(),
+                    "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                    desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+                    "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                    "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+                    "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+                })
+            else:
+                plan.update({"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()})
+            parallelize_module(layer, mesh, plan)
+        if sp:
+            parallelize_module(model, mesh, {
+                "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                                                      use_local_output=False),
+                "model.norm": SequenceParallel(),
+                "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+            })
+    elif strategy in ("ddp", "zero1"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        materialise(model)
+        model = DDP(model, device_ids=[torch.cuda.current_device()],
+                    gradient_as_bucket_view=bool(case.get("bucket_view")))
+
+        def hook(state, bucket):  # the fake allreduce's future carries no tensor
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        model.register_comm_hook(None, hook)
+    else:
+        raise ValueError("unknown strategy " + strategy)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    if strategy == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opts = [ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-5, **impl)]
+    else:
+        # fused AdamW refuses DTensor and plain parameters in one call: one optimizer per kind
+        dt = [p for p in params if type(p).__name__ == "DTensor"]
+        plain = [p for p in params if type(p).__name__ != "DTensor"]
+        opts = [torch.optim.AdamW(g, lr=1e-5, **impl) for g in (dt, plain) if g]
+    return model, opts, amp
+
+
+class Opts:
+    """Several optimizers stepped as one (run_step calls step() and zero_grad())."""
+
+    def __init__(self, opts):
+        self.opts = opts
+        self.param_groups = [g for o in opts for g in o.param_groups]
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+
+def state_bytes(opts):
+    import torch
+
+    total = 0
+    for o in opts:
+        inner = getattr(o, "optim", o)  # ZeroRedundancyOptimizer's local optimizer
+        for st in inner.state.values():
+            for v in st.values():
+                if torch.is_tensor(v) and v.is_cuda:
+                    loc = v.to_local() if hasattr(v, "to_local") else v
+                    total += loc.numel() * loc.element_size()
+    return total
+
+
+def local_param_stats(model):
+    out = {"local_parameter_bytes": 0, "local_parameters": 0, "tensors": 0}
+    for p in model.parameters():
+        loc = p.to_local() if hasattr(p, "to_local") else p
+        out["local_parameter_bytes"] += loc.numel() * loc.element_size()
+        out["local_parameters"] += loc.numel()
+        out["tensors"] += 1
+    return out
+
+
+def run_case(case, snapshot_dir):
+    import torch
+    import torch.distributed as dist
+
+    res = {"name": case["name"], "status": "running", "job": {k: v for k, v in case.items() if k != "snapshot"}}
+    cfgd = common.load_config_dict(case["config"], case.get("overrides"))
+    res["model"] = {"num_hidden_layers": cfgd.get("num_hidden_layers"), "vocab_size": cfgd.get("vocab_size")}
+    steps, model, opts, x = [], None, None, None
+    res["steps"] = steps
+    t0 = time.perf_counter()
+    try:
+        common.clean_cuda()
+        res["before_case"] = common.allocator_reading()
+        model, opt_list, amp = build(case, cfgd)
+        inner = getattr(model, "module", model)
+        if case["recompute"] == "full":
+            inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        res["model"].update(local_param_stats(model))
+        res["after_build"] = common.allocator_reading()
+        opts = Opts(opt_list)
+        g = torch.Generator(device="cuda")
+        g.manual_seed(1234)
+        x = torch.randint(0, int(cfgd["vocab_size"]), (case["batch"], case["seq"]), device="cuda", generator=g)
+        snap = case.get("snapshot") or {}
+        step.SNAPSHOT["step"] = snap.get("step")
+        step.SNAPSHOT["path"] = (os.path.join(snapshot_dir, case["name"].replace("/", "_") + ".pickle")
+                                 if snap and snapshot_dir else None)
+        for i in range(int(case["steps"])):
+            rec = {"step": i}
+            steps.append(rec)
+            step.SNAPSHOT["phase"] = None  # the whole step is recorded here, not one phase
+            run_step(model, opts, x, amp, rec, snap)
+            if i == 0:
+                res["optimizer_state_bytes"] = state_bytes(opt_list)
+        res["status"] = "ok"
+    except torch.cuda.OutOfMemoryError as e:
+        res["status"] = "oom"
+        res["error"] = str(e)[:2000]
+    except Exception as e:
+        res["status"] = "error"
+        res["error"] = "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc()[-4000:])
+    finally:
+        res["wall_s"] = time.perf_counter() - t0
+        del model, opts, x
+        gc.collect()
+        torch.cuda.synchronize()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        common.clean_cuda()
+    done = [s for s in steps if s.get("phase") == "done"]
+    if done and done[0]["step"] == 0:
+        res["step0"] = step.derived(done[0])
+    steady = [s for s in done if s["step"] >= max(2, int(case.get("warmup") or 0))]
+    if steady:
+        res["steady"] = step.derived(steady[-1])
+        res["steady_step"] = steady[-1]["step"]
+    return res
+
+
+def run_step(model, opts, x, amp, rec, snap):
+    """tools/torch_profile_step.py's step, with a snapshot of the whole step when asked."""
+    import torch
+
+    whole = snap and snap.get("phase") == "step" and rec["step"] == snap.get("step") and step.SNAPSHOT["path"]
+    if whole:
+        torch.cuda.synchronize()
+        torch.cuda.memory._record_memory_history(max_entries=400000, stacks="python")
+    step.run_step(model, opts, x, amp, rec, None)
+    if whole:
+        torch.cuda.synchronize()
+        torch.cuda.memory._dump_snapshot(step.SNAPSHOT["path"])
+        torch.cuda.memory._record_memory_history(enabled=None)
+        rec["snapshot"] = step.SNAPSHOT["path"]
+
+
+def cases_from_matrix(path):
+    with open(path) as f:
+        m = json.load(f)
+    defaults = dict(DEFAULTS)
+    defaults.update(m.get("defaults", {}))
+    base = os.path.dirname(os.path.abspath(path))
+    out = []
+    for c in m["cases"]:
+        case = dict(defaults)
+        case.update(c)
+        case["config"] = common.resolve_path(case["config"], os.getcwd(), base, os.path.dirname(base),
+                                             os.path.dirname(os.path.dirname(base)))
+        out.append(case)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--matrix", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--max-seconds", type=float, default=None)
+    p.add_argument("--snapshot-dir", default=None)
+    p.add_argument("--only", default=None, help="run only cases whose name contains this")
+    args = p.parse_args(argv)
+    import torch
+
+    torch.cuda.set_device(0)
+    if args.snapshot_dir:
+        os.makedirs(args.snapshot_dir, exist_ok=True)
+    doc = {"tool": "tools/torch_profile_dist.py", "argv": sys.argv, "env": common.env_info(), "units": "bytes",
+           "cases": []}
+    t_start = time.perf_counter()
+    for case in cases_from_matrix(args.matrix):
+        if args.only and args.only not in case["name"]:
+            continue
+        if args.max_seconds is not None and time.perf_counter() - t_start > args.max_seconds:
+            doc["cases"].append({"name": case["name"], "status": "skipped", "job": case})
+            continue
+        res = run_case(case, args.snapshot_dir)
+        doc["cases"].append(res)
+        doc["elapsed_s"] = time.perf_counter() - t_start
+        common.write_json(args.output, doc)
+        s = res.get("steady") or {}
+        print("%-58s %-5s floor=%s fwd=%s bwd=%s opt=%s res=%s MiB (%.1fs)" % (
+            res["name"][:58], res["status"], common.mib(s.get("floor")), common.mib(s.get("forward_peak")),
+            common.mib(s.get("backward_peak")), common.mib(s.get("optimizer_peak")), common.mib(s.get("reserved")),
+            res["wall_s"]), flush=True)
+        if res.get("error"):
+            print("    " + res["error"].splitlines()[0][:300], flush=True)
+    doc["finished"] = True
+    common.write_json(args.output, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
