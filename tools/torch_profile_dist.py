@@ -289,6 +289,18 @@ def run_step(model, opts, x, amp, rec, snap):
         rec["snapshot"] = step.SNAPSHOT["path"]
 
 
+def finite(o):
+    """NaN and infinities as null: strict JSON readers (the C++ tests) refuse them. The random
+    weights can give a NaN loss; memory does not depend on the values."""
+    if isinstance(o, dict):
+        return {k: finite(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [finite(v) for v in o]
+    if isinstance(o, float) and (o != o or o in (float("inf"), float("-inf"))):
+        return None
+    return o
+
+
 def cases_from_matrix(path):
     with open(path) as f:
         m = json.load(f)
@@ -330,7 +342,7 @@ def main(argv=None):
         res = run_case(case, args.snapshot_dir)
         doc["cases"].append(res)
         doc["elapsed_s"] = time.perf_counter() - t_start
-        common.write_json(args.output, doc)
+        common.write_json(args.output, finite(doc))
         s = res.get("steady") or {}
         print("%-58s %-5s floor=%s fwd=%s bwd=%s opt=%s res=%s MiB (%.1fs)" % (
             res["name"][:58], res["status"], common.mib(s.get("floor")), common.mib(s.get("forward_peak")),
@@ -339,7 +351,7 @@ def main(argv=None):
         if res.get("error"):
             print("    " + res["error"].splitlines()[0][:300], flush=True)
     doc["finished"] = True
-    common.write_json(args.output, doc)
+    common.write_json(args.output, finite(doc))
     return 0
 
 

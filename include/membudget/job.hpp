@@ -106,6 +106,13 @@ struct Parallelism {
   bool single() const noexcept { return world() == 1; }
 };
 
+struct Job;
+// Sets one parallel-layout key from text, as the YAML `job.parallel:` section and the C ABI / Python
+// job options give them: dp, fsdp, zero, tp, pp (counts), reshard_after_forward, ddp_bucket_view,
+// sp (true/false), rank (a rank). Dashes and underscores are alike. Returns false for another key;
+// throws Error(invalid_job) "<where>: ..." for a bad value.
+bool set_parallel_option(Job& job, std::string_view key, std::string_view value, std::string_view where);
+
 struct Job {
   Mode mode = Mode::train;
   std::uint64_t batch = 4;      // micro-batch b

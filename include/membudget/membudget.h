@@ -63,8 +63,10 @@ void mb_job_free(mb_job* job);
  * "optimizer", "optimizer-impl" (foreach, fused, for-loop: torch.optim's foreach=True, fused=True,
  * foreach=False; unset: torch.optim's default), "recompute", "attention", "loss", "loss-chunk", "activations", "profile",
  * "overhead" ("800MiB"), "kv-dtype", "weights", "group-size", "lora" (LoRA rank, 0: full fine-tune),
- * "tensor-parallel", "pipeline-parallel", "data-parallel", "zero-stage", "sequence-parallel" (not
- * modelled yet: anything but one rank makes mb_predict and the searches return MB_UNSUPPORTED). */
+ * the parallel layout (docs/distributed.md): "dp", "fsdp", "zero", "reshard-after-forward",
+ * "ddp-bucket-view", "rank" (the rank predicted; unset: the most loaded), and "tp", "pp", "sp" (not
+ * modelled yet: mb_predict and the searches return MB_UNSUPPORTED); "data-parallel",
+ * "tensor-parallel", "pipeline-parallel", "zero-stage", "sequence-parallel" are the same keys. */
 
 mb_status mb_job_set(mb_job* job, const char* key, const char* value);
 mb_status mb_job_set_batch(mb_job* job, uint64_t batch);

@@ -356,20 +356,13 @@ void set_job_option(Job& j, std::string_view key, std::string_view value) {
   else if (k == "weights") j.weights = parse_dtype(v, "--weights");
   else if (k == "group-size") j.group_size = count("--group-size");
   else if (k == "lora") j.lora_rank = v == "0" ? 0 : count("--lora");
-  else if (k == "tensor-parallel") j.parallel.tensor = count("tensor-parallel");
-  else if (k == "pipeline-parallel") j.parallel.pipeline = count("pipeline-parallel");
-  else if (k == "data-parallel") j.parallel.data = count("data-parallel");
-  else if (k == "zero-stage") j.parallel.zero_stage = static_cast<int>(std::min<std::uint64_t>(count("zero-stage"), 4));
-  else if (k == "sequence-parallel") {
-    if (v != "true" && v != "false" && v != "1" && v != "0" && v != "True" && v != "False")
-      throw Error(ErrorKind::invalid_job, "sequence-parallel: '" + v + "' is not true or false");
-    j.parallel.sequence_parallel = v == "true" || v == "1" || v == "True";
+  else if (set_parallel_option(j, k, v, k)) {
   } else
     throw Error(ErrorKind::invalid_argument,
                 "unknown job option '" + std::string(key) +
                     "' (batch, seq, mode, precision, optimizer, optimizer-impl, recompute, attention, loss, loss-chunk, activations, "
-                    "profile, overhead, kv-dtype, weights, group-size, lora, tensor-parallel, pipeline-parallel, "
-                    "data-parallel, zero-stage, sequence-parallel)");
+                    "profile, overhead, kv-dtype, weights, group-size, lora, dp, fsdp, zero, reshard-after-forward, "
+                    "ddp-bucket-view, rank, tp, pp, sp)");
 }
 
 std::string to_json(const Estimate& e, int indent) {

@@ -193,6 +193,36 @@ void validate_parallel(const Job& j) {
 }
 }  // namespace
 
+bool set_parallel_option(Job& job, std::string_view key, std::string_view value, std::string_view where) {
+  std::string k(key);
+  std::replace(k.begin(), k.end(), '_', '-');
+  const std::string v(value);
+  auto fail = [&](const std::string& what) { return Error(ErrorKind::invalid_job, std::string(where) + ": '" + v + "' " + what); };
+  auto count = [&](std::uint64_t max) {
+    if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos || std::stoull(v) > max)
+      throw fail("is not a whole number from 0 to " + std::to_string(max));
+    return static_cast<std::uint64_t>(std::stoull(v));
+  };
+  auto flag = [&] {
+    if (v == "true" || v == "True" || v == "1") return true;
+    if (v == "false" || v == "False" || v == "0") return false;
+    throw fail("is not true or false");
+  };
+  constexpr std::uint64_t kRanks = 1ull << 20;
+  Parallelism& p = job.parallel;
+  if (k == "dp" || k == "data-parallel") p.data = count(kRanks);
+  else if (k == "fsdp") p.fsdp = count(kRanks);
+  else if (k == "tp" || k == "tensor-parallel") p.tensor = count(kRanks);
+  else if (k == "pp" || k == "pipeline-parallel") p.pipeline = count(kRanks);
+  else if (k == "zero" || k == "zero-stage") p.zero_stage = static_cast<int>(count(3));
+  else if (k == "reshard-after-forward") p.reshard_after_forward = flag();
+  else if (k == "ddp-bucket-view") p.ddp_bucket_view = flag();
+  else if (k == "sp" || k == "sequence-parallel") p.sequence_parallel = flag();
+  else if (k == "rank") p.rank = count(kRanks - 1);
+  else return false;
+  return true;
+}
+
 void Job::validate() const {
   auto bad = [](const char* field, const std::string& what) {
     return Error(ErrorKind::invalid_job, std::string(field) + ": " + what);

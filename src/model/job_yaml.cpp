@@ -55,6 +55,20 @@ Job parse_job_section(std::string_view spec_text, const std::string& path, Job j
       return std::stoull(s);
     };
     try {
+      if (key == "parallel") {  // job.parallel: {dp: 8, fsdp: 1, zero: 1, ...}
+        if (!v.IsMap()) throw Error(ErrorKind::invalid_job, where + ": must be a mapping (dp, fsdp, zero, ...)");
+        std::set<std::string> pseen;
+        for (const auto& pk : v) {
+          const std::string pkey = pk.first.IsScalar() ? pk.first.Scalar() : "";
+          const std::string pwhere = path + ":" + std::to_string(pk.second.Mark().line + 1) + ": job.parallel." + pkey;
+          if (!pseen.insert(pkey).second) throw Error(ErrorKind::invalid_job, pwhere + ": duplicate key; give each key once");
+          if (!pk.second.IsScalar()) throw Error(ErrorKind::invalid_job, pwhere + ": must be a scalar");
+          if (!set_parallel_option(job, pkey, pk.second.Scalar(), pwhere))
+            throw Error(ErrorKind::invalid_job, pwhere + ": unknown key (known: dp, fsdp, zero, reshard_after_forward, "
+                                                         "ddp_bucket_view, rank, tp, pp, sp)");
+        }
+        continue;
+      }
       if (key == "batch") job.batch = count_of();
       else if (key == "seq") job.seq = count_of();
       else if (key == "mode") job.mode = parse_mode(text_of(), where);
@@ -72,7 +86,7 @@ Job parse_job_section(std::string_view spec_text, const std::string& path, Job j
       else
         throw Error(ErrorKind::invalid_job, where + ": unknown job key (known: batch, seq, mode, precision, optimizer, "
                                                     "optimizer_impl, recompute, attention, loss, loss_chunk, activations, profile, overhead, "
-                                                    "lora)");
+                                                    "lora, parallel)");
     } catch (const YAML::Exception& e) {
       throw Error(ErrorKind::invalid_job, where + ": " + e.msg);
     }

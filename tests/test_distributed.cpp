@@ -1,0 +1,317 @@
+// One rank of a data-parallel job (DDP, DDP + ZeRO-1, FSDP2, HSDP): the prediction against the
+// ranks measured on the H200 through PyTorch's fake process group (tools/torch_profile_dist.py,
+// tests/data/torch_train_dist_*fakepg_h200.json), the layouts refused, and the mechanisms that
+// tell ranks apart.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "helpers.hpp"
+#include "membudget/budget.hpp"
+#include "membudget/api.hpp"
+#include "membudget/job_yaml.hpp"
+
+using namespace membudget;
+
+namespace {
+
+// The job a measured case ran: its strategy as membudget's flags (docs/distributed.md).
+Job job_of(const nlohmann::json& j) {
+  Job job;
+  job.batch = j["batch"].get<std::uint64_t>();
+  job.seq = j["seq"].get<std::uint64_t>();
+  job.precision = parse_precision(j["precision"].get<std::string>());
+  job.recompute = parse_recompute(j["recompute"].get<std::string>());
+  const std::string st = j["strategy"].get<std::string>();
+  const std::uint64_t W = j["world"].get<std::uint64_t>();
+  Parallelism& p = job.parallel;
+  if (st == "fsdp") {
+    p.fsdp = W;
+    p.reshard_after_forward = j.value("reshard", true);
+  } else if (st == "hsdp") {
+    p.data = j["replicate"].get<std::uint64_t>();
+    p.fsdp = W / p.data;
+    p.reshard_after_forward = j.value("reshard", true);
+  } else if (st == "ddp") {
+    p.data = W;
+    p.ddp_bucket_view = j.value("bucket_view", false);
+  } else if (st == "zero1") {
+    p.data = W;
+    p.zero_stage = 1;
+  }
+  p.rank = j.value("rank", 0);
+  return job;
+}
+
+ModelSpec model_of(const nlohmann::json& j) {
+  ModelSpec m = load_model(test::source_path(j["config"].get<std::string>()));
+  if (j.contains("overrides") && j["overrides"].is_object() && j["overrides"].contains("num_hidden_layers"))
+    m.num_layers = j["overrides"]["num_hidden_layers"].get<std::uint64_t>();
+  return m;
+}
+
+struct Worst {
+  double steady = 0, step0 = 0;
+  std::string where;
+  int cases = 0;
+};
+
+// Every steady phase within `tol`, step 0's forward and backward within 2% (its floor holds what
+// earlier cases of the measuring process left allocated: cuBLAS workspaces).
+void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& c), Worst& w) {
+  std::ifstream in(test::source_path(rel));
+  REQUIRE(in.good());
+  const auto data = nlohmann::json::parse(in);
+  for (const auto& c : data["cases"]) {
+    if (c["status"] != "ok" || skip(c)) continue;
+    const auto& j = c["job"];
+    const Budget b = predict(model_of(j), job_of(j));
+    const std::string name = c["name"].get<std::string>();
+    CAPTURE(name);
+    for (Phase ph : kTrainPhases) {
+      const double measured = c["steady"][to_string(ph)].get<double>();
+      const double err = (static_cast<double>(b.phase(ph)) - measured) / measured;
+      CAPTURE(to_string(ph));
+      CHECK(std::fabs(err) <= tol);
+      if (std::fabs(err) > std::fabs(w.steady)) w.steady = err, w.where = name + " " + to_string(ph);
+      if (ph != Phase::forward_peak && ph != Phase::backward_peak) continue;
+      bytes_t want0 = 0;
+      for (const auto& p : b.step0)
+        if (p.phase == ph) want0 = p.bytes;
+      const double m0 = c["step0"][to_string(ph)].get<double>();
+      const double err0 = (static_cast<double>(want0) - m0) / m0;
+      CHECK(std::fabs(err0) <= 0.02);
+      w.step0 = std::max(w.step0, std::fabs(err0));
+    }
+    ++w.cases;
+  }
+}
+
+bool tensor_parallel(const nlohmann::json& c) { return c["job"]["strategy"] == "tp"; }  // refused: not modelled yet
+// The first run built the DDP, ZeRO-1 and TP models on the meta device and lost the tying of
+// lm_head to the embedding in to_empty: those cases of the tied models were measured again
+// (torch_train_dist_tied_fakepg_h200.json) and are left out here.
+bool untied_by_the_first_run(const nlohmann::json& c) {
+  const std::string st = c["job"]["strategy"];
+  const std::string cfg = c["job"]["config"];
+  const bool tied_model = cfg.find("llama-3.2-1b") != std::string::npos || cfg.find("qwen2.5-1.5b") != std::string::npos;
+  return tensor_parallel(c) || (tied_model && (st == "ddp" || st == "zero1"));
+}
+
+}  // namespace
+
+TEST_CASE("one rank of DDP, ZeRO-1, FSDP2 and HSDP lands within 2% of the fake-process-group measurement") {
+  Worst w;
+  check_file("tests/data/torch_train_dist_fakepg_h200.json", 0.02, untied_by_the_first_run, w);
+  check_file("tests/data/torch_train_dist_tied_fakepg_h200.json", 0.02, tensor_parallel, w);
+  CHECK(w.cases >= 38);
+  MESSAGE("distributed ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
+                                                         << " cases; worst step-0 error " << w.step0 * 100 << "%");
+}
+
+namespace {
+const ModelSpec& llama1b() {
+  static const ModelSpec m = load_model(test::source_path("configs/hf/llama-3.2-1b.json"));
+  return m;
+}
+Job small_job() {
+  Job j;
+  j.batch = 1;
+  j.seq = 1024;
+  return j;
+}
+}  // namespace
+
+TEST_CASE("layouts that do not make sense, or are not modelled, are refused by name") {
+  auto refused = [](Job j, ErrorKind kind, const char* needle) {
+    try {
+      (void)predict(llama1b(), j);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CAPTURE(e.what());
+      CHECK(e.kind() == kind);
+      CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    }
+  };
+  Job j = small_job();
+  j.parallel.zero_stage = 1;
+  refused(j, ErrorKind::invalid_job, "--zero");  // no --dp to shard over
+  j.parallel.fsdp = 4;
+  refused(j, ErrorKind::invalid_job, "--fsdp");  // FSDP2 already shards
+  j = small_job();
+  j.parallel.ddp_bucket_view = true;
+  j.parallel.fsdp = 2;
+  refused(j, ErrorKind::invalid_job, "--ddp-bucket-view");
+  j = small_job();
+  j.parallel.reshard_after_forward = false;
+  j.parallel.data = 2;
+  refused(j, ErrorKind::invalid_job, "--reshard-after-forward");
+  j = small_job();
+  j.parallel.fsdp = 8;
+  j.parallel.rank = 8;
+  refused(j, ErrorKind::invalid_job, "--rank");
+  j = small_job();
+  j.parallel.tensor = 2;
+  refused(j, ErrorKind::unsupported, "--tp");
+  j = small_job();
+  j.parallel.pipeline = 2;
+  refused(j, ErrorKind::unsupported, "--pp");
+  j = small_job();
+  j.parallel.fsdp = 2;
+  j.mode = Mode::infer;
+  refused(j, ErrorKind::unsupported, "serving");
+  j = small_job();
+  j.parallel.fsdp = 2;
+  j.lora_rank = 8;
+  refused(j, ErrorKind::unsupported, "--lora");
+  j = small_job();
+  j.parallel.data = 2;
+  j.optimizer = Optimizer::adafactor;
+  refused(j, ErrorKind::unsupported, "adafactor");
+  j = small_job();
+  j.parallel.data = 1ull << 21;
+  refused(j, ErrorKind::invalid_job, "absurdly large");
+}
+
+TEST_CASE("FSDP2 shards what one GPU holds: the sharded weights are the padded dim-0 chunks") {
+  Job one = small_job();
+  one.precision = Precision::bf16;
+  const Budget b1 = predict(llama1b(), one);
+  Job eight = one;
+  eight.parallel.fsdp = 8;
+  const Budget b8 = predict(llama1b(), eight);
+  // every dim 0 of Llama 3.2 1B divides by 8: the shards are exactly an eighth (plus nothing)
+  CHECK(b8.states.weights * 8 == b1.states.weights);
+  CHECK(b8.states.optimizer * 8 == b1.states.optimizer);
+  CHECK(b8.peak < b1.peak);
+  // six ranks do not divide 2048 rows: each rank stores ⌈2048 / 6⌉ = 342 rows, so the weights are
+  // more than a sixth; rank 5's last chunks are short, so its optimizer state is smaller
+  Job six = one;
+  six.parallel.fsdp = 6;
+  const Budget r0 = predict(llama1b(), six);
+  CHECK(r0.states.weights * 6 > b1.states.weights);
+  six.parallel.rank = 5;
+  const Budget r5 = predict(llama1b(), six);
+  CHECK(r5.states.weights == r0.states.weights);
+  CHECK(r5.states.optimizer < r0.states.optimizer);
+  // without the rank, the most loaded one (rank 0) is predicted, and --format json lists both groups
+  six.parallel.rank.reset();
+  PredictOptions o;
+  o.ranks = true;
+  const Budget all = predict(llama1b(), six, o);
+  CHECK(all.rank == 0);
+  REQUIRE(all.ranks.size() == 2);
+  CHECK(all.ranks[0].ranks == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
+  CHECK(all.ranks[1].ranks == std::vector<std::uint64_t>{5});
+  CHECK(all.ranks[1].peak == r5.peak);
+  CHECK(all.ranks[0].peak == all.peak);
+}
+
+TEST_CASE("without reshard after forward the forward keeps every layer's parameters gathered") {
+  Job j = small_job();
+  j.precision = Precision::bf16;
+  j.parallel.fsdp = 8;
+  const Budget keep_sharded = predict(llama1b(), j);
+  j.parallel.reshard_after_forward = false;
+  const Budget gathered = predict(llama1b(), j);
+  // the floor is the same; the forward peak grows by about the 15 other layers' bf16 parameters
+  CHECK(gathered.phase(Phase::floor) == keep_sharded.phase(Phase::floor));
+  const auto p = llama1b().parameters();
+  const double layer_bytes = static_cast<double>(p.per_layer) * 2;
+  const double grown = static_cast<double>(gathered.phase(Phase::forward_peak) - keep_sharded.phase(Phase::forward_peak));
+  CHECK(grown > 14 * layer_bytes);
+  CHECK(grown < 17 * layer_bytes);
+  // --zero 2 and 3 over --dp are FSDP2 without and with reshard after forward
+  Job z = small_job();
+  z.precision = Precision::bf16;
+  z.parallel.data = 8;
+  z.parallel.zero_stage = 2;
+  CHECK(predict(llama1b(), z).phase(Phase::forward_peak) == gathered.phase(Phase::forward_peak));
+  z.parallel.zero_stage = 3;
+  CHECK(predict(llama1b(), z).phase(Phase::forward_peak) == keep_sharded.phase(Phase::forward_peak));
+}
+
+TEST_CASE("DDP adds one gradient-sized bucket; ZeRO-1 splits the optimizer state by whole tensors") {
+  Job one = small_job();
+  const Budget b1 = predict(llama1b(), one);
+  Job ddp = one;
+  ddp.parallel.data = 4;
+  const Budget bd = predict(llama1b(), ddp);
+  const double grads = static_cast<double>(llama1b().parameters().total) * 4;  // fp32 under amp-bf16
+  const double extra = static_cast<double>(bd.phase(Phase::floor) - b1.phase(Phase::floor));
+  CHECK(extra >= grads);
+  CHECK(extra < grads * 1.001);
+  // gradient_as_bucket_view: the gradients are the bucket's views, so the optimizer step, which
+  // holds every gradient, drops by about them
+  Job view = ddp;
+  view.parallel.ddp_bucket_view = true;
+  CHECK(static_cast<double>(predict(llama1b(), view).phase(Phase::optimizer_peak)) <
+        static_cast<double>(bd.phase(Phase::optimizer_peak)) - grads * 0.9);
+  // ZeRO-1: the ranks' states add up to the whole state, and the most loaded rank is predicted
+  Job z = ddp;
+  z.parallel.zero_stage = 1;
+  PredictOptions o;
+  o.ranks = true;
+  const Budget bz = predict(llama1b(), z, o);
+  bytes_t sum = 0, most = 0;
+  for (std::uint64_t r = 0; r < 4; ++r) {
+    Job at = z;
+    at.parallel.rank = r;
+    const bytes_t s = predict(llama1b(), at).states.optimizer;
+    sum += s;
+    most = std::max(most, s);
+  }
+  CHECK(sum == b1.states.optimizer);
+  CHECK(bz.states.optimizer == most);
+  CHECK(!bz.ranks.empty());
+}
+
+TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any shape") {
+  const ModelSpec qwen = load_model(test::source_path("configs/hf/qwen2.5-1.5b.json"));
+  for (const ModelSpec* m : {&llama1b(), &qwen})
+    for (int layout = 0; layout < 5; ++layout) {
+      Job j = small_job();
+      Parallelism& p = j.parallel;
+      switch (layout) {
+        case 0: p.fsdp = 8; break;
+        case 1: p.fsdp = 6; p.reshard_after_forward = false; j.precision = Precision::bf16; break;
+        case 2: p.data = 2; p.fsdp = 4; j.recompute = Recompute::full; break;
+        case 3: p.data = 8; p.ddp_bucket_view = true; break;
+        case 4: p.data = 4; p.zero_stage = 1; j.precision = Precision::bf16; break;
+      }
+      for (auto [b, s] : {std::pair<std::uint64_t, std::uint64_t>{1, 777}, {3, 2048}, {2, 5000}}) {
+        j.batch = b;
+        j.seq = s;
+        PredictOptions full;
+        full.full_simulation = true;
+        const Budget fast = predict(*m, j), sim = predict(*m, j, full);
+        CAPTURE(layout);
+        CAPTURE(b);
+        CAPTURE(s);
+        for (Phase ph : kTrainPhases) CHECK(fast.phase(ph) == sim.phase(ph));
+        CHECK(fast.peak == sim.peak);
+      }
+    }
+}
+
+TEST_CASE("the layout reaches the job from YAML's job.parallel and the C ABI's keys") {
+  const std::string yaml = "job:\n  batch: 2\n  parallel:\n    fsdp: 8\n    reshard_after_forward: false\n    rank: 3\n";
+  const Job j = parse_job_section(yaml, "spec.yaml", Job{});
+  CHECK(j.parallel.fsdp == 8);
+  CHECK_FALSE(j.parallel.reshard_after_forward);
+  CHECK(j.parallel.rank == 3u);
+  CHECK_THROWS_AS(parse_job_section("job:\n  parallel:\n    fsdpp: 8\n", "spec.yaml", Job{}), Error);
+  CHECK_THROWS_AS(parse_job_section("job:\n  parallel: 8\n", "spec.yaml", Job{}), Error);
+  Job k;
+  set_job_option(k, "dp", "4");
+  set_job_option(k, "zero", "1");
+  set_job_option(k, "ddp_bucket_view", "true");
+  CHECK(k.parallel.data == 4);
+  CHECK(k.parallel.zero_stage == 1);
+  CHECK(k.parallel.ddp_bucket_view);
+  CHECK_THROWS_AS(set_job_option(k, "zero", "4"), Error);
+}
