@@ -84,13 +84,10 @@ int main(int argc, char** argv) {
   CHECK(mb_job_set_batch(job, 0) == MB_OK);
   CHECK(mb_predict(model, job, &e) == MB_INVALID_JOB);
 
-  /* a parallel setting other than one rank: unsupported (never the unsharded answer), named */
+  /* a parallel setting not modelled yet: unsupported (never the unsharded answer), named */
   {
-    static const char* const keys[][3] = {{"tensor-parallel", "2", "parallel.tensor = 2"},
-                                          {"pipeline-parallel", "2", "parallel.pipeline = 2"},
-                                          {"data-parallel", "8", "parallel.data = 8"},
-                                          {"zero-stage", "3", "parallel.zero_stage = 3"},
-                                          {"sequence-parallel", "true", "parallel.sequence_parallel = true"}};
+    static const char* const keys[][3] = {{"pipeline-parallel", "2", "--pp 2"},
+                                          {"sp", "true", "--sp"}};
     size_t i;
     for (i = 0; i < sizeof keys / sizeof keys[0]; ++i) {
       mb_job* par = NULL;
@@ -111,10 +108,24 @@ int main(int argc, char** argv) {
     {
       mb_job* par = NULL;
       CHECK(mb_job_new(&par) == MB_OK);
-      CHECK(mb_job_set(par, "zero-stage", "7") == MB_OK);
-      CHECK(mb_predict(model, par, &e) == MB_INVALID_JOB);
-      CHECK(strstr(mb_last_error(), "parallel.zero_stage") != NULL);
-      CHECK(mb_job_set(par, "zero-stage", "0") == MB_OK);
+      CHECK(mb_job_set(par, "zero-stage", "7") == MB_INVALID_JOB); /* 0 to 3 */
+      CHECK(strstr(mb_last_error(), "zero-stage") != NULL);
+      /* data parallelism is predicted: one rank of FSDP2 over 8 holds less than one GPU's job */
+      {
+        mb_estimate one, sharded;
+        CHECK(mb_predict(model, par, &one) == MB_OK);
+        CHECK(mb_job_set(par, "fsdp", "8") == MB_OK);
+        CHECK(mb_predict(model, par, &sharded) == MB_OK);
+        CHECK(sharded.peak < one.peak);
+        CHECK(mb_job_set(par, "rank", "8") == MB_OK);
+        CHECK(mb_predict(model, par, &sharded) == MB_INVALID_JOB); /* no rank 8 of 8 */
+        CHECK(mb_job_set(par, "rank", "0") == MB_OK);
+        CHECK(mb_job_set(par, "mode", "infer") == MB_OK);
+        CHECK(mb_predict(model, par, &sharded) == MB_UNSUPPORTED);
+        CHECK(mb_job_set(par, "mode", "train") == MB_OK);
+        CHECK(mb_job_set(par, "fsdp", "1") == MB_OK);
+        CHECK(mb_job_set(par, "rank", "0") == MB_OK);
+      }
       CHECK(mb_job_set(par, "data-parallel", "1") == MB_OK);
       CHECK(mb_job_set(par, "sequence-parallel", "false") == MB_OK);
       CHECK(mb_predict(model, par, &e) == MB_OK); /* one rank: as before */

@@ -42,6 +42,8 @@ Job job_of(const nlohmann::json& j) {
   } else if (st == "zero1") {
     p.data = W;
     p.zero_stage = 1;
+  } else if (st == "tp") {
+    p.tensor = W;
   }
   p.rank = j.value("rank", 0);
   return job;
@@ -91,7 +93,8 @@ void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& 
   }
 }
 
-bool tensor_parallel(const nlohmann::json& c) { return c["job"]["strategy"] == "tp"; }  // refused: not modelled yet
+// sequence parallelism is refused (not modelled yet)
+bool sequence_parallel(const nlohmann::json& c) { return c["job"].value("sp", false); }
 // The first run built the DDP, ZeRO-1 and TP models on the meta device and lost the tying of
 // lm_head to the embedding in to_empty: those cases of the tied models were measured again
 // (torch_train_dist_tied_fakepg_h200.json) and are left out here.
@@ -99,16 +102,16 @@ bool untied_by_the_first_run(const nlohmann::json& c) {
   const std::string st = c["job"]["strategy"];
   const std::string cfg = c["job"]["config"];
   const bool tied_model = cfg.find("llama-3.2-1b") != std::string::npos || cfg.find("qwen2.5-1.5b") != std::string::npos;
-  return tensor_parallel(c) || (tied_model && (st == "ddp" || st == "zero1"));
+  return sequence_parallel(c) || (tied_model && (st == "ddp" || st == "zero1" || st == "tp"));
 }
 
 }  // namespace
 
-TEST_CASE("one rank of DDP, ZeRO-1, FSDP2 and HSDP lands within 2% of the fake-process-group measurement") {
+TEST_CASE("one rank of DDP, ZeRO-1, FSDP2, HSDP and tensor parallelism lands within 2% of the fake-process-group measurement") {
   Worst w;
   check_file("tests/data/torch_train_dist_fakepg_h200.json", 0.02, untied_by_the_first_run, w);
-  check_file("tests/data/torch_train_dist_tied_fakepg_h200.json", 0.02, tensor_parallel, w);
-  CHECK(w.cases >= 38);
+  check_file("tests/data/torch_train_dist_tied_fakepg_h200.json", 0.02, sequence_parallel, w);
+  CHECK(w.cases >= 43);
   MESSAGE("distributed ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
                                                          << " cases; worst step-0 error " << w.step0 * 100 << "%");
 }
@@ -156,7 +159,14 @@ TEST_CASE("layouts that do not make sense, or are not modelled, are refused by n
   refused(j, ErrorKind::invalid_job, "--rank");
   j = small_job();
   j.parallel.tensor = 2;
-  refused(j, ErrorKind::unsupported, "--tp");
+  j.parallel.fsdp = 4;
+  refused(j, ErrorKind::unsupported, "--tp");  // 2-D layouts: not yet
+  j = small_job();
+  j.parallel.tensor = 16;
+  refused(j, ErrorKind::invalid_job, "num_key_value_heads 8 is not divisible by 16");
+  j = small_job();
+  j.parallel.sequence_parallel = true;
+  refused(j, ErrorKind::unsupported, "--sp");
   j = small_job();
   j.parallel.pipeline = 2;
   refused(j, ErrorKind::unsupported, "--pp");
@@ -270,10 +280,24 @@ TEST_CASE("DDP adds one gradient-sized bucket; ZeRO-1 splits the optimizer state
   CHECK(!bz.ranks.empty());
 }
 
+TEST_CASE("tensor parallelism: the projections are sharded, the embedding and norms replicated") {
+  Job one = small_job();
+  one.precision = Precision::bf16;
+  Job two = one;
+  two.parallel.tensor = 2;
+  const Budget b1 = predict(llama1b(), one), b2 = predict(llama1b(), two);
+  const auto p = llama1b().parameters();
+  // the decoder's projections halve; the tied embedding and the norms stay whole
+  const bytes_t layer_norms = 2 * llama1b().hidden_size * llama1b().num_layers;
+  const bytes_t projections = p.layers - layer_norms;
+  CHECK(b2.states.weights == (p.embedding + p.final_norm + layer_norms + projections / 2) * 2);
+  CHECK(b2.peak < b1.peak);
+}
+
 TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any shape") {
   const ModelSpec qwen = load_model(test::source_path("configs/hf/qwen2.5-1.5b.json"));
   for (const ModelSpec* m : {&llama1b(), &qwen})
-    for (int layout = 0; layout < 5; ++layout) {
+    for (int layout = 0; layout < 6; ++layout) {
       Job j = small_job();
       Parallelism& p = j.parallel;
       switch (layout) {
@@ -282,6 +306,7 @@ TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any s
         case 2: p.data = 2; p.fsdp = 4; j.recompute = Recompute::full; break;
         case 3: p.data = 8; p.ddp_bucket_view = true; break;
         case 4: p.data = 4; p.zero_stage = 1; j.precision = Precision::bf16; break;
+        case 5: p.tensor = 2; break;
       }
       for (auto [b, s] : {std::pair<std::uint64_t, std::uint64_t>{1, 777}, {3, 2048}, {2, 5000}}) {
         j.batch = b;

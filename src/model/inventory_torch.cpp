@@ -86,6 +86,16 @@ struct Step {
   // parameters' dtype.
   TorchOps ops() { return {sim, m, d.T, r.param}; }
 
+  // Tensor parallelism (DTensor, use_local_output): a ColwiseParallel linear's input gradient is a
+  // partial sum that backward all-reduces into a new tensor (funcol.all_reduce clones, then
+  // reduces in place): a second b·s·h buffer while the first is freed. A RowwiseParallel linear's
+  // output likewise, in the forward.
+  bytes_t tp_input_grad_allreduce() const { return job.parallel.tensor > 1 ? mul(d.T, d.h, r.compute) : 0; }
+  void tp_all_reduce(TensorId partial) {
+    if (job.parallel.tensor > 1) sim.transient("TP all-reduce output (the partial sum's clone)", sim.info(partial).bytes,
+                                               Term::other, Role::communication);
+  }
+
   void drop_kv_cache() {
     for (TensorId t : kv_cache) sim.drop(t);
     kv_cache.clear();
@@ -133,12 +143,12 @@ struct Step {
   // `ad`: the linear's LoRA adapter, if any. Linear saves the input for the weight's gradient and
   // the weight for the input's: with a frozen weight (LoRA's base) it keeps no input.
   TensorId linear(TensorId x, bytes_t in, bytes_t out, TensorId w, TensorId bias, const char* name,
-                  const char* shape, const Adapter* ad = nullptr, bytes_t out_b = 0) {
+                  const char* shape, const Adapter* ad = nullptr, bytes_t out_b = 0, bytes_t bwd_ws = 0) {
     TensorId xin = cast_input(x, mul(d.T, in), "linear inputs (autocast bf16 copies)");
     TensorId wc = weight(w);
     TensorId bc = bias == kNone ? kNone : weight(bias);
     const bytes_t ob = r.autocast || out_b == 0 ? r.compute : out_b;
-    TensorId y = ops().linear(xin, wc, bc, out, ob, name, ob == 4 ? "fp32" : r.compute_name, shape);
+    TensorId y = ops().linear(xin, wc, bc, out, ob, name, ob == 4 ? "fp32" : r.compute_name, shape, bwd_ws);
     sim.drop(xin);
     release_weight(w, wc);
     release_weight(bias, bc);
@@ -215,9 +225,10 @@ struct Step {
         sim.node("CloneBackward", {qkv}, {v}, {});
       }
     } else {
-      q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq);
-      k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak);
-      v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av);
+      const bytes_t ws = tp_input_grad_allreduce();
+      q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, ws);
+      k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak, 0, ws);
+      v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, ws);
     }
     // Not yet as transformers does it: input_layernorm's output lives until self_attn returns
     // (after o_proj; the serving walk drops it there), and it matters where the projections do not
@@ -282,6 +293,7 @@ struct Step {
       sim.drop(att);
     }
     TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
+    tp_all_reduce(o);
     sim.drop(attc);
     // Gemma 2's post_attention_layernorm on the branch, then the residual add
     TensorId h1 = ops().close_block(x, o, p.norm3, "post-attention norm output", r.resid, r.resid_name,
@@ -292,9 +304,15 @@ struct Step {
                             [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
                               switch (mod) {
                                 case Module::gate_up: return linear(in_x, in, out, p.gate, kNone, name, shape);
-                                case Module::gate: return linear(in_x, in, out, p.gate, kNone, name, shape, &p.agate);
-                                case Module::up: return linear(in_x, in, out, p.up, kNone, name, shape, &p.aup);
-                                case Module::down: return linear(in_x, in, out, p.down, kNone, name, shape, &p.adown);
+                                case Module::gate:
+                                  return linear(in_x, in, out, p.gate, kNone, name, shape, &p.agate, 0, tp_input_grad_allreduce());
+                                case Module::up:
+                                  return linear(in_x, in, out, p.up, kNone, name, shape, &p.aup, 0, tp_input_grad_allreduce());
+                                case Module::down: {
+                                  const TensorId y = linear(in_x, in, out, p.down, kNone, name, shape, &p.adown);
+                                  tp_all_reduce(y);
+                                  return y;
+                                }
                                 default: throw Error(ErrorKind::unsupported, "internal: no training MLP linear for " + std::string(to_string(mod)));
                               }
                             });
@@ -640,8 +658,10 @@ std::uint64_t largest_trainable(const ModelSpec& m, std::uint64_t lora_rank) {
 // The implementation (effective_optimizer_impl) decides the step's temporaries; the line numbers
 // are torch 2.11.0's torch/optim/ sources (tools/device/optimizer_impl_run.sh keeps a copy), and
 // tests/data/torch_train_optimizer_impl_h200.json measures each.
-// `largest_tensor`: the elements of the largest of them (the for-loop's temporaries).
-OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params, std::uint64_t largest_tensor) {
+// `largest_tensor`: the elements of the largest of them (the for-loop's temporaries);
+// `per_step_call`: the most elements one step() call takes (foreach's temporaries).
+OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params, std::uint64_t largest_tensor,
+                             std::uint64_t per_step_call) {
   OptimizerCost c;
   const bytes_t n = params;
   const Recipe recipe = recipe_of(job.precision);
@@ -655,8 +675,8 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
       c.state = mul(n, sb, 2);
       if (impl == OptimizerImpl::foreach)
         // _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)
-        // (adam.py:791) for every parameter at once; the rest is in place
-        c.transient = mul(n, sb);
+        // (adam.py:791) for every parameter of the call at once; the rest is in place
+        c.transient = mul(per_step_call, sb);
       else if (impl == OptimizerImpl::for_loop)
         // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         // (adam.py:545): sqrt() and the division's result are both live, for one parameter at a
@@ -854,6 +874,18 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLa
         out.state += state;
         if (g == 1) layer0_state += state;
       }
+  } else if (layout.tensor > 1) {
+    // parallelize_module makes each rank's shard of a projection from the whole parameter that
+    // to_empty allocated, and frees the whole one: the shards (and the optimizer state shaped like
+    // them) take blocks carved from those freed ones, not segments of their own (measured: Qwen2.5
+    // 1.5B at --tp 2 holds no such tails). The replicated tensors keep theirs.
+    for (std::size_t g = 0; g < st.groups.size(); ++g)
+      for (const auto& [id, t] : st.groups[g]) {
+        if (g != 0 && t.projection()) continue;
+        const TensorInfo& info = st.sim.info(id);
+        out.params += tail(info.bytes);
+        out.state += state_tail(info.bytes / st.r.param);
+      }
   } else {
     std::vector<char> in_layer0(static_cast<std::size_t>(st.input_ids), 0);
     for (TensorId t : st.layer0_params) in_layer0[static_cast<std::size_t>(t)] = 1;
@@ -877,14 +909,23 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLa
   return out;
 }
 
-// The trainable elements this rank's optimizer steps, and the largest of its tensors: every
-// parameter (or LoRA's adapters), the tensors ZeRO-1 gives this rank, or FSDP2's local shards.
-std::pair<std::uint64_t, std::uint64_t> trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l) {
-  if (job.lora_rank) return {lora_parameters(sizing, job.lora_rank), largest_trainable(sizing, job.lora_rank)};
+// The trainable elements this rank's optimizer steps, the largest of its tensors, and the most
+// elements one optimizer.step() call takes at once (foreach's temporaries are per call): every
+// parameter (or LoRA's adapters), the tensors ZeRO-1 gives this rank, or FSDP2's local shards; under
+// tensor parallelism (a local spec) the sharded projections and the replicated rest are two
+// optimizers, since torch.optim's fused AdamW refuses DTensor and plain tensors in one call.
+struct Trainable {
+  std::uint64_t elements = 0, largest = 0, per_step_call = 0;
+};
+Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l) {
+  if (job.lora_rank) {
+    const std::uint64_t n = lora_parameters(sizing, job.lora_rank);
+    return {n, largest_trainable(sizing, job.lora_rank), n};
+  }
   switch (l.strategy) {
     case DataStrategy::zero1: {
       const Partition p = zero1_partition(sizing, l.shard)[l.shard_rank];
-      return {p.elements, p.largest};
+      return {p.elements, p.largest, p.elements};
     }
     case DataStrategy::fsdp: {
       std::uint64_t n = 0, largest = 0;
@@ -893,10 +934,17 @@ std::pair<std::uint64_t, std::uint64_t> trainable_elements(const Job& job, const
         n = checked_add(n, mine, "FSDP2 local shards");
         largest = std::max(largest, mine);
       }
-      return {n, largest};
+      return {n, largest, n};
     }
-    default: return {sizing.parameters().total, largest_trainable(sizing, 0)};
+    default: break;
   }
+  const std::uint64_t n = sizing.parameters().total;
+  std::uint64_t sharded = 0;
+  if (l.tensor > 1)
+    for (const ParamTensor& t : model_tensors(sizing))
+      if (t.projection() && t.module != Module::embedding && t.module != Module::lm_head)
+        sharded = checked_add(sharded, t.elements(), "tensor-parallel shards");
+  return {n, largest_trainable(sizing, 0), l.tensor > 1 ? std::max(sharded, n - sharded) : n};
 }
 
 }  // namespace
@@ -964,8 +1012,8 @@ class TrainPass {
     st_.input_ids = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     st_.labels = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
-    const auto [elements, largest] = trainable_elements(st_.job, sizing_, layout_);
-    oc_ = optimizer_cost(st_.job, sizing_, elements, largest);
+    const Trainable tr = trainable_elements(st_.job, sizing_, layout_);
+    oc_ = optimizer_cost(st_.job, sizing_, tr.elements, tr.largest, tr.per_step_call);
     tails_ = segment_tails(st_, sizing_, layout_);
     sim_.alloc_raw("allocator: whole segments held by parameters", tails_.params, Term::other, Role::workspace,
                    "caching allocator");
@@ -1078,13 +1126,17 @@ class TrainPass {
 
 }  // namespace
 
-TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain, const ModelSpec* sizing,
+TorchStepResult simulate_torch_train(const ModelSpec& full, const Job& job, bool explain, const ModelSpec* full_sizing,
                                      std::array<SimTrace, 2>* traces) {
+  // A tensor-parallel rank runs the decoder on its share of the heads and of the MLP width.
+  const std::uint64_t t = job.parallel.tensor;
+  const ModelSpec m = tp_local_spec(full, t);
+  const ModelSpec sizing = tp_local_spec(full_sizing ? *full_sizing : full, t);
   check_torch_coverage(m, job);
   TorchStepResult res;
   for (int pass = 0; pass < 2; ++pass) {  // step 0, then a steady-state step
     const bool steady = pass == 1;
-    TrainPass step(m, job, sizing ? *sizing : m, steady, explain, traces ? &(*traces)[pass] : nullptr, res);
+    TrainPass step(m, job, sizing, steady, explain, traces ? &(*traces)[pass] : nullptr, res);
     step.load_model_and_batch();
     if (steady) step.allocate_persistent_state();
     step.forward();

@@ -161,7 +161,9 @@ void validate_parallel(const Job& j) {
     throw bad("--dp × --fsdp × --tp × --pp", std::to_string(p.world()) + " ranks is absurdly large (limit 2^20)");
   if (p.zero_stage < 0 || p.zero_stage > 3) throw bad("--zero", "the ZeRO stage must be 0, 1, 2 or 3");
   // Not modelled yet: refused by name, never answered as if unsharded.
-  if (p.tensor != 1) throw unsupported("--tp " + std::to_string(p.tensor) + ": tensor parallelism is not modelled yet (data parallelism is: --dp, --fsdp, --zero)");
+  if (p.tensor != 1 && (p.data != 1 || p.fsdp != 1 || p.zero_stage != 0))
+    throw unsupported("--tp " + std::to_string(p.tensor) + " with data parallelism (--dp, --fsdp, --zero): 2-D layouts are "
+                      "not modelled yet (each alone is)");
   if (p.pipeline != 1) throw unsupported("--pp " + std::to_string(p.pipeline) + ": pipeline parallelism is not modelled yet (data parallelism is: --dp, --fsdp, --zero)");
   if (p.sequence_parallel) throw unsupported("--sp: sequence parallelism is not modelled yet");
   if (p.zero_stage > 0 && p.fsdp > 1)
@@ -180,13 +182,15 @@ void validate_parallel(const Job& j) {
     throw bad("--rank", std::to_string(*p.rank) + " is not a rank of a job of " + std::to_string(p.world()) + " ranks (0 to " +
                            std::to_string(p.world() - 1) + ")");
   if (p.single()) return;
-  const std::string layout = fsdp ? "--fsdp" : p.zero_stage == 1 ? "--zero 1" : "--dp";
+  const std::string layout = p.tensor > 1 ? "--tp" : fsdp ? "--fsdp" : p.zero_stage == 1 ? "--zero 1" : "--dp";
   if (j.mode == Mode::infer) throw unsupported(layout + ": serving is predicted on one GPU (tensor-parallel serving is not modelled yet)");
   if (j.profile == Profile::harness) throw unsupported(layout + ": the harness step runs on one device; use --profile torch");
   if (j.lora_rank) throw unsupported(layout + " with --lora: a sharded LoRA fine-tune is not modelled yet");
   if (j.optimizer != Optimizer::adamw && j.optimizer != Optimizer::sgd && j.optimizer != Optimizer::sgd_momentum)
     throw unsupported(layout + " with --optimizer " + std::string(to_string(j.optimizer)) +
                       ": the sharded optimizer is modelled for adamw, sgd and sgd-momentum");
+  if ((p.tensor > 1 || p.zero_stage == 1) && j.precision == Precision::bf16_master)
+    throw unsupported(layout + " with --precision bf16-master: a master copy beside sharded state is not modelled yet");
   if (fsdp && j.precision == Precision::bf16_master)
     throw unsupported("--fsdp with --precision bf16-master: FSDP2 keeps one copy of the parameters (amp-bf16 is its "
                       "MixedPrecisionPolicy: fp32 shards, bf16 compute)");

@@ -9,6 +9,33 @@
 
 namespace membudget::detail {
 
+void check_layout(const ModelSpec& m, const Job& job) {
+  const std::uint64_t t = job.parallel.tensor;
+  if (t <= 1) return;
+  auto even = [&](const char* field, std::uint64_t n) {
+    if (n % t)
+      throw Error(ErrorKind::invalid_job, "--tp " + std::to_string(t) + ": " + field + " " + std::to_string(n) +
+                                              " is not divisible by " + std::to_string(t) +
+                                              " (each rank takes an equal share)");
+  };
+  even("num_attention_heads", m.num_heads);
+  even("num_key_value_heads", m.num_kv_heads);
+  even("intermediate_size", m.intermediate_size);
+  if (m.quirks.fused_qkv || m.quirks.fused_gate_up)
+    throw Error(ErrorKind::unsupported, "--tp: fused projections (Phi-3's qkv_proj, gate_up_proj) are not modelled with tensor parallelism");
+  if (m.mla.enabled()) throw Error(ErrorKind::unsupported, "--tp: multi-head latent attention is not modelled with tensor parallelism");
+}
+
+ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t) {
+  ModelSpec local = m;
+  if (t <= 1) return local;
+  local.num_heads /= t;
+  local.num_kv_heads /= t;
+  local.intermediate_size /= t;
+  // head_dim stays: q_dim() = heads · head_dim shrinks with the heads
+  return local;
+}
+
 std::vector<ParamTensor> model_tensors(const ModelSpec& m) {
   std::vector<ParamTensor> out;
   const auto outer = m.outer_tensors();
@@ -116,7 +143,12 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
   l.world = p.world();
   l.reshard = p.reshard_after_forward;
   l.bucket_view = p.ddp_bucket_view;
+  l.tensor = p.tensor;
   if (l.world == 1) return l;
+  if (p.tensor > 1) {  // every tensor-parallel rank holds the same shares
+    l.rank = p.rank.value_or(0);
+    return l;
+  }
   if (p.fsdp > 1) {
     l.strategy = DataStrategy::fsdp;
     l.shard = p.fsdp;

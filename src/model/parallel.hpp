@@ -24,12 +24,23 @@ struct RankLayout {
   std::uint64_t replicate = 1;  // HSDP: replicas of each shard (FSDP2 all-reduces in place: no memory)
   bool reshard = true;          // FSDP2 reshard_after_forward
   bool bucket_view = false;     // DDP gradient_as_bucket_view
+  std::uint64_t tensor = 1;     // tensor-parallel ranks (DTensor's plan: docs/distributed.md)
   std::uint64_t rank = 0;       // the global rank predicted
   std::uint64_t shard_rank = 0; // its index in the shard group (FSDP2) or the partition (ZeRO-1)
 };
 
 // The layout of a validated job; the rank is the job's, else the most loaded (most_loaded_rank).
 RankLayout layout_of(const ModelSpec& m, const Job& job);
+
+// What needs the model to check: tensor parallelism splits heads, KV heads and the MLP width
+// evenly. Error(invalid_job) naming the field and the degree.
+void check_layout(const ModelSpec& m, const Job& job);
+
+// One tensor-parallel rank's view of the model (PyTorch's DTensor plan for Llama-family layers:
+// q, k, v, gate, up ColwiseParallel, o, down RowwiseParallel; embedding, norms, lm_head
+// replicated): the heads, KV heads and MLP width divided by t. Its parameters are the rank's local
+// shards, its decoder layer the rank's computation.
+ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t);
 
 // Every parameter tensor of the model once, in module order: the embedding, layer 0 … L−1, the final
 // norm, an untied lm_head (a tied lm_head is the embedding).

@@ -19,7 +19,8 @@ bytes_t default_overhead(Profile profile) {
 
 Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& options) {
   model.validate();
-  job.validate();  // refuses parallel settings other than one rank
+  job.validate();  // refuses parallel layouts not modelled (docs/distributed.md)
+  detail::check_layout(model, job);
   Budget b;
   b.model = model;
   b.job = job;

@@ -129,12 +129,12 @@ TensorId TorchOps::rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t widt
 // coexist at the end of backward. Under autocast the weight cast's ToCopyBackward hands the buffer a
 // fresh fp32 tensor, and the embedding's gradient is added to it in place.
 TensorId TorchOps::linear(TensorId xin, TensorId w, TensorId bias, bytes_t out, bytes_t ob, const char* name,
-                          const char* dtype, const char* shape) {
+                          const char* dtype, const char* shape, bytes_t bwd_ws) {
   constexpr std::uint8_t kLinearViewGrads = 0b011;
   TensorId y = sim.make(name, mul(T, out, ob), Term::activations, "linear output", dtype, shape, true);
   if (sim.recording()) {
     const bool wg = grad(w), xg = grad(xin);
-    sim.node("LinearBackward", {xin, w, bias}, {y}, {wg ? xin : kNone, xg ? w : kNone}, 0, kLinearViewGrads);
+    sim.node("LinearBackward", {xin, w, bias}, {y}, {wg ? xin : kNone, xg ? w : kNone}, xg ? bwd_ws : 0, kLinearViewGrads);
   }
   return y;
 }

@@ -38,9 +38,10 @@ struct TorchOps {
   TensorId rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t width, bytes_t groups = 1);
 
   // nn.Linear's output, `out` features of `ob` bytes per token, from `xin` (the input as the matmul
-  // sees it) and the weight `w` (and `bias`) as the matmul sees them.
+  // sees it) and the weight `w` (and `bias`) as the matmul sees them. `bwd_ws`: transient memory of
+  // its backward beyond the gradients (a tensor-parallel all-reduce of the input gradient).
   TensorId linear(TensorId xin, TensorId w, TensorId bias, bytes_t out, bytes_t ob, const char* name,
-                  const char* dtype, const char* shape);
+                  const char* dtype, const char* shape, bytes_t bwd_ws = 0);
 
   // apply_rotary_pos_emb on one tensor `t` of `width` values per token and `eb` bytes each, with
   // cos/sin of `cs_b` bytes each.

@@ -81,14 +81,19 @@ def test_errors_are_typed():
         membudget.fits(LLAMA_1B, device="no-such-card")
 
 
-def test_parallel_settings_are_unsupported_not_unsharded():
-    for kw, named in [({"tensor_parallel": 2}, "parallel.tensor = 2"),
-                      ({"data_parallel": 8, "zero_stage": 3}, "parallel.data = 8, parallel.zero_stage = 3"),
-                      ({"sequence_parallel": True}, "parallel.sequence_parallel = true")]:
+def test_parallel_settings_not_modelled_are_unsupported_not_unsharded():
+    for kw, named in [({"tensor_parallel": 2, "fsdp": 2}, "--tp 2 with data parallelism"),
+                      ({"pp": 4}, "--pp 4"),
+                      ({"sequence_parallel": True}, "--sp")]:
         with pytest.raises(membudget.Error, match=named):
             membudget.predict(LLAMA_1B, **kw)
         with pytest.raises(membudget.Error, match=named):
             membudget.estimate(LLAMA_1B, **kw)
+    # data parallelism is predicted per rank: ZeRO-3 over 8 ranks holds less than one GPU
+    one = membudget.predict(LLAMA_1B, batch=1, seq=1024)
+    z3 = membudget.predict(LLAMA_1B, batch=1, seq=1024, data_parallel=8, zero_stage=3)
+    assert z3["peak"] < one["peak"]
+    assert membudget.predict(LLAMA_1B, batch=1, seq=1024, fsdp=8, reshard_after_forward=False)["peak"] > z3["peak"]
     # max_micro_batch's data_parallel divides the global batch; it is not a job setting
     r = membudget.max_micro_batch(LLAMA_1B, device="H100", seq=2048, global_batch=64, data_parallel=8)
     assert r["accum_micro_batch"] * r["grad_accum_steps"] * 8 == 64
