@@ -1,6 +1,9 @@
 // The textbook activation model: Korthikanti et al. 2022, "Reducing Activation Recomputation in
 // Large Transformer Models" (arXiv 2205.05198), §4 and Table 2, per layer, 16-bit activations,
-// 1-byte dropout masks, no tensor/sequence parallelism (t = 1).
+// 1-byte dropout masks. Tensor parallelism (Table 2, sbh(10 + 24/t + 5as/(ht))) is the same
+// formula over one rank's local spec (tp_local_spec: heads, KV heads and I divided by t; the norm
+// inputs, the LayerNorm outputs and the dropout masks stay whole); sequence parallelism is not
+// modelled.
 #include "korthikanti.hpp"
 
 namespace membudget::detail {

@@ -51,7 +51,8 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
       b.activations.per_layer = r.after_forward_activations / std::max<std::uint64_t>(1, model.num_layers);
       b.activations.other = r.after_forward_activations - b.activations.per_layer * model.num_layers;
     } else {
-      b.activations = detail::korthikanti(model, job);
+      // Table 2 of Korthikanti et al.: a tensor-parallel rank keeps the split terms at 1/t
+      b.activations = detail::korthikanti(detail::tp_local_spec(model, job.parallel.tensor), job);
     }
   }
   b.terms.model_states = b.states.total();
