@@ -88,10 +88,13 @@ inline std::uint64_t element_size(DType d) noexcept { return static_cast<std::ui
 //   --dp N --zero 2 | 3     FSDP2 over N without | with reshard after forward (PyTorch's ZeRO-2 /
 //                           ZeRO-3: gradients and optimizer state sharded, plus parameters between
 //                           forward and backward for 3)
-// Tensor, pipeline and sequence parallelism are not modelled yet: validate() refuses them by name.
+//   --tp N                  DTensor tensor parallelism (Llama plan: q, k, v, gate, up column-, o, down
+//                           row-parallel; embedding, norms, lm_head replicated), alone
+// Pipeline and sequence parallelism, and --tp with data parallelism, are not modelled yet:
+// validate() refuses them by name.
 struct Parallelism {
   std::uint64_t tensor = 1;     // --tp
-  std::uint64_t pipeline = 1;   // --pp
+  std::uint64_t pipeline = 1;   // --pp (refused)
   std::uint64_t data = 1;       // --dp: DDP replicas, or HSDP's replicate dimension with --fsdp
   std::uint64_t fsdp = 1;       // --fsdp: FSDP2 shard ranks
   int zero_stage = 0;           // --zero: 0 none; 1, 2, 3 over --dp as above
