@@ -75,6 +75,21 @@ void new_shapes(benchmark::State& state, Job j) {
 void BM_estimate_new_shape(benchmark::State& state) { new_shapes(state, Job{}); }
 BENCHMARK(BM_estimate_new_shape)->Arg(8)->Arg(70);
 
+// The same for one rank of a parallel job (arg: 0 FSDP2 over 8, 1 HSDP 2 × 8, 2 DDP + ZeRO-1 over 8,
+// 3 tensor parallel over 4): the layout is part of the compiled plan, so a new shape costs what
+// one GPU's does.
+void BM_estimate_new_shape_parallel(benchmark::State& state) {
+  Job j;
+  switch (state.range(1)) {
+    case 0: j.parallel.fsdp = 8; break;
+    case 1: j.parallel.data = 2; j.parallel.fsdp = 8; break;
+    case 2: j.parallel.data = 8; j.parallel.zero_stage = 1; break;
+    default: j.parallel.tensor = 4; break;
+  }
+  new_shapes(state, j);
+}
+BENCHMARK(BM_estimate_new_shape_parallel)->Args({8, 0})->Args({8, 1})->Args({8, 2})->Args({8, 3})->Args({70, 0});
+
 // The same for a serving job (--mode infer: a prefill of b prompts of s tokens and one decode step).
 void BM_estimate_new_shape_serving(benchmark::State& state) {
   Job j;

@@ -176,6 +176,12 @@ TEST_CASE("layouts that do not make sense, or are not modelled, are refused by n
   j = small_job();
   j.parallel.tensor = 16;
   refused(j, ErrorKind::invalid_job, "num_key_value_heads 8 is not divisible by 16");
+  try {  // the compiled fast path checks the same
+    (void)estimate(llama1b(), j);
+    FAIL("estimate accepted --tp 16");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::invalid_job);
+  }
   j = small_job();
   j.parallel.sequence_parallel = true;
   refused(j, ErrorKind::unsupported, "--sp");

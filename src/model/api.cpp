@@ -7,6 +7,7 @@
 
 #include "job_key.hpp"
 #include "korthikanti.hpp"
+#include "parallel.hpp"
 #include "predictors.hpp"
 #include "membudget/input.hpp"
 #include "membudget/serving.hpp"
@@ -131,6 +132,7 @@ Estimate summarize(const Budget& b) {
 Estimate estimate(const ModelSpec& model, const Job& job) {
   if (plan_applies(job)) {
     job.validate();
+    detail::check_layout(model, job);  // what predict() checks beyond the job alone
     if (const detail::StepPlan* plan = detail::StepPlan::cached(model, job)) return from_plan(*plan, model, job);
   } else if (serve_plan_applies(job)) {
     job.validate();

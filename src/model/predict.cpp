@@ -72,8 +72,8 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   // Parsed whenever given (a bad key is an error even without the replay); nothing on the fast path.
   const detail::AllocatorConf conf =
       options.allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(options.allocator_conf);
+  const detail::RankLayout layout = detail::layout_of(model, job);
   if (!job.parallel.single()) {
-    const detail::RankLayout layout = detail::layout_of(model, job);
     b.rank = layout.rank;
     b.world = layout.world;
     if (options.ranks) {
@@ -95,7 +95,7 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   }
   // FSDP2 allocates on its all-gather and reduce-scatter streams (blocks are not reused across
   // streams), which the single-stream replay does not model.
-  const bool several_streams = detail::layout_of(model, job).strategy == detail::DataStrategy::fsdp;
+  const bool several_streams = layout.strategy == detail::DataStrategy::fsdp;
   if (options.reserved && several_streams)
     b.reserved_unmodelled = "FSDP2 allocates on its all-gather and reduce-scatter streams; reserved memory of several "
                             "streams is not modelled yet";
