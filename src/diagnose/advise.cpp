@@ -279,14 +279,12 @@ Job with_lora(Job j) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
-// ZeRO stage 1, 2 or 3 over N ∈ {2, 4, 8} GPUs. Not a job until the distributed issue lands: the
-// optimizer state live at each phase is divided by N, from stage 2 the gradients, from stage 3 the
-// parameters.
+// ZeRO stage 1, 2 or 3 over N ∈ {2, 4, 8} GPUs, as PyTorch runs them (docs/distributed.md): DDP +
+// ZeroRedundancyOptimizer, FSDP2 without and with reshard after forward. A job change: predict()
+// simulates the rank (the most loaded one), its buffers included.
 FixRow zero(const Context& c, int stage) {
   const double grad_bytes = static_cast<double>(c.base.states.gradients);
   const std::string name = "ZeRO-" + std::to_string(stage);
-  const bytes_t layer_bytes =
-      checked_mul(c.base.parameters.per_layer, param_bytes(c.job.precision), "advise: layer weights");
   return {
       .fix = {.name = name,
               .cost_class = CostClass::sharding,
@@ -296,30 +294,23 @@ FixRow zero(const Context& c, int stage) {
                                  : "N GPUs; communication as data-parallel all-reduce (" + gbs(2 * grad_bytes) +
                                        " per GPU per step: reduce-scatter + all-gather)",
               .note = std::string("shards the ") +
-                      (stage == 1   ? "optimizer state"
-                       : stage == 2 ? "optimizer state and gradients"
-                                    : "optimizer state, gradients and parameters") +
-                      " over N data-parallel GPUs (DeepSpeed / FSDP)" +
-                      (stage == 2 ? "; plus one layer's gradients as the reduce bucket" : "") +
-                      (stage == 3 ? "; plus two layers' parameters gathered (current + prefetch)" : "") +
-                      "; the global batch grows N-fold unless gradient accumulation is reduced"},
+                      (stage == 1   ? "optimizer state (DDP + ZeroRedundancyOptimizer)"
+                       : stage == 2 ? "optimizer state and gradients, and the parameters between steps (FSDP2 without "
+                                      "reshard after forward)"
+                                    : "optimizer state, gradients and parameters (FSDP2)") +
+                      " over N data-parallel GPUs, the rank's buffers predicted; the global batch grows N-fold "
+                      "unless gradient accumulation is reduced"},
+      .skip = c.job.parallel.single() ? "" : "the job is already spread over GPUs",
       .sizes = 3,
       .at_size =
-          [stage, name, layer_bytes](FixRow& row, std::uint64_t i) {
+          [stage, name](FixRow& row, std::uint64_t i) {
             const std::uint64_t gpus = 2ull << i;
             row.fix.gpus = gpus;
-            row.fix.change = name + " over " + std::to_string(gpus) + " GPUs";
-            row.apply.plan = [stage, gpus, layer_bytes](Plan& p) {
-              const double inv = 1.0 / static_cast<double>(gpus);
-              for (Role r : {Role::master_weight, Role::optimizer_state, Role::optimizer_temporary}) p.scale(r, inv);
-              if (stage >= 2) {
-                p.scale(Role::gradient, inv);
-                p.extra += layer_bytes;  // the reduce bucket: one layer's gradients
-              }
-              if (stage >= 3) {
-                p.scale(Role::parameter, inv);
-                p.extra += 2 * layer_bytes;  // the gathered layer and the prefetched one
-              }
+            row.fix.change = "--dp " + std::to_string(gpus) + " --zero " + std::to_string(stage);
+            row.apply.job = [stage, gpus](Job j) {
+              j.parallel.data = gpus;
+              j.parallel.zero_stage = stage;
+              return j;
             };
           },
       .fits_note = "smallest N in {2, 4, 8} that fits",
