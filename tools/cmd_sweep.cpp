@@ -2,6 +2,7 @@
 // [--format csv|json|table]: the estimate over a grid.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 
 namespace membudget::cli {
 namespace {
+unsigned long long ull(std::uint64_t v) { return static_cast<unsigned long long>(v); }
 
 Registrar reg("sweep", 30, [](CLI::App& app) {
   auto f = std::make_shared<JobFlags>();
@@ -28,6 +30,15 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     if (!f->seq.empty()) grid.seqs = parse_count_list(f->seq, "--seq");
     if (!f->precision.empty()) grid.precisions = parse_precision_list(f->precision);
     if (!f->recompute.empty()) grid.recomputes = parse_recompute_list(f->recompute);
+    // layouts: --dp 1,2 --fsdp 8,16,64 --tp 1,2,4,8 --pp 1,2 (each a list; every combination)
+    if (!f->dp.empty()) grid.dps = parse_count_list(f->dp, "--dp");
+    if (!f->fsdp.empty()) grid.fsdps = parse_count_list(f->fsdp, "--fsdp");
+    if (!f->tp.empty()) grid.tps = parse_count_list(f->tp, "--tp");
+    if (!f->pp.empty()) grid.pps = parse_count_list(f->pp, "--pp");
+    base.dp.clear();
+    base.fsdp.clear();
+    base.tp.clear();
+    base.pp.clear();
     base.batch.clear();
     base.seq.clear();
     base.precision.clear();
@@ -44,7 +55,8 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
       nlohmann::ordered_json a = nlohmann::ordered_json::array();
       for (const auto& p : points) {
         nlohmann::ordered_json o = {{"batch", p.batch}, {"seq", p.seq}, {"precision", to_string(p.precision)},
-                                    {"recompute", to_string(p.recompute)}, {"ok", p.ok}};
+                                    {"recompute", to_string(p.recompute)}, {"dp", p.dp}, {"fsdp", p.fsdp},
+                                    {"tp", p.tp}, {"pp", p.pp}, {"ok", p.ok}};
         if (p.ok) {
           o["peak"] = p.estimate.peak;
           o["required"] = p.estimate.required;
@@ -73,7 +85,7 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
                     "recompute", "peak", "required", "peak_phase", dev ? "fits" : "");
     else
       std::snprintf(line, sizeof line, "batch,seq,precision,recompute,peak,required,peak_phase,model_states,"
-                                       "activations,logits_loss,fits,error\n");
+                                       "activations,logits_loss,fits,error,dp,fsdp,tp,pp\n");
     out += line;
     for (const auto& p : points) {
       if (table) {
@@ -96,13 +108,18 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
                       static_cast<unsigned long long>(p.estimate.terms.activations),
                       static_cast<unsigned long long>(p.estimate.terms.logits_loss),
                       dev ? (p.fits ? "true" : "false") : "");
+        // the layout columns, after the (empty) error
+        line[std::strlen(line) - 1] = '\0';
+        out += line;
+        std::snprintf(line, sizeof line, ",%llu,%llu,%llu,%llu\n", ull(p.dp), ull(p.fsdp), ull(p.tp), ull(p.pp));
       } else {
         std::string err = printable(p.error);
         for (auto& c : err)
           if (c == '"') c = '\'';
-        std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,,,,,,,,\"%s\"\n", static_cast<unsigned long long>(p.batch),
-                      static_cast<unsigned long long>(p.seq), to_string(p.precision), to_string(p.recompute),
-                      err.c_str());
+        std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,,,,,,,,\"%s\",%llu,%llu,%llu,%llu\n",
+                      static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
+                      to_string(p.precision), to_string(p.recompute), err.c_str(), ull(p.dp), ull(p.fsdp), ull(p.tp),
+                      ull(p.pp));
       }
       out += line;
     }

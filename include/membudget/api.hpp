@@ -115,11 +115,14 @@ struct SweepGrid {
   std::vector<std::uint64_t> seqs;       // empty: {job.seq}
   std::vector<Precision> precisions;     // empty: {job.precision}
   std::vector<Recompute> recomputes;     // empty: {job.recompute}
+  // Parallel layouts (docs/distributed.md): every combination of these degrees; empty: the job's.
+  std::vector<std::uint64_t> dps, fsdps, tps, pps;
 };
 struct SweepPoint {
   std::uint64_t batch = 0, seq = 0;
   Precision precision = Precision::amp_bf16;
   Recompute recompute = Recompute::none;
+  std::uint64_t dp = 1, fsdp = 1, tp = 1, pp = 1;  // the layout (Job::parallel's degrees)
   bool ok = false;         // false: the point is invalid (see error)
   bool fits = false;       // with a device: required ≤ limit
   bool beyond_max_positions = false;  // seq > the model's max_positions (predicted all the same)
@@ -127,7 +130,8 @@ struct SweepPoint {
   ErrorKind error_kind = ErrorKind::invalid_job;
   std::string error;       // only when !ok
 };
-// Every combination of the grid (precision, recompute, seq, batch order, batch fastest).
+// Every combination of the grid (layout, precision, recompute, seq, batch order, batch fastest); a
+// layout membudget does not model, or that does not divide the model, is an invalid point.
 // Throws only for a bad model spec or headroom; invalid points are reported in the result.
 std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const SweepGrid& grid,
                               const std::optional<Device>& device = std::nullopt, double headroom = 0.05);

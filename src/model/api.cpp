@@ -291,18 +291,30 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
       grid.precisions.empty() ? std::vector<Precision>{base.precision} : grid.precisions;
   const std::vector<Recompute> recomputes =
       grid.recomputes.empty() ? std::vector<Recompute>{base.recompute} : grid.recomputes;
+  auto degrees = [](const std::vector<std::uint64_t>& v, std::uint64_t job) {
+    return v.empty() ? std::vector<std::uint64_t>{job} : v;
+  };
+  const auto dps = degrees(grid.dps, base.parallel.data), fsdps = degrees(grid.fsdps, base.parallel.fsdp),
+             tps = degrees(grid.tps, base.parallel.tensor), pps = degrees(grid.pps, base.parallel.pipeline);
   // The whole grid is bounded before any point is computed (and the product cannot wrap).
   std::uint64_t points = 1;
-  for (std::size_t n : {batches.size(), seqs.size(), precisions.size(), recomputes.size()})
+  for (std::size_t n : {batches.size(), seqs.size(), precisions.size(), recomputes.size(), dps.size(), fsdps.size(),
+                        tps.size(), pps.size()})
     if (__builtin_mul_overflow(points, static_cast<std::uint64_t>(n), &points) || points > limits::kMaxSweepPoints)
       throw Error(ErrorKind::invalid_argument,
                   "sweep: the grid has " + std::to_string(batches.size()) + " batches × " + std::to_string(seqs.size()) +
                       " sequences × " + std::to_string(precisions.size()) + " precisions × " +
-                      std::to_string(recomputes.size()) + " recompute modes, more than the limit of " +
-                      std::to_string(limits::kMaxSweepPoints) + " points; split it into smaller sweeps");
+                      std::to_string(recomputes.size()) + " recompute modes × " +
+                      std::to_string(dps.size() * fsdps.size() * tps.size() * pps.size()) +
+                      " layouts, more than the limit of " + std::to_string(limits::kMaxSweepPoints) +
+                      " points; split it into smaller sweeps");
   std::vector<SweepPoint> out;
   out.reserve(points);
   Job j = base;
+  for (std::uint64_t dp : dps)
+  for (std::uint64_t fs : fsdps)
+  for (std::uint64_t tp : tps)
+  for (std::uint64_t pp : pps)
   for (Precision p : precisions)
     for (Recompute rc : recomputes)
       for (std::uint64_t s : seqs)
@@ -312,10 +324,18 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
           pt.seq = s;
           pt.precision = p;
           pt.recompute = rc;
+          pt.dp = dp;
+          pt.fsdp = fs;
+          pt.tp = tp;
+          pt.pp = pp;
           j.batch = b;
           j.seq = s;
           j.precision = p;
           j.recompute = rc;
+          j.parallel.data = dp;
+          j.parallel.fsdp = fs;
+          j.parallel.tensor = tp;
+          j.parallel.pipeline = pp;
           pt.beyond_max_positions = s > model.max_positions;
           try {
             pt.estimate = estimate(model, j);
