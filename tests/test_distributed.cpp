@@ -390,3 +390,34 @@ TEST_CASE("sweep takes lists of layouts: each point is that layout's estimate, a
   big.seqs = {1024, 2048};
   CHECK_THROWS_AS(sweep(llama1b(), small_job(), big), Error);  // 204,800 points: over the limit, refused first
 }
+
+TEST_CASE("the layout flags on the command line: predicted per rank, bad values exit 2 naming the flag") {
+  const std::string cfg = test::source_path("configs/llama-3.2-1b.yaml");
+  auto r = test::run_cli("predict " + cfg + " --batch 1 --seq 1024 --fsdp 6 --format json 2>/dev/null");
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["rank"] == 0);
+  CHECK(j["job"]["parallel"]["fsdp"] == 6);
+  CHECK(j["job"]["parallel"]["world"] == 6);
+  REQUIRE(j["ranks"].size() == 2);  // ranks 0-4 hold full chunks, rank 5 the short ones
+  CHECK(j["ranks"][1]["ranks"] == nlohmann::json::array({5}));
+  CHECK(j.contains("reserved_unmodelled"));
+  auto table = test::run_cli("predict " + cfg + " --batch 1 --seq 1024 --dp 4 --zero 1");
+  CHECK(table.exit_code == 0);
+  CHECK(table.out.find("ZeRO-1") != std::string::npos);
+  CHECK(table.out.find("(the most loaded)") != std::string::npos);
+  struct Bad {
+    const char* flags;
+    const char* named;
+  };
+  for (const Bad& b : {Bad{"--fsdp 0", "--fsdp"}, Bad{"--fsdp x", "--fsdp"}, Bad{"--zero 4", "--zero"},
+                       Bad{"--zero 1", "--zero"}, Bad{"--reshard-after-forward maybe", "--reshard-after-forward"},
+                       Bad{"--fsdp 8 --rank 9", "--rank"}, Bad{"--rank -1", "--rank"}, Bad{"--ddp-bucket-view", "--ddp-bucket-view"},
+                       Bad{"--tp 3", "--tp 3"}, Bad{"--pp 2", "--pp 2"}, Bad{"--sp", "--sp"},
+                       Bad{"--dp 99999999999999999999", "--dp"}, Bad{"--mode infer --fsdp 2", "--fsdp"}}) {
+    CAPTURE(b.flags);
+    auto e = test::run_cli("predict " + cfg + " " + b.flags);
+    CHECK(e.exit_code == 2);
+    CHECK(e.out.find(b.named) != std::string::npos);
+  }
+}
