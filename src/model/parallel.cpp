@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "membudget/bytes.hpp"
@@ -110,30 +111,25 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
   if (l.world > 65536)
     throw Error(ErrorKind::unsupported, "ranks: listing the memory of " + std::to_string(l.world) +
                                             " ranks is not supported (at most 65,536); give --rank");
-  // What tells one shard rank from another: ZeRO-1's owned tensor sizes, FSDP2's local chunk sizes.
-  std::vector<std::vector<std::uint64_t>> signature(static_cast<std::size_t>(l.shard));
-  if (l.strategy == DataStrategy::zero1) {
-    auto parts = zero1_partition(m, l.shard);
-    for (std::size_t r = 0; r < parts.size(); ++r) signature[r] = std::move(parts[r].owned);
-  } else if (l.strategy == DataStrategy::fsdp) {
-    const auto tensors = model_tensors(m);
-    for (std::uint64_t r = 0; r < l.shard; ++r)
-      for (const ParamTensor& t : tensors) signature[r].push_back(fsdp_local_shard(t, l.shard, r));
-  }
+  // What tells one shard rank from another: ZeRO-1's owned tensor sizes, FSDP2's local chunk sizes
+  // (computed rank by rank; only the distinct ones are kept).
+  std::vector<Partition> parts;
+  if (l.strategy == DataStrategy::zero1) parts = zero1_partition(m, l.shard);
+  const auto tensors = l.strategy == DataStrategy::fsdp ? model_tensors(m) : std::vector<ParamTensor>{};
   std::vector<std::vector<std::uint64_t>> groups;
-  std::vector<std::size_t> group_of_shard(signature.size(), SIZE_MAX);
-  for (std::uint64_t r = 0; r < l.world; ++r) {
-    const std::size_t s = l.strategy == DataStrategy::ddp ? 0 : static_cast<std::size_t>(r % l.shard);
-    if (group_of_shard[s] == SIZE_MAX) {
-      for (std::size_t q = 0; q < s && group_of_shard[s] == SIZE_MAX; ++q)
-        if (signature[q] == signature[s]) group_of_shard[s] = group_of_shard[q];
-      if (group_of_shard[s] == SIZE_MAX) {
-        group_of_shard[s] = groups.size();
-        groups.emplace_back();
-      }
-    }
-    groups[group_of_shard[s]].push_back(r);
+  std::map<std::vector<std::uint64_t>, std::size_t> group_of_signature;
+  std::vector<std::size_t> group_of_shard(static_cast<std::size_t>(l.shard));
+  std::vector<std::uint64_t> signature;
+  for (std::uint64_t s = 0; s < l.shard; ++s) {
+    signature.clear();
+    if (l.strategy == DataStrategy::zero1) signature = parts[s].owned;
+    for (const ParamTensor& t : tensors) signature.push_back(fsdp_local_shard(t, l.shard, s));
+    const auto [it, fresh] = group_of_signature.try_emplace(signature, groups.size());
+    if (fresh) groups.emplace_back();
+    group_of_shard[s] = it->second;
   }
+  for (std::uint64_t r = 0; r < l.world; ++r)
+    groups[group_of_shard[l.strategy == DataStrategy::ddp ? 0 : static_cast<std::size_t>(r % l.shard)]].push_back(r);
   return groups;
 }
 
