@@ -291,8 +291,17 @@ TEST_CASE("advise: a job-change fix's figure is predict() of the job it carries"
   REQUIRE(lora);
   REQUIRE(lora->job);
   CHECK(lora->job->lora_rank == 16);
+  // ZeRO is a job change too: the rank of --dp N --zero S, predicted (docs/distributed.md)
+  for (const char* name : {"ZeRO-1", "ZeRO-2", "ZeRO-3"}) {
+    const Fix* f = find(fixes, name);
+    REQUIRE(f);
+    REQUIRE(f->job);
+    CHECK(f->job->parallel.data == f->gpus);
+    CHECK(f->job->parallel.zero_stage == name[5] - '0');
+    CHECK(f->peak == predict(spec, *f->job).peak);
+  }
   // fixes predict cannot express yet carry no job
-  for (const char* name : {"ZeRO-1", "ZeRO-3", "CPU offload", "QLoRA"}) {
+  for (const char* name : {"CPU offload", "QLoRA"}) {
     const Fix* f = find(fixes, name);
     REQUIRE(f);
     CHECK_FALSE(f->job);
