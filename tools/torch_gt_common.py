@@ -113,6 +113,8 @@ def param_stats(model) -> dict:
         "buffer_bytes": sum(b.numel() * b.element_size() for b in bufs),
         "param_dtypes": sorted({str(p.dtype) for p in params}),
         "tied_word_embeddings": _tied(model),
+        # transformers 5 chooses how MoE experts run (grouped_mm, batched_mm, eager)
+        "experts_implementation": getattr(getattr(model, "config", None), "_experts_implementation", None),
     }
 
 

@@ -5,7 +5,7 @@ PyTorch's "fake" backend (torch.testing._internal.distributed.fake_pg) lets a si
 rank r of a world of W: every buffer the rank allocates is real, the collectives return at once
 without moving data. So the rank's memory, phase by phase, is what a real rank allocates, less
 NCCL's own memory and the longer buffer lifetimes of communication overlapping compute (measured
-by tools/torch_profile_torchrun.py on machines with several GPUs).
+with --torchrun on machines with several GPUs: tools/device/dist_torchrun.sh).
 
 The step and its phases are tools/torch_profile_step.py's (run_step): floor, forward_peak,
 backward_peak, optimizer_peak, the reserved memory after each phase, step 0 and the steady state.
@@ -50,8 +50,20 @@ DEFAULTS = {"precision": "amp-bf16", "recompute": "none", "attention": "flash", 
             "bucket_view": False, "sp": False, "optimizer_impl": None, "batch": 1, "seq": 2048}
 
 
+# Under torchrun (--torchrun) the ranks are real processes on real GPUs and NCCL moves the data;
+# the process group is made once, from torchrun's environment, and kept for every case.
+TORCHRUN = [False]
+
+
 def init_pg(rank, world):
     import torch.distributed as dist
+
+    if TORCHRUN[0]:
+        if not dist.is_initialized():
+            dist.init_process_group("nccl")
+        if dist.get_world_size() != world:
+            raise RuntimeError("case needs %d ranks, torchrun started %d" % (world, dist.get_world_size()))
+        return
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
@@ -157,7 +169,8 @@ def build(case, cfgd):
             fut.set_result(bucket.buffer())
             return fut
 
-        model.register_comm_hook(None, hook)
+        if not TORCHRUN[0]:  # NCCL's allreduce is real under torchrun
+            model.register_comm_hook(None, hook)
     else:
         raise ValueError("unknown strategy " + strategy)
     model.train()
@@ -260,7 +273,7 @@ def run_case(case, snapshot_dir):
         del model, opts, x
         gc.collect()
         torch.cuda.synchronize()
-        if dist.is_initialized():
+        if dist.is_initialized() and not TORCHRUN[0]:
             dist.destroy_process_group()
         common.clean_cuda()
     done = [s for s in steps if s.get("phase") == "done"]
@@ -324,10 +337,20 @@ def main(argv=None):
     p.add_argument("--max-seconds", type=float, default=None)
     p.add_argument("--snapshot-dir", default=None)
     p.add_argument("--only", default=None, help="run only cases whose name contains this")
+    p.add_argument("--torchrun", action="store_true",
+                   help="run under torchrun on real GPUs with NCCL: the cases whose world is WORLD_SIZE, "
+                        "every rank measured (rank r writes OUTPUT with .rank<r> before .json)")
     args = p.parse_args(argv)
     import torch
 
-    torch.cuda.set_device(0)
+    if args.torchrun:
+        TORCHRUN[0] = True
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        world, me = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+        args.output = args.output.replace(".json", ".rank%d.json" % me)
+    else:
+        torch.cuda.set_device(0)
     if args.snapshot_dir:
         os.makedirs(args.snapshot_dir, exist_ok=True)
     doc = {"tool": "tools/torch_profile_dist.py", "argv": sys.argv, "env": common.env_info(), "units": "bytes",
@@ -336,6 +359,10 @@ def main(argv=None):
     for case in cases_from_matrix(args.matrix):
         if args.only and args.only not in case["name"]:
             continue
+        if args.torchrun:  # each case once per world size; this process is one of its ranks
+            if int(case["world"]) != world or int(case.get("rank", 0)) != 0:
+                continue
+            case = dict(case, rank=me)
         if args.max_seconds is not None and time.perf_counter() - t_start > args.max_seconds:
             doc["cases"].append({"name": case["name"], "status": "skipped", "job": case})
             continue
