@@ -326,7 +326,9 @@ TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any s
         case 4: p.data = 4; p.zero_stage = 1; j.precision = Precision::bf16; break;
         case 5: p.tensor = 2; break;
       }
-      for (auto [b, s] : {std::pair<std::uint64_t, std::uint64_t>{1, 777}, {3, 2048}, {2, 5000}}) {
+      for (const auto& shape : {std::pair<std::uint64_t, std::uint64_t>{1, 777}, {3, 2048}, {2, 5000}}) {
+        // (no structured binding: clang 14 cannot capture one in a doctest CAPTURE)
+        const std::uint64_t b = shape.first, s = shape.second;
         j.batch = b;
         j.seq = s;
         PredictOptions full;

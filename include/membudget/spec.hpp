@@ -48,6 +48,23 @@ struct LatentAttention {
   bool enabled() const noexcept { return kv_lora_rank > 0; }
 };
 
+// Mixture-of-experts MLPs (transformers 5: the routed experts of a layer are two packed 3-D
+// parameters, gate_up_proj (E, 2·I_e, h) and down_proj (E, h, I_e), beside a router h → E).
+struct MixtureOfExperts {
+  std::uint64_t experts = 0;         // routed experts per MoE layer; Mixtral 8x7B: 8 (0: a dense model)
+  std::uint64_t top_k = 0;           // experts per token; Mixtral: 2
+  std::uint64_t expert_ff = 0;       // one expert's intermediate width; Qwen3-30B-A3B: 768
+  std::uint64_t shared_ff = 0;       // a shared expert's MLP width beside the routed ones (0: none);
+                                     // Qwen1.5-MoE: 5632, DeepSeek-V2-Lite: 2 × 1408
+  bool shared_gate = false;          // Qwen2-MoE's sigmoid gate on the shared expert (h → 1)
+  bool router_bias = false;          // DeepSeek-V3's noaux_tc routing: an e_score_correction_bias buffer (E fp32)
+  std::uint64_t first_dense = 0;     // layers 0 … first_dense − 1 are dense (DeepSeek first_k_dense_replace)
+  std::uint64_t sparse_step = 1;     // MoE on every step-th layer (Qwen decoder_sparse_step: (il + 1) % step == 0)
+  std::vector<std::uint64_t> dense_layers;  // layers that stay dense (Qwen mlp_only_layers)
+  bool enabled() const noexcept { return experts > 0; }
+  bool operator==(const MixtureOfExperts&) const = default;
+};
+
 // Architecture quirks: behaviour that differs between families of the same layer layout, as typed
 // fields. The loaders set them once (from config.json's model_type, or the YAML `family` and
 // `quirks:` keys); nothing downstream compares family names.
@@ -58,6 +75,7 @@ struct ArchQuirks {
   bool embedding_scale = false;     // embeddings multiplied by sqrt(hidden_size) (Gemma, Gemma 2)
   bool partial_rotary = false;      // rotary through the partial-rotary path: rotated part cat'ed
                                     // with the pass-through part, a copy (Phi-3)
+  bool qk_norm_full_width = false;  // q_norm / k_norm over the whole q and k width, not per head (OLMoE)
   bool operator==(const ArchQuirks&) const = default;
 };
 
@@ -71,6 +89,11 @@ enum class Module : std::uint8_t {
   q, k, v, qkv, o, q_norm, k_norm,
   q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b,  // multi-head latent attention
   gate, up, gate_up, down, fc1, fc2,
+  router,            // a mixture-of-experts layer's router (h → E)
+  experts_gate_up,   // the routed experts' packed gate and up projections (E × h → 2·I_e)
+  experts_down,      // the routed experts' packed down projections (E × I_e → h)
+  shared_gate, shared_up, shared_down,  // the shared expert's MLP
+  shared_expert_gate,  // Qwen2-MoE's gate on the shared expert (h → 1)
 };
 const char* to_string(Module m) noexcept;
 
@@ -81,8 +104,9 @@ struct ParamTensor {
   std::uint64_t in = 0;   // input features of a projection weight; 0 for a vector
   std::uint64_t out = 0;  // output features, or the vector's length
   bool bias = false;      // the module's bias (a layernorm's too), not its weight
+  std::uint64_t count = 1;  // matrices packed in one tensor (routed experts: E), else 1
   bool projection() const noexcept { return in > 0; }  // LoRA's targets; what quantization packs
-  std::uint64_t elements() const;                      // checked in·out (or out)
+  std::uint64_t elements() const;                      // checked count·in·out (or out)
 };
 
 struct Biases {
@@ -93,14 +117,17 @@ struct Biases {
 
 struct ParameterCounts {
   std::uint64_t embedding = 0;   // V·h
-  std::uint64_t per_layer = 0;   // attention + MLP + norms of one decoder layer
-  std::uint64_t layers = 0;      // per_layer · L
+  std::uint64_t per_layer = 0;   // attention + MLP + norms of decoder layer 0
+  std::uint64_t layers = 0;      // all decoder layers (per_layer · L when they are alike)
   std::uint64_t final_norm = 0;  // h (RMSNorm) or 2h (LayerNorm)
   std::uint64_t lm_head = 0;     // V·h when untied, else 0
   std::uint64_t total = 0;
   // Number of distinct parameter tensors (the allocator rounds each to 512 B).
   std::uint64_t tensors = 0;
-  std::uint64_t per_layer_tensors = 0;
+  std::uint64_t per_layer_tensors = 0;  // layer 0's
+  // What one token uses: every parameter but the routed experts it is not sent to (a dense model:
+  // total).
+  std::uint64_t active = 0;
 };
 
 struct ModelSpec {
@@ -124,6 +151,7 @@ struct ModelSpec {
   SlidingWindow sliding;
   LatentAttention mla;
   ArchQuirks quirks;
+  MixtureOfExperts moe;
 
   // ---- the model's tensors: the one description that the parameter count, weight bytes, the
   // inventories, serving, advise and the KV cache derive from ----
@@ -133,7 +161,9 @@ struct ModelSpec {
   std::vector<ParamTensor> layer_tensors(std::uint64_t il) const;
   // The embedding, the final norm and an untied lm_head.
   std::vector<ParamTensor> outer_tensors() const;
-  std::uint64_t n_ff(std::uint64_t il) const noexcept { (void)il; return intermediate_size; }
+  std::uint64_t n_ff(std::uint64_t il) const noexcept { (void)il; return intermediate_size; }  // a dense layer's
+  // Whether layer il's MLP is a mixture of experts (moe.first_dense, sparse_step, dense_layers).
+  bool moe_layer(std::uint64_t il) const noexcept;
   bool sliding_layer(std::uint64_t il) const noexcept {
     return sliding.enabled() && (sliding.every_nth <= 1 || il % sliding.every_nth == 0);
   }

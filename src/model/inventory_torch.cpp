@@ -17,6 +17,7 @@
 #include "data_parallel.hpp"
 #include "inventory.hpp"
 #include "parallel.hpp"
+#include "predictors.hpp"
 #include "torch_ops.hpp"
 
 namespace membudget::detail {
@@ -1130,6 +1131,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& full, const Job& job, bool
                                      std::array<SimTrace, 2>* traces) {
   // A tensor-parallel rank runs the decoder on its share of the heads and of the MLP width.
   const std::uint64_t t = job.parallel.tensor;
+  check_simulated(full);
   const ModelSpec m = tp_local_spec(full, t);
   const ModelSpec sizing = tp_local_spec(full_sizing ? *full_sizing : full, t);
   check_torch_coverage(m, job);

@@ -1,5 +1,6 @@
 // predict(): assembles the five terms and the phase peaks.
 #include <algorithm>
+#include <cstdio>
 #include <iterator>
 
 #include "inventory.hpp"
@@ -17,8 +18,23 @@ bytes_t default_overhead(Profile profile) {
   return profile == Profile::harness ? 560 * MiB : 767 * MiB;
 }
 
+namespace detail {
+void check_simulated(const ModelSpec& m) {
+  if (!m.moe.enabled()) return;
+  const ParameterCounts p = m.parameters();
+  char counts[96];
+  std::snprintf(counts, sizeof counts, "%.2fB parameters, %.2fB active per token", static_cast<double>(p.total) / 1e9,
+                static_cast<double>(p.active) / 1e9);
+  throw Error(ErrorKind::unsupported,
+              (m.name.empty() ? std::string("the model") : m.name) + " (" + counts + ", " + std::to_string(m.moe.experts) +
+                  " experts, top " + std::to_string(m.moe.top_k) +
+                  "): the mixture-of-experts block's step is not simulated yet, in training or serving");
+}
+}  // namespace detail
+
 Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& options) {
   model.validate();
+  detail::check_simulated(model);
   job.validate();  // refuses parallel layouts not modelled (docs/distributed.md)
   detail::check_layout(model, job);
   Budget b;

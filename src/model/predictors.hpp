@@ -13,6 +13,10 @@
 
 namespace membudget::detail {
 
+// Error(unsupported) for a model no predictor simulates yet: a mixture of experts (its parameters
+// are described and counted, the message gives them; the MoE block's step is not simulated yet).
+void check_simulated(const ModelSpec& m);
+
 // Serving (mode infer) with the torch profile: docs/serving.md.
 void predict_infer(Budget& b, const PredictOptions& options);
 // membudget's own training step (profile harness): docs/harness.md.

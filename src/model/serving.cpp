@@ -15,6 +15,7 @@
 // i.e. its cache and logits, still held, as generate() does).
 #include <algorithm>
 
+#include "predictors.hpp"
 #include "autograd_sim.hpp"
 #include "korthikanti.hpp"
 #include "membudget/serving.hpp"
@@ -219,6 +220,7 @@ constexpr bytes_t kCublasWorkspace = 32 * MiB;
 }  // namespace
 
 ServeStepResult simulate_serving(const ModelSpec& m, const Job& job, bool explain, SimTrace* trace) {
+  check_simulated(m);
   ServeStepResult res;
   AutogradSim sim(explain, GradMode::off);  // torch.inference_mode()
   if (trace) sim.record_to(trace);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "predictors.hpp"
 #include "membudget/error.hpp"
 #include "membudget/input.hpp"
 #include "membudget/serving.hpp"
@@ -71,6 +72,7 @@ std::string ServePlan::concurrency_line() const {
 }
 
 bytes_t vllm_profile_activation_peak(const ModelSpec& m, std::uint64_t T, std::uint64_t seqs) {
+  detail::check_simulated(m);  // the profile run is the serving walk: a dense MLP
   // A vLLM decoder layer in bf16 with fused kernels: the hidden states and the residual live across
   // layers (fused add-RMSNorm and rotary work in place); attention holds the fused qkv output and
   // the attention output; the MLP holds the fused gate_up output and the activation.

@@ -65,6 +65,13 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
   };
   for (const auto& [name, v] : required)
     if (v == 0) return invalid(name, "must be > 0; set it to the model's value");
+  if (s.moe.enabled()) {
+    if (s.moe.top_k == 0 || s.moe.top_k > s.moe.experts)
+      return invalid("num_experts_per_tok", "must be from 1 to the number of experts (" + std::to_string(s.moe.experts) + ")");
+    if (s.moe.expert_ff == 0) return invalid("moe_intermediate_size", "must be > 0");
+    if (s.moe.experts > (1u << 16)) return invalid("num_experts", "is absurdly large (limit 65536)");
+    if (s.moe.sparse_step == 0) return invalid("decoder_sparse_step", "must be at least 1");
+  }
 
   const std::pair<const char*, std::uint64_t> dims[] = {
       {"vocab_size", s.vocab_size}, {"hidden_size", s.hidden_size},
@@ -175,12 +182,26 @@ const char* to_string(Module m) noexcept {
     case Module::down: return "down_proj";
     case Module::fc1: return "fc1";
     case Module::fc2: return "fc2";
+    case Module::router: return "mlp.gate (router)";
+    case Module::experts_gate_up: return "experts.gate_up_proj";
+    case Module::experts_down: return "experts.down_proj";
+    case Module::shared_gate: return "shared_expert.gate_proj";
+    case Module::shared_up: return "shared_expert.up_proj";
+    case Module::shared_down: return "shared_expert.down_proj";
+    case Module::shared_expert_gate: return "shared_expert_gate";
   }
   return "unknown";
 }
 
 std::uint64_t ParamTensor::elements() const {
-  return in ? checked_mul(in, out, std::string("parameters: ") + to_string(module)) : out;
+  const std::string what = std::string("parameters: ") + to_string(module);
+  return checked_mul(count, in ? checked_mul(in, out, what) : out, what);
+}
+
+bool ModelSpec::moe_layer(std::uint64_t il) const noexcept {
+  if (!moe.enabled() || il < moe.first_dense) return false;
+  if (moe.sparse_step > 1 && (il + 1) % moe.sparse_step != 0) return false;
+  return std::find(moe.dense_layers.begin(), moe.dense_layers.end(), il) == moe.dense_layers.end();
 }
 
 namespace {
@@ -236,14 +257,25 @@ std::vector<ParamTensor> ModelSpec::layer_tensors(std::uint64_t il) const {
     }
     proj(Module::o, qd, h, bias.o);
     if (qk_norm) {
-      vec(Module::q_norm, head_dim);
-      vec(Module::k_norm, head_dim);
+      vec(Module::q_norm, quirks.qk_norm_full_width ? qd : head_dim);
+      vec(Module::k_norm, quirks.qk_norm_full_width ? kvd : head_dim);
     }
   }
   if (norms_per_layer >= 3) norm_of(Module::attn_out_norm, h);
   if (norms_per_layer >= 2) norm_of(Module::mlp_norm, h);
 
-  if (mlp == MlpKind::plain_gelu) {
+  if (moe_layer(il)) {
+    // transformers 5's MoE block: the router, the packed routed experts, then a shared expert
+    proj(Module::router, h, moe.experts);  // (DeepSeek-V3's e_score_correction_bias is a buffer, not a parameter)
+    v.push_back({Module::experts_gate_up, h, dim_mul(2, moe.expert_ff, "experts gate_up width"), false, moe.experts});
+    v.push_back({Module::experts_down, moe.expert_ff, h, false, moe.experts});
+    if (moe.shared_ff) {
+      proj(Module::shared_gate, h, moe.shared_ff);
+      proj(Module::shared_up, h, moe.shared_ff);
+      proj(Module::shared_down, moe.shared_ff, h);
+      if (moe.shared_gate) proj(Module::shared_expert_gate, h, 1);
+    }
+  } else if (mlp == MlpKind::plain_gelu) {
     proj(Module::fc1, h, I, bias.mlp);
     proj(Module::fc2, I, h, bias.mlp);
   } else {
@@ -280,16 +312,28 @@ ParameterCounts ModelSpec::parameters() const {
     }
     ++c.tensors;
   }
-  // Every decoder layer has layer 0's shapes today (layer_tensors and n_ff ignore the index): one
-  // layer times L. Models whose layers differ will sum layer_tensors(il) over il here.
+  // Dense layers are alike: layer 0 times L. A mixture-of-experts model sums its layers (dense ones
+  // first, MoE ones after), and counts what a token does not use: the routed experts beyond top_k.
   const auto tensors = layer_tensors(0);
   for (const ParamTensor& t : tensors) c.per_layer = checked_add(c.per_layer, t.elements(), "parameters: decoder layer");
   c.per_layer_tensors = tensors.size();
-  c.layers = checked_mul(c.per_layer, num_layers, "parameters: layers (per layer x num_layers)");
-  c.tensors = checked_add(c.tensors, checked_mul(tensors.size(), num_layers, "parameters: tensors"), "parameters: tensors");
+  std::uint64_t idle = 0;
+  if (!moe.enabled()) {
+    c.layers = checked_mul(c.per_layer, num_layers, "parameters: layers (per layer x num_layers)");
+    c.tensors = checked_add(c.tensors, checked_mul(tensors.size(), num_layers, "parameters: tensors"), "parameters: tensors");
+  } else {
+    if (num_layers > (1u << 20)) throw Error(ErrorKind::invalid_spec, "num_layers: absurdly large for a mixture of experts");
+    for (std::uint64_t il = 0; il < num_layers; ++il)
+      for (const ParamTensor& t : layer_tensors(il)) {
+        c.layers = checked_add(c.layers, t.elements(), "parameters: layers");
+        ++c.tensors;
+        if (t.count > 1) idle = checked_add(idle, t.elements() / t.count * (t.count - moe.top_k), "parameters: idle experts");
+      }
+  }
   c.total = checked_add(checked_add(checked_add(c.embedding, c.layers, "parameters: total"), c.final_norm,
                                     "parameters: total"),
                         c.lm_head, "parameters: total");
+  c.active = c.total - idle;
   return c;
 }
 
@@ -299,6 +343,7 @@ namespace {
 // match is on the prefix.
 ArchQuirks quirks_of_family(std::string_view family) {
   ArchQuirks q;
+  if (family == "olmoe") q.qk_norm_full_width = true;
   if (family.rfind("gemma", 0) == 0) q.norm_weight_offset = q.embedding_scale = true;
   if (family == "phi3") q.fused_qkv = q.fused_gate_up = q.partial_rotary = true;
   return q;
@@ -752,23 +797,26 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
                 where + ": field 'model_type' is missing; is this a Hugging Face config.json?");
   const std::string& t = *type;
 
-  // Mixture-of-experts models: this version models dense MLPs only.
-  static const char* const moe_types[] = {"mixtral", "qwen2_moe", "qwen3_moe", "phimoe", "olmoe",
-                                          "dbrx",    "jamba",     "granitemoe", "llama4"};
-  bool moe = std::find(std::begin(moe_types), std::end(moe_types), t) != std::end(moe_types);
+  // Mixture-of-experts families whose layers are described (mixtral, qwen2_moe, qwen3_moe, olmoe,
+  // deepseek_v2/v3); any other with experts is refused by name.
+  static const char* const moe_types[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+  const bool moe_family = std::find(std::begin(moe_types), std::end(moe_types), t) != std::end(moe_types);
+  const bool deepseek = t == "deepseek_v2" || t == "deepseek_v3";
+  bool experts = false;
   for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
     const json* v = r.find(key);
-    if (v && v->is_number() && v->get<double>() > 0) moe = true;
+    if (v && v->is_number() && v->get<double>() > 0) experts = true;
   }
-  if (moe)
+  static const char* const other_moe[] = {"phimoe", "dbrx", "jamba", "granitemoe", "llama4", "gpt_oss"};
+  if (std::find(std::begin(other_moe), std::end(other_moe), t) != std::end(other_moe) ||
+      (experts && !moe_family && !deepseek))
     throw Error(ErrorKind::unsupported,
-                where + ": model_type '" + t +
-                    "' is a mixture-of-experts model; MoE is not supported (supported: " +
-                    kSupportedTypes + ", dense only)");
+                where + ": model_type '" + t + "' is a mixture-of-experts model membudget does not describe yet (it "
+                        "describes mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3)");
 
-  const bool llama = t == "llama", mistral = t == "mistral", qwen2 = t == "qwen2",
-             qwen3 = t == "qwen3", gemma = t == "gemma", gemma2 = t == "gemma2", phi3 = t == "phi3",
-             deepseek = t == "deepseek_v2" || t == "deepseek_v3";
+  const bool llama = t == "llama" || t == "olmoe", mistral = t == "mistral" || t == "mixtral",
+             qwen2 = t == "qwen2" || t == "qwen2_moe", qwen3 = t == "qwen3" || t == "qwen3_moe", gemma = t == "gemma",
+             gemma2 = t == "gemma2", phi3 = t == "phi3";
   if (!(llama || mistral || qwen2 || qwen3 || gemma || gemma2 || phi3 || deepseek))
     throw Error(ErrorKind::unsupported, where + ": model_type '" + t +
                                             "' is not supported (supported: " + kSupportedTypes +
@@ -852,6 +900,48 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     }
   }
   if (qwen3) s.qk_norm = true;
+  if (t == "olmoe") {
+    s.qk_norm = true;  // OLMoE's q_norm / k_norm span the whole q and k (quirks.qk_norm_full_width)
+    if (const json* c = r.find("clip_qkv"); c && !c->is_null())
+      throw r.error("clip_qkv", "clipping q, k and v is not modelled", ErrorKind::unsupported);
+  }
+  if (moe_family || (deepseek && experts)) {
+    MixtureOfExperts& e = s.moe;
+    if (t == "mixtral") {
+      e.experts = r.req_uint("num_local_experts");
+      e.expert_ff = s.intermediate_size;
+    } else if (deepseek) {
+      e.experts = r.req_uint("n_routed_experts");
+      e.expert_ff = r.req_uint("moe_intermediate_size");
+      e.shared_ff = checked_mul(r.opt_uint("n_shared_experts").value_or(0), e.expert_ff, "n_shared_experts x moe_intermediate_size");
+      e.first_dense = r.opt_uint("first_k_dense_replace").value_or(0);
+      if (r.opt_uint("moe_layer_freq").value_or(1) != 1)
+        throw r.error("moe_layer_freq", "MoE on every n-th layer only (n > 1) is not modelled", ErrorKind::unsupported);
+      const std::string method = r.opt_string("topk_method").value_or("greedy");
+      if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc")
+        throw r.error("topk_method", "routing '" + method + "' is not modelled (greedy, group_limited_greedy, noaux_tc are)",
+                      ErrorKind::unsupported);
+      e.router_bias = method == "noaux_tc";
+    } else {  // qwen2_moe, qwen3_moe, olmoe
+      e.experts = r.req_uint("num_experts");
+      e.expert_ff = t == "olmoe" ? s.intermediate_size : r.req_uint("moe_intermediate_size");
+      if (t == "qwen2_moe") {
+        e.shared_ff = r.opt_uint("shared_expert_intermediate_size").value_or(0);
+        e.shared_gate = e.shared_ff > 0;
+      }
+      if (t != "olmoe") {
+        e.sparse_step = r.opt_uint("decoder_sparse_step").value_or(1);
+        if (const json* d = r.find("mlp_only_layers"); d && d->is_array())
+          for (const json& x : *d) {
+            if (!x.is_number_unsigned()) throw r.error("mlp_only_layers", "must be a list of layer indices");
+            e.dense_layers.push_back(x.get<std::uint64_t>());
+          }
+      }
+    }
+    e.top_k = r.req_uint("num_experts_per_tok");
+    if (r.opt_bool("output_router_logits").value_or(false))
+      throw r.error("output_router_logits", "the auxiliary load-balancing loss is not modelled yet", ErrorKind::unsupported);
+  }
 
   if (auto p = find_problem(s)) throw Error::field(p->kind, where, p->field, p->what);
   return s;
