@@ -408,6 +408,10 @@ TEST_CASE("the layout flags on the command line: predicted per rank, bad values 
   CHECK(table.exit_code == 0);
   CHECK(table.out.find("ZeRO-1") != std::string::npos);
   CHECK(table.out.find("(the most loaded)") != std::string::npos);
+  // max-batch searches one rank of the layout and says so
+  auto mb = test::run_cli("max-batch " + cfg + " --device H100 --seq 1024 --fsdp 8");
+  CHECK(mb.exit_code == 0);
+  CHECK(mb.out.find("one rank of FSDP2 over 8 ranks") != std::string::npos);
   struct Bad {
     const char* flags;
     const char* named;

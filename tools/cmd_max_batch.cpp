@@ -87,7 +87,8 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
                 << r.grad_accum_steps << "\n";
     } else {
       std::cout << printable(spec.name) << " on " << dev->name << " (" << format_bytes(r.limit) << " usable), seq " << job.seq
-                << ", " << to_string(job.precision) << ", recompute " << to_string(job.recompute) << "\n";
+                << ", " << to_string(job.precision) << ", recompute " << to_string(job.recompute)
+                << (job.parallel.single() ? std::string() : ", one rank of " + layout_label(job.parallel)) << "\n";
       if (r.max_micro_batch == 0) {
         std::cout << "  no micro-batch fits: batch 1 needs " << format_bytes(r.at_max.required) << "\n";
       } else {

@@ -25,5 +25,7 @@ std::string render(const Budget& budget, const std::optional<Fit>& fit, const Re
 std::string to_json_string(const Budget& budget, const std::optional<Fit>& fit, bool explain = false, int indent = 2);
 // `s` padded with spaces to `width` display columns (UTF-8 aware), for text tables.
 std::string pad_columns(std::string s, std::size_t width);
+// A parallel layout in words: "FSDP2 over 8 ranks (reshard after forward)", "DDP over 4 ranks", …
+std::string layout_label(const Parallelism& p);
 
 }  // namespace membudget

@@ -962,13 +962,11 @@ namespace {
 // The recipe the model's ops run in: the job's, except that FSDP2's amp-bf16
 // (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), no autocast) computes on bf16
 // unsharded parameters exactly as the bf16 recipe does; its shards, gradients and optimizer state
-// stay fp32 (the stored dtype, reduce_bytes, optimizer_cost's recipe_of(job.precision)).
+// stay fp32 (the stored dtype, optimizer_cost's recipe_of(job.precision)).
 Recipe walk_recipe(const Job& job, const RankLayout& l) {
   if (l.strategy == DataStrategy::fsdp && job.precision == Precision::amp_bf16) return recipe_of(Precision::bf16);
   return recipe_of(job.precision);
 }
-// The sharded gradients' element bytes: reduce_dtype fp32 under amp-bf16, else the parameters'.
-bytes_t reduce_bytes(const Job& job, const RankLayout&) { return element_size(recipe_of(job.precision).param); }
 
 // One simulated training step (step 0, or a steady-state step), in the stages a real step runs:
 // the model and batch on the device, the persistent optimizer state and library workspaces, the
@@ -981,8 +979,10 @@ class TrainPass {
       : res_(res),
         sim_(explain),
         layout_(layout_of(sizing, job)),
+        // the sharded gradients are in reduce_dtype: fp32 under amp-bf16's policy, else the
+        // parameters' dtype, i.e. the shards' dtype either way
         dp_(sim_, layout_, element_size(walk_recipe(job, layout_).param), element_size(recipe_of(job.precision).param),
-            reduce_bytes(job, layout_)),
+            element_size(recipe_of(job.precision).param)),
         st_{m, job, {}, RecipeBytes(walk_recipe(job, layout_)), sim_, {}},
         sizing_(sizing),
         steady_(steady) {

@@ -60,17 +60,6 @@ ordered_json job_json(const Job& j) {
   return o;
 }
 
-// "FSDP2 over 8 ranks (reshard after forward)", "DDP over 4 ranks", ...
-std::string layout_label(const Parallelism& p) {
-  const std::string n = std::to_string(p.world());
-  if (p.fsdp > 1 && p.data > 1)
-    return "HSDP: FSDP2 over " + std::to_string(p.fsdp) + " ranks × " + std::to_string(p.data) + " replicas" +
-           (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
-  if (p.fsdp > 1) return "FSDP2 over " + n + " ranks" + (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
-  if (p.zero_stage >= 2) return "ZeRO-" + std::to_string(p.zero_stage) + " (FSDP2) over " + n + " ranks";
-  if (p.zero_stage == 1) return "DDP + ZeRO-1 (ZeroRedundancyOptimizer) over " + n + " ranks";
-  return "DDP over " + n + " ranks" + (p.ddp_bucket_view ? " (gradient_as_bucket_view)" : "");
-}
 
 std::vector<TensorBytes> top_tensors(const PhasePeak* p, std::size_t n) {
   if (!p) return {};
@@ -94,6 +83,17 @@ std::string rpad(std::string s, std::size_t w) {
 }
 
 }  // namespace
+
+std::string layout_label(const Parallelism& p) {
+  const std::string n = std::to_string(p.world());
+  if (p.fsdp > 1 && p.data > 1)
+    return "HSDP: FSDP2 over " + std::to_string(p.fsdp) + " ranks × " + std::to_string(p.data) + " replicas" +
+           (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
+  if (p.fsdp > 1) return "FSDP2 over " + n + " ranks" + (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
+  if (p.zero_stage >= 2) return "ZeRO-" + std::to_string(p.zero_stage) + " (FSDP2) over " + n + " ranks";
+  if (p.zero_stage == 1) return "DDP + ZeRO-1 (ZeroRedundancyOptimizer) over " + n + " ranks";
+  return "DDP over " + n + " ranks" + (p.ddp_bucket_view ? " (gradient_as_bucket_view)" : "");
+}
 
 std::string pad_columns(std::string s, std::size_t width) {
   std::size_t cols = 0;  // display columns: UTF-8 continuation bytes do not count
