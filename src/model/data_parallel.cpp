@@ -17,18 +17,16 @@ void DataParallelSim::add_group(std::vector<std::pair<TensorId, ParamTensor>> pa
   groups_.push_back(std::move(g));
 }
 
-std::vector<TensorId> DataParallelSim::shard() {
+void DataParallelSim::shard() {
   // fully_shard keeps each parameter's padded dim-0 chunk as its own tensor (_init_sharded_param:
   // new_zeros(padded_sharded_size)) and frees the whole parameter; the unsharded parameter is an
   // empty storage until the first all-gather.
-  std::vector<TensorId> sharded;
   for (const Group& g : groups_)
     for (const auto& [id, t] : g.params) {
-      sharded.push_back(sim_.alloc_raw("FSDP2 sharded parameters", times(fsdp_padded_shard(t, l_.shard), stored_),
-                                       Term::model_states, Role::parameter, "fully_shard"));
+      sim_.alloc_raw("FSDP2 sharded parameters", times(fsdp_padded_shard(t, l_.shard), stored_), Term::model_states,
+                     Role::parameter, "fully_shard");
       sim_.release_storage(id);
     }
-  return sharded;
 }
 
 void DataParallelSim::allocate_buckets(const ModelSpec& sizing, bool steady) {

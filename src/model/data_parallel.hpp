@@ -31,8 +31,8 @@ class DataParallelSim {
   // lm_head; 1 + i is decoder layer i) with their descriptions. After the last group: shard().
   void add_group(std::vector<std::pair<TensorId, ParamTensor>> params);
   // The model as fully_shard leaves it: the sharded parameters (ps rows each, padded) allocated,
-  // the unsharded storage freed. Returns the sharded parameters (for the allocator's segment tails).
-  std::vector<TensorId> shard();
+  // the unsharded storage freed.
+  void shard();
 
   // DDP: the gradient buckets, allocated when DistributedDataParallel is built (step 0's one bucket
   // of every parameter) or rebuilt before the second forward (a steady step's).
