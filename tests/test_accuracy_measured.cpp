@@ -24,7 +24,15 @@ struct KnownGap {
   bool step0 = false;  // a gap of step 0's phase (else of the steady state's)
 };
 
-void check_file(const char* rel, int min_cases, const std::vector<KnownGap>& gaps = {}) {
+// `refused`: prefixes of cases whose job is not modelled yet; predict must refuse them by name
+// (the error contains `refusal`) rather than answer.
+struct Refused {
+  const char* case_prefix;
+  const char* refusal;
+};
+
+void check_file(const char* rel, int min_cases, const std::vector<KnownGap>& gaps = {},
+                const std::vector<Refused>& refused = {}) {
   std::ifstream in(test::source_path(rel));
   REQUIRE(in.good());
   const auto data = nlohmann::json::parse(in);
@@ -34,7 +42,16 @@ void check_file(const char* rel, int min_cases, const std::vector<KnownGap>& gap
   for (const auto& c : data["cases"]) {
     if (c["status"] != "ok") continue;
     const auto& j = c["job"];
-    const ModelSpec m = load_model(test::source_path(j["config"].get<std::string>()));
+    // the model as measured: config.json with the run's overrides (a reduced depth, fewer experts)
+    ModelSpec m;
+    if (j.contains("overrides") && j["overrides"].is_object()) {
+      std::ifstream cf(test::source_path(j["config"].get<std::string>()));
+      auto config = nlohmann::json::parse(cf);
+      for (const auto& [key, value] : j["overrides"].items()) config[key] = value;
+      m = parse_hf_config(config.dump(), j["config"].get<std::string>());
+    } else {
+      m = load_model(test::source_path(j["config"].get<std::string>()));
+    }
     Job job;
     job.batch = j["batch"].get<std::uint64_t>();
     job.seq = j["seq"].get<std::uint64_t>();
@@ -47,6 +64,19 @@ void check_file(const char* rel, int min_cases, const std::vector<KnownGap>& gap
     job.recompute = parse_recompute(j["recompute"].get<std::string>());
     job.attention = parse_attention(j["attention"].get<std::string>());
     if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
+    const std::string case_name = c["name"].get<std::string>();
+    const auto refuse = std::find_if(refused.begin(), refused.end(),
+                                     [&](const Refused& r) { return case_name.rfind(r.case_prefix, 0) == 0; });
+    if (refuse != refused.end()) {
+      CAPTURE(case_name);
+      try {
+        (void)predict(m, job);
+        FAIL("predicted a job that is not modelled");
+      } catch (const Error& e) {
+        CHECK(std::string(e.what()).find(refuse->refusal) != std::string::npos);
+      }
+      continue;
+    }
     const Budget b = predict(m, job);
     // the last measured step (step ≥ 2: steady state), and step 0
     nlohmann::json steady, first;
@@ -154,4 +184,14 @@ TEST_CASE("each optimizer implementation lands within 1% too") {
               {"qwen2.5-1.5b/bf16/none/flash/adafactor/", Phase::forward_peak, -0.02, 0.0},
               {"qwen2.5-1.5b/bf16/none/flash/sgd/", Phase::forward_peak, -0.02, 0.0},
               {"qwen2.5-1.5b/bf16/", Phase::forward_peak, -0.025, 0.0, true}});
+}
+
+// Mixture-of-experts models (transformers 5.17's grouped_mm experts), random weights, depth reduced
+// to fit (tools/matrices/moe_h200.json): Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B (shared expert and its
+// gate), OLMoE-1B-7B (full-width q/k norms), Mixtral 8x7B (fp32 routing weights), in bf16 and
+// amp-bf16, with and without full recompute, two shapes each. DeepSeek-V2/V3 need multi-head latent
+// attention in training, which the inventory does not walk yet: refused by name.
+TEST_CASE("mixture-of-experts training lands within 1% too") {
+  check_file("tests/data/torch_train_moe_h200.json", 18, {},
+             {{"deepseek-", "DeepSeek's MoE router"}});
 }

@@ -124,3 +124,36 @@ TEST_CASE("fast path == full simulation for LoRA jobs, saved tensors by name inc
         check_same(predict(m, j), predict(m, j, full), std::string(c) + " lora");
       }
 }
+
+TEST_CASE("fast path == full simulation for mixture-of-experts models, and for layer patterns it does not compile") {
+  PredictOptions full;
+  full.full_simulation = true;
+  for (const char* c : {"tests/data/hf/moe/qwen3-30b-a3b.json", "tests/data/hf/moe/qwen1.5-moe-a2.7b.json",
+                        "tests/data/hf/moe/olmoe-1b-7b.json", "tests/data/hf/moe/mixtral-8x7b.json"}) {
+    ModelSpec m = load_model(test::source_path(c));
+    m.num_layers = 9;  // deep enough to be compiled from copies (a debug build simulates each)
+    for (Precision p : {Precision::amp_bf16, Precision::bf16})
+      for (Recompute rc : {Recompute::none, Recompute::full}) {
+        Job j;
+        j.batch = 2;
+        j.seq = 1000;
+        j.precision = p;
+        j.recompute = rc;
+        const auto failures_before = detail::step_plan_failures();
+        check_same(predict(m, j), predict(m, j, full), std::string(c) + " " + to_string(p) + " " + to_string(rc));
+        CHECK(detail::step_plan_failures() == failures_before);  // compiled
+      }
+    // dense layers between the MoE ones: the copies would leave them out, so the step is simulated
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      ModelSpec v = m;
+      if (pattern == 0) v.moe.sparse_step = 2;
+      if (pattern == 1) v.moe.dense_layers = {7};
+      if (pattern == 2) v.moe.first_dense = 3;
+      Job j;
+      j.batch = 1;
+      j.seq = 512;
+      check_same(predict(v, j), predict(v, j, full), std::string(c) + " pattern " + std::to_string(pattern));
+      CHECK(predict(v, j).peak != predict(m, j).peak);  // the dense layers count
+    }
+  }
+}

@@ -12,6 +12,7 @@
 #include "helpers.hpp"
 #include "membudget/api.hpp"
 #include "membudget/budget.hpp"
+#include "membudget/serving.hpp"
 
 using namespace membudget;
 
@@ -62,22 +63,52 @@ TEST_CASE("active parameters: everything but the routed experts a token is not s
   CHECK(dense.parameters().active == dense.parameters().total);
 }
 
-TEST_CASE("MoE steps are refused by name until the block is simulated, with the counts in the message") {
+TEST_CASE("MoE jobs the walks do not cover are refused by name; the rest are predicted") {
   const ModelSpec m = load_model(test::source_path("tests/data/hf/moe/qwen3-30b-a3b.json"));
-  for (Mode mode : {Mode::train, Mode::infer}) {
-    Job j;
-    j.mode = mode;
-    j.batch = 1;
-    j.seq = 1024;
+  auto refused_job = [&](const ModelSpec& spec, const Job& j, const char* needle) {
     try {
-      (void)predict(m, j);
+      (void)predict(spec, j);
       FAIL("predicted");
     } catch (const Error& e) {
+      CAPTURE(e.what());
       CHECK(e.kind() == ErrorKind::unsupported);
-      CHECK(std::string(e.what()).find("30.53B parameters, 3.35B active") != std::string::npos);
+      CHECK(std::string(e.what()).find(needle) != std::string::npos);
     }
-    CHECK_THROWS_AS((void)estimate(m, j), Error);
+    CHECK_THROWS_AS((void)estimate(spec, j), Error);
+  };
+  Job j;
+  j.batch = 1;
+  j.seq = 1024;
+  for (Mode mode : {Mode::train, Mode::infer}) {
+    j.mode = mode;
+    const Budget b = predict(m, j);
+    CHECK(b.peak > b.states.weights);
+    CHECK(estimate(m, j).peak == b.peak);
   }
+  Job lora = j;
+  lora.mode = Mode::train;
+  lora.lora_rank = 8;
+  refused_job(m, lora, "--lora");
+  Job fsdp = j;
+  fsdp.mode = Mode::train;
+  fsdp.parallel.fsdp = 8;
+  refused_job(m, fsdp, "parallel layout");
+  Job int4 = j;
+  int4.mode = Mode::infer;
+  int4.weights = DType::int4;
+  refused_job(m, int4, "--weights int4 on a mixture of experts");
+  Job harness = j;
+  harness.mode = Mode::train;
+  harness.profile = Profile::harness;
+  refused_job(m, harness, "mixture of experts");
+  // DeepSeek's router is described (parameters are exact) but not walked
+  const ModelSpec ds = load_model(test::source_path("tests/data/hf/moe/deepseek-v2-lite.json"));
+  for (Mode mode : {Mode::train, Mode::infer}) {
+    j.mode = mode;
+    refused_job(ds, j, "DeepSeek's MoE router");
+  }
+  // vLLM's sizing runs its fused MoE kernels: refused
+  CHECK_THROWS_WITH_AS((void)vllm_profile_activation_peak(m, 8192, 256), doctest::Contains("fused mixture-of-experts"), Error);
   // routing schemes and MoE families not described are refused at load, naming what is missing
   auto refused = [](const std::string& json, const char* needle) {
     try {

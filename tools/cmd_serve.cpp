@@ -62,7 +62,7 @@ std::string row(const std::string& label, const std::string& value, const std::s
 nlohmann::ordered_json plan_json(const ModelSpec& m, const Device& dev, const ServePlan& p,
                                  const std::optional<TrafficFit>& tf) {
   nlohmann::ordered_json j;
-  j["model"] = {{"name", m.name}, {"parameters", m.parameters().total}};
+  j["model"] = {{"name", m.name}, {"parameters", m.parameters().total}, {"active_parameters", m.parameters().active}};
   j["device"] = {{"name", dev.name}, {"total_memory", p.total_memory}};
   j["config"] = {{"gpu_memory_utilization", p.gpu_memory_utilization},
                  {"max_model_len", p.max_model_len},

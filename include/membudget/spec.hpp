@@ -61,6 +61,14 @@ struct MixtureOfExperts {
   std::uint64_t first_dense = 0;     // layers 0 … first_dense − 1 are dense (DeepSeek first_k_dense_replace)
   std::uint64_t sparse_step = 1;     // MoE on every step-th layer (Qwen decoder_sparse_step: (il + 1) % step == 0)
   std::vector<std::uint64_t> dense_layers;  // layers that stay dense (Qwen mlp_only_layers)
+  // The router. softmax_top_k: transformers 5.17's Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE
+  // TopKRouter (softmax over the experts in fp32, top-k, then the options below). deepseek: DeepSeek-V2's
+  // (an fp32 gate, greedy or group-limited top-k, routed scaling) and V3's (sigmoid scores with a
+  // correction bias, noaux_tc), described for counting but not yet walked.
+  enum class Router : std::uint8_t { softmax_top_k, deepseek };
+  Router router = Router::softmax_top_k;
+  bool normalize_top_k = false;      // the k weights divided by their sum (norm_topk_prob; Mixtral always)
+  bool weights_fp32 = false;         // the weights stay fp32 (Mixtral); else cast to the router logits' dtype
   bool enabled() const noexcept { return experts > 0; }
   bool operator==(const MixtureOfExperts&) const = default;
 };

@@ -130,7 +130,7 @@ Estimate summarize(const Budget& b) {
 }
 
 Estimate estimate(const ModelSpec& model, const Job& job) {
-  detail::check_simulated(model);  // before a plan would simulate it
+  detail::check_simulated(model, job);  // before a plan would simulate it
   if (plan_applies(job)) {
     job.validate();
     detail::check_layout(model, job);  // what predict() checks beyond the job alone

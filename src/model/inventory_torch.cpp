@@ -55,6 +55,9 @@ struct LayerParams {
   TensorId norm1 = kNone, norm2 = kNone, norm3 = kNone, norm4 = kNone;  // attn, mlp, attn_out, mlp_out norms
   TensorId q = kNone, k = kNone, v = kNone, o = kNone, qb = kNone, kb = kNone, vb = kNone;
   TensorId gate = kNone, up = kNone, down = kNone, q_norm = kNone, k_norm = kNone;
+  // a mixture-of-experts layer: the router, the packed routed experts, the shared expert and its gate
+  TensorId router = kNone, experts_gate_up = kNone, experts_down = kNone;
+  TensorId shared_gate = kNone, shared_up = kNone, shared_down = kNone, shared_expert_gate = kNone;
   Adapter aq, ak, av, ao, agate, aup, adown;  // LoRA (job.lora_rank > 0)
 };
 
@@ -238,11 +241,12 @@ struct Step {
     // o_proj's output, in tests/data/gaps/gemma-2-2b_amp-bf16_none_flash_adamw_b1s2048.pickle.gz.
     // Moving it changes unmeasured LoRA / autocast predictions and is left for a measured change.
     sim.drop(n1);
-    if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary
-      TensorId qn = rmsnorm(q, p.q_norm, "q_norm output", d.qd, d.a);
+    if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary; OLMoE: over all of q and k
+      const bool full = m.quirks.qk_norm_full_width;
+      TensorId qn = rmsnorm(q, p.q_norm, "q_norm output", d.qd, full ? 1 : d.a);
       sim.drop(q);
       q = qn;
-      TensorId kn = rmsnorm(k, p.k_norm, "k_norm output", d.kvd, d.kva);
+      TensorId kn = rmsnorm(k, p.k_norm, "k_norm output", d.kvd, full ? 1 : d.kva);
       sim.drop(k);
       k = kn;
     }
@@ -300,8 +304,9 @@ struct Step {
     TensorId h1 = ops().close_block(x, o, p.norm3, "post-attention norm output", r.resid, r.resid_name,
                                     "residual stream (saved by the next norm)");
     TensorId n2 = rmsnorm(h1, p.norm2, "post_attention_layernorm output");
-    // MLP (TorchOps::mlp) through this step's linear: autocast casts and LoRA adapters
-    TensorId dn = ops().mlp(n2, r.compute, r.compute_name,
+    // MLP (TorchOps::mlp, or TorchOps::moe on a mixture-of-experts layer) through this step's
+    // linear: autocast casts and LoRA adapters
+    TensorId dn = m.moe_layer(i) ? moe(p, n2) : ops().mlp(n2, r.compute, r.compute_name,
                             [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
                               switch (mod) {
                                 case Module::gate_up: return linear(in_x, in, out, p.gate, kNone, name, shape);
@@ -322,6 +327,22 @@ struct Step {
                                     "residual stream (layer output)");
     sim.drop(h1);
     *out = h2;
+  }
+
+  // The sparse MoE block (TorchOps::moe): the router and the shared expert are nn.Linear (autocast
+  // casts them); the packed experts run grouped_mm on the parameters themselves.
+  TensorId moe(const LayerParams& p, TensorId x) {
+    return ops().moe(x, p.experts_gate_up, p.experts_down, r.param, r.compute, r.compute_name,
+                     [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
+                       switch (mod) {
+                         case Module::router: return linear(in_x, in, out, p.router, kNone, name, shape);
+                         case Module::shared_gate: return linear(in_x, in, out, p.shared_gate, kNone, name, shape);
+                         case Module::shared_up: return linear(in_x, in, out, p.shared_up, kNone, name, shape);
+                         case Module::shared_down: return linear(in_x, in, out, p.shared_down, kNone, name, shape);
+                         case Module::shared_expert_gate: return linear(in_x, in, out, p.shared_expert_gate, kNone, name, shape);
+                         default: throw Error(ErrorKind::unsupported, "internal: no training MoE linear for " + std::string(to_string(mod)));
+                       }
+                     });
   }
 
   // scaled_dot_product_attention. Flash/cuDNN need 16-bit inputs: with GQA (enable_gqa) in fp32 no
@@ -756,6 +777,13 @@ TensorId* slot_of(LayerParams& lp, const ParamTensor& t) {
     case Module::down: return t.bias ? nullptr : &lp.down;
     case Module::q_norm: return &lp.q_norm;
     case Module::k_norm: return &lp.k_norm;
+    case Module::router: return &lp.router;
+    case Module::experts_gate_up: return &lp.experts_gate_up;
+    case Module::experts_down: return &lp.experts_down;
+    case Module::shared_gate: return &lp.shared_gate;
+    case Module::shared_up: return &lp.shared_up;
+    case Module::shared_down: return &lp.shared_down;
+    case Module::shared_expert_gate: return &lp.shared_expert_gate;
     default: return nullptr;
   }
 }
@@ -787,6 +815,12 @@ void check_torch_coverage(const ModelSpec& m, const Job& job) {
   if (m.norms_per_layer != 2 && m.norms_per_layer != 4) refuse("norms_per_layer " + std::to_string(m.norms_per_layer) + " (2 or 4 are)");
   if (job.lora_rank && (m.quirks.fused_qkv || m.quirks.fused_gate_up))
     throw Error(ErrorKind::unsupported, "--lora: Phi-3's fused qkv_proj and gate_up_proj are not modelled with LoRA");
+  if (m.moe.enabled()) {
+    // The MoE block (TorchOps::moe) is measured on one GPU, with the whole model trained.
+    if (job.lora_rank) throw Error(ErrorKind::unsupported, "--lora: adapters on a mixture of experts are not modelled");
+    if (!job.parallel.single())
+      throw Error(ErrorKind::unsupported, "a mixture of experts under a parallel layout (--dp/--fsdp/--zero/--tp) is not modelled yet");
+  }
 }
 
 // The model's parameters as transformers allocates them (ModelSpec's tensor description), then
@@ -1131,7 +1165,7 @@ TorchStepResult simulate_torch_train(const ModelSpec& full, const Job& job, bool
                                      std::array<SimTrace, 2>* traces) {
   // A tensor-parallel rank runs the decoder on its share of the heads and of the MLP width.
   const std::uint64_t t = job.parallel.tensor;
-  check_simulated(full);
+  check_simulated(full, job);
   const ModelSpec m = tp_local_spec(full, t);
   const ModelSpec sizing = tp_local_spec(full_sizing ? *full_sizing : full, t);
   check_torch_coverage(m, job);

@@ -15,14 +15,14 @@ namespace membudget::detail {
 
 // Every field that can change a number (the quirks select Gemma's norms and Phi-3's fused
 // projections; the name and the family change nothing once the loader has set the quirks).
-constexpr std::size_t kKeyWords = 56;
+constexpr std::size_t kKeyWords = 60;
 constexpr std::size_t kBatchWord = 0, kSeqWord = 1;  // where key_of puts job.batch and job.seq
 using Key = std::array<std::uint64_t, kKeyWords>;
 
 inline Key key_of(const ModelSpec& m, const Job& j) {
   Key k{};
   std::size_t i = 0;
-  auto put = [&](std::uint64_t v) { k[i++] = v; };
+  auto put = [&](std::uint64_t v) { k.at(i++) = v; };  // at(): a field added past kKeyWords throws
   put(j.batch); put(j.seq);  // words kBatchWord and kSeqWord
   put(m.vocab_size); put(m.hidden_size); put(m.intermediate_size); put(m.num_layers); put(m.num_heads);
   put(m.num_kv_heads); put(m.head_dim); put(m.tied_embeddings); put(static_cast<std::uint64_t>(m.mlp));
@@ -40,8 +40,12 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   put(j.parallel.reshard_after_forward | (j.parallel.ddp_bucket_view << 1) | (j.parallel.rank.has_value() << 2));
   put(j.parallel.rank.value_or(0));
   put(m.moe.experts); put(m.moe.top_k); put(m.moe.expert_ff); put(m.moe.shared_ff);
-  put(m.moe.shared_gate | (m.moe.router_bias << 1) | (m.quirks.qk_norm_full_width << 2) | (m.moe.first_dense << 3) |
-      (m.moe.sparse_step << 24) | (m.moe.dense_layers.size() << 40));
+  put(m.moe.shared_gate | (m.moe.router_bias << 1) | (m.quirks.qk_norm_full_width << 2) |
+      (m.moe.normalize_top_k << 3) | (m.moe.weights_fp32 << 4) | (static_cast<std::uint64_t>(m.moe.router) << 5));
+  put(m.moe.first_dense); put(m.moe.sparse_step);
+  std::uint64_t dense = m.moe.dense_layers.size();  // the indices, folded (FNV-1a)
+  for (std::uint64_t il : m.moe.dense_layers) dense = (dense ^ il) * 0x100000001b3ull;
+  put(dense);
   put(j.overhead.has_value()); put(j.overhead.value_or(0)); put(static_cast<std::uint64_t>(j.kv_dtype));
   put(static_cast<std::uint64_t>(j.weights)); put(j.group_size);
   const ArchQuirks& q = m.quirks;
@@ -56,7 +60,7 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
 
 struct KeyHash {
   std::size_t operator()(const Key& k) const noexcept {
-    // Four independent multiply-xor lanes (a serial chain over 56 words costs more than a plan's
+    // Four independent multiply-xor lanes (a serial chain over 60 words costs more than a plan's
     // evaluation), mixed at the end.
     std::uint64_t h[4] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull, 0x2545f4914f6cdd1dull};
     for (std::size_t i = 0; i < kKeyWords; i += 4)

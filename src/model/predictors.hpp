@@ -13,9 +13,10 @@
 
 namespace membudget::detail {
 
-// Error(unsupported) for a model no predictor simulates yet: a mixture of experts (its parameters
-// are described and counted, the message gives them; the MoE block's step is not simulated yet).
-void check_simulated(const ModelSpec& m);
+// Error(unsupported) for a (model, job) no predictor simulates yet: a mixture of experts served
+// with quantised weights. MoE training is the torch inventory's (check_torch_coverage says which
+// MoE jobs), the harness refuses MoE, and vLLM's sizing refuses it (fused MoE kernels).
+void check_simulated(const ModelSpec& m, const Job& job);
 
 // Serving (mode infer) with the torch profile: docs/serving.md.
 void predict_infer(Budget& b, const PredictOptions& options);

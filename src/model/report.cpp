@@ -114,7 +114,9 @@ Format parse_format(std::string_view s) {
 
 std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool explain, int indent) {
   ordered_json j;
-  j["model"] = {{"name", b.model.name}, {"parameters", b.parameters.total}};
+  j["model"] = {{"name", b.model.name}, {"parameters", b.parameters.total}, {"active_parameters", b.parameters.active}};
+  if (b.model.moe.enabled())
+    j["model"]["moe"] = {{"experts", b.model.moe.experts}, {"top_k", b.model.moe.top_k}};
   j["job"] = job_json(b.job);
   j["terms"] = {{"model_states", b.terms.model_states},
                 {"activations", b.terms.activations},
@@ -214,8 +216,11 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
     case Format::table: break;
   }
   // A readable table.
-  out << printable(b.model.name) << " · " << static_cast<double>(b.parameters.total) / 1e9
-      << "B parameters · " << to_string(b.job.mode) << " · batch " << b.job.batch << " × seq " << b.job.seq << " · ";
+  out << printable(b.model.name) << " · " << static_cast<double>(b.parameters.total) / 1e9 << "B parameters";
+  if (b.model.moe.enabled())
+    out << " (" << static_cast<double>(b.parameters.active) / 1e9 << "B active: top " << b.model.moe.top_k << " of "
+        << b.model.moe.experts << " experts)";
+  out << " · " << to_string(b.job.mode) << " · batch " << b.job.batch << " × seq " << b.job.seq << " · ";
   if (b.job.mode == Mode::infer)
     out << "weights " << to_string(b.job.weights) << " · KV " << to_string(b.job.kv_dtype)
         << (b.job.profile == Profile::harness ? " · membudget harness: prefill into a KV pool of seq + 1 tokens, then one decode step"

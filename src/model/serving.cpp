@@ -133,9 +133,13 @@ struct Walk {
     TensorId h1 = ops().close_block(x, o, kNone, "post_attention_layernorm output", e, "bf16",
                                     "residual stream (after attention)");
     TensorId n2 = rmsnorm(h1, "post_attention_layernorm output", h);
-    TensorId d = ops().mlp(n2, e, "bf16", [&](TensorId in_x, bytes_t, bytes_t out, Module, const char* name, const char*) {
+    auto served_linear = [&](TensorId in_x, bytes_t, bytes_t out, Module, const char* name, const char*) {
       return linear(in_x, out, name);
-    });
+    };
+    // a mixture-of-experts layer: the same block as training (TorchOps::moe), nothing saved; the
+    // experts' grouped_mm runs in the served 16-bit dtype
+    TensorId d = m.moe_layer(i) ? ops().moe(n2, kNone, kNone, e, e, "bf16", served_linear)
+                                : ops().mlp(n2, e, "bf16", served_linear);
     sim.drop(n2);  // hidden_states = self.mlp(hidden_states)
     TensorId h2 = ops().close_block(h1, d, kNone, "post_feedforward_layernorm output", e, "bf16",
                                     "residual stream (layer output)");
@@ -220,7 +224,7 @@ constexpr bytes_t kCublasWorkspace = 32 * MiB;
 }  // namespace
 
 ServeStepResult simulate_serving(const ModelSpec& m, const Job& job, bool explain, SimTrace* trace) {
-  check_simulated(m);
+  check_simulated(m, job);
   ServeStepResult res;
   AutogradSim sim(explain, GradMode::off);  // torch.inference_mode()
   if (trace) sim.record_to(trace);

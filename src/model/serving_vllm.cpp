@@ -72,7 +72,10 @@ std::string ServePlan::concurrency_line() const {
 }
 
 bytes_t vllm_profile_activation_peak(const ModelSpec& m, std::uint64_t T, std::uint64_t seqs) {
-  detail::check_simulated(m);  // the profile run is the serving walk: a dense MLP
+  // the profile run is the serving walk with vLLM's dense kernels; its fused MoE kernels are not modelled
+  if (m.moe.enabled())
+    throw Error(ErrorKind::unsupported, (m.name.empty() ? std::string("the model") : m.name) +
+                                            ": vLLM's fused mixture-of-experts kernels are not modelled (predict --mode infer gives the Hugging Face prefill)");
   // A vLLM decoder layer in bf16 with fused kernels: the hidden states and the residual live across
   // layers (fused add-RMSNorm and rotary work in place); attention holds the fused qkv output and
   // the attention output; the MLP holds the fused gate_up output and the activation.

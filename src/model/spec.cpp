@@ -910,6 +910,11 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     if (t == "mixtral") {
       e.experts = r.req_uint("num_local_experts");
       e.expert_ff = s.intermediate_size;
+      e.normalize_top_k = true;  // MixtralTopKRouter divides by the sum unconditionally
+      e.weights_fp32 = true;     // and hands the fp32 weights to the experts
+      if (r.opt_double("router_jitter_noise").value_or(0.0) != 0.0)
+        throw r.error("router_jitter_noise", "the training-time jitter on the router input is not modelled",
+                      ErrorKind::unsupported);
     } else if (deepseek) {
       e.experts = r.req_uint("n_routed_experts");
       e.expert_ff = r.req_uint("moe_intermediate_size");
@@ -922,9 +927,11 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
         throw r.error("topk_method", "routing '" + method + "' is not modelled (greedy, group_limited_greedy, noaux_tc are)",
                       ErrorKind::unsupported);
       e.router_bias = method == "noaux_tc";
+      e.router = MixtureOfExperts::Router::deepseek;
     } else {  // qwen2_moe, qwen3_moe, olmoe
       e.experts = r.req_uint("num_experts");
       e.expert_ff = t == "olmoe" ? s.intermediate_size : r.req_uint("moe_intermediate_size");
+      e.normalize_top_k = r.opt_bool("norm_topk_prob").value_or(false);  // the configs' default
       if (t == "qwen2_moe") {
         e.shared_ff = r.opt_uint("shared_expert_intermediate_size").value_or(0);
         e.shared_gate = e.shared_ff > 0;

@@ -234,6 +234,13 @@ struct PlanBuilder {
     const std::uint64_t base = std::max<std::uint64_t>(kL0, P + 2);  // the last P interior layers are interior
     const std::uint64_t L0 = base + (L > base ? (L - base) % P : 0);
     const bool direct = L <= L0 + 2 * P;
+    // The copies are the model with fewer layers, so the layers they leave out must be like the
+    // interior ones: a mixture of experts qualifies when every layer from 1 on is an MoE layer (a
+    // dense layer 0 is a section of its own). Other patterns (decoder_sparse_step, mlp_only_layers,
+    // first_k_dense_replace > 1) are simulated.
+    if (!direct && m.moe.enabled())
+      for (std::uint64_t il = 1; il < L; ++il)
+        if (!m.moe_layer(il)) throw Fail{};
     const Depth dp{L, L0 + 2 * P, P};
     std::vector<SimSet> sets(direct ? 1 : 3);
     for (std::size_t n = 0; n < sets.size(); ++n) {

@@ -194,3 +194,178 @@ TensorId TorchOps::close_block(TensorId residual, TensorId branch, TensorId norm
 }
 
 }  // namespace membudget::detail
+
+namespace membudget::detail {
+
+TensorId TorchOps::view(const char* name, bytes_t grad_bytes) {
+  TensorId v = sim.make(name, 0, Term::activations, "view", "", "", true);
+  sim.set_grad_bytes(v, grad_bytes);
+  return v;
+}
+
+// Qwen3MoeTopKRouter.forward (Qwen2-MoE and OLMoE copy it; MixtralTopKRouter differs where noted):
+//     router_logits = F.linear(hidden_states, self.weight)
+//     router_probs = softmax(router_logits, dtype=torch.float)        # Mixtral: softmax(logits.float())
+//     router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+//     if self.norm_topk_prob: router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+//     router_top_value = router_top_value.to(router_logits.dtype)    # Mixtral: stays fp32
+// Read off the allocator snapshot of Qwen3-30B-A3B's forward
+// (tests/data/moe_snapshots/qwen3-30b-a3b_L2_bf16_none_flash_adamw_b1s1024_snapshot-forward.pickle.gz,
+// events 146-157): the logits, their fp32 copy (freed after softmax), the probabilities (kept by
+// SoftmaxBackward), the top-k values and int64 indices (kept by TopkBackward), the sum, and for the
+// in-place division a copy of the same size as the values (autograd keeps the original for the
+// divisor's gradient; here the values before `/=` are what the node saves, the same bytes), then
+// the cast, which frees the divided values.
+TensorId TorchOps::route(TensorId logits, TensorId* indices) {
+  const bytes_t E = m.moe.experts, k = m.moe.top_k;
+  const bytes_t TE = checked_product("activation size", T, E), Tk = checked_product("activation size", T, k);
+  const bytes_t lb = sim.info(logits).bytes / TE;
+  TensorId l32 = logits;
+  if (lb != 4) {
+    l32 = sim.make("router logits fp32 copy", mul(TE, 4), Term::activations, "to(float32)", "fp32", "b·s·E", true);
+    sim.node("ToCopyBackward0", {logits}, {l32}, {});
+  } else {
+    sim.hold(l32);
+  }
+  TensorId probs = sim.make(name("router probabilities (saved by softmax)", "router probabilities"), mul(TE, 4),
+                            Term::activations, "softmax", "fp32", "b·s·E", true);
+  sim.node("SoftmaxBackward0", {l32}, {probs}, {probs});
+  sim.drop(l32);
+  TensorId top = sim.make("router top-k weights", mul(Tk, 4), Term::activations, "topk", "fp32", "b·s·k", true);
+  *indices = sim.make(name("router top-k indices (saved by topk)", "router top-k indices"), mul(Tk, 8),
+                      Term::activations, "topk", "int64", "b·s·k", false);
+  sim.node("TopkBackward0", {probs}, {top}, {*indices});
+  sim.drop(probs);
+  if (m.moe.normalize_top_k) {
+    TensorId sum = sim.make(name("router top-k sum (saved by div)", "router top-k sum"), mul(T, 4), Term::activations,
+                            "sum", "fp32", "b·s·1", true);
+    sim.node("SumBackward1", {top}, {sum}, {});
+    TensorId div = sim.make(name("router top-k weights before /= (saved by div)", "router top-k weights / sum"),
+                            mul(Tk, 4), Term::activations, "div_", "fp32", "b·s·k", true);
+    sim.node("DivBackward0", {top, sum}, {div}, {top, sum});
+    sim.drop(sum);
+    sim.drop(top);
+    top = div;
+  }
+  if (m.moe.weights_fp32) return top;
+  const bytes_t lbytes = lb;
+  TensorId w = sim.make("router weights in the logits' dtype", mul(Tk, lbytes), Term::activations, "to(dtype)", "",
+                        "b·s·k", true);
+  sim.node("ToCopyBackward0", {top}, {w}, {});
+  sim.drop(top);
+  return w;
+}
+
+// grouped_mm_experts_forward (transformers 5.17, integrations/moe.py), S = T·k token-expert pairs:
+//     expert_ids_g, perm = torch.sort(expert_ids)                   # int64 S each
+//     selected_hidden_states_g = hidden_states[perm // num_top_k]   # S × h, saved by grouped_mm
+//     sample_weights_g = sample_weights[perm]                       # S, saved by the weighting mul
+//     histc_input = expert_ids_g.int(); tokens_per_expert = torch.histc(...); offsets = cumsum(...)
+//     sentinel_mask = (expert_ids_g >= num_experts).unsqueeze(-1)   # S bool, saved by masked_fill
+//     selected_hidden_states_g.masked_fill_(sentinel_mask, 0.0)
+//     proj_out = grouped_mm(selected, gate_up_proj.T, offsets).masked_fill(sentinel_mask, 0.0)
+//     proj_out = act_fn(gate) * up                                  # gate, up = proj_out.chunk(2)
+//     proj_out = grouped_mm(proj_out, down_proj.T, offsets).masked_fill(sentinel_mask, 0.0)
+//     weighted_out = proj_out * sample_weights_g.unsqueeze(-1)
+//     inv_perm = torch.empty_like(perm); inv_perm[perm] = torch.arange(S)
+//     weighted_out = weighted_out[inv_perm]
+//     return weighted_out.view(T, k, h).sum(dim=1).to(hidden_states.dtype)
+// Every size is S·(something): how the router spreads the tokens over the experts changes none of
+// them (tokens_per_expert only moves the group boundaries). The forward's order and lifetimes are
+// those of the Qwen3-30B-A3B snapshot (events 158-214); its backward
+// (..._snapshot-backward.pickle.gz) shows the transients given as workspaces below: each
+// IndexBackward0 is new_zeros + index_put_(accumulate=True), which sorts the indices (a few S-long
+// int64 buffers) and, where the incoming gradient is the sum's expanded view, first makes it
+// contiguous (S × h); the weighting mul's gradient for the S weights is an S × h product summed
+// over h.
+TensorId TorchOps::grouped_mm_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb) {
+  const bytes_t h = m.hidden_size, E = m.moe.experts, I = m.moe.expert_ff;
+  const bytes_t S = checked_product("activation size", T, m.moe.top_k);
+  const bytes_t xb = sim.info(x).bytes / mul(T, h);        // the block's input dtype
+  const bytes_t sb = sim.info(weights).bytes / S;          // the routing weights' dtype
+  const bytes_t index_sort = mul(S, 8, 4);                 // index_put_(accumulate)'s sorted indices
+  TensorId ids = sim.make("experts: sorted expert ids", mul(S, 8), Term::activations, "sort", "int64", "S", false);
+  TensorId perm = sim.make(name("experts: sort permutation (saved by the weights' gather)", "experts: sort permutation"),
+                           mul(S, 8), Term::activations, "sort", "int64", "S", false);
+  sim.transient("experts: torch.sort's key copy and temporary storage", mul(S, 8, 2));
+  TensorId tok = sim.make(name("experts: token of each pair, perm // k (saved by the gather)", "experts: perm // k"),
+                          mul(S, 8), Term::activations, "floor_divide", "int64", "S", false);
+  TensorId sel = sim.make(name("experts: gathered inputs (saved by grouped_mm)", "experts: gathered inputs"), mul(S, h, xb),
+                          Term::activations, "index", "", "S·h", true);
+  sim.node("IndexBackward0", {x}, {sel}, {tok}, index_sort);
+  sim.drop(tok);
+  TensorId sw = sim.make(name("experts: gathered routing weights (saved by the weighting mul)", "experts: gathered routing weights"),
+                         mul(S, sb), Term::activations, "index", "", "S", true);
+  sim.node("IndexBackward0", {weights}, {sw}, {perm}, index_sort);
+  TensorId hist_in = sim.make("experts: expert ids as int32 (histc input)", mul(S, 4), Term::activations, "int", "int32", "S", false);
+  TensorId counts = sim.make("experts: tokens per expert", mul(E, 4), Term::activations, "histc", "int32", "E", false);
+  TensorId offs = sim.make(name("experts: group offsets (saved by grouped_mm)", "experts: group offsets"), mul(E, 4),
+                           Term::activations, "cumsum", "int32", "E", false);
+  TensorId mask = sim.make(name("experts: sentinel mask (saved by masked_fill)", "experts: sentinel mask"), S,
+                           Term::activations, "ge", "bool", "S·1", false);
+  // masked_fill_ in place: the gathered inputs are the node's output as well as its input
+  TensorId sel_filled = view("experts: gathered inputs after masked_fill_", mul(S, h, xb));
+  sim.node("MaskedFillBackward0", {sel}, {sel_filled}, {mask});
+  // _grouped_mm: input.to(weight.dtype)
+  TensorId in = sel_filled, in_store = sel;
+  if (xb != wb) {
+    in = in_store = sim.make(name("experts: inputs in the experts' dtype (saved by grouped_mm)", "experts: inputs in the experts' dtype"),
+                             mul(S, h, wb), Term::activations, "to(dtype)", "", "S·h", true);
+    sim.node("ToCopyBackward0", {sel_filled}, {in}, {});
+  }
+  TensorId gu = sim.make("experts: gate_up grouped_mm output", mul(S, 2 * I, wb), Term::activations, "grouped_mm", "", "S·2I", true);
+  sim.node("GroupedMmBackward0", {in, gate_up}, {gu}, {in_store, gate_up, offs});
+  if (in != sel_filled) sim.drop(in);
+  TensorId gum = sim.make(name("experts: gate_up output, masked (saved by act and mul)", "experts: gate_up output, masked"),
+                          mul(S, 2 * I, wb), Term::activations, "masked_fill", "", "S·2I", true);
+  sim.node("MaskedFillBackward0", {gu}, {gum}, {mask});
+  sim.drop(gu);
+  // _default_apply_gate: gate, up = chunk(2) are views of the masked output, which the act and the
+  // mul keep alive; their gradients come back through SplitBackward as one S × 2I buffer
+  TensorId gate = view("experts: gate view", mul(S, I, wb)), up = view("experts: up view", mul(S, I, wb));
+  sim.node("SplitBackward0", {gum}, {gate, up}, {});
+  const bool gelu = m.mlp == MlpKind::gated_gelu;
+  TensorId act = sim.make(name("experts: act(gate) (saved by mul)", "experts: act(gate)"), mul(S, I, wb), Term::activations,
+                          gelu ? "gelu_tanh" : "silu", "", "S·I", true);
+  sim.node(gelu ? "GeluBackward0" : "SiluBackward0", {gate}, {act}, {gum});
+  TensorId prod = sim.make(name("experts: act*up (saved by grouped_mm)", "experts: act*up"), mul(S, I, wb), Term::activations,
+                           "mul", "", "S·I", true);
+  sim.node("MulBackward0", {act, up}, {prod}, {act, gum});
+  sim.drop(act);
+  sim.drop(gate);
+  sim.drop(up);
+  sim.drop(gum);
+  TensorId dn = sim.make("experts: down grouped_mm output", mul(S, h, wb), Term::activations, "grouped_mm", "", "S·h", true);
+  sim.node("GroupedMmBackward0", {prod, down}, {dn}, {prod, down, offs});
+  sim.drop(prod);
+  TensorId dnm = sim.make(name("experts: down output, masked (saved by the weighting mul)", "experts: down output, masked"),
+                          mul(S, h, wb), Term::activations, "masked_fill", "", "S·h", true);
+  sim.node("MaskedFillBackward0", {dn}, {dnm}, {mask});
+  sim.drop(dn);
+  const bytes_t ob = std::max(wb, sb);  // type promotion of the product
+  TensorId wo = sim.make("experts: weighted outputs", mul(S, h, ob), Term::activations, "mul", "", "S·h", true);
+  sim.node("MulBackward0", {dnm, sw}, {wo}, {dnm, sw}, mul(S, h, ob) + (ob != wb ? mul(S, h, ob) : 0));
+  TensorId inv = sim.make(name("experts: inverse permutation (saved by the gather)", "experts: inverse permutation"),
+                          mul(S, 8), Term::activations, "empty_like", "int64", "S", false);
+  sim.transient("experts: arange for the inverse permutation", mul(S, 8));
+  TensorId wp = sim.make("experts: weighted outputs in token order", mul(S, h, ob), Term::activations, "index", "", "S·h", true);
+  sim.node("IndexBackward0", {wo}, {wp}, {inv}, mul(S, h, ob) + index_sort);
+  sim.drop(wo);  // weighted_out is rebound
+  TensorId out = sim.make("experts: output (sum over the top k)", mul(T, h, ob), Term::activations, "sum", "", "b·s·h", true);
+  sim.node("SumBackward1", {wp}, {out}, {});
+  if (ob != xb) {
+    TensorId cast = sim.make("experts: output in the input's dtype", mul(T, h, xb), Term::activations, "to(dtype)", "",
+                             "b·s·h", true);
+    sim.node("ToCopyBackward0", {out}, {cast}, {});
+    sim.drop(out);
+    out = cast;
+  }
+  // the function returns: its locals go (the saved ones stay with their nodes). Until then they
+  // hold the gathered inputs and weights, the masked down output (the last binding of proj_out) and
+  // the inverse permutation: under inference_mode the prefill peaks beside them (the Qwen3 and
+  // OLMoE prefills of tests/data/torch_prefill_moe_h200.json were one S × h buffer low without).
+  for (TensorId t : {ids, perm, hist_in, counts, offs, mask, sel, sel_filled, sw, dnm, inv, wp}) sim.drop(t);
+  return out;
+}
+
+}  // namespace membudget::detail

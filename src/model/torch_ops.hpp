@@ -60,13 +60,49 @@ struct TorchOps {
   // shape)` is the driver's nn.Linear (training adds autocast and LoRA around TorchOps::linear).
   template <class Linear>
   TensorId mlp(TensorId x, bytes_t eb, const char* dtype, Linear&& linear);
+  // The same MLP as a mixture-of-experts layer's shared expert (width m.moe.shared_ff, the linears
+  // asked for as Module::shared_gate / shared_up / shared_down).
+  template <class Linear>
+  TensorId shared_expert(TensorId x, bytes_t eb, const char* dtype, Linear&& linear);
+
+  // transformers 5.17's sparse MoE block on `x` (the post-attention norm's output, T × h): the
+  // shared expert (Qwen2-MoE), the router, the routed experts through `experts_impl` (grouped_mm),
+  // the shared expert's sigmoid gate and the sum. `gate_up` and `down`: the packed expert weights as
+  // the experts see them, `wb` bytes per value (torch.nn.functional.grouped_mm is not autocast:
+  // transformers casts its input to the weights' dtype). `linear` as for mlp(), for the router
+  // (Module::router) and the shared expert. torch_ops.cpp lists the buffers and where they were seen.
+  template <class Linear>
+  TensorId moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, bytes_t eb, const char* dtype, Linear&& linear);
+
+ private:
+  template <class Linear>
+  TensorId gated_mlp(TensorId x, bytes_t I, bool shared, bytes_t eb, const char* dtype, Linear&& linear);
+  // The router's softmax and top-k from its logits (T × E): returns the routing weights (T × k) and
+  // sets `indices` (T × k int64).
+  TensorId route(TensorId logits, TensorId* indices);
+  // grouped_mm_experts_forward (transformers/integrations/moe.py): the routed experts' output, T × h.
+  TensorId grouped_mm_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb);
+  // A view: no storage of its own (the tensor it views keeps the bytes alive), a gradient of `bytes`.
+  TensorId view(const char* name, bytes_t grad_bytes);
 };
 
 template <class Linear>
 TensorId TorchOps::mlp(TensorId x, bytes_t eb, const char* dtype, Linear&& linear) {
-  const bytes_t h = m.hidden_size, I = m.n_ff(0);
+  return gated_mlp(x, m.n_ff(0), false, eb, dtype, linear);
+}
+
+template <class Linear>
+TensorId TorchOps::shared_expert(TensorId x, bytes_t eb, const char* dtype, Linear&& linear) {
+  return gated_mlp(x, m.moe.shared_ff, true, eb, dtype, linear);
+}
+
+template <class Linear>
+TensorId TorchOps::gated_mlp(TensorId x, bytes_t I, bool shared, bytes_t eb, const char* dtype, Linear&& linear) {
+  const bytes_t h = m.hidden_size;
   const bytes_t TI = checked_product("activation size", T, I, eb);
-  if (m.mlp == MlpKind::plain_gelu) {
+  const Module gate_m = shared ? Module::shared_gate : Module::gate, up_m = shared ? Module::shared_up : Module::up,
+               down_m = shared ? Module::shared_down : Module::down;
+  if (!shared && m.mlp == MlpKind::plain_gelu) {
     TensorId f1 = linear(x, h, I, Module::fc1, "fc1 output", "b·s·I");
     TensorId a = sim.make("mlp activation", TI, Term::activations, "gelu", dtype, "b·s·I", true);
     sim.node("GeluBackward0", {f1}, {a}, {f1});
@@ -85,11 +121,11 @@ TensorId TorchOps::mlp(TensorId x, bytes_t eb, const char* dtype, Linear&& linea
   // pre-MLP norm output carries the decoder layer's `hidden_states = self.mlp(...)` frame, after
   // down_proj's output, in tests/data/gaps/gemma-2-2b_amp-bf16_none_flash_adamw_b1s2048.pickle.gz):
   // the caller drops it.
-  const bool fused = m.quirks.fused_gate_up;
+  const bool fused = !shared && m.quirks.fused_gate_up;
   TensorId g = fused ? linear(x, h, 2 * I, Module::gate_up, name("gate_up_proj output (saved by act and mul)",
                                                                   "gate_up_proj output (chunked into gate, up)"),
                               "b·s·2I")
-                     : linear(x, h, I, Module::gate, name("gate_proj output (saved by act)", "gate_proj output"), "b·s·I");
+                     : linear(x, h, I, gate_m, name("gate_proj output (saved by act)", "gate_proj output"), "b·s·I");
   TensorId act = sim.make(name("activation output (saved by mul)", "activation output"), TI, Term::activations,
                           gelu ? "gelu_tanh" : "silu", dtype, "b·s·I", true);
   sim.node(gelu ? "GeluBackward0" : "SiluBackward0", {g}, {act}, {g});
@@ -98,15 +134,55 @@ TensorId TorchOps::mlp(TensorId x, bytes_t eb, const char* dtype, Linear&& linea
     sim.hold(u);
   } else {
     sim.drop(g);  // the gate output is a temporary of the expression
-    u = linear(x, h, I, Module::up, name("up_proj output (saved by mul)", "up_proj output"), "b·s·I");
+    u = linear(x, h, I, up_m, name("up_proj output (saved by mul)", "up_proj output"), "b·s·I");
   }
   TensorId prod = sim.make(name("act*up (saved by down_proj)", "act*up"), TI, Term::activations, "mul", dtype, "b·s·I", true);
   sim.node("MulBackward0", {act, u}, {prod}, {act, u});
   sim.drop(act);
   sim.drop(u);
-  TensorId out = linear(prod, I, h, Module::down, "down_proj output", "b·s·h");
+  TensorId out = linear(prod, I, h, down_m, "down_proj output", "b·s·h");
   sim.drop(prod);
   if (fused) sim.drop(g);  // the MLP returns: the gate view goes
+  return out;
+}
+
+template <class Linear>
+TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, bytes_t eb, const char* dtype,
+                       Linear&& linear) {
+  const bytes_t h = m.hidden_size;
+  // Qwen2MoeSparseMoeBlock: shared_expert_output = self.shared_expert(hidden_states) comes first
+  TensorId shared = m.moe.shared_ff ? shared_expert(x, eb, dtype, linear) : kNone;
+  // _, routing_weights, selected_experts = self.gate(hidden_states): the logits stay bound to `_`
+  // until the block returns
+  TensorId logits = linear(x, h, m.moe.experts, Module::router, name("router logits", "router logits"), "b·s·E");
+  TensorId indices = kNone;
+  TensorId weights = route(logits, &indices);
+  TensorId out = grouped_mm_experts(x, weights, gate_up, down, wb);
+  if (shared != kNone) {
+    // F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output; expert_output + that
+    TensorId g = linear(x, h, 1, Module::shared_expert_gate, "shared expert gate logit", "b·s·1");
+    const bytes_t gb = sim.info(g).bytes / T;
+    TensorId sg = sim.make(name("shared expert gate sigmoid (saved)", "shared expert gate sigmoid"), checked_product("activation size", T, gb),
+                           Term::activations, "sigmoid", dtype, "b·s·1", true);
+    sim.node("SigmoidBackward0", {g}, {sg}, {sg});
+    sim.drop(g);
+    const bytes_t sb = sim.info(shared).bytes / checked_product("activation size", T, h);
+    TensorId gated = sim.make("gated shared expert output", checked_product("activation size", T, h, std::max(gb, sb)),
+                              Term::activations, "mul", dtype, "b·s·h", true);
+    sim.node("MulBackward0", {sg, shared}, {gated}, {sg, shared});
+    sim.drop(sg);
+    sim.drop(shared);
+    const bytes_t ob = std::max(sim.info(out).bytes, sim.info(gated).bytes) / checked_product("activation size", T, h);
+    TensorId sum = sim.make("experts + shared expert", checked_product("activation size", T, h, ob), Term::activations,
+                            "add", dtype, "b·s·h", true);
+    sim.node("AddBackward0", {out, gated}, {sum}, {});
+    sim.drop(out);
+    sim.drop(gated);
+    out = sum;
+  }
+  sim.drop(weights);  // the block returns: routing_weights, selected_experts and `_` go
+  sim.drop(indices);
+  sim.drop(logits);
   return out;
 }
 
