@@ -54,10 +54,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gt_common as common  # noqa: E402
 
 CASE_KEYS = ("config", "batch", "seq", "precision", "optimizer", "optimizer_impl", "recompute",
-             "attention", "steps", "warmup", "overrides", "use_cache", "name", "lora")
+             "attention", "steps", "warmup", "overrides", "use_cache", "name", "lora",
+             "experts_implementation")
 DEFAULTS = {"precision": "amp-bf16", "optimizer": "adamw", "optimizer_impl": None, "recompute": "none",
             "attention": "flash", "steps": 4, "warmup": 2, "overrides": None,
-            "use_cache": None}
+            "use_cache": None, "experts_implementation": None}
 
 
 def parse_args(argv=None):
@@ -144,7 +145,8 @@ def cases_from_matrix(path):
 def model_key(case):
     dtype = "bf16" if case["precision"] == "bf16" else "fp32"
     return (os.path.abspath(case["config"]), json.dumps(case.get("overrides"), sort_keys=True),
-            dtype, common.ATTENTION_IMPL[case["attention"]], case.get("lora") or 0)
+            dtype, common.ATTENTION_IMPL[case["attention"]], case.get("lora") or 0,
+            case.get("experts_implementation") or "")
 
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -158,6 +160,8 @@ def build_model(case):
     dtype = torch.bfloat16 if case["precision"] == "bf16" else torch.float32
     torch.manual_seed(0)
     model = common.build_causal_lm(cfg, dtype, common.ATTENTION_IMPL[case["attention"]])
+    if case.get("experts_implementation"):
+        set_experts_implementation(model, case["experts_implementation"])
     if case.get("lora"):
         # peft LoRA on every decoder linear (what `membudget advise` assumes): rank r, alpha 2r,
         # no dropout; the base is frozen and peft keeps the adapters in fp32.
@@ -168,6 +172,27 @@ def build_model(case):
                                                  target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
     model.train()
     return model, cfgd
+
+
+def set_experts_implementation(model, impl):
+    """transformers 5's MoE experts read config._experts_implementation at every forward
+    (integrations/moe.py, use_experts_implementation): set it on every config a module holds."""
+    setter = getattr(model, "set_experts_implementation", None)
+    if setter is not None:
+        try:
+            setter(impl)
+        except Exception:
+            pass
+    for mod in model.modules():
+        cfg = getattr(mod, "config", None)
+        if cfg is not None and hasattr(cfg, "_experts_implementation"):
+            cfg._experts_implementation = impl
+
+
+def experts_implementations(model):
+    """The implementation each experts module will run (the config it reads)."""
+    return sorted({str(getattr(m.config, "_experts_implementation", None)) for m in model.modules()
+                   if type(m).__name__.endswith("Experts") and hasattr(m, "config")})
 
 
 def set_recompute(model, recompute):
@@ -441,6 +466,7 @@ def run_all(cases, output, max_seconds=None, seed=0):
             try:
                 model, cfgd = build_model(case)
                 mstats = common.param_stats(model)
+                mstats["experts_implementations"] = experts_implementations(model)
                 mstats["build_s"] = time.perf_counter() - t0
                 key = k
             except Exception as e:
