@@ -63,6 +63,8 @@ void check_file(const char* rel, int min_cases, const std::vector<KnownGap>& gap
       job.optimizer_impl = parse_optimizer_impl(j["optimizer_impl"].get<std::string>());
     job.recompute = parse_recompute(j["recompute"].get<std::string>());
     job.attention = parse_attention(j["attention"].get<std::string>());
+    if (j.contains("experts_implementation") && !j["experts_implementation"].is_null())
+      job.experts = parse_experts_impl(j["experts_implementation"].get<std::string>());
     if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
     const std::string case_name = c["name"].get<std::string>();
     const auto refuse = std::find_if(refused.begin(), refused.end(),
@@ -194,4 +196,16 @@ TEST_CASE("each optimizer implementation lands within 1% too") {
 TEST_CASE("mixture-of-experts training lands within 1% too") {
   check_file("tests/data/torch_train_moe_h200.json", 18, {},
              {{"deepseek-", "DeepSeek's MoE router"}});
+}
+
+// The other experts implementations and the load-balancing loss (tools/matrices/moe_impl_h200.json):
+// eager (the experts' own loop) on all four families, batched_mm on all four, and
+// output_router_logits (set in config.json, as the runs did: the loss joins by default) on all
+// four. One known gap: Qwen3-30B-A3B's eager experts under autocast forward 1.2% over (step 0:
+// 2.8%); the bf16 eager step and Qwen1.5-MoE's autocast eager step are within 0.1%, and no
+// snapshot of the autocast loop was taken to say which of its per-expert casts is held less long.
+TEST_CASE("MoE experts implementations and the auxiliary loss land within 1% too") {
+  check_file("tests/data/torch_train_moe_impl_h200.json", 21,
+             {{"qwen3-30b-a3b/L2/amp-bf16/none/flash/adamw/eager/", Phase::forward_peak, 0.0, 0.015},
+              {"qwen3-30b-a3b/L2/amp-bf16/none/flash/adamw/eager/", Phase::forward_peak, 0.0, 0.03, true}});
 }

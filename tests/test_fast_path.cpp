@@ -143,6 +143,26 @@ TEST_CASE("fast path == full simulation for mixture-of-experts models, and for l
         check_same(predict(m, j), predict(m, j, full), std::string(c) + " " + to_string(p) + " " + to_string(rc));
         CHECK(detail::step_plan_failures() == failures_before);  // compiled
       }
+    // the other experts implementations, the routing and the load-balancing loss
+    for (int variant = 0; variant < 4; ++variant) {
+      Job j;
+      j.batch = 1;
+      j.seq = 48;
+      j.experts = variant == 0 ? ExpertsImpl::batched_mm : ExpertsImpl::eager;
+      if (variant == 2) j.routing = Routing::worst;
+      if (variant == 3) {
+        j.experts = ExpertsImpl::grouped_mm;
+        j.router_aux_loss = true;
+        j.precision = Precision::bf16;
+        j.recompute = Recompute::full;
+      }
+      const auto failures_before = detail::step_plan_failures();
+      check_same(predict(m, j), predict(m, j, full), std::string(c) + " variant " + std::to_string(variant));
+      // batched_mm's tensors are c · b^i · s^j: compiled. The eager loop's per-expert rows (T·k/E,
+      // rounded) are not, and the aux loss walks every layer's logits after the layers, which the
+      // depth copies cannot line up: both are simulated.
+      if (variant == 0) CHECK(detail::step_plan_failures() == failures_before);
+    }
     // dense layers between the MoE ones: the copies would leave them out, so the step is simulated
     for (int pattern = 0; pattern < 3; ++pattern) {
       ModelSpec v = m;

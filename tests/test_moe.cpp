@@ -125,8 +125,72 @@ TEST_CASE("MoE jobs the walks do not cover are refused by name; the rest are pre
   v3["topk_method"] = "sinkhorn";
   refused(v3.dump(), "topk_method");
   v3["topk_method"] = "noaux_tc";
-  v3["output_router_logits"] = true;
-  refused(v3.dump(), "output_router_logits");
+  v3["output_router_logits"] = true;  // loads: the load-balancing loss is the job's default then
+  CHECK(parse_hf_config(v3.dump(), "config.json").moe.output_router_logits);
   refused(R"({"model_type": "jamba", "vocab_size": 10, "hidden_size": 8})", "jamba");
   refused(R"({"model_type": "llama", "num_local_experts": 4, "vocab_size": 10, "hidden_size": 8})", "mixture-of-experts");
+}
+
+TEST_CASE("--experts, --routing and --router-aux-loss: the job as given, each changing what it should") {
+  const ModelSpec m = load_model(test::source_path("tests/data/hf/moe/qwen3-30b-a3b.json"));
+  Job j;
+  j.batch = 1;
+  j.seq = 512;
+  j.precision = Precision::bf16;
+  const Budget grouped = predict(m, j);
+  Job worst = j;
+  worst.routing = Routing::worst;
+  CHECK(predict(m, worst).peak == grouped.peak);  // grouped_mm's sizes do not depend on the routing
+  Job batched = j;
+  batched.experts = ExpertsImpl::batched_mm;
+  // every pair keeps its expert's gathered weights: S × (2I·h + h·I) × 2 bytes per layer
+  const bytes_t pairs = j.batch * j.seq * m.moe.top_k;
+  const Budget b = predict(m, batched);
+  CHECK(b.terms.activations > pairs * 3 * m.moe.expert_ff * m.hidden_size * 2 * m.num_layers);
+  CHECK(b.terms.activations > grouped.terms.activations);
+  Job eager = j;
+  eager.experts = ExpertsImpl::eager;
+  const Budget e = predict(m, eager);
+  // the loop's weight-slice gradients: a parameter-sized temporary per expert in backward
+  CHECK(e.phase(Phase::backward_peak) > grouped.phase(Phase::backward_peak));
+  Job eager_worst = eager;
+  eager_worst.routing = Routing::worst;
+  CHECK(predict(m, eager_worst).phase(Phase::forward_peak) != e.phase(Phase::forward_peak));
+  Job aux = j;
+  aux.router_aux_loss = true;
+  // every layer's logits (T × E bf16) stay to the loss, and the loss's softmax is saved
+  CHECK(predict(m, aux).phase(Phase::forward_peak) > grouped.phase(Phase::forward_peak));
+  // the names as the CLI, YAML and C ABI take them
+  Job o;
+  CHECK(set_moe_option(o, "experts", "batched_mm", "--experts"));
+  CHECK(o.experts == ExpertsImpl::batched_mm);
+  CHECK(set_moe_option(o, "routing", "worst", "--routing"));
+  CHECK(o.routing == Routing::worst);
+  CHECK(set_moe_option(o, "router_aux_loss", "true", "--router-aux-loss"));
+  CHECK(o.router_aux_loss);
+  CHECK(!set_moe_option(o, "dp", "2", "--dp"));
+  CHECK_THROWS_WITH_AS(set_moe_option(o, "experts", "deepgemm", "--experts"), doctest::Contains("'deepgemm' is not one of"), Error);
+  // a dense model refuses them
+  const ModelSpec dense = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  for (const Job& bad : {batched, worst, aux})
+    CHECK_THROWS_WITH_AS((void)predict(dense, bad), doctest::Contains("has no mixture of experts"), Error);
+}
+
+TEST_CASE("CLI: the MoE flags echo in the JSON, with the active parameters") {
+  const std::string mixtral = test::source_path("tests/data/hf/moe/mixtral-8x7b.json");
+  const auto r = test::run_cli("predict " + mixtral + " --batch 1 --seq 256 --experts eager --routing worst "
+                               "--router-aux-loss --format json 2>/dev/null");
+  REQUIRE(r.exit_code <= 1);
+  const auto o = nlohmann::json::parse(r.out);
+  CHECK(o["job"]["experts"] == "eager");
+  CHECK(o["job"]["routing"] == "worst");
+  CHECK(o["job"]["router_aux_loss"] == true);
+  CHECK(o["model"]["active_parameters"].get<std::uint64_t>() < o["model"]["parameters"].get<std::uint64_t>());
+  CHECK(o["model"]["moe"]["experts"] == 8);
+  const auto dense = test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --experts eager");
+  CHECK(dense.exit_code == 2);
+  CHECK(dense.out.find("has no mixture of experts") != std::string::npos);
+  const auto serve = test::run_cli("predict " + mixtral + " --mode infer --router-aux-loss");
+  CHECK(serve.exit_code == 2);
+  CHECK(serve.out.find("--router-aux-loss") != std::string::npos);
 }

@@ -57,9 +57,12 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--reshard-after-forward", reshard_after_forward, "FSDP2 reshard_after_forward: true (default) | false");
   cmd->add_flag("--ddp-bucket-view", ddp_bucket_view, "DDP with gradient_as_bucket_view=True");
   cmd->add_option("--rank", rank, "the rank predicted (default: the most loaded one)");
-  cmd->add_option("--tp", tp, "tensor-parallel ranks (not modelled yet: refused)");
+  cmd->add_option("--tp", tp, "tensor-parallel ranks: DTensor's Llama plan (docs/distributed.md)");
   cmd->add_option("--pp", pp, "pipeline stages (not modelled yet: refused)");
   cmd->add_flag("--sp", sp, "sequence parallelism (not modelled yet: refused)");
+  cmd->add_option("--experts", experts, "a mixture of experts' implementation: grouped_mm (default, as transformers picks on CUDA) | batched_mm | eager");
+  cmd->add_option("--routing", routing, "routing assumed where a buffer depends on it: balanced (default) | worst (docs/moe.md)");
+  cmd->add_flag("--router-aux-loss", router_aux_loss, "output_router_logits: the router's load-balancing loss joins the training loss");
   cmd->add_option("--device", device, "card: H100, H200, A100-40GB, A100-80GB, L40S, RTX-4090, B200, MI300X, …");
   cmd->add_option("--device-memory", device_memory, "card capacity instead of --device, e.g. 80GiB");
   cmd->add_option("--headroom", headroom, "fraction of the card kept free (default 0.05)");
@@ -92,7 +95,8 @@ constexpr StringFlag kStringFlags[] = {
     {"--dp", &JobFlags::dp, true},                 {"--fsdp", &JobFlags::fsdp, true},
     {"--zero", &JobFlags::zero, true},             {"--reshard-after-forward", &JobFlags::reshard_after_forward, true},
     {"--rank", &JobFlags::rank, true},             {"--tp", &JobFlags::tp, true},
-    {"--pp", &JobFlags::pp, true},
+    {"--pp", &JobFlags::pp, true},                 {"--experts", &JobFlags::experts, true},
+    {"--routing", &JobFlags::routing, true},
     {"--device", &JobFlags::device, false},        {"--device-memory", &JobFlags::device_memory, false},
 };
 }  // namespace
@@ -113,6 +117,7 @@ std::vector<std::string> JobFlags::given_job_flags() const {
     if (f.job && given(f.name)) out.push_back(f.name);
   if (ddp_bucket_view) out.push_back("--ddp-bucket-view");
   if (sp) out.push_back("--sp");
+  if (router_aux_loss) out.push_back("--router-aux-loss");
   return out;
 }
 
@@ -172,6 +177,9 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (ddp_bucket_view) p.ddp_bucket_view = true;
   if (sp) p.sequence_parallel = true;
   if (!rank.empty()) p.rank = parse_whole(rank, "--rank", 0, (1ull << 20) - 1);
+  if (!experts.empty()) j.experts = parse_experts_impl(experts);
+  if (!routing.empty()) j.routing = parse_routing(routing);
+  if (router_aux_loss) j.router_aux_loss = true;
   j.validate();
   check_options_apply(j, given_job_flags());
   if (warn) warn_beyond_context(spec, j.seq);

@@ -23,6 +23,9 @@ struct JobFlags {
   // the parallel layout (docs/distributed.md)
   std::string dp, fsdp, zero, reshard_after_forward, rank, tp, pp;
   bool ddp_bucket_view = false, sp = false;
+  // mixture of experts (docs/moe.md)
+  std::string experts, routing;
+  bool router_aux_loss = false;
 
   // Adds the model argument and every job flag to `cmd`.
   void add(CLI::App* cmd, bool with_batch_seq = true);

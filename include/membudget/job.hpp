@@ -34,6 +34,14 @@ enum class ActivationModel { korthikanti, inventory };
 // PyTorch 2.11 (measured, docs/accuracy.md). harness: membudget's own synthetic step.
 enum class Profile { torch, harness };
 enum class DType { fp32, bf16, fp16, fp8, int8, int4 };
+// How transformers 5 runs a mixture of experts' routed experts (config._experts_implementation,
+// integrations/moe.py): grouped_mm (torch.nn.functional.grouped_mm; what it picks on CUDA sm80+),
+// batched_mm (a bmm over per-pair gathered weights), eager (a Python loop over the experts hit).
+enum class ExpertsImpl { grouped_mm, batched_mm, eager };
+// The routing a prediction assumes where a buffer's size depends on it: balanced (each expert gets
+// T·k/E of the token-expert pairs, as a random router nearly does) or worst (as many pairs as can
+// reach one expert: every token of the micro-batch). docs/moe.md lists which buffers depend on it.
+enum class Routing { balanced, worst };
 
 const char* to_string(Mode v) noexcept;
 const char* to_string(Precision v) noexcept;
@@ -45,6 +53,8 @@ const char* to_string(Loss v) noexcept;
 const char* to_string(ActivationModel v) noexcept;
 const char* to_string(Profile v) noexcept;
 const char* to_string(DType v) noexcept;
+const char* to_string(ExpertsImpl v) noexcept;
+const char* to_string(Routing v) noexcept;
 
 // parse_<enum>(text, option) → value, or Error(invalid_job) "--precision: 'fp64' is not one of
 // fp32, amp-bf16, bf16, bf16-master".
@@ -58,6 +68,8 @@ Loss parse_loss(std::string_view s, std::string_view option = "--loss");
 ActivationModel parse_activation_model(std::string_view s, std::string_view option = "--activations");
 Profile parse_profile(std::string_view s, std::string_view option = "--profile");
 DType parse_dtype(std::string_view s, std::string_view option = "--kv-dtype");
+ExpertsImpl parse_experts_impl(std::string_view s, std::string_view option = "--experts");
+Routing parse_routing(std::string_view s, std::string_view option = "--routing");
 
 // Bytes of one element; int4 is counted as half a byte by the callers that use it.
 double dtype_bytes(DType d) noexcept;
@@ -115,6 +127,9 @@ struct Job;
 // sp (true/false), rank (a rank). Dashes and underscores are alike. Returns false for another key;
 // throws Error(invalid_job) "<where>: ..." for a bad value.
 bool set_parallel_option(Job& job, std::string_view key, std::string_view value, std::string_view where);
+// The same for the mixture-of-experts keys: experts (grouped_mm, batched_mm, eager), routing
+// (balanced, worst), router_aux_loss (true/false).
+bool set_moe_option(Job& job, std::string_view key, std::string_view value, std::string_view where);
 
 struct Job {
   Mode mode = Mode::train;
@@ -134,6 +149,12 @@ struct Job {
   std::uint64_t lora_rank = 0;
   Profile profile = Profile::torch;
   Parallelism parallel;
+  // Mixture-of-experts models (ignored by none: a dense model refuses a setting other than these
+  // defaults). router_aux_loss: output_router_logits, transformers' load-balancing loss added to
+  // the training loss (--router-aux-loss).
+  ExpertsImpl experts = ExpertsImpl::grouped_mm;
+  Routing routing = Routing::balanced;
+  bool router_aux_loss = false;
   // Memory outside the allocator (CUDA context, cuBLAS/cuDNN handles): see docs/model.md.
   std::optional<bytes_t> overhead;
   // Serving

@@ -69,6 +69,9 @@ struct MixtureOfExperts {
   Router router = Router::softmax_top_k;
   bool normalize_top_k = false;      // the k weights divided by their sum (norm_topk_prob; Mixtral always)
   bool weights_fp32 = false;         // the weights stay fp32 (Mixtral); else cast to the router logits' dtype
+  // config.json's output_router_logits: the load-balancing loss joins training by default (as
+  // Job::router_aux_loss does; transformers reads the config when the call does not say)
+  bool output_router_logits = false;
   bool enabled() const noexcept { return experts > 0; }
   bool operator==(const MixtureOfExperts&) const = default;
 };

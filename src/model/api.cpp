@@ -379,13 +379,13 @@ void set_job_option(Job& j, std::string_view key, std::string_view value) {
   else if (k == "weights") j.weights = parse_dtype(v, "--weights");
   else if (k == "group-size") j.group_size = count("--group-size");
   else if (k == "lora") j.lora_rank = v == "0" ? 0 : count("--lora");
-  else if (set_parallel_option(j, k, v, k)) {
+  else if (set_parallel_option(j, k, v, k) || set_moe_option(j, k, v, "--" + k)) {
   } else
     throw Error(ErrorKind::invalid_argument,
                 "unknown job option '" + std::string(key) +
                     "' (batch, seq, mode, precision, optimizer, optimizer-impl, recompute, attention, loss, loss-chunk, activations, "
                     "profile, overhead, kv-dtype, weights, group-size, lora, dp, fsdp, zero, reshard-after-forward, "
-                    "ddp-bucket-view, rank, tp, pp, sp)");
+                    "ddp-bucket-view, rank, tp, pp, sp, experts, routing, router-aux-loss)");
 }
 
 std::string to_json(const Estimate& e, int indent) {

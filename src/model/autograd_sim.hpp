@@ -161,6 +161,9 @@ class AutogradSim {
   void free_raw(TensorId t);
   const TensorInfo& info(TensorId t) const { return tensors_[t]; }
   TensorId grad_of(TensorId t) const;
+  // A tensor's logical size (numel × element size): its bytes, or for a view (no storage of its own)
+  // the bytes it views.
+  bytes_t logical_bytes(TensorId t) const { return grad_bytes(t); }
   std::array<bytes_t, 6> live_by_term() const;           // indexed by Term
   std::vector<TensorBytes> live_groups(Term term) const;  // live tensors of one term, by name
 

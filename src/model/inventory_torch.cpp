@@ -75,6 +75,7 @@ struct Step {
   std::vector<std::pair<TensorId, TensorId>> cast_cache{};
   std::vector<TensorId> layer_inputs{};  // checkpoint keeps each layer's input
   std::vector<TensorId> kv_cache{};     // DynamicCache entries (use_cache=True while training)
+  std::vector<TensorId> router_logits{};  // output_router_logits: every MoE layer's logits, for the aux loss
   // transformers materialises a sliding-window mask for SDPA (see forward()); `mask` is its bool
   // b·1·s·s tensor while the model holds it. `layer_masked`: the layer being run is one of the
   // sliding layers (all of them, or Gemma 2's every other one) and gets the mask.
@@ -100,6 +101,64 @@ struct Step {
                                                Term::other, Role::communication);
   }
 
+  // load_balancing_loss_func (transformers 5.17; every MoE family here copies it), over the logits
+  // the outputs hold, layer by layer:
+  //     routing_weights = softmax(layer_gate, dim=-1)            # T × E, the logits' dtype (saved)
+  //     _, selected_experts = topk(routing_weights, top_k, dim=-1) # alive until rebound
+  //     tokens_per_expert_sum += bincount(selected_experts.reshape(-1), minlength=E).float()
+  //     router_prob_sum += routing_weights.float().sum(dim=0)    # an fp32 copy of T × E
+  // then E-sized arithmetic to a scalar, and loss += router_aux_loss_coef * aux_loss. The allocator
+  // snapshot qwen3-30b-a3b_L2_bf16_none_flash_adamw_grouped_mm_aux_b1s1024_snapshot-forward shows
+  // these after the cross-entropy, the fp32 sum staging twice the copy's size, and every layer's
+  // logits freed with the outputs. The E-sized vectors (a few KiB) are left out.
+  bool aux_loss() const { return job.router_aux_loss || m.moe.output_router_logits; }
+  TensorId router_aux_loss(TensorId loss) {
+    const bytes_t E = m.moe.experts, k = m.moe.top_k;
+    TensorId acc = kNone, topv = kNone, topi = kNone;
+    for (TensorId lg : router_logits) {
+      const bytes_t lb = sim.info(lg).bytes / mul(d.T, E);
+      TensorId rw = sim.make("aux loss: router probabilities (saved by softmax)", mul(d.T, E, lb), Term::activations, "softmax",
+                             "", "b·s·E", true);
+      sim.node("SoftmaxBackward0", {lg}, {rw}, {rw});
+      TensorId v = sim.make("aux loss: top-k values", mul(d.T, k, lb), Term::activations, "topk", "", "b·s·k", true);
+      TensorId i = sim.make("aux loss: top-k experts", mul(d.T, k, 8), Term::activations, "topk", "int64", "b·s·k", false);
+      sim.node("TopkBackward0", {rw}, {v}, {i});
+      sim.drop(topv);  // `_, selected_experts` rebound
+      sim.drop(topi);
+      topv = v;
+      topi = i;
+      TensorId f = rw;
+      if (lb != 4) {
+        f = sim.make("aux loss: router probabilities in fp32", mul(d.T, E, 4), Term::activations, "float", "fp32", "b·s·E", true);
+        sim.node("ToCopyBackward0", {rw}, {f}, {});
+      } else {
+        sim.hold(f);
+      }
+      sim.transient("aux loss: the sum's staging", mul(d.T, E, 8));
+      TensorId s = sim.make("aux loss: router probability sums", mul(E, 4), Term::activations, "sum", "fp32", "E", true);
+      sim.node("SumBackward1", {f}, {s}, {});
+      sim.drop(f);
+      sim.drop(rw);
+      TensorId a = sim.make("aux loss: router probability sums", mul(E, 4), Term::activations, "add", "fp32", "E", true);
+      sim.node("AddBackward0", {acc, s}, {a}, {});
+      sim.drop(acc);
+      sim.drop(s);
+      acc = a;
+    }
+    TensorId aux = sim.make("aux loss", 4, Term::logits_loss, "load_balancing_loss_func", "fp32", "1", true);
+    sim.node("MulBackward0 (tokens per expert x router probability)", {acc}, {aux}, {});
+    sim.drop(acc);
+    TensorId total = sim.make("loss", 4, Term::logits_loss, "add", "fp32", "1", true);
+    sim.node("AddBackward0", {loss, aux}, {total}, {});
+    sim.drop(aux);
+    sim.drop(loss);
+    sim.drop(topv);  // the function returns
+    sim.drop(topi);
+    for (TensorId t : router_logits) sim.drop(t);  // the outputs go once .loss is taken
+    router_logits.clear();
+    return total;
+  }
+
   void drop_kv_cache() {
     for (TensorId t : kv_cache) sim.drop(t);
     kv_cache.clear();
@@ -114,16 +173,21 @@ struct Step {
     for (auto& [p, c] : cast_cache)
       if (p == w) return c;
     const auto& wi = sim.info(w);
-    const bool frozen = !wi.requires_grad;
-    TensorId c = sim.make(frozen ? "autocast: bf16 copies of frozen weights (saved by their matmul)"
-                                 : "autocast cache: bf16 weight copies",
-                          wi.bytes / r.param * r.compute, Term::model_states, "autocast cast", "bf16", "weight", true);
+    // not cached: a frozen weight, or a tensor that is not a leaf (an expert's slice of a packed
+    // parameter, per-pair gathered weights)
+    const bool frozen = !cacheable(w);
+    TensorId c = sim.make(!frozen        ? "autocast cache: bf16 weight copies"
+                          : wi.param     ? "autocast: bf16 copies of frozen weights (saved by their matmul)"
+                                         : "autocast: bf16 copies of expert weights (saved by their matmul)",
+                          sim.logical_bytes(w) / r.param * r.compute, wi.param ? Term::model_states : Term::activations,
+                          "autocast cast", "bf16", "weight", true);
     sim.node("ToCopyBackward (weight cast)", {w}, {c}, {});
     if (!frozen) cast_cache.push_back({w, c});  // the cache holds it (one holder)
     return c;
   }
+  bool cacheable(TensorId w) const { return sim.info(w).param && sim.info(w).requires_grad; }
   void release_weight(TensorId w, TensorId c) {
-    if (r.autocast && w != kNone && !sim.info(w).requires_grad) sim.drop(c);
+    if (r.autocast && w != kNone && !cacheable(w)) sim.drop(c);
   }
   void clear_cast_cache() {
     for (auto& [p, c] : cast_cache) sim.drop(c);
@@ -146,13 +210,17 @@ struct Step {
   // `out_b`: the output's element bytes when autocast is off (default: the compute dtype).
   // `ad`: the linear's LoRA adapter, if any. Linear saves the input for the weight's gradient and
   // the weight for the input's: with a frozen weight (LoRA's base) it keeps no input.
+  // `rows`: the matmul's rows where they are not the step's tokens (a mixture of experts' pairs).
   TensorId linear(TensorId x, bytes_t in, bytes_t out, TensorId w, TensorId bias, const char* name,
-                  const char* shape, const Adapter* ad = nullptr, bytes_t out_b = 0, bytes_t bwd_ws = 0) {
-    TensorId xin = cast_input(x, mul(d.T, in), "linear inputs (autocast bf16 copies)");
+                  const char* shape, const Adapter* ad = nullptr, bytes_t out_b = 0, bytes_t bwd_ws = 0, bytes_t rows = 0) {
+    const bytes_t n = rows ? rows : d.T;
+    TensorId xin = cast_input(x, mul(n, in), "linear inputs (autocast bf16 copies)");
     TensorId wc = weight(w);
     TensorId bc = bias == kNone ? kNone : weight(bias);
     const bytes_t ob = r.autocast || out_b == 0 ? r.compute : out_b;
-    TensorId y = ops().linear(xin, wc, bc, out, ob, name, ob == 4 ? "fp32" : r.compute_name, shape, bwd_ws);
+    TorchOps op = ops();
+    op.T = n;
+    TensorId y = op.linear(xin, wc, bc, out, ob, name, ob == 4 ? "fp32" : r.compute_name, shape, bwd_ws);
     sim.drop(xin);
     release_weight(w, wc);
     release_weight(bias, bc);
@@ -332,7 +400,8 @@ struct Step {
   // The sparse MoE block (TorchOps::moe): the router and the shared expert are nn.Linear (autocast
   // casts them); the packed experts run grouped_mm on the parameters themselves.
   TensorId moe(const LayerParams& p, TensorId x) {
-    return ops().moe(x, p.experts_gate_up, p.experts_down, r.param, r.compute, r.compute_name,
+    const MoeRun run{job.experts, job.routing, aux_loss() ? &router_logits : nullptr};
+    return ops().moe(x, p.experts_gate_up, p.experts_down, r.param, r.compute, r.compute_name, run,
                      [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
                        switch (mod) {
                          case Module::router: return linear(in_x, in, out, p.router, kNone, name, shape);
@@ -342,6 +411,9 @@ struct Step {
                          case Module::shared_expert_gate: return linear(in_x, in, out, p.shared_expert_gate, kNone, name, shape);
                          default: throw Error(ErrorKind::unsupported, "internal: no training MoE linear for " + std::string(to_string(mod)));
                        }
+                     },
+                     [&](TensorId in_x, TensorId w, bytes_t rows, bytes_t in, bytes_t out, const char* name) {
+                       return linear(in_x, in, out, w, kNone, name, "n·out", nullptr, 0, 0, rows);
                      });
   }
 
@@ -634,6 +706,7 @@ TensorId forward(Step& st, bool checkpoint) {
     sim.drop(gw);
     sim.drop(hn);
   }
+  if (st.aux_loss()) loss = st.router_aux_loss(loss);
   // leaving torch.autocast clears its weight cache; saved copies live on in the graph
   st.clear_cast_cache();
   if (!checkpoint) {  // checkpointed layers keep cos/sin as inputs until their recompute

@@ -27,6 +27,10 @@ constexpr NameTable<Optimizer, 6> kOptimizers{{{Optimizer::adamw, "adamw"},
 constexpr NameTable<OptimizerImpl, 3> kOptimizerImpls{{{OptimizerImpl::foreach, "foreach"},
                                                        {OptimizerImpl::fused, "fused"},
                                                        {OptimizerImpl::for_loop, "for-loop"}}};
+constexpr NameTable<ExpertsImpl, 3> kExpertsImpls{{{ExpertsImpl::grouped_mm, "grouped_mm"},
+                                                   {ExpertsImpl::batched_mm, "batched_mm"},
+                                                   {ExpertsImpl::eager, "eager"}}};
+constexpr NameTable<Routing, 2> kRoutings{{{Routing::balanced, "balanced"}, {Routing::worst, "worst"}}};
 constexpr NameTable<Recompute, 3> kRecomputes{
     {{Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"}}};
 constexpr NameTable<Attention, 2> kAttentions{{{Attention::flash, "flash"}, {Attention::math, "math"}}};
@@ -59,7 +63,7 @@ template <typename E, std::size_t N>
 E parse_in(const NameTable<E, N>& table, std::string_view text, std::string_view option) {
   const std::string key = lower(text);
   for (const auto& [v, n] : table)
-    if (key == n) return v;
+    if (key == lower(n)) return v;  // "grouped_mm" and "grouped-mm" alike, as for every name
   std::string accepted;
   for (const auto& [v, n] : table) accepted += (accepted.empty() ? "" : ", ") + std::string(n);
   throw Error(ErrorKind::invalid_job, std::string(option) + ": '" + std::string(text) +
@@ -78,6 +82,10 @@ const char* to_string(Loss v) noexcept { return name_of(kLosses, v); }
 const char* to_string(ActivationModel v) noexcept { return name_of(kActivationModels, v); }
 const char* to_string(Profile v) noexcept { return name_of(kProfiles, v); }
 const char* to_string(DType v) noexcept { return name_of(kDTypes, v); }
+const char* to_string(ExpertsImpl v) noexcept { return name_of(kExpertsImpls, v); }
+const char* to_string(Routing v) noexcept { return name_of(kRoutings, v); }
+ExpertsImpl parse_experts_impl(std::string_view s, std::string_view o) { return parse_in(kExpertsImpls, s, o); }
+Routing parse_routing(std::string_view s, std::string_view o) { return parse_in(kRoutings, s, o); }
 
 Mode parse_mode(std::string_view s, std::string_view o) { return parse_in(kModes, s, o); }
 Precision parse_precision(std::string_view s, std::string_view o) { return parse_in(kPrecisions, s, o); }
@@ -227,6 +235,20 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
   return true;
 }
 
+bool set_moe_option(Job& job, std::string_view key, std::string_view value, std::string_view where) {
+  std::string k(key);
+  std::replace(k.begin(), k.end(), '_', '-');
+  const std::string v(value);
+  if (k == "experts") job.experts = parse_experts_impl(v, where);
+  else if (k == "routing") job.routing = parse_routing(v, where);
+  else if (k == "router-aux-loss") {
+    if (v == "true" || v == "True" || v == "1") job.router_aux_loss = true;
+    else if (v == "false" || v == "False" || v == "0") job.router_aux_loss = false;
+    else throw Error(ErrorKind::invalid_job, std::string(where) + ": '" + v + "' is not true or false");
+  } else return false;
+  return true;
+}
+
 void Job::validate() const {
   auto bad = [](const char* field, const std::string& what) {
     return Error(ErrorKind::invalid_job, std::string(field) + ": " + what);
@@ -293,7 +315,8 @@ void check_options_apply(const Job& job, const std::vector<std::string>& given) 
     auto refuse = [&](const std::string& why) { throw Error(ErrorKind::invalid_job, flag + ": " + why); };
     static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention",
                                              "loss",      "loss-chunk", "activations",    "lora",  "dp", "fsdp", "zero",
-                                             "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "sp"};
+                                             "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "sp",
+                                             "router-aux-loss"};
     static const char* const kServeOnly[] = {"kv-dtype", "weights", "group-size"};
     for (const char* t : kTrainOnly)
       if (!train && name == t) refuse("applies to training; --mode infer (serving) does not use it");

@@ -20,8 +20,18 @@ bytes_t default_overhead(Profile profile) {
 
 namespace detail {
 void check_simulated(const ModelSpec& m, const Job& job) {
+  if (!m.moe.enabled()) {
+    // a setting the model does not cover is an error, not ignored
+    const char* given = job.experts != ExpertsImpl::grouped_mm ? "--experts"
+                        : job.routing != Routing::balanced     ? "--routing"
+                        : job.router_aux_loss                  ? "--router-aux-loss"
+                                                               : nullptr;
+    if (given)
+      throw Error(ErrorKind::invalid_job, std::string(given) + ": " + (m.name.empty() ? std::string("the model") : m.name) +
+                                              " has no mixture of experts");
+    return;
+  }
   // Training: check_torch_coverage says which MoE jobs the inventory walks; the harness refuses MoE.
-  if (!m.moe.enabled()) return;
   if (m.moe.router != MixtureOfExperts::Router::softmax_top_k)
     throw Error(ErrorKind::unsupported, (m.name.empty() ? std::string("the model") : m.name) +
                                             ": DeepSeek's MoE router (fp32 gate, group-limited or noaux_tc top-k, routed "

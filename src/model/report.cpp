@@ -118,6 +118,11 @@ std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool 
   if (b.model.moe.enabled())
     j["model"]["moe"] = {{"experts", b.model.moe.experts}, {"top_k", b.model.moe.top_k}};
   j["job"] = job_json(b.job);
+  if (b.model.moe.enabled()) {
+    j["job"]["experts"] = to_string(b.job.experts);
+    j["job"]["routing"] = to_string(b.job.routing);
+    if (b.job.mode == Mode::train) j["job"]["router_aux_loss"] = b.job.router_aux_loss || b.model.moe.output_router_logits;
+  }
   j["terms"] = {{"model_states", b.terms.model_states},
                 {"activations", b.terms.activations},
                 {"logits_loss", b.terms.logits_loss},

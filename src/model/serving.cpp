@@ -138,7 +138,13 @@ struct Walk {
     };
     // a mixture-of-experts layer: the same block as training (TorchOps::moe), nothing saved; the
     // experts' grouped_mm runs in the served 16-bit dtype
-    TensorId d = m.moe_layer(i) ? ops().moe(n2, kNone, kNone, e, e, "bf16", served_linear)
+    auto served_expert_linear = [&](TensorId in_x, TensorId, bytes_t rows, bytes_t, bytes_t out, const char* name) {
+      TorchOps op = ops();
+      op.T = rows;
+      return op.linear(in_x, kNone, kNone, out, e, name, "bf16", "n·out");
+    };
+    TensorId d = m.moe_layer(i) ? ops().moe(n2, kNone, kNone, e, e, "bf16", MoeRun{job.experts, job.routing, nullptr},
+                                            served_linear, served_expert_linear)
                                 : ops().mlp(n2, e, "bf16", served_linear);
     sim.drop(n2);  // hidden_states = self.mlp(hidden_states)
     TensorId h2 = ops().close_block(h1, d, kNone, "post_feedforward_layernorm output", e, "bf16",

@@ -946,8 +946,7 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
       }
     }
     e.top_k = r.req_uint("num_experts_per_tok");
-    if (r.opt_bool("output_router_logits").value_or(false))
-      throw r.error("output_router_logits", "the auxiliary load-balancing loss is not modelled yet", ErrorKind::unsupported);
+    e.output_router_logits = r.opt_bool("output_router_logits").value_or(false);
   }
 
   if (auto p = find_problem(s)) throw Error::field(p->kind, where, p->field, p->what);

@@ -256,6 +256,27 @@ TensorId TorchOps::route(TensorId logits, TensorId* indices) {
   return w;
 }
 
+// _default_apply_gate (integrations/moe.py): gate, up = gate_up_out.chunk(2, dim=-1) are views of
+// the gate_up output, which the act and the mul keep alive; their gradients come back through
+// SplitBackward0 as one rows × 2I buffer (the grouped_mm backward snapshot: two S × I gradients,
+// then their S × 2I concatenation).
+TensorId TorchOps::apply_gate(TensorId gu, bytes_t rows, bytes_t wb, const char* what_act, const char* what_prod,
+                              const char* shape) {
+  const bytes_t I = m.moe.expert_ff;
+  TensorId gate = view("experts: gate view", mul(rows, I, wb)), up = view("experts: up view", mul(rows, I, wb));
+  sim.node("SplitBackward0", {gu}, {gate, up}, {});
+  const bool gelu = m.mlp == MlpKind::gated_gelu;
+  TensorId act = sim.make(name(what_act, "experts: act(gate)"), mul(rows, I, wb), Term::activations, gelu ? "gelu_tanh" : "silu",
+                          "", shape, true);
+  sim.node(gelu ? "GeluBackward0" : "SiluBackward0", {gate}, {act}, {gu});
+  TensorId prod = sim.make(name(what_prod, "experts: act*up"), mul(rows, I, wb), Term::activations, "mul", "", shape, true);
+  sim.node("MulBackward0", {act, up}, {prod}, {act, gu});
+  sim.drop(act);
+  sim.drop(gate);
+  sim.drop(up);
+  return prod;
+}
+
 // grouped_mm_experts_forward (transformers 5.17, integrations/moe.py), S = T·k token-expert pairs:
 //     expert_ids_g, perm = torch.sort(expert_ids)                   # int64 S each
 //     selected_hidden_states_g = hidden_states[perm // num_top_k]   # S × h, saved by grouped_mm
@@ -320,20 +341,7 @@ TensorId TorchOps::grouped_mm_experts(TensorId x, TensorId weights, TensorId gat
                           mul(S, 2 * I, wb), Term::activations, "masked_fill", "", "S·2I", true);
   sim.node("MaskedFillBackward0", {gu}, {gum}, {mask});
   sim.drop(gu);
-  // _default_apply_gate: gate, up = chunk(2) are views of the masked output, which the act and the
-  // mul keep alive; their gradients come back through SplitBackward as one S × 2I buffer
-  TensorId gate = view("experts: gate view", mul(S, I, wb)), up = view("experts: up view", mul(S, I, wb));
-  sim.node("SplitBackward0", {gum}, {gate, up}, {});
-  const bool gelu = m.mlp == MlpKind::gated_gelu;
-  TensorId act = sim.make(name("experts: act(gate) (saved by mul)", "experts: act(gate)"), mul(S, I, wb), Term::activations,
-                          gelu ? "gelu_tanh" : "silu", "", "S·I", true);
-  sim.node(gelu ? "GeluBackward0" : "SiluBackward0", {gate}, {act}, {gum});
-  TensorId prod = sim.make(name("experts: act*up (saved by grouped_mm)", "experts: act*up"), mul(S, I, wb), Term::activations,
-                           "mul", "", "S·I", true);
-  sim.node("MulBackward0", {act, up}, {prod}, {act, gum});
-  sim.drop(act);
-  sim.drop(gate);
-  sim.drop(up);
+  TensorId prod = apply_gate(gum, S, wb, "experts: act(gate) (saved by mul)", "experts: act*up (saved by grouped_mm)", "S·I");
   sim.drop(gum);
   TensorId dn = sim.make("experts: down grouped_mm output", mul(S, h, wb), Term::activations, "grouped_mm", "", "S·h", true);
   sim.node("GroupedMmBackward0", {prod, down}, {dn}, {prod, down, offs});

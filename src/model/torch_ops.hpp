@@ -20,6 +20,15 @@
 
 namespace membudget::detail {
 
+// How a MoE block runs (the job's --experts and --routing) and where the router logits go: with
+// output_router_logits (--router-aux-loss) the model's outputs hold every layer's logits for the
+// load-balancing loss (`kept_logits`); otherwise they die when the block returns.
+struct MoeRun {
+  ExpertsImpl experts = ExpertsImpl::grouped_mm;
+  Routing routing = Routing::balanced;
+  std::vector<TensorId>* kept_logits = nullptr;
+};
+
 struct TorchOps {
   AutogradSim& sim;
   const ModelSpec& m;
@@ -66,13 +75,15 @@ struct TorchOps {
   TensorId shared_expert(TensorId x, bytes_t eb, const char* dtype, Linear&& linear);
 
   // transformers 5.17's sparse MoE block on `x` (the post-attention norm's output, T × h): the
-  // shared expert (Qwen2-MoE), the router, the routed experts through `experts_impl` (grouped_mm),
-  // the shared expert's sigmoid gate and the sum. `gate_up` and `down`: the packed expert weights as
-  // the experts see them, `wb` bytes per value (torch.nn.functional.grouped_mm is not autocast:
-  // transformers casts its input to the weights' dtype). `linear` as for mlp(), for the router
-  // (Module::router) and the shared expert. torch_ops.cpp lists the buffers and where they were seen.
-  template <class Linear>
-  TensorId moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, bytes_t eb, const char* dtype, Linear&& linear);
+  // shared expert (Qwen2-MoE), the router, the routed experts as `run.experts` runs them, the shared
+  // expert's sigmoid gate and the sum. `gate_up` and `down`: the packed expert weights (kNone where
+  // the driver does not track them), `wb` bytes per value. `linear` as for mlp(), for the router
+  // (Module::router) and the shared expert; `expert_linear(x, w, rows, in, out, name)` is F.linear (or
+  // bmm) with a weight tensor the experts made: a slice of a packed parameter (eager) or a
+  // per-pair gather (batched_mm). torch_ops.cpp lists the buffers and where they were seen.
+  template <class Linear, class ExpertLinear>
+  TensorId moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, bytes_t eb, const char* dtype, const MoeRun& run,
+               Linear&& linear, ExpertLinear&& expert_linear);
 
  private:
   template <class Linear>
@@ -82,6 +93,16 @@ struct TorchOps {
   TensorId route(TensorId logits, TensorId* indices);
   // grouped_mm_experts_forward (transformers/integrations/moe.py): the routed experts' output, T × h.
   TensorId grouped_mm_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb);
+  // batched_mm_experts_forward: every token-expert pair gathers its expert's weights.
+  template <class ExpertLinear>
+  TensorId batched_mm_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb,
+                              ExpertLinear&& expert_linear);
+  // The experts' own forward (config._experts_implementation "eager"): a loop over the experts hit.
+  template <class ExpertLinear>
+  TensorId eager_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb, Routing routing,
+                         ExpertLinear&& expert_linear);
+  // _default_apply_gate on an n × 2I gate_up output: act(gate) * up, the chunks as views.
+  TensorId apply_gate(TensorId gu, bytes_t rows, bytes_t wb, const char* what_act, const char* what_prod, const char* shape);
   // A view: no storage of its own (the tensor it views keeps the bytes alive), a gradient of `bytes`.
   TensorId view(const char* name, bytes_t grad_bytes);
 };
@@ -146,18 +167,21 @@ TensorId TorchOps::gated_mlp(TensorId x, bytes_t I, bool shared, bytes_t eb, con
   return out;
 }
 
-template <class Linear>
+template <class Linear, class ExpertLinear>
 TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, bytes_t eb, const char* dtype,
-                       Linear&& linear) {
+                       const MoeRun& run, Linear&& linear, ExpertLinear&& expert_linear) {
   const bytes_t h = m.hidden_size;
   // Qwen2MoeSparseMoeBlock: shared_expert_output = self.shared_expert(hidden_states) comes first
   TensorId shared = m.moe.shared_ff ? shared_expert(x, eb, dtype, linear) : kNone;
   // _, routing_weights, selected_experts = self.gate(hidden_states): the logits stay bound to `_`
-  // until the block returns
+  // until the block returns (and in the model's outputs with output_router_logits)
   TensorId logits = linear(x, h, m.moe.experts, Module::router, name("router logits", "router logits"), "b·s·E");
   TensorId indices = kNone;
   TensorId weights = route(logits, &indices);
-  TensorId out = grouped_mm_experts(x, weights, gate_up, down, wb);
+  TensorId out = run.experts == ExpertsImpl::grouped_mm ? grouped_mm_experts(x, weights, gate_up, down, wb)
+                 : run.experts == ExpertsImpl::batched_mm
+                     ? batched_mm_experts(x, weights, gate_up, down, wb, expert_linear)
+                     : eager_experts(x, weights, gate_up, down, wb, run.routing, expert_linear);
   if (shared != kNone) {
     // F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output; expert_output + that
     TensorId g = linear(x, h, 1, Module::shared_expert_gate, "shared expert gate logit", "b·s·1");
@@ -182,8 +206,160 @@ TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, 
   }
   sim.drop(weights);  // the block returns: routing_weights, selected_experts and `_` go
   sim.drop(indices);
-  sim.drop(logits);
+  if (run.kept_logits && !sim.replaying()) run.kept_logits->push_back(logits);  // the outputs hold them
+  else sim.drop(logits);
   return out;
+}
+
+// batched_mm_experts_forward (transformers 5.17, integrations/moe.py), S = T·k pairs:
+//     selected_hidden_states = hidden_states.repeat_interleave(num_top_k, dim=0)   # S × h
+//     expert_ids = expert_ids.clamp(0, num_experts - 1)                            # S int64
+//     selected_weights = self.gate_up_proj[expert_ids]                             # S × 2I × h
+//     proj_out = torch.bmm(selected_weights, selected_hidden_states.unsqueeze(-1)).squeeze(-1)
+//     proj_out = self._apply_gate(proj_out)
+//     selected_weights = self.down_proj[expert_ids]                                # S × h × I
+//     proj_out = torch.bmm(selected_weights, proj_out.unsqueeze(-1)).squeeze(-1)
+//     weighted_out = proj_out * sample_weights.unsqueeze(-1)
+//     return weighted_out.view(T, k, h).sum(dim=1).to(hidden_states.dtype)
+// bmm saves both operands, so every pair keeps a copy of its expert's weights until backward
+// (under autocast the bf16 casts, bmm being an autocast op): the
+// qwen3-30b-a3b_L2_bf16_none_flash_adamw_batched_mm_b1s64 snapshot holds 3 GiB of gathered gate_up
+// weights for 512 pairs. No size depends on the routing.
+template <class ExpertLinear>
+TensorId TorchOps::batched_mm_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb,
+                                      ExpertLinear&& expert_linear) {
+  const bytes_t h = m.hidden_size, I = m.moe.expert_ff;
+  const bytes_t S = checked_product("activation size", T, m.moe.top_k);
+  const bytes_t xb = sim.info(x).bytes / checked_product("activation size", T, h);
+  const bytes_t sb = sim.info(weights).bytes / S;
+  const bytes_t index_sort = checked_product("activation size", S, 8, 4);
+  TensorId sel = sim.make(name("experts: inputs repeated per pair (saved by bmm)", "experts: inputs repeated per pair"),
+                          checked_product("activation size", S, h, xb), Term::activations, "repeat_interleave", "", "S·h", true);
+  sim.node("RepeatInterleaveBackward0", {x}, {sel}, {});
+  TensorId ids = sim.make(name("experts: clamped expert ids (saved by the weight gathers)", "experts: clamped expert ids"),
+                          checked_product("activation size", S, 8), Term::activations, "clamp", "int64", "S", false);
+  TensorId gw = sim.make(name("experts: gate_up weights gathered per pair (saved by bmm)", "experts: gate_up weights gathered per pair"),
+                         checked_product("activation size", S, 2 * I, h, wb), Term::activations, "index", "", "S·2I·h", true);
+  sim.node("IndexBackward0", {gate_up}, {gw}, {ids}, index_sort);
+  TensorId gu = expert_linear(sel, gw, S, h, 2 * I, "experts: gate_up bmm output");
+  TensorId prod = apply_gate(gu, S, sim.info(gu).bytes / checked_product("activation size", S, 2 * I),
+                             "experts: act(gate) (saved by mul)", "experts: act*up (saved by bmm)", "S·I");
+  sim.drop(gu);
+  TensorId dw = sim.make(name("experts: down weights gathered per pair (saved by bmm)", "experts: down weights gathered per pair"),
+                         checked_product("activation size", S, h, I, wb), Term::activations, "index", "", "S·h·I", true);
+  sim.node("IndexBackward0", {down}, {dw}, {ids}, index_sort);
+  sim.drop(gw);  // selected_weights is rebound
+  TensorId dn = expert_linear(prod, dw, S, I, h, "experts: down bmm output (saved by the weighting mul)");
+  sim.drop(prod);
+  const bytes_t pb = sim.info(dn).bytes / checked_product("activation size", S, h);
+  const bytes_t ob = std::max(pb, sb);
+  TensorId wo = sim.make("experts: weighted outputs", checked_product("activation size", S, h, ob), Term::activations, "mul", "",
+                         "S·h", true);
+  sim.node("MulBackward0", {dn, weights}, {wo}, {dn, weights},
+           checked_product("activation size", S, h, ob) + (ob != pb ? checked_product("activation size", S, h, ob) : 0));
+  TensorId out = sim.make("experts: output (sum over the top k)", checked_product("activation size", T, h, ob),
+                          Term::activations, "sum", "", "b·s·h", true);
+  sim.node("SumBackward1", {wo}, {out}, {});
+  if (ob != xb) {
+    TensorId cast = sim.make("experts: output in the input's dtype", checked_product("activation size", T, h, xb),
+                             Term::activations, "to(dtype)", "", "b·s·h", true);
+    sim.node("ToCopyBackward0", {out}, {cast}, {});
+    sim.drop(out);
+    out = cast;
+  }
+  for (TensorId t : {sel, ids, dw, dn, wo}) sim.drop(t);  // the function's locals
+  return out;
+}
+
+// The experts' forward as the model defines it (Qwen3MoeExperts.forward; the other families copy
+// it), with E_hit experts hit and n_e pairs for expert e:
+//     final_hidden_states = torch.zeros_like(hidden_states)
+//     with torch.no_grad():
+//         expert_mask = one_hot(top_k_index, num_classes=E).permute(2, 1, 0)     # T × k × E int64
+//         expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+//     for expert_idx in expert_hit:
+//         top_k_pos, token_idx = torch.where(expert_mask[expert_idx])            # 2 × n_e int64
+//         current_state = hidden_states[token_idx]                               # n_e × h
+//         gate, up = F.linear(current_state, self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
+//         current_hidden_states = self.act_fn(gate) * up
+//         current_hidden_states = F.linear(current_hidden_states, self.down_proj[expert_idx])
+//         current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
+//         final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
+// What the snapshot of qwen3-30b-a3b_L2_bf16_none_flash_adamw_eager_b1s1024 shows: every
+// iteration's tensors stay (saved by linear, the act, the mul and index_add_, which keeps its
+// source), the one-hot mask lives to the return, and F.linear on a slice of a packed parameter is
+// an ordinary matmul whose weight gradient SelectBackward0 scatters into a zero tensor of the whole
+// parameter — a parameter-sized temporary per expert in backward. Under autocast the slice is not a
+// leaf, so each use casts it anew and the matmul keeps the copy. The saved bytes sum to
+// S·(per pair) whatever the routing; the routing sets E_hit and the n_e: balanced spreads the S
+// pairs evenly over min(E, S) experts, worst sends every token to the same k experts (n_e = T).
+template <class ExpertLinear>
+TensorId TorchOps::eager_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb,
+                                 Routing routing, ExpertLinear&& expert_linear) {
+  const bytes_t h = m.hidden_size, I = m.moe.expert_ff, E = m.moe.experts, k = m.moe.top_k;
+  const bytes_t S = checked_product("activation size", T, k);
+  const bytes_t xb = sim.info(x).bytes / checked_product("activation size", T, h);
+  const bytes_t sb = sim.info(weights).bytes / S;
+  const bytes_t mask_bytes = checked_product("activation size", S, E, 8);
+  // the running sum (index_add_ in place): its versions are views of one T × h buffer; each
+  // IndexAddBackward0 hands the gradient through, modelled as a copy (one T × h, at most)
+  TensorId fin = sim.make("experts: output (zeros_like, index_add_ in place)", checked_product("activation size", T, h, xb),
+                          Term::activations, "zeros_like", "", "b·s·h", true);
+  TensorId mask = sim.make("experts: one-hot expert mask", mask_bytes, Term::activations, "one_hot", "int64", "T·k·E", false);
+  sim.transient("experts: the mask's sum over tokens and slots", checked_product("activation size", mask_bytes, 2));
+  const bytes_t hit = routing == Routing::worst ? std::min(k, E) : std::min(E, S);
+  const bytes_t base = routing == Routing::worst ? T : S / hit, extra = routing == Routing::worst ? 0 : S % hit;
+  const bytes_t slice_gu = checked_product("activation size", 2 * I, h, wb), slice_dn = checked_product("activation size", h, I, wb);
+  TensorId cur = kNone;  // the latest version of final_hidden_states (a view until the last)
+  for (bytes_t e = 0; e < hit; ++e) {
+    const bytes_t n = base + (e < extra ? 1 : 0);
+    sim.transient("experts: torch.where's scan of the mask", checked_product("activation size", T, k, 8));
+    TensorId where = sim.make(name("experts: token and slot indices of an expert (saved by the gathers)", "experts: token and slot indices"),
+                              checked_product("activation size", 2, n, 8), Term::activations, "nonzero", "int64", "2·n_e", false);
+    TensorId cs = sim.make(name("experts: an expert's tokens (saved by its linear)", "experts: an expert's tokens"),
+                           checked_product("activation size", n, h, xb), Term::activations, "index", "", "n_e·h", true);
+    sim.node("IndexBackward0", {x}, {cs}, {where});
+    TensorId wgu = view("experts: gate_up slice of one expert", slice_gu);
+    sim.node("SelectBackward0", {gate_up}, {wgu}, {});
+    TensorId gu = expert_linear(cs, wgu, n, h, 2 * I, "experts: an expert's gate_up output");
+    sim.drop(cs);
+    sim.drop(wgu);
+    TensorId prod = apply_gate(gu, n, sim.info(gu).bytes / checked_product("activation size", n, 2 * I),
+                               "experts: an expert's act(gate) (saved by mul)", "experts: an expert's act*up (saved by its linear)", "n_e·I");
+    sim.drop(gu);
+    TensorId wdn = view("experts: down slice of one expert", slice_dn);
+    sim.node("SelectBackward0", {down}, {wdn}, {});
+    TensorId dn = expert_linear(prod, wdn, n, I, h, "experts: an expert's down output (saved by the weighting mul)");
+    sim.drop(prod);
+    sim.drop(wdn);
+    TensorId w = sim.make(name("experts: an expert's routing weights (saved by the weighting mul)", "experts: an expert's routing weights"),
+                          checked_product("activation size", n, sb), Term::activations, "index", "", "n_e·1", true);
+    sim.node("IndexBackward0", {weights}, {w}, {where});
+    const bytes_t pb = sim.info(dn).bytes / checked_product("activation size", n, h);
+    const bytes_t ob = std::max(pb, sb);
+    TensorId wo = sim.make(name("experts: an expert's weighted output (saved by index_add_)", "experts: an expert's weighted output"),
+                           checked_product("activation size", n, h, ob), Term::activations, "mul", "", "n_e·h", true);
+    sim.node("MulBackward0", {dn, w}, {wo}, {dn, w});
+    sim.drop(dn);
+    sim.drop(w);
+    TensorId src = wo;
+    if (ob != xb) {
+      src = sim.make(name("experts: an expert's output in the sum's dtype (saved by index_add_)", "experts: an expert's output in the sum's dtype"),
+                     checked_product("activation size", n, h, xb), Term::activations, "to(dtype)", "", "n_e·h", true);
+      sim.node("ToCopyBackward0", {wo}, {src}, {});
+      sim.drop(wo);
+    }
+    // the last index_add_'s output is the buffer itself; the earlier versions are views of it
+    const bool last = e + 1 == hit;
+    TensorId next = last ? fin : view("experts: output after index_add_", checked_product("activation size", T, h, xb));
+    sim.node("IndexAddBackward0", {e == 0 ? kNone : cur, src}, {next}, {where, src});
+    sim.drop(src);
+    sim.drop(where);
+    if (e > 0) sim.drop(cur);
+    cur = next;
+  }
+  sim.drop(mask);  // the function returns
+  return fin;
 }
 
 }  // namespace membudget::detail
