@@ -194,3 +194,49 @@ TEST_CASE("CLI: the MoE flags echo in the JSON, with the active parameters") {
   CHECK(serve.exit_code == 2);
   CHECK(serve.out.find("--router-aux-loss") != std::string::npos);
 }
+
+TEST_CASE("YAML moe: the same model as its config.json, and bad sections named") {
+  const ModelSpec hf = load_model(test::source_path("tests/data/hf/moe/qwen3-30b-a3b.json"));
+  const std::string yaml = R"(name: qwen3-30b-a3b
+family: qwen3
+vocab_size: 151936
+hidden_size: 2048
+intermediate_size: 6144
+num_layers: 48
+num_heads: 32
+num_kv_heads: 4
+head_dim: 128
+max_positions: 40960
+qk_norm: true
+moe:
+  experts: 128
+  top_k: 8
+  expert_ff: 768
+  normalize_top_k: true
+)";
+  const ModelSpec y = parse_model_yaml(yaml, "qwen3-moe.yaml");
+  CHECK(y.moe == hf.moe);
+  CHECK(y.parameters().total == hf.parameters().total);
+  CHECK(y.parameters().active == hf.parameters().active);
+  Job j;
+  j.batch = 1;
+  j.seq = 1024;
+  CHECK(predict(y, j).peak == predict(hf, j).peak);
+  auto bad = [&](const std::string& from, const std::string& to, const char* needle) {
+    std::string text = yaml;
+    text.replace(text.find(from), from.size(), to);
+    try {
+      (void)parse_model_yaml(text, "qwen3-moe.yaml");
+      FAIL("loaded");
+    } catch (const Error& e) {
+      CAPTURE(e.what());
+      CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    }
+  };
+  bad("experts: 128", "experts: 0", "moe.experts");
+  bad("top_k: 8", "top_k: 0", "num_experts_per_tok");
+  bad("  expert_ff: 768\n", "", "expert_ff");
+  bad("normalize_top_k: true", "normalize_top_k: true\n  dense_layers: [1, -2]", "moe.dense_layers");
+  bad("normalize_top_k: true", "normalize_top_k: true\n  router: sinkhorn", "moe.router");
+  bad("normalize_top_k: true", "normalize_top_k: true\n  gating: 2", "unknown key");
+}

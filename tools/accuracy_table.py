@@ -11,18 +11,37 @@ For each measured case: the four steady-state phases, measured and predicted by 
     formula-based estimators use: weights + gradients + optimizer state + Korthikanti activations
     + logits/loss term.
 """
-import argparse, json, subprocess
+import argparse, json, subprocess, tempfile
 
 PHASES = ["floor", "forward_peak", "backward_peak", "optimizer_peak"]
 
 
+def config_of(job):
+    """The config as measured: the file, or a temporary copy with the run's overrides (a reduced
+    depth, fewer experts, output_router_logits)."""
+    if not job.get("overrides"):
+        return job["config"]
+    cfg = json.load(open(job["config"]))
+    cfg.update(job["overrides"])
+    f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    json.dump(cfg, f)
+    f.close()
+    return f.name
+
+
 def run(exe, job, activations):
-    args = [exe, "predict", job["config"], "--batch", str(job["batch"]), "--seq", str(job["seq"]),
+    args = [exe, "predict", config_of(job), "--batch", str(job["batch"]), "--seq", str(job["seq"]),
             "--precision", job["precision"], "--optimizer", job["optimizer"], "--recompute", job["recompute"],
             "--attention", job["attention"], "--activations", activations, "--format", "json"]
     if job.get("lora"):
         args += ["--lora", str(job["lora"])]
-    return json.loads(subprocess.run(args, capture_output=True, text=True, check=False).stdout)
+    if job.get("experts_implementation"):
+        args += ["--experts", job["experts_implementation"]]
+    out = subprocess.run(args, capture_output=True, text=True, check=False)
+    if out.returncode not in (0, 1):  # refused (a job not modelled): the row says so
+        why = out.stderr.strip().removeprefix("membudget: error: ")
+        return {"refused": why.split(": ", 1)[1] if why.startswith("tmp") else why}  # not the temporary's name
+    return json.loads(out.stdout)
 
 
 def pct(p, m):
@@ -44,6 +63,9 @@ def main():
             continue
         m = [s for s in c["steps"] if s["step"] >= 2][-1]
         inv = run(a.membudget, c["job"], "inventory")
+        if "refused" in inv:
+            print(f"| {c['name']} | refused: {inv['refused'][:120]} | | | | | |")
+            continue
         kor = run(a.membudget, c["job"], "korthikanti")
         cells = []
         for ph in PHASES:

@@ -12,9 +12,12 @@ bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) {
   return checked_product("korthikanti activation size", a, b, c, d);
 }
 
-// Calls add(name, shape, bytes, dtype) for each tensor one layer keeps.
+// Calls add(name, shape, bytes, dtype) for each tensor one layer keeps. `moe`: the layer's MLP is a
+// mixture of experts, counted as the textbook would extend it: the gated expert MLP's four
+// I_e-wide tensors and its input once per routed token (k·sb of them), the router's logits, and a
+// shared expert as a dense MLP of its width.
 template <class Add>
-void korthikanti_layer(const ModelSpec& m, const Job& job, Add&& add) {
+void korthikanti_layer(const ModelSpec& m, const Job& job, bool moe, Add&& add) {
   const bytes_t s = job.seq, b = job.batch, h = m.hidden_size, I = m.intermediate_size, a = m.num_heads;
   const bytes_t sb = mul(s, b);
   const bytes_t qd = m.q_dim(), kvd = m.kv_dim();
@@ -42,7 +45,14 @@ void korthikanti_layer(const ModelSpec& m, const Job& job, Add&& add) {
   }
   // MLP: 19sbh for the 4h GeLU MLP; a gated MLP keeps gate, up, activation and product at width I.
   add("MLP input (LayerNorm output)", "2sbh", mul(sb, h, 2));
-  if (m.mlp == MlpKind::plain_gelu) {
+  if (moe) {
+    const bytes_t routed = mul(sb, m.moe.top_k), Ie = m.moe.expert_ff;
+    add("router logits", "2sbE", mul(sb, m.moe.experts, 2));
+    add("expert inputs (per routed token)", "2ksbh", mul(routed, h, 2));
+    add("expert gate, up, activation and product (per routed token)", "4 × 2ksb·I_e", mul(routed, Ie, 2, 4));
+    add("expert outputs (per routed token, for the weighting)", "2ksbh", mul(routed, h, 2));
+    if (m.moe.shared_ff) add("shared expert gate, up, activation and product", "4 × 2sb·I_s", mul(sb, m.moe.shared_ff, 2, 4));
+  } else if (m.mlp == MlpKind::plain_gelu) {
     add("GeLU input (fc1 output)", "2sbI", mul(sb, I, 2));
     add("fc2 input (GeLU output)", "2sbI", mul(sb, I, 2));
   } else {
@@ -58,22 +68,41 @@ void korthikanti_layer(const ModelSpec& m, const Job& job, Add&& add) {
 
 }  // namespace
 
+namespace {
+// Layers with a dense MLP and with a mixture of experts.
+std::pair<bytes_t, bytes_t> layer_kinds(const ModelSpec& m) {
+  bytes_t moe = 0;
+  for (std::uint64_t il = 0; il < m.num_layers; ++il) moe += m.moe_layer(il) ? 1 : 0;
+  return {m.num_layers - moe, moe};
+}
+bytes_t layer_bytes(const ModelSpec& m, const Job& job, bool moe) {
+  bytes_t per_layer = 0;
+  korthikanti_layer(m, job, moe, [&](const char*, const char*, bytes_t bytes, const char* = nullptr) {
+    per_layer = checked_add(per_layer, bytes, "korthikanti per-layer total");
+  });
+  return per_layer;
+}
+}  // namespace
+
+// The breakdown lists one layer's tensors: an MoE layer's where the model has any (per_layer is
+// then the mean over the layers, dense ones included).
 ActivationsBreakdown korthikanti(const ModelSpec& m, const Job& job) {
   ActivationsBreakdown out;
   out.layers = m.num_layers;
-  korthikanti_layer(m, job, [&](const char* name, const char* shape, bytes_t bytes, const char* dtype = "16-bit") {
+  const auto [dense, moe] = layer_kinds(m);
+  korthikanti_layer(m, job, moe > 0, [&](const char* name, const char* shape, bytes_t bytes, const char* dtype = "16-bit") {
     out.layer_tensors.push_back({name, "Korthikanti §4.1", dtype, shape, 1, bytes, Term::activations});
-    out.per_layer = checked_add(out.per_layer, bytes, "korthikanti per-layer total");
   });
+  const bytes_t total = korthikanti_total(m, job);
+  out.per_layer = m.num_layers ? total / m.num_layers : 0;
+  out.other = total - out.per_layer * m.num_layers;  // what the mean leaves over
   return out;
 }
 
 bytes_t korthikanti_total(const ModelSpec& m, const Job& job) {
-  bytes_t per_layer = 0;
-  korthikanti_layer(m, job, [&](const char*, const char*, bytes_t bytes, const char* = nullptr) {
-    per_layer = checked_add(per_layer, bytes, "korthikanti per-layer total");
-  });
-  return checked_mul(per_layer, m.num_layers, "korthikanti activations");
+  const auto [dense, moe] = layer_kinds(m);
+  return checked_add(checked_mul(layer_bytes(m, job, false), dense, "korthikanti activations"),
+                     checked_mul(layer_bytes(m, job, true), moe, "korthikanti activations"), "korthikanti activations");
 }
 
 }  // namespace membudget::detail

@@ -582,7 +582,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
       {"name", "family", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
        "num_heads", "num_kv_heads", "head_dim", "tied_embeddings", "mlp", "norm", "bias",
        "max_positions", "norms_per_layer", "qk_norm", "final_logit_softcap", "sliding_window",
-       "mla", "quirks"},
+       "mla", "moe", "quirks"},
       {"job"});
 
   ModelSpec s;
@@ -640,10 +640,49 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
       throw Error::field(ErrorKind::invalid_spec, r.line_of(e.count("kv_lora_rank") ? "mla.kv_lora_rank" : "mla"),
                          "mla.kv_lora_rank", "must be > 0 in an mla section; remove mla for standard attention");
   }
+  if (auto m = r.opt_map(top, "moe", "moe")) {
+    // the same fields as config.json's (docs/model-spec.md, "Mixture of experts")
+    const auto e = r.mapping(*m, "moe.",
+                             {"experts", "top_k", "expert_ff", "shared_ff", "shared_gate", "first_dense", "sparse_step",
+                              "dense_layers", "normalize_top_k", "weights_fp32", "output_router_logits", "router"});
+    MixtureOfExperts& x = s.moe;
+    x.experts = r.req_uint(e, "experts");
+    if (x.experts == 0)  // 0 would silently mean a dense model: remove the section instead
+      throw Error::field(ErrorKind::invalid_spec, r.line_of("moe.experts"), "moe.experts",
+                         "must be at least 1; remove moe for a dense MLP");
+    x.top_k = r.req_uint(e, "top_k");
+    x.expert_ff = r.req_uint(e, "expert_ff");
+    x.shared_ff = r.opt_uint(e, "shared_ff", "moe.shared_ff").value_or(0);
+    x.shared_gate = r.opt_bool(e, "shared_gate", "moe.shared_gate").value_or(false);
+    x.first_dense = r.opt_uint(e, "first_dense", "moe.first_dense").value_or(0);
+    x.sparse_step = r.opt_uint(e, "sparse_step", "moe.sparse_step").value_or(1);
+    x.normalize_top_k = r.opt_bool(e, "normalize_top_k", "moe.normalize_top_k").value_or(false);
+    x.weights_fp32 = r.opt_bool(e, "weights_fp32", "moe.weights_fp32").value_or(false);
+    x.output_router_logits = r.opt_bool(e, "output_router_logits", "moe.output_router_logits").value_or(false);
+    const std::string router = r.opt_string(e, "router", "moe.router").value_or("softmax_top_k");
+    if (router == "deepseek") x.router = MixtureOfExperts::Router::deepseek;
+    else if (router != "softmax_top_k")
+      throw Error::field(ErrorKind::invalid_spec, r.line_of("moe.router"), "moe.router",
+                         "'" + router + "' is not one of softmax_top_k, deepseek");
+    if (auto it = e.find("dense_layers"); it != e.end()) {
+      const YAML::Node& list = it->second.value;
+      if (!list.IsSequence())
+        throw Error::field(ErrorKind::invalid_spec, r.line_of("moe.dense_layers"), "moe.dense_layers",
+                           "must be a list of layer indices");
+      for (const auto& item : list) {
+        std::uint64_t il = 0;
+        if (!item.IsScalar() || !YAML::convert<std::uint64_t>::decode(item, il) || item.Scalar().find('-') != std::string::npos)
+          throw Error::field(ErrorKind::invalid_spec, r.line_of("moe.dense_layers"), "moe.dense_layers",
+                             "'" + (item.IsScalar() ? item.Scalar() : std::string("?")) + "' is not a layer index");
+        x.dense_layers.push_back(il);
+      }
+    }
+  }
   s.quirks = quirks_of_family(s.family);
   if (auto q = r.opt_map(top, "quirks", "quirks")) {
     const auto e = r.mapping(*q, "quirks.",
-                             {"fused_qkv", "fused_gate_up", "norm_weight_offset", "embedding_scale", "partial_rotary"});
+                             {"fused_qkv", "fused_gate_up", "norm_weight_offset", "embedding_scale", "partial_rotary",
+                              "qk_norm_full_width"});
     auto set = [&](std::string_view key, bool& field) {
       if (auto v = r.opt_bool(e, key, "quirks." + std::string(key))) field = *v;
     };
@@ -652,6 +691,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     set("norm_weight_offset", s.quirks.norm_weight_offset);
     set("embedding_scale", s.quirks.embedding_scale);
     set("partial_rotary", s.quirks.partial_rotary);
+    set("qk_norm_full_width", s.quirks.qk_norm_full_width);
   }
   if (auto hd = r.opt_uint(top, "head_dim", "head_dim")) {
     s.head_dim = *hd;
