@@ -42,6 +42,19 @@ def test_optimizer_impl():
         membudget.predict(LLAMA_1B, optimizer="adafactor", optimizer_impl="fused")
 
 
+def test_mixture_of_experts_keys():
+    qwen3 = os.path.join(SRC, "tests", "data", "hf", "moe", "qwen3-30b-a3b.json")
+    d = {impl: membudget.predict(qwen3, batch=1, seq=256, precision="bf16", experts=impl)
+         for impl in ("grouped_mm", "batched_mm", "eager")}
+    assert {k: v["job"]["experts"] for k, v in d.items()} == {k: k for k in d}
+    assert d["batched_mm"]["peak"] > d["grouped_mm"]["peak"]
+    aux = membudget.predict(qwen3, batch=1, seq=256, precision="bf16", router_aux_loss="true", routing="worst")
+    assert aux["job"]["router_aux_loss"] is True and aux["job"]["routing"] == "worst"
+    assert d["grouped_mm"]["model"]["active_parameters"] < d["grouped_mm"]["model"]["parameters"]
+    with pytest.raises(Exception, match="has no mixture of experts"):
+        membudget.predict(LLAMA_1B, experts="eager")
+
+
 def test_fits_and_max_micro_batch():
     assert membudget.fits(LLAMA_1B, device="H100", batch=4)["fits"]
     assert not membudget.fits(LLAMA_1B, capacity=1 << 30)["fits"]  # a result, not an error
