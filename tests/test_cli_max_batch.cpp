@@ -15,9 +15,14 @@ TEST_CASE("max-batch --format json: max_micro_batch, the budget there, accumulat
   const auto j = nlohmann::json::parse(r.out);
   Job job;
   job.seq = 2048;
-  const auto expect = max_micro_batch(load_model(model), job, find_device("H100"));
+  SearchOptions o;
+  o.reserved = true;  // the CLI decides on what nvidia-smi will show
+  const auto expect = max_micro_batch(load_model(model), job, find_device("H100"), o);
   CHECK(j["max_micro_batch"].get<std::uint64_t>() == expect.max_micro_batch);
-  CHECK(j["required"].get<std::uint64_t>() == expect.at_max.required);
+  CHECK(j["basis"] == "reserved");
+  CHECK(j["required"].get<std::uint64_t>() == expect.reserved_required);
+  CHECK(j["allocated_required"].get<std::uint64_t>() == expect.at_max.required);
+  CHECK(j["budget"]["device"]["required"].get<std::uint64_t>() == expect.reserved_required);
   CHECK(j["budget"]["job"]["batch"].get<std::uint64_t>() == expect.max_micro_batch);
   CHECK(j["budget"]["peak"].get<std::uint64_t>() == expect.at_max.peak);
   const auto mb = j["accum_micro_batch"].get<std::uint64_t>();

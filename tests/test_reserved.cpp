@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
+#include "membudget/api.hpp"
 #include "membudget/budget.hpp"
 #include "model/reserved.hpp"
 
@@ -196,4 +197,39 @@ TEST_CASE("CLI: reserved_peak and nvidia_smi in the JSON, reserved beside alloca
   auto ex = test::run_cli("predict " + test::source_path("configs/hf/llama-3.2-1b.json") + " -b 1 -s 2048 --format json --allocator-conf expandable_segments:True");
   REQUIRE(ex.exit_code == 0);
   CHECK(nlohmann::json::parse(ex.out)["reserved_peak"].get<bytes_t>() < o["reserved_peak"].get<bytes_t>());
+}
+
+TEST_CASE("fit and max-batch decide on the reserved memory where the budget has it") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job j;
+  j.batch = 4;
+  j.seq = 2048;
+  j.precision = Precision::bf16;
+  PredictOptions po;
+  po.reserved = true;
+  const Budget with = predict(m, j, po), without = predict(m, j);
+  REQUIRE(with.reserved_peak > with.peak);
+  // a card between the two: the allocated figure fits, what nvidia-smi will show does not
+  const bytes_t between = (with.peak + with.reserved_peak) / 2 + with.terms.overhead;
+  const Device card{"between", static_cast<bytes_t>(static_cast<double>(between) / 0.95) + 1};
+  const Fit on_reserved = check_fit(with, card), on_allocated = check_fit(without, card);
+  CHECK(on_reserved.on_reserved);
+  CHECK(on_reserved.required == with.nvidia_smi());
+  CHECK(on_reserved.allocated_required == with.peak + with.terms.overhead);
+  CHECK(!on_reserved.fits);
+  CHECK(!on_allocated.on_reserved);
+  CHECK(on_allocated.fits);
+  // max-batch: the allocated search says 4 fits; the reserved one stops below it
+  SearchOptions o;
+  const MaxBatchResult a = max_micro_batch(m, j, card, o);
+  o.reserved = true;
+  const MaxBatchResult r = max_micro_batch(m, j, card, o);
+  CHECK(a.max_micro_batch >= 4);
+  CHECK(r.max_micro_batch < a.max_micro_batch);
+  CHECK(r.max_micro_batch >= 1);
+  CHECK(r.reserved_required <= usable_bytes(card));
+  CHECK(r.reserved_evaluations >= 2);
+  Job next = j;
+  next.batch = r.max_micro_batch + 1;
+  CHECK(predict(m, next, po).nvidia_smi() > usable_bytes(card));  // the next batch would not fit
 }

@@ -57,10 +57,13 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
     o.global_batch = f->global_batch;
     o.data_parallel = f->data_parallel;
     o.limit = f->limit;
+    o.reserved = true;  // decide on what nvidia-smi will show (docs/accuracy.md, reserved memory)
     const MaxBatchResult r = max_micro_batch(spec, job, *dev, o);
     Job at = job;
     at.batch = std::max<std::uint64_t>(1, r.max_micro_batch);
-    const Budget budget = predict(spec, at);
+    PredictOptions po;
+    po.reserved = true;
+    const Budget budget = predict(spec, at, po);
     const Fit fit = check_fit(budget, *dev, f->job.headroom);
     if (format == Format::json) {
       nlohmann::ordered_json o2;
@@ -68,7 +71,9 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
       o2["device"] = {{"name", dev->name}, {"capacity", dev->capacity}, {"headroom", f->job.headroom}, {"limit", r.limit}};
       o2["seq"] = job.seq;
       o2["max_micro_batch"] = r.max_micro_batch;
-      o2["required"] = r.at_max.required;
+      o2["required"] = r.reserved_required ? r.reserved_required : r.at_max.required;
+      o2["basis"] = r.reserved_required ? "reserved" : "allocated";
+      o2["allocated_required"] = r.at_max.required;
       o2["peak"] = r.at_max.peak;
       o2["peak_phase"] = r.at_max.peak_phase;
       if (f->global_batch) {
@@ -83,17 +88,19 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
     } else if (format == Format::csv) {
       std::cout << "model,device,seq,max_micro_batch,required,limit,global_batch,accum_micro_batch,grad_accum_steps\n"
                 << csv_field(spec.name) << "," << csv_field(dev->name) << "," << job.seq << "," << r.max_micro_batch << ","
-                << r.at_max.required << "," << r.limit << "," << f->global_batch << "," << r.accum_micro_batch << ","
+                << (r.reserved_required ? r.reserved_required : r.at_max.required) << "," << r.limit << "," << f->global_batch << "," << r.accum_micro_batch << ","
                 << r.grad_accum_steps << "\n";
     } else {
       std::cout << printable(spec.name) << " on " << dev->name << " (" << format_bytes(r.limit) << " usable), seq " << job.seq
                 << ", " << to_string(job.precision) << ", recompute " << to_string(job.recompute)
                 << (job.parallel.single() ? std::string() : ", one rank of " + layout_label(job.parallel)) << "\n";
       if (r.max_micro_batch == 0) {
-        std::cout << "  no micro-batch fits: batch 1 needs " << format_bytes(r.at_max.required) << "\n";
+        std::cout << "  no micro-batch fits: batch 1 needs "
+                  << format_bytes(r.reserved_required ? r.reserved_required : r.at_max.required) << "\n";
       } else {
-        std::cout << "  max micro-batch  " << r.max_micro_batch << "  (needs " << format_bytes(r.at_max.required)
-                  << ", peak " << r.at_max.peak_phase << ")\n";
+        std::cout << "  max micro-batch  " << r.max_micro_batch << "  (needs "
+                  << (r.reserved_required ? format_bytes(r.reserved_required) + " reserved + outside, " : std::string())
+                  << format_bytes(r.at_max.required) << " allocated + outside, peak " << r.at_max.peak_phase << ")\n";
         if (f->global_batch)
           std::cout << "  global batch " << f->global_batch << " = micro-batch " << r.accum_micro_batch << " × "
                     << r.grad_accum_steps << " accumulation steps × " << f->data_parallel << " data-parallel ranks\n";

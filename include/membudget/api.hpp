@@ -82,6 +82,10 @@ struct SearchOptions {
   // ranks (0: none).
   std::uint64_t global_batch = 0;
   std::uint64_t data_parallel = 1;
+  // max_micro_batch: decide on the reserved memory (reserved_peak + overhead, PredictOptions::reserved;
+  // a few milliseconds per batch tried) instead of the allocated peak + overhead. The search runs on
+  // the allocated figures first (reserved ≥ allocated) and then only below that answer.
+  bool reserved = false;
 };
 
 struct MaxBatchResult {
@@ -93,6 +97,10 @@ struct MaxBatchResult {
   std::uint64_t accum_micro_batch = 0;
   std::uint64_t grad_accum_steps = 0;
   std::uint32_t evaluations = 0;      // estimates the search made
+  // With SearchOptions::reserved: reserved_peak + overhead at max_micro_batch (0 where the job has
+  // no reserved model: serving, the harness, FSDP2), and how many reserved predictions it took.
+  bytes_t reserved_required = 0;
+  std::uint32_t reserved_evaluations = 0;
 };
 // Largest micro-batch whose step fits (the peak grows monotonically with the batch; galloping then
 // binary search). job.batch is ignored.

@@ -196,7 +196,12 @@ bytes_t default_overhead(Profile profile);
 struct Fit {
   Device device;
   bytes_t capacity = 0;
-  bytes_t required = 0;  // peak + overhead
+  // What the card must hold: reserved_peak + overhead (what nvidia-smi shows) when the budget has
+  // the reserved memory (PredictOptions::reserved), else peak + overhead. A step runs out of memory
+  // when the caching allocator cannot grow its segments, which the allocated peak understates.
+  bytes_t required = 0;
+  bytes_t allocated_required = 0;  // peak + overhead, always
+  bool on_reserved = false;        // required is reserved_peak + overhead
   double headroom = 0.05;
   bool fits = false;
 };

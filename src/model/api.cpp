@@ -255,8 +255,45 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
                                                  std::to_string(o.data_parallel));
   std::uint64_t hi_limit = o.limit ? o.limit : 65536;
   if (job.seq) hi_limit = std::min<std::uint64_t>(hi_limit, std::max<std::uint64_t>(1, (1ull << 32) / job.seq));
-  const std::uint64_t lo = largest_that_fits(
+  std::uint64_t lo = largest_that_fits(
       model, job, hi_limit, r.limit, [](Job& j, std::uint64_t b) { j.batch = b; }, r.at_max, r.evaluations);
+  if (o.reserved && lo) {
+    // reserved ≥ allocated: only batches up to the allocated answer can fit
+    auto required = [&](std::uint64_t b) {
+      Job j = job;
+      j.batch = b;
+      PredictOptions po;
+      po.reserved = true;
+      ++r.reserved_evaluations;
+      const Budget bud = predict(model, j, po);
+      return bud.reserved_peak ? bud.nvidia_smi() : checked_add(bud.peak, bud.terms.overhead, "peak + overhead");
+    };
+    bytes_t at = required(lo);
+    if (at > r.limit) {
+      std::uint64_t good = 0, bad = lo;  // largest fitting below `bad`, bisected
+      bytes_t good_at = 0;
+      for (std::uint64_t lo_b = 1, hi_b = lo - 1; lo_b <= hi_b;) {
+        const std::uint64_t mid = lo_b + (hi_b - lo_b) / 2;
+        const bytes_t need = required(mid);
+        if (need <= r.limit) {
+          good = mid;
+          good_at = need;
+          lo_b = mid + 1;
+        } else {
+          bad = mid;
+          hi_b = mid - 1;
+        }
+      }
+      (void)bad;
+      lo = good;
+      at = good ? good_at : at;
+      Job j = job;
+      j.batch = std::max<std::uint64_t>(1, lo);
+      r.at_max = estimate(model, j);
+      ++r.evaluations;
+    }
+    r.reserved_required = at;
+  }
   r.max_micro_batch = lo;
   if (lo && o.global_batch) {
     const std::uint64_t per_rank = o.global_batch / o.data_parallel;

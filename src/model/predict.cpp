@@ -150,7 +150,10 @@ Fit check_fit(const Budget& budget, const Device& device, double headroom) {
   f.device = device;
   f.capacity = device.capacity;
   f.headroom = headroom;
-  f.required = checked_add(budget.peak, budget.terms.overhead, "peak + overhead");
+  f.allocated_required = checked_add(budget.peak, budget.terms.overhead, "peak + overhead");
+  f.on_reserved = budget.reserved_peak > 0;
+  f.required = f.on_reserved ? checked_add(budget.reserved_peak, budget.terms.overhead, "reserved_peak + overhead")
+                             : f.allocated_required;
   f.fits = static_cast<double>(f.required) <= static_cast<double>(device.capacity) * (1.0 - headroom);
   return f;
 }

@@ -174,6 +174,8 @@ std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool 
     j["device"] = {{"name", fit->device.name},
                    {"capacity", fit->capacity},
                    {"required", fit->required},
+                   {"basis", fit->on_reserved ? "reserved" : "allocated"},
+                   {"allocated_required", fit->allocated_required},
                    {"headroom", fit->headroom},
                    {"fits", fit->fits}};
   }
@@ -310,9 +312,12 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
   }
   if (fit) {
     out << "\n" << (fit->fits ? "FITS " : "DOES NOT FIT ") << fit->device.name << ": needs "
-        << format_bytes(fit->required) << " (peak + " << format_bytes(b.terms.overhead)
-        << " outside the allocator) of " << format_bytes(fit->capacity) << " with "
-        << static_cast<int>(fit->headroom * 100 + 0.5) << "% headroom\n";
+        << format_bytes(fit->required) << " ("
+        << (fit->on_reserved ? "reserved after a steady step + " : "peak + ") << format_bytes(b.terms.overhead)
+        << " outside the allocator";
+    if (fit->on_reserved) out << "; the allocated peak + outside is " << format_bytes(fit->allocated_required);
+    out << ") of " << format_bytes(fit->capacity) << " with " << static_cast<int>(fit->headroom * 100 + 0.5)
+        << "% headroom\n";
   }
   return out.str();
 }
