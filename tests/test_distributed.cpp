@@ -55,6 +55,8 @@ ModelSpec model_of(const nlohmann::json& j) {
     m.num_layers = j["overrides"]["num_hidden_layers"].get<std::uint64_t>();
   return m;
 }
+}  // namespace
+namespace {
 
 struct Worst {
   double steady = 0, step0 = 0;
@@ -64,7 +66,9 @@ struct Worst {
 
 // Every steady phase within `tol`, step 0's forward and backward within 2% (its floor holds what
 // earlier cases of the measuring process left allocated: cuBLAS workspaces).
-void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& c), Worst& w) {
+// `reserved_high`: the reserved replay's over-prediction allowed for one-stream layouts.
+void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& c), Worst& w,
+                double reserved_high = 0.16) {
   std::ifstream in(test::source_path(rel));
   REQUIRE(in.good());
   const auto data = nlohmann::json::parse(in);
@@ -82,7 +86,7 @@ void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& 
     if (b.reserved_peak) {
       const double rerr = (static_cast<double>(b.reserved_peak) - reserved) / reserved;
       CHECK(rerr >= -0.05);
-      CHECK(rerr <= 0.16);
+      CHECK(rerr <= reserved_high);
     } else {
       CHECK(!b.reserved_unmodelled.empty());
     }
@@ -126,6 +130,21 @@ TEST_CASE("one rank of DDP, ZeRO-1, FSDP2, HSDP and tensor parallelism lands wit
   CHECK(w.cases >= 43);
   MESSAGE("distributed ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
                                                          << " cases; worst step-0 error " << w.step0 * 100 << "%");
+}
+
+bool none(const nlohmann::json&) { return false; }
+
+// Mixture-of-experts ranks (tools/matrices/dist_moe_h200.json): the packed experts shard along dim 0
+// (the experts: OLMoE's 64 over 6 ranks give chunks of 11 and a last one of 9), bucket and
+// partition like any parameter; the MoE block runs on the unsharded parameters. The reserved
+// replay of Qwen3-30B-A3B's DDP and ZeRO-1 ranks over-predicts by 20-29% (docs/moe.md); the
+// band allows it.
+TEST_CASE("MoE ranks of FSDP2, HSDP, DDP and ZeRO-1 land within 1% of the fake-process-group measurement") {
+  Worst w;
+  check_file("tests/data/torch_train_dist_moe_fakepg_h200.json", 0.01, none, w, 0.30);
+  CHECK(w.cases >= 15);
+  MESSAGE("MoE ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
+                                                 << " cases; worst step-0 error " << w.step0 * 100 << "%");
 }
 
 namespace {

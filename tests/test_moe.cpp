@@ -89,10 +89,10 @@ TEST_CASE("MoE jobs the walks do not cover are refused by name; the rest are pre
   lora.mode = Mode::train;
   lora.lora_rank = 8;
   refused_job(m, lora, "--lora");
-  Job fsdp = j;
-  fsdp.mode = Mode::train;
-  fsdp.parallel.fsdp = 8;
-  refused_job(m, fsdp, "parallel layout");
+  Job tp = j;
+  tp.mode = Mode::train;
+  tp.parallel.tensor = 4;
+  refused_job(m, tp, "--tp: a mixture of experts");
   Job int4 = j;
   int4.mode = Mode::infer;
   int4.weights = DType::int4;

@@ -798,21 +798,32 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
       c.transient = 0;
       break;
     case Optimizer::adafactor: {
-      // torch.optim.Adafactor: factored second moment (row and column fp32 vectors) for matrices,
-      // full for vectors; no first moment.
-      // (The vectors' state is not counted: norms are a few KiB.)
-      bytes_t layer_rows_cols = 0, outer_rows_cols = 0, largest = 0;
-      for (const ParamTensor& t : m.layer_tensors(0))
-        if (t.projection()) {
-          layer_rows_cols += t.in + t.out;
-          largest = std::max(largest, t.elements());
-        }
-      for (const ParamTensor& t : m.outer_tensors())
-        if (t.projection()) {
-          outer_rows_cols += t.in + t.out;
-          largest = std::max(largest, t.elements());
-        }
-      c.state = mul(checked_add(mul(m.num_layers, layer_rows_cols), outer_rows_cols, "Adafactor state"), sb);
+      // torch.optim.Adafactor: factored second moment over the last two dimensions (row and column
+      // vectors; a packed (E, out, in) expert tensor keeps E of each) for matrices, full for
+      // vectors; no first moment. (The vectors' state is not counted: norms are a few KiB.)
+      bytes_t rows_cols = 0, largest = 0;
+      auto factored = [&](const ParamTensor& t) {
+        if (!t.projection()) return;
+        rows_cols = checked_add(rows_cols, checked_mul(t.count, t.in + t.out, "Adafactor state"), "Adafactor state");
+        largest = std::max(largest, t.elements());
+      };
+      // layers alike but for a mixture of experts' dense layers: one of each kind, times its count
+      const std::uint64_t moe_layers = [&] {
+        std::uint64_t n = 0;
+        for (std::uint64_t il = 0; il < m.num_layers; ++il) n += m.moe_layer(il) ? 1 : 0;
+        return n;
+      }();
+      for (std::uint64_t kind = 0; kind < 2; ++kind) {
+        const std::uint64_t layers = kind ? moe_layers : m.num_layers - moe_layers;
+        if (layers == 0) continue;
+        std::uint64_t il = 0;
+        while (m.moe_layer(il) != (kind == 1)) ++il;
+        const bytes_t before = rows_cols;
+        for (const ParamTensor& t : m.layer_tensors(il)) factored(t);
+        rows_cols = checked_add(before, checked_mul(rows_cols - before, layers, "Adafactor state"), "Adafactor state");
+      }
+      for (const ParamTensor& t : m.outer_tensors()) factored(t);
+      c.state = mul(rows_cols, sb);
       if (impl == OptimizerImpl::foreach)
         // _multi_tensor_adafactor: var_estimates = [row_var @ col_var ...] (_adafactor.py:567) for
         // every matrix at once and [v.clone() ...] (_adafactor.py:589) for every vector: one
@@ -891,8 +902,9 @@ void check_torch_coverage(const ModelSpec& m, const Job& job) {
   if (m.moe.enabled()) {
     // The MoE block (TorchOps::moe) is measured on one GPU, with the whole model trained.
     if (job.lora_rank) throw Error(ErrorKind::unsupported, "--lora: adapters on a mixture of experts are not modelled");
-    if (!job.parallel.single())
-      throw Error(ErrorKind::unsupported, "a mixture of experts under a parallel layout (--dp/--fsdp/--zero/--tp) is not modelled yet");
+    // data parallelism (DDP, ZeRO-1, FSDP2, HSDP) shards and buckets the packed experts like any
+    // parameter (FSDP2 along dim 0, the experts); tensor parallelism is refused by check_layout
+
   }
 }
 

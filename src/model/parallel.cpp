@@ -25,6 +25,9 @@ void check_layout(const ModelSpec& m, const Job& job) {
   if (m.quirks.fused_qkv || m.quirks.fused_gate_up)
     throw Error(ErrorKind::unsupported, "--tp: fused projections (Phi-3's qkv_proj, gate_up_proj) are not modelled with tensor parallelism");
   if (m.mla.enabled()) throw Error(ErrorKind::unsupported, "--tp: multi-head latent attention is not modelled with tensor parallelism");
+  if (m.moe.enabled())
+    throw Error(ErrorKind::unsupported, "--tp: a mixture of experts is not modelled with tensor parallelism (expert "
+                                        "parallelism, --ep, is not modelled yet either)");
 }
 
 ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t) {
@@ -49,7 +52,8 @@ std::vector<ParamTensor> model_tensors(const ModelSpec& m) {
 
 std::uint64_t dim0_rows(const ParamTensor& t) {
   // nn.Embedding's weight is (V, h) — its `in` is the vocabulary; nn.Linear's is (out, in); a
-  // vector is its own dim 0.
+  // vector is its own dim 0; packed experts (E, out, in) have the experts.
+  if (t.count > 1) return t.count;
   return t.module == Module::embedding ? t.in : t.out;
 }
 
