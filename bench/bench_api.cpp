@@ -55,7 +55,15 @@ const std::vector<std::pair<std::uint64_t, std::uint64_t>>& shapes() {
   return v;
 }
 
+// Mixtures of experts (config.json as released): Qwen3-30B-A3B (arg 30), Mixtral 8x7B (arg 47).
+const ModelSpec& moe_model(std::int64_t billions) {
+  static const ModelSpec qwen3 = load_model(source_dir() + "/tests/data/hf/moe/qwen3-30b-a3b.json");
+  static const ModelSpec mixtral = load_model(source_dir() + "/tests/data/hf/moe/mixtral-8x7b.json");
+  return billions == 30 ? qwen3 : mixtral;
+}
+
 const ModelSpec& model_of(std::int64_t billions) {
+  if (billions == 30 || billions == 47) return moe_model(billions);
   return billions == 1 ? model1b() : billions == 8 ? model8b() : model70b();
 }
 
@@ -89,6 +97,11 @@ void BM_estimate_new_shape_parallel(benchmark::State& state) {
   new_shapes(state, j);
 }
 BENCHMARK(BM_estimate_new_shape_parallel)->Args({8, 0})->Args({8, 1})->Args({8, 2})->Args({8, 3})->Args({70, 0});
+
+// The same for a mixture of experts (grouped_mm experts, transformers' default): every layer after
+// the first is an MoE layer, so the plan compiles like a dense model's.
+void BM_estimate_new_shape_moe(benchmark::State& state) { new_shapes(state, Job{}); }
+BENCHMARK(BM_estimate_new_shape_moe)->Arg(30)->Arg(47);
 
 // The same for a serving job (--mode infer: a prefill of b prompts of s tokens and one decode step).
 void BM_estimate_new_shape_serving(benchmark::State& state) {
