@@ -129,7 +129,8 @@ TEST_CASE("fast path == full simulation for mixture-of-experts models, and for l
   PredictOptions full;
   full.full_simulation = true;
   for (const char* c : {"tests/data/hf/moe/qwen3-30b-a3b.json", "tests/data/hf/moe/qwen1.5-moe-a2.7b.json",
-                        "tests/data/hf/moe/olmoe-1b-7b.json", "tests/data/hf/moe/mixtral-8x7b.json"}) {
+                        "tests/data/hf/moe/olmoe-1b-7b.json", "tests/data/hf/moe/mixtral-8x7b.json",
+                        "tests/data/hf/moe/deepseek-v2-lite.json"}) {
     ModelSpec m = load_model(test::source_path(c));
     m.num_layers = 9;  // deep enough to be compiled from copies (a debug build simulates each)
     for (Precision p : {Precision::amp_bf16, Precision::bf16})

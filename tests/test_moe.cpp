@@ -101,11 +101,14 @@ TEST_CASE("MoE jobs the walks do not cover are refused by name; the rest are pre
   harness.mode = Mode::train;
   harness.profile = Profile::harness;
   refused_job(m, harness, "mixture of experts");
-  // DeepSeek's router is described (parameters are exact) but not walked
-  const ModelSpec ds = load_model(test::source_path("tests/data/hf/moe/deepseek-v2-lite.json"));
+  // DeepSeek-V2's router and latent attention are walked; V3's router is described (parameters are
+  // exact) but not walked
+  const ModelSpec ds_v2 = load_model(test::source_path("tests/data/hf/moe/deepseek-v2-lite.json"));
+  const ModelSpec ds_v3 = load_model(test::source_path("tests/data/hf/moe/deepseek-v3.json"));
   for (Mode mode : {Mode::train, Mode::infer}) {
     j.mode = mode;
-    refused_job(ds, j, "DeepSeek's MoE router");
+    CHECK(predict(ds_v2, j).peak > ds_v2.parameters().total);
+    refused_job(ds_v3, j, "DeepSeek-V3's MoE router");
   }
   // vLLM's sizing runs its fused MoE kernels: refused
   CHECK_THROWS_WITH_AS((void)vllm_profile_activation_peak(m, 8192, 256), doctest::Contains("fused mixture-of-experts"), Error);
@@ -239,4 +242,23 @@ moe:
   bad("normalize_top_k: true", "normalize_top_k: true\n  dense_layers: [1, -2]", "moe.dense_layers");
   bad("normalize_top_k: true", "normalize_top_k: true\n  router: sinkhorn", "moe.router");
   bad("normalize_top_k: true", "normalize_top_k: true\n  gating: 2", "unknown key");
+}
+
+TEST_CASE("DeepSeek-V2's group-limited routing: the group scores and masks are temporaries, nothing more is kept") {
+  const ModelSpec greedy = load_model(test::source_path("tests/data/hf/moe/deepseek-v2-lite.json"));
+  ModelSpec grouped = greedy;
+  grouped.moe.group_limited = true;
+  grouped.moe.groups = 8;
+  grouped.moe.group_top_k = 3;
+  Job j;
+  j.batch = 1;
+  j.seq = 2048;
+  j.precision = Precision::bf16;
+  const Budget a = predict(greedy, j), b = predict(grouped, j);
+  // softmax keeps the scores either way and topk keeps only its indices: the one addition is the
+  // inverted bool mask masked_fill keeps (T × E bytes, rounded) per MoE layer
+  const bytes_t moe_layers = greedy.num_layers - greedy.moe.first_dense;
+  const bytes_t mask = (j.seq * greedy.moe.experts + 511) / 512 * 512;
+  CHECK(b.terms.activations - a.terms.activations == moe_layers * mask);
+  CHECK(b.phase(Phase::forward_peak) > a.phase(Phase::forward_peak));
 }

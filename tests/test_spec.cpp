@@ -385,9 +385,7 @@ TEST_CASE("unsupported Hugging Face architectures") {
     CHECK(m.moe.enabled());
   }
   CHECK(predict(load_model(hf("mixtral-8x7b")), Job{}).peak > 0);
-  Error ds = error_of([&] { (void)predict(load_model(hf("deepseek-v2-lite")), Job{}); });
-  CHECK(ds.kind() == ErrorKind::unsupported);
-  CHECK(contains(ds, "DeepSeek's MoE router"));
+  CHECK(predict(load_model(hf("deepseek-v2-lite")), Job{}).peak > 0);
 
   Error e = error_of([] { load_model(hf("gpt2")); });
   CHECK(e.kind() == ErrorKind::unsupported);

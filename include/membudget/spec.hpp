@@ -62,11 +62,15 @@ struct MixtureOfExperts {
   std::uint64_t sparse_step = 1;     // MoE on every step-th layer (Qwen decoder_sparse_step: (il + 1) % step == 0)
   std::vector<std::uint64_t> dense_layers;  // layers that stay dense (Qwen mlp_only_layers)
   // The router. softmax_top_k: transformers 5.17's Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE
-  // TopKRouter (softmax over the experts in fp32, top-k, then the options below). deepseek: DeepSeek-V2's
-  // (an fp32 gate, greedy or group-limited top-k, routed scaling) and V3's (sigmoid scores with a
-  // correction bias, noaux_tc), described for counting but not yet walked.
-  enum class Router : std::uint8_t { softmax_top_k, deepseek };
+  // TopKRouter (softmax over the experts in fp32, top-k, then the options below). deepseek_v2:
+  // DeepseekV2TopkRouter (an fp32 gate, greedy or group-limited top-k over `groups` groups keeping
+  // `group_top_k`, the weights times routed_scaling_factor; the shared experts run after the routed
+  // ones, ungated). deepseek_v3: sigmoid scores with a correction bias (noaux_tc), described for
+  // counting but not yet walked.
+  enum class Router : std::uint8_t { softmax_top_k, deepseek_v2, deepseek_v3 };
   Router router = Router::softmax_top_k;
+  std::uint64_t groups = 1, group_top_k = 1;  // deepseek_v2 group_limited_greedy (n_group, topk_group)
+  bool group_limited = false;
   bool normalize_top_k = false;      // the k weights divided by their sum (norm_topk_prob; Mixtral always)
   bool weights_fp32 = false;         // the weights stay fp32 (Mixtral); else cast to the router logits' dtype
   // config.json's output_router_logits: the load-balancing loss joins training by default (as
@@ -87,6 +91,7 @@ struct ArchQuirks {
   bool partial_rotary = false;      // rotary through the partial-rotary path: rotated part cat'ed
                                     // with the pass-through part, a copy (Phi-3)
   bool qk_norm_full_width = false;  // q_norm / k_norm over the whole q and k width, not per head (OLMoE)
+  bool complex_rotary = false;      // rotary through complex multiplication (DeepSeek-V2's apply_rotary_emb)
   bool operator==(const ArchQuirks&) const = default;
 };
 

@@ -58,6 +58,8 @@ struct LayerParams {
   // a mixture-of-experts layer: the router, the packed routed experts, the shared expert and its gate
   TensorId router = kNone, experts_gate_up = kNone, experts_down = kNone;
   TensorId shared_gate = kNone, shared_up = kNone, shared_down = kNone, shared_expert_gate = kNone;
+  // multi-head latent attention (q is q_proj; q_a, q_a_norm, q_b with a q LoRA rank)
+  TensorId q_a = kNone, q_a_norm = kNone, q_b = kNone, kv_a = kNone, kv_a_norm = kNone, kv_b = kNone;
   Adapter aq, ak, av, ao, agate, aup, adown;  // LoRA (job.lora_rank > 0)
 };
 
@@ -280,94 +282,100 @@ struct Step {
     layer_masked = masked && m.sliding_layer(i);
     // residual = hidden_states; hidden_states = input_layernorm(hidden_states)
     TensorId n1 = rmsnorm(x, p.norm1, "input_layernorm output");
-    // Phi-3 fuses the projections: qkv_proj's output is sliced into q, k, v views (their gradients
-    // come back as full-size slice_backward buffers), and SDPA makes v contiguous.
-    const bool fused = m.quirks.fused_qkv;
-    TensorId q, k, v, qkv = kNone;
-    if (fused) {
-      qkv = linear(n1, d.h, d.qd + 2 * d.kvd, p.q, p.qb, "qkv_proj output (sliced into q, k, v)", "b·s·(q+2kv)");
-      q = k = qkv;
-      sim.hold(qkv);
-      if (job.recompute == Recompute::none) {
-        v = qkv;  // the cache's torch.cat copies the value slice
-        sim.hold(qkv);
-      } else {
-        v = sim.make("v contiguous copy (saved by sdpa)", mul(d.T, d.kvd, r.compute), Term::activations,
-                     "contiguous", r.compute_name, "b·kv·s·hd", true);
-        sim.node("CloneBackward", {qkv}, {v}, {});
-      }
+    TensorId o = kNone;
+    if (m.mla.enabled()) {
+      o = mla_attention(p, n1);
+      sim.drop(n1);  // hidden_states, _ = self.self_attn(...): the norm output lives to the return
     } else {
-      const bytes_t ws = tp_input_grad_allreduce();
-      q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, ws);
-      k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak, 0, ws);
-      v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, ws);
-    }
-    // Not yet as transformers does it: input_layernorm's output lives until self_attn returns
-    // (after o_proj; the serving walk drops it there), and it matters where the projections do not
-    // save it (an fp32 norm output under autocast, a frozen base under LoRA): the free of the fp32
-    // norm output carries the decoder layer's `hidden_states, _ = self.self_attn(...)` frame, after
-    // o_proj's output, in tests/data/gaps/gemma-2-2b_amp-bf16_none_flash_adamw_b1s2048.pickle.gz.
-    // Moving it changes unmeasured LoRA / autocast predictions and is left for a measured change.
-    sim.drop(n1);
-    if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary; OLMoE: over all of q and k
-      const bool full = m.quirks.qk_norm_full_width;
-      TensorId qn = rmsnorm(q, p.q_norm, "q_norm output", d.qd, full ? 1 : d.a);
+      // Phi-3 fuses the projections: qkv_proj's output is sliced into q, k, v views (their gradients
+      // come back as full-size slice_backward buffers), and SDPA makes v contiguous.
+      const bool fused = m.quirks.fused_qkv;
+      TensorId q, k, v, qkv = kNone;
+      if (fused) {
+        qkv = linear(n1, d.h, d.qd + 2 * d.kvd, p.q, p.qb, "qkv_proj output (sliced into q, k, v)", "b·s·(q+2kv)");
+        q = k = qkv;
+        sim.hold(qkv);
+        if (job.recompute == Recompute::none) {
+          v = qkv;  // the cache's torch.cat copies the value slice
+          sim.hold(qkv);
+        } else {
+          v = sim.make("v contiguous copy (saved by sdpa)", mul(d.T, d.kvd, r.compute), Term::activations,
+                       "contiguous", r.compute_name, "b·kv·s·hd", true);
+          sim.node("CloneBackward", {qkv}, {v}, {});
+        }
+      } else {
+        const bytes_t ws = tp_input_grad_allreduce();
+        q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, ws);
+        k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak, 0, ws);
+        v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, ws);
+      }
+      // Not yet as transformers does it: input_layernorm's output lives until self_attn returns
+      // (after o_proj; the serving walk drops it there), and it matters where the projections do not
+      // save it (an fp32 norm output under autocast, a frozen base under LoRA): the free of the fp32
+      // norm output carries the decoder layer's `hidden_states, _ = self.self_attn(...)` frame, after
+      // o_proj's output, in tests/data/gaps/gemma-2-2b_amp-bf16_none_flash_adamw_b1s2048.pickle.gz.
+      // Moving it changes unmeasured LoRA / autocast predictions and is left for a measured change.
+      sim.drop(n1);
+      if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary; OLMoE: over all of q and k
+        const bool full = m.quirks.qk_norm_full_width;
+        TensorId qn = rmsnorm(q, p.q_norm, "q_norm output", d.qd, full ? 1 : d.a);
+        sim.drop(q);
+        q = qn;
+        TensorId kn = rmsnorm(k, p.k_norm, "k_norm output", d.kvd, full ? 1 : d.kva);
+        sim.drop(k);
+        k = kn;
+      }
+      // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
+      // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
+      auto rotary = [&](TensorId t, bytes_t width, const char* name) {
+        const bytes_t eb = t == qkv ? r.compute : sim.info(t).bytes / mul(d.T, width);
+        return ops().rotary(t, cos, sin, width, eb, r.resid, name);
+      };
+      TensorId qe = rotary(q, d.qd, "q after rotary");
       sim.drop(q);
-      q = qn;
-      TensorId kn = rmsnorm(k, p.k_norm, "k_norm output", d.kvd, full ? 1 : d.kva);
+      TensorId ke = rotary(k, d.kvd, "k after rotary");
       sim.drop(k);
-      k = kn;
-    }
-    // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
-    // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
-    auto rotary = [&](TensorId t, bytes_t width, const char* name) {
-      const bytes_t eb = t == qkv ? r.compute : sim.info(t).bytes / mul(d.T, width);
-      return ops().rotary(t, cos, sin, width, eb, r.resid, name);
-    };
-    TensorId qe = rotary(q, d.qd, "q after rotary");
-    sim.drop(q);
-    TensorId ke = rotary(k, d.kvd, "k after rotary");
-    sim.drop(k);
-    // LlamaModel creates a DynamicCache when config.use_cache is true, also in training (HF turns
-    // it off only under gradient checkpointing). DynamicLayer.update concatenates the new keys and
-    // values onto empty tensors created in the *keys'* dtype and hands the concatenations to
-    // attention: under autocast the keys are fp32 after rotary, so both copies are fp32 (the values
-    // are promoted). The cache holds them until the model's output dies.
-    if (job.recompute == Recompute::none) {
-      const bytes_t kb = sim.info(ke).bytes / mul(d.T, d.kvd);
-      TensorId kc = sim.make("DynamicCache keys (torch.cat copy)", mul(d.T, d.kvd, kb), Term::activations, "cat", "",
-                             "b·kv·s·hd", true);
-      sim.node("CatBackward0", {ke}, {kc}, {});
-      TensorId vc = sim.make("DynamicCache values (torch.cat copy, keys' dtype)", mul(d.T, d.kvd, kb),
-                             Term::activations, "cat", "", "b·kv·s·hd", true);
-      sim.node("CatBackward0", {fused ? qkv : v}, {vc}, {});
+      // LlamaModel creates a DynamicCache when config.use_cache is true, also in training (HF turns
+      // it off only under gradient checkpointing). DynamicLayer.update concatenates the new keys and
+      // values onto empty tensors created in the *keys'* dtype and hands the concatenations to
+      // attention: under autocast the keys are fp32 after rotary, so both copies are fp32 (the values
+      // are promoted). The cache holds them until the model's output dies.
+      if (job.recompute == Recompute::none) {
+        const bytes_t kb = sim.info(ke).bytes / mul(d.T, d.kvd);
+        TensorId kc = sim.make("DynamicCache keys (torch.cat copy)", mul(d.T, d.kvd, kb), Term::activations, "cat", "",
+                               "b·kv·s·hd", true);
+        sim.node("CatBackward0", {ke}, {kc}, {});
+        TensorId vc = sim.make("DynamicCache values (torch.cat copy, keys' dtype)", mul(d.T, d.kvd, kb),
+                               Term::activations, "cat", "", "b·kv·s·hd", true);
+        sim.node("CatBackward0", {fused ? qkv : v}, {vc}, {});
+        sim.drop(ke);
+        sim.drop(v);
+        ke = kc;
+        v = vc;
+        sim.hold(kc);
+        sim.hold(vc);
+        kv_cache.push_back(kc);
+        kv_cache.push_back(vc);
+      }
+      TensorId att = attention(qe, ke, v);
+      sim.drop(qe);
       sim.drop(ke);
       sim.drop(v);
-      ke = kc;
-      v = vc;
-      sim.hold(kc);
-      sim.hold(vc);
-      kv_cache.push_back(kc);
-      kv_cache.push_back(vc);
+      // attn_output.transpose(1, 2).contiguous(): cuDNN writes its output in q's layout (flash in
+      // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj
+      // saves; Phi-3's partial-rotary cat makes q contiguous b·a·s·hd, and then it is a copy, saved by
+      // o_proj beside the output SDPA saves. The math paths copy (below).
+      TensorId attc = att;
+      if (m.quirks.partial_rotary && fused_sdpa()) {
+        attc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, d.qd, r.compute), Term::activations,
+                        "contiguous", r.compute_name, "b·s·a·hd", true);
+        sim.node("CloneBackward0", {att}, {attc}, {});
+        sim.drop(att);
+      }
+      o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
+      tp_all_reduce(o);
+      sim.drop(attc);
     }
-    TensorId att = attention(qe, ke, v);
-    sim.drop(qe);
-    sim.drop(ke);
-    sim.drop(v);
-    // attn_output.transpose(1, 2).contiguous(): cuDNN writes its output in q's layout (flash in
-    // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj
-    // saves; Phi-3's partial-rotary cat makes q contiguous b·a·s·hd, and then it is a copy, saved by
-    // o_proj beside the output SDPA saves. The math paths copy (below).
-    TensorId attc = att;
-    if (m.quirks.partial_rotary && fused_sdpa()) {
-      attc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, d.qd, r.compute), Term::activations,
-                      "contiguous", r.compute_name, "b·s·a·hd", true);
-      sim.node("CloneBackward0", {att}, {attc}, {});
-      sim.drop(att);
-    }
-    TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
-    tp_all_reduce(o);
-    sim.drop(attc);
     // Gemma 2's post_attention_layernorm on the branch, then the residual add
     TensorId h1 = ops().close_block(x, o, p.norm3, "post-attention norm output", r.resid, r.resid_name,
                                     "residual stream (saved by the next norm)");
@@ -397,6 +405,138 @@ struct Step {
     *out = h2;
   }
 
+  // DeepSeek-V2's gate, F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32)):
+  // outside autocast both operands are copied to fp32 (the matmul keeps both) and the logits are
+  // fp32; under autocast the copies are the tensors themselves and autocast casts them to bf16.
+  TensorId fp32_gate(TensorId x, bytes_t in, bytes_t out, TensorId w, const char* name, const char* shape) {
+    if (r.autocast) return linear(x, in, out, w, kNone, name, shape);
+    TensorId x32 = x, w32 = w;
+    if (sim.info(x).bytes != mul(d.T, in, 4)) {
+      x32 = sim.make("router gate input in fp32 (saved by the gate)", mul(d.T, in, 4), Term::activations, "type(float32)",
+                     "fp32", "b·s·h", true);
+      sim.node("ToCopyBackward0", {x}, {x32}, {});
+    } else {
+      sim.hold(x32);
+    }
+    if (r.param != 4) {
+      w32 = sim.make("router gate weight in fp32 (saved by the gate)", sim.logical_bytes(w) / r.param * 4, Term::activations,
+                     "type(float32)", "fp32", "E·h", true);
+      sim.node("ToCopyBackward0", {w}, {w32}, {});
+    }
+    TensorId y = linear(x32, in, out, w32, kNone, name, shape, nullptr, 4);
+    sim.drop(x32);
+    if (w32 != w) sim.drop(w32);
+    return y;
+  }
+
+  // DeepseekV2Attention.forward (transformers 5.17), multi-head latent attention: a = heads,
+  // nope/rope/v head dims, r = kv_lora_rank. What stays for backward and when the rest goes is read
+  // off deepseek-v2-lite_L2_bf16_none_flash_adamw_b1s1024_snapshot-forward (events 34-89):
+  //     q = q_proj(x) (or q_b_proj(q_a_layernorm(q_a_proj(x)))); q_nope, q_pe = split(q)   # views
+  //     compressed_kv = kv_a_proj_with_mqa(x); kv_nope, k_pe = split(compressed_kv)       # views
+  //     k_nope = kv_a_layernorm(kv_nope)           # the norm of a strided view: its fp32 copy
+  //     q_pe, k_pe = apply_rotary_emb(q_pe, k_pe, freqs_cis)   # x.float().reshape (a copy),
+  //                    view_as_complex * freqs, view_as_real(...).type_as(x) (a copy back)
+  //     k_nope, k_pe = past_key_values.update(k_nope, k_pe)   # torch.cat copies (use_cache)
+  //     query_states = cat(q_nope, q_pe)                       # saved by sdpa
+  //     kv = kv_b_proj(k_nope); k_nope', value = split(kv)     # value: a view sdpa keeps
+  //     key_states = kv.new_empty(...); [..., :nope].copy_(k_nope'); [..., nope:].copy_(k_pe)
+  //     attn = sdpa(query, key, value)   # out a × s × v, the log-sum-exp; then .contiguous()
+  //     o_proj(attn)
+  TensorId mla_attention(const LayerParams& p, TensorId n1) {
+    const LatentAttention& la = m.mla;
+    const bytes_t a = m.num_heads, nope = la.qk_nope_head_dim, rope = la.qk_rope_head_dim, vd = la.v_head_dim,
+                  kvr = la.kv_lora_rank, qk = nope + rope;
+    TensorId q = kNone;
+    if (la.q_lora_rank) {
+      TensorId qa = linear(n1, d.h, la.q_lora_rank, p.q_a, kNone, "q_a_proj output", "b·s·q_r");
+      TensorId qan = rmsnorm(qa, p.q_a_norm, "q_a_layernorm output", la.q_lora_rank);
+      sim.drop(qa);
+      q = linear(qan, la.q_lora_rank, mul(a, qk), p.q_b, kNone, "q_b_proj output", "b·s·a·qk");
+      sim.drop(qan);
+    } else {
+      q = linear(n1, d.h, mul(a, qk), p.q, kNone, "q_proj output", "b·s·a·qk");
+    }
+    const bytes_t qb = sim.info(q).bytes / mul(d.T, a, qk);
+    TensorId q_nope = ops().view("q_nope (view of q)", mul(d.T, a, nope, qb)),
+             q_pe = ops().view("q_pe (view of q)", mul(d.T, a, rope, qb));
+    sim.node("SplitBackward0", {q}, {q_nope, q_pe}, {});
+    TensorId ckv = linear(n1, d.h, kvr + rope, p.kv_a, kNone, "kv_a_proj_with_mqa output", "b·s·(r+rope)");
+    const bytes_t cb = sim.info(ckv).bytes / mul(d.T, kvr + rope);
+    TensorId kv_nope = ops().view("kv_nope (view of compressed_kv)", mul(d.T, kvr, cb)),
+             k_pe = ops().view("k_pe (view of compressed_kv)", mul(d.T, rope, cb));
+    sim.node("SplitBackward0", {ckv}, {kv_nope, k_pe}, {});
+    TensorId k_nope = ops().rmsnorm(kv_nope, p.kv_a_norm, "kv_a_layernorm output", kvr, 1, cb);
+    sim.drop(kv_nope);
+    // apply_rotary_emb: the fp32 copies live until it returns (view_as_complex views of them)
+    TensorId xq = sim.make("rotary: q_pe.float() (copy)", mul(d.T, a, rope, 4), Term::activations, "float + reshape", "fp32",
+                           "b·a·s·rope", true);
+    sim.node("ToCopyBackward0", {q_pe}, {xq}, {});
+    TensorId xk = sim.make("rotary: k_pe.float() (copy)", mul(d.T, rope, 4), Term::activations, "float + reshape", "fp32",
+                           "b·s·rope", true);
+    sim.node("ToCopyBackward0", {k_pe}, {xk}, {});
+    auto rotate = [&](TensorId xf, bytes_t width, bytes_t eb, const char* tag) {
+      TensorId c = sim.make("rotary: x * freqs_cis (complex64)", mul(d.T, width, 4), Term::activations, "mul", "complex64", "", true);
+      sim.node("MulBackward0", {xf}, {c}, {cos});
+      if (eb == 4) return c;  // type_as(x) of an fp32 x: the same tensor (view_as_real, flatten: views)
+      TensorId back = sim.make(tag, mul(d.T, width, eb), Term::activations, "type_as", "", "", true);
+      sim.node("ToCopyBackward0", {c}, {back}, {});
+      sim.drop(c);
+      return back;
+    };
+    TensorId q_rot = rotate(xq, mul(a, rope), qb, "q_pe after rotary");
+    TensorId k_rot = rotate(xk, rope, cb, "k_pe after rotary");
+    sim.drop(xq);
+    sim.drop(xk);
+    sim.drop(q_pe);
+    sim.drop(k_pe);
+    if (job.recompute == Recompute::none) {
+      // DynamicCache: torch.cat copies in the keys' (k_nope's) dtype
+      const bytes_t kb = sim.info(k_nope).bytes / mul(d.T, kvr);
+      TensorId kc = sim.make("DynamicCache latent (torch.cat copy)", mul(d.T, kvr, kb), Term::activations, "cat", "", "b·1·s·r", true);
+      sim.node("CatBackward0", {k_nope}, {kc}, {});
+      TensorId rc = sim.make("DynamicCache rotary key (torch.cat copy, keys' dtype)", mul(d.T, rope, kb), Term::activations, "cat",
+                             "", "b·1·s·rope", true);
+      sim.node("CatBackward0", {k_rot}, {rc}, {});
+      sim.drop(k_nope);
+      sim.drop(k_rot);
+      k_nope = kc;
+      k_rot = rc;
+      sim.hold(kc);
+      sim.hold(rc);
+      kv_cache.push_back(kc);
+      kv_cache.push_back(rc);
+    }
+    TensorId qs = sim.make("query_states: cat(q_nope, q_pe) (saved by sdpa)", mul(d.T, a, qk, qb), Term::activations, "cat", "",
+                           "b·a·s·qk", true);
+    sim.node("CatBackward0", {q_nope, q_rot}, {qs}, {});
+    TensorId kvb = linear(k_nope, kvr, mul(a, nope + vd), p.kv_b, kNone, "kv_b_proj output (its value view saved by sdpa)",
+                          "b·s·a·(nope+v)");
+    const bytes_t vb = sim.info(kvb).bytes / mul(d.T, a, nope + vd);
+    TensorId kn = ops().view("k_nope (view of kv_b_proj output)", mul(d.T, a, nope, vb)),
+             val = ops().view("value_states (view of kv_b_proj output)", mul(d.T, a, vd, vb));
+    sim.node("SplitBackward0", {kvb}, {kn, val}, {});
+    TensorId key = sim.make("key_states (new_empty, two copy_) (saved by sdpa)", mul(d.T, a, qk, vb), Term::activations,
+                            "new_empty + copy_", "", "b·a·s·qk", true);
+    sim.node("CopySlices", {kn, k_rot}, {key}, {});
+    // sdpa: q, k at qk, v at v width (the memory-efficient kernel); saves q, k, v, out, lse
+    TensorId out = sim.make("sdpa output (saved)", mul(d.T, a, vd, r.compute), Term::activations, "sdpa", r.compute_name,
+                            "b·a·s·v", true);
+    TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, a, d.s, 4), Term::activations, "sdpa", "fp32", "b·a·s", false);
+    sim.node("EfficientAttentionBackward", {qs, key, val}, {out}, {qs, key, kvb, out, lse},
+             mul(d.T, a, qk, 4) + mul(d.b, a, d.s, 4));
+    sim.drop(lse);
+    TensorId oc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, a, vd, r.compute), Term::activations,
+                           "contiguous", r.compute_name, "b·s·a·v", true);
+    sim.node("CloneBackward0", {out}, {oc}, {});
+    sim.drop(out);
+    TensorId o = linear(oc, mul(a, vd), d.h, p.o, kNone, "o_proj output", "b·s·h");
+    sim.drop(oc);
+    // the attention returns: its locals go
+    for (TensorId t : {q, q_nope, q_rot, ckv, k_nope, k_rot, qs, kvb, kn, val, key}) sim.drop(t);
+    return o;
+  }
+
   // The sparse MoE block (TorchOps::moe): the router and the shared expert are nn.Linear (autocast
   // casts them); the packed experts run grouped_mm on the parameters themselves.
   TensorId moe(const LayerParams& p, TensorId x) {
@@ -404,7 +544,9 @@ struct Step {
     return ops().moe(x, p.experts_gate_up, p.experts_down, r.param, r.compute, r.compute_name, run,
                      [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
                        switch (mod) {
-                         case Module::router: return linear(in_x, in, out, p.router, kNone, name, shape);
+                         case Module::router:
+                           return m.moe.router == MixtureOfExperts::Router::deepseek_v2 ? fp32_gate(in_x, in, out, p.router, name, shape)
+                                                                                        : linear(in_x, in, out, p.router, kNone, name, shape);
                          case Module::shared_gate: return linear(in_x, in, out, p.shared_gate, kNone, name, shape);
                          case Module::shared_up: return linear(in_x, in, out, p.shared_up, kNone, name, shape);
                          case Module::shared_down: return linear(in_x, in, out, p.shared_down, kNone, name, shape);
@@ -607,8 +749,14 @@ TensorId forward(Step& st, bool checkpoint) {
     sim.node("MulBackward0", {inputs_embeds}, {x}, {});
   }
   // LlamaRotaryEmbedding: cos and sin in the hidden states' dtype, shared by every layer.
-  st.cos = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
-  st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
+  // DeepSeek-V2's rotary embedding returns freqs_cis instead: complex64, s × rope/2.
+  if (st.m.mla.enabled()) {
+    st.cos = sim.make("rotary freqs_cis (complex64)", mul(d.s, st.m.mla.qk_rope_head_dim / 2, 8), Term::activations, "rotary",
+                      "complex64", "s·rope/2", false);
+  } else {
+    st.cos = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
+    st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
+  }
   // Sliding-window attention (Mistral, Phi-3: the window on every layer; Gemma 2: on every other
   // layer) through SDPA: create_sliding_window_causal_mask skips the mask and lets SDPA use
   // is_causal only while kv_length < sliding_window (masking_utils._ignore_causal_mask_sdpa); from
@@ -861,6 +1009,12 @@ TensorId* slot_of(LayerParams& lp, const ParamTensor& t) {
     case Module::down: return t.bias ? nullptr : &lp.down;
     case Module::q_norm: return &lp.q_norm;
     case Module::k_norm: return &lp.k_norm;
+    case Module::q_a: return &lp.q_a;
+    case Module::q_a_norm: return &lp.q_a_norm;
+    case Module::q_b: return &lp.q_b;
+    case Module::kv_a: return &lp.kv_a;
+    case Module::kv_a_norm: return &lp.kv_a_norm;
+    case Module::kv_b: return &lp.kv_b;
     case Module::router: return &lp.router;
     case Module::experts_gate_up: return &lp.experts_gate_up;
     case Module::experts_down: return &lp.experts_down;
@@ -891,7 +1045,9 @@ void check_torch_coverage(const ModelSpec& m, const Job& job) {
   auto refuse = [&](const std::string& what) {
     throw Error(ErrorKind::unsupported, m.name + ": " + what + " is not modelled by the training inventory (serving, --mode infer, is)");
   };
-  if (m.mla.enabled()) refuse("multi-head latent attention (mla) in training");
+  if (m.mla.enabled() && !m.quirks.complex_rotary)
+    refuse("multi-head latent attention (mla) in training with DeepSeek-V3's rotary (DeepSeek-V2's is walked)");
+  if (m.mla.enabled() && job.lora_rank) refuse("--lora with multi-head latent attention");
   if (m.norm != NormKind::rmsnorm) refuse("norm: layernorm");
   if (m.mlp == MlpKind::plain_gelu) refuse("mlp: plain_gelu");
   if (m.bias.o) refuse("bias.o (an o_proj bias)");

@@ -42,7 +42,8 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   put(m.moe.experts); put(m.moe.top_k); put(m.moe.expert_ff); put(m.moe.shared_ff);
   put(m.moe.shared_gate | (m.moe.router_bias << 1) | (m.quirks.qk_norm_full_width << 2) |
       (m.moe.normalize_top_k << 3) | (m.moe.weights_fp32 << 4) | (static_cast<std::uint64_t>(m.moe.router) << 5) |
-      (std::uint64_t{m.moe.output_router_logits} << 8));
+      (std::uint64_t{m.moe.output_router_logits} << 8) | (std::uint64_t{m.moe.group_limited} << 9));
+  put(m.moe.groups | (m.moe.group_top_k << 32));
   put(m.moe.first_dense); put(m.moe.sparse_step);
   std::uint64_t dense = m.moe.dense_layers.size();  // the indices, folded (FNV-1a)
   for (std::uint64_t il : m.moe.dense_layers) dense = (dense ^ il) * 0x100000001b3ull;
@@ -51,7 +52,7 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   put(static_cast<std::uint64_t>(j.weights)); put(j.group_size);
   const ArchQuirks& q = m.quirks;
   put(q.fused_qkv | (q.fused_gate_up << 1) | (q.norm_weight_offset << 2) | (q.embedding_scale << 3) |
-      (q.partial_rotary << 4));
+      (q.partial_rotary << 4) | (q.complex_rotary << 5));
   put(j.lora_rank);
   put(static_cast<std::uint64_t>(j.experts) | (static_cast<std::uint64_t>(j.routing) << 8) | (std::uint64_t{j.router_aux_loss} << 16));
   // 0: torch.optim's default for the optimizer (a different answer from an explicit impl only where

@@ -344,6 +344,7 @@ namespace {
 ArchQuirks quirks_of_family(std::string_view family) {
   ArchQuirks q;
   if (family == "olmoe") q.qk_norm_full_width = true;
+  if (family == "deepseek_v2") q.complex_rotary = true;
   if (family.rfind("gemma", 0) == 0) q.norm_weight_offset = q.embedding_scale = true;
   if (family == "phi3") q.fused_qkv = q.fused_gate_up = q.partial_rotary = true;
   return q;
@@ -644,7 +645,8 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     // the same fields as config.json's (docs/model-spec.md, "Mixture of experts")
     const auto e = r.mapping(*m, "moe.",
                              {"experts", "top_k", "expert_ff", "shared_ff", "shared_gate", "first_dense", "sparse_step",
-                              "dense_layers", "normalize_top_k", "weights_fp32", "output_router_logits", "router"});
+                              "dense_layers", "normalize_top_k", "weights_fp32", "output_router_logits", "router",
+                              "groups", "group_top_k"});
     MixtureOfExperts& x = s.moe;
     x.experts = r.req_uint(e, "experts");
     if (x.experts == 0)  // 0 would silently mean a dense model: remove the section instead
@@ -660,10 +662,17 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     x.weights_fp32 = r.opt_bool(e, "weights_fp32", "moe.weights_fp32").value_or(false);
     x.output_router_logits = r.opt_bool(e, "output_router_logits", "moe.output_router_logits").value_or(false);
     const std::string router = r.opt_string(e, "router", "moe.router").value_or("softmax_top_k");
-    if (router == "deepseek") x.router = MixtureOfExperts::Router::deepseek;
+    x.groups = r.opt_uint(e, "groups", "moe.groups").value_or(1);
+    x.group_top_k = r.opt_uint(e, "group_top_k", "moe.group_top_k").value_or(x.groups);
+    x.group_limited = x.groups > 1;
+    if (x.groups == 0 || x.experts % x.groups != 0 || x.group_top_k == 0 || x.group_top_k > x.groups)
+      throw Error::field(ErrorKind::invalid_spec, r.line_of("moe.groups"), "moe.groups",
+                         "must divide moe.experts, with 1 ≤ group_top_k ≤ groups");
+    if (router == "deepseek_v2") x.router = MixtureOfExperts::Router::deepseek_v2;
+    else if (router == "deepseek_v3") x.router = MixtureOfExperts::Router::deepseek_v3;
     else if (router != "softmax_top_k")
       throw Error::field(ErrorKind::invalid_spec, r.line_of("moe.router"), "moe.router",
-                         "'" + router + "' is not one of softmax_top_k, deepseek");
+                         "'" + router + "' is not one of softmax_top_k, deepseek_v2, deepseek_v3");
     if (auto it = e.find("dense_layers"); it != e.end()) {
       const YAML::Node& list = it->second.value;
       if (!list.IsSequence())
@@ -682,7 +691,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
   if (auto q = r.opt_map(top, "quirks", "quirks")) {
     const auto e = r.mapping(*q, "quirks.",
                              {"fused_qkv", "fused_gate_up", "norm_weight_offset", "embedding_scale", "partial_rotary",
-                              "qk_norm_full_width"});
+                              "qk_norm_full_width", "complex_rotary"});
     auto set = [&](std::string_view key, bool& field) {
       if (auto v = r.opt_bool(e, key, "quirks." + std::string(key))) field = *v;
     };
@@ -692,6 +701,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     set("embedding_scale", s.quirks.embedding_scale);
     set("partial_rotary", s.quirks.partial_rotary);
     set("qk_norm_full_width", s.quirks.qk_norm_full_width);
+    set("complex_rotary", s.quirks.complex_rotary);
   }
   if (auto hd = r.opt_uint(top, "head_dim", "head_dim")) {
     s.head_dim = *hd;
@@ -967,7 +977,15 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
         throw r.error("topk_method", "routing '" + method + "' is not modelled (greedy, group_limited_greedy, noaux_tc are)",
                       ErrorKind::unsupported);
       e.router_bias = method == "noaux_tc";
-      e.router = MixtureOfExperts::Router::deepseek;
+      e.router = method == "noaux_tc" ? MixtureOfExperts::Router::deepseek_v3 : MixtureOfExperts::Router::deepseek_v2;
+      e.weights_fp32 = true;  // the gate runs in fp32 and its weights stay so
+      if (method == "group_limited_greedy") {
+        e.group_limited = true;
+        e.groups = r.opt_uint("n_group").value_or(1);
+        e.group_top_k = r.opt_uint("topk_group").value_or(1);
+        if (e.groups == 0 || e.experts % e.groups != 0 || e.group_top_k == 0 || e.group_top_k > e.groups)
+          throw r.error("n_group", "must divide n_routed_experts, with 1 ≤ topk_group ≤ n_group");
+      }
     } else {  // qwen2_moe, qwen3_moe, olmoe
       e.experts = r.req_uint("num_experts");
       e.expert_ff = t == "olmoe" ? s.intermediate_size : r.req_uint("moe_intermediate_size");

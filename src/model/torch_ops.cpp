@@ -40,9 +40,9 @@ bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) {
 // the same tensors and frees the unsaved ones at the same points (the serving walk's copy, which
 // had the `variance + eps` temporary and these lifetimes, agreed; the training copy lacked the
 // temporary and freed the variance and the fp32 normalised tensor before the output existed).
-TensorId TorchOps::rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t width, bytes_t groups) {
+TensorId TorchOps::rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t width, bytes_t groups, bytes_t in_bytes) {
   const bytes_t Tw = mul(T, width), Tg = mul(T, groups);
-  const bytes_t in_b = sim.info(x).bytes / Tw;  // element bytes of the input
+  const bytes_t in_b = in_bytes ? in_bytes : sim.info(x).bytes / Tw;  // element bytes of the input
   const bool gemma = m.quirks.norm_weight_offset;
   TensorId hs32 = x;  // .to(float32) of an fp32 tensor is the tensor itself
   if (in_b != 4) {
@@ -275,6 +275,64 @@ TensorId TorchOps::apply_gate(TensorId gu, bytes_t rows, bytes_t wb, const char*
   sim.drop(gate);
   sim.drop(up);
   return prod;
+}
+
+// DeepseekV2TopkRouter.forward after router_logits = F.linear(x.float(), weight.float()):
+//     scores = router_logits.softmax(dim=-1, dtype=torch.float32)        # saved by softmax
+//     greedy:               topk_weights, topk_indices = torch.topk(scores, k, sorted=False)
+//     group_limited_greedy: group_scores = scores.view(-1, G, E // G).max(dim=-1).values
+//                           group_idx = torch.topk(group_scores, k=topk_group)[1]
+//                           group_mask = zeros_like(group_scores).scatter_(1, group_idx, 1)
+//                           score_mask = group_mask.unsqueeze(-1).expand(...).reshape(-1, E)
+//                           scores = scores.masked_fill(~score_mask.bool(), 0.0)
+//                           topk_weights, topk_indices = torch.topk(scores, k, sorted=False)
+//     topk_weights = topk_weights * self.routed_scaling_factor           # fp32, not cast back
+// The group scores only choose a mask: no gradient flows through them, so nothing of theirs is
+// kept for backward (their graph dies with them).
+TensorId TorchOps::route_deepseek_v2(TensorId logits, TensorId* indices) {
+  const bytes_t E = m.moe.experts, k = m.moe.top_k, G = m.moe.groups;
+  const bytes_t TE = checked_product("activation size", T, E), Tk = checked_product("activation size", T, k);
+  const bytes_t lb = sim.info(logits).bytes / TE;
+  TensorId l32 = logits;
+  if (lb != 4) {
+    l32 = sim.make("router logits fp32 copy", mul(TE, 4), Term::activations, "to(float32)", "fp32", "b·s·E", true);
+    sim.node("ToCopyBackward0", {logits}, {l32}, {});
+  } else {
+    sim.hold(l32);
+  }
+  TensorId scores = sim.make(name("router scores (saved by softmax)", "router scores"), mul(TE, 4), Term::activations,
+                             "softmax", "fp32", "b·s·E", true);
+  sim.node("SoftmaxBackward0", {l32}, {scores}, {scores});
+  sim.drop(l32);
+  if (m.moe.group_limited) {
+    const bytes_t TG = checked_product("activation size", T, G);
+    TensorId gs = sim.make("router group scores", mul(TG, 4), Term::activations, "max", "fp32", "b·s·G", false);
+    sim.transient("router group max indices", mul(TG, 8));
+    TensorId gi = sim.make("router top groups", mul(T, m.moe.group_top_k, 8), Term::activations, "topk", "int64", "b·s·g", false);
+    sim.transient("router top group scores", mul(T, m.moe.group_top_k, 4));
+    TensorId gm = sim.make("router group mask", mul(TG, 4), Term::activations, "zeros_like", "fp32", "b·s·G", false);
+    TensorId sm = sim.make("router score mask", mul(TE, 4), Term::activations, "expand + reshape", "fp32", "b·s·E", false);
+    TensorId smb = sim.make("router score mask (bool)", TE, Term::activations, "bool", "bool", "b·s·E", false);
+    TensorId inv = sim.make(name("router score mask inverted (saved by masked_fill)", "router score mask inverted"), TE,
+                            Term::activations, "bitwise_not", "bool", "b·s·E", false);
+    sim.drop(smb);
+    TensorId masked = sim.make("router scores outside the top groups zeroed", mul(TE, 4), Term::activations,
+                               "masked_fill", "fp32", "b·s·E", true);
+    sim.node("MaskedFillBackward0", {scores}, {masked}, {inv});
+    sim.drop(inv);
+    for (TensorId t : {gs, gi, gm, sm}) sim.drop(t);  // the router's locals (dropped at return; kept no longer)
+    sim.drop(scores);  // `scores` rebound
+    scores = masked;
+  }
+  TensorId top = sim.make("router top-k weights", mul(Tk, 4), Term::activations, "topk", "fp32", "b·s·k", true);
+  *indices = sim.make(name("router top-k indices (saved by topk)", "router top-k indices"), mul(Tk, 8),
+                      Term::activations, "topk", "int64", "b·s·k", false);
+  sim.node("TopkBackward0", {scores}, {top}, {*indices});
+  sim.drop(scores);
+  TensorId w = sim.make("router weights × routed_scaling_factor", mul(Tk, 4), Term::activations, "mul", "fp32", "b·s·k", true);
+  sim.node("MulBackward1", {top}, {w}, {});
+  sim.drop(top);
+  return w;
 }
 
 // grouped_mm_experts_forward (transformers 5.17, integrations/moe.py), S = T·k token-expert pairs:

@@ -44,7 +44,8 @@ struct TorchOps {
   // LlamaRMSNorm (or GemmaRMSNorm, m.quirks.norm_weight_offset) over `width` values per token in
   // `groups` normalised groups (1, or the heads of Qwen3's q_norm / k_norm). `w`: the norm weight
   // (kNone where the driver does not track it).
-  TensorId rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t width, bytes_t groups = 1);
+  // `in_b`: the input's element bytes where `x` is a view without storage of its own (0: read off x).
+  TensorId rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t width, bytes_t groups = 1, bytes_t in_b = 0);
 
   // nn.Linear's output, `out` features of `ob` bytes per token, from `xin` (the input as the matmul
   // sees it) and the weight `w` (and `bias`) as the matmul sees them. `bwd_ws`: transient memory of
@@ -85,12 +86,17 @@ struct TorchOps {
   TensorId moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, bytes_t eb, const char* dtype, const MoeRun& run,
                Linear&& linear, ExpertLinear&& expert_linear);
 
+  // A view: no storage of its own (the tensor it views keeps the bytes alive), a gradient of `bytes`.
+  TensorId view(const char* name, bytes_t grad_bytes);
+
  private:
   template <class Linear>
   TensorId gated_mlp(TensorId x, bytes_t I, bool shared, bytes_t eb, const char* dtype, Linear&& linear);
   // The router's softmax and top-k from its logits (T × E): returns the routing weights (T × k) and
   // sets `indices` (T × k int64).
   TensorId route(TensorId logits, TensorId* indices);
+  // DeepseekV2TopkRouter after its gate: softmax, greedy or group-limited top-k, routed scaling.
+  TensorId route_deepseek_v2(TensorId logits, TensorId* indices);
   // grouped_mm_experts_forward (transformers/integrations/moe.py): the routed experts' output, T × h.
   TensorId grouped_mm_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb);
   // batched_mm_experts_forward: every token-expert pair gathers its expert's weights.
@@ -103,8 +109,6 @@ struct TorchOps {
                          ExpertLinear&& expert_linear);
   // _default_apply_gate on an n × 2I gate_up output: act(gate) * up, the chunks as views.
   TensorId apply_gate(TensorId gu, bytes_t rows, bytes_t wb, const char* what_act, const char* what_prod, const char* shape);
-  // A view: no storage of its own (the tensor it views keeps the bytes alive), a gradient of `bytes`.
-  TensorId view(const char* name, bytes_t grad_bytes);
 };
 
 template <class Linear>
@@ -171,18 +175,32 @@ template <class Linear, class ExpertLinear>
 TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, bytes_t eb, const char* dtype,
                        const MoeRun& run, Linear&& linear, ExpertLinear&& expert_linear) {
   const bytes_t h = m.hidden_size;
-  // Qwen2MoeSparseMoeBlock: shared_expert_output = self.shared_expert(hidden_states) comes first
-  TensorId shared = m.moe.shared_ff ? shared_expert(x, eb, dtype, linear) : kNone;
+  // DeepseekV2Moe runs its shared experts after the routed ones, ungated; Qwen2MoeSparseMoeBlock
+  // (shared_expert_output = self.shared_expert(hidden_states)) before the router
+  const bool deepseek = m.moe.router == MixtureOfExperts::Router::deepseek_v2;
+  TensorId shared = m.moe.shared_ff && !deepseek ? shared_expert(x, eb, dtype, linear) : kNone;
   // _, routing_weights, selected_experts = self.gate(hidden_states): the logits stay bound to `_`
-  // until the block returns (and in the model's outputs with output_router_logits)
+  // until the block returns (and in the model's outputs with output_router_logits). DeepSeek's
+  // gate is F.linear(hidden_states.type(float32), weight.type(float32)): the driver's `linear`
+  // makes those casts for Module::router.
   TensorId logits = linear(x, h, m.moe.experts, Module::router, name("router logits", "router logits"), "b·s·E");
   TensorId indices = kNone;
-  TensorId weights = route(logits, &indices);
+  TensorId weights = deepseek ? route_deepseek_v2(logits, &indices) : route(logits, &indices);
   TensorId out = run.experts == ExpertsImpl::grouped_mm ? grouped_mm_experts(x, weights, gate_up, down, wb)
                  : run.experts == ExpertsImpl::batched_mm
                      ? batched_mm_experts(x, weights, gate_up, down, wb, expert_linear)
                      : eager_experts(x, weights, gate_up, down, wb, run.routing, expert_linear);
-  if (shared != kNone) {
+  if (deepseek && m.moe.shared_ff) {
+    // hidden_states = hidden_states + self.shared_experts(residuals)
+    TensorId s = shared_expert(x, eb, dtype, linear);
+    const bytes_t ob = std::max(sim.info(out).bytes, sim.info(s).bytes) / checked_product("activation size", T, h);
+    TensorId sum = sim.make("experts + shared experts", checked_product("activation size", T, h, ob), Term::activations,
+                            "add", dtype, "b·s·h", true);
+    sim.node("AddBackward0", {out, s}, {sum}, {});
+    sim.drop(out);
+    sim.drop(s);
+    out = sum;
+  } else if (shared != kNone) {
     // F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output; expert_output + that
     TensorId g = linear(x, h, 1, Module::shared_expert_gate, "shared expert gate logit", "b·s·1");
     const bytes_t gb = sim.info(g).bytes / T;
