@@ -92,6 +92,7 @@ struct ArchQuirks {
                                     // with the pass-through part, a copy (Phi-3)
   bool qk_norm_full_width = false;  // q_norm / k_norm over the whole q and k width, not per head (OLMoE)
   bool complex_rotary = false;      // rotary through complex multiplication (DeepSeek-V2's apply_rotary_emb)
+  bool interleaved_rotary = false;  // rotary over even/odd slices (DeepSeek-V3's rope_interleave, its default)
   bool operator==(const ArchQuirks&) const = default;
 };
 

@@ -443,6 +443,36 @@ struct Step {
   //     key_states = kv.new_empty(...); [..., :nope].copy_(k_nope'); [..., nope:].copy_(k_pe)
   //     attn = sdpa(query, key, value)   # out a × s × v, the log-sum-exp; then .contiguous()
   //     o_proj(attn)
+  // DeepSeek-V3's rotary on a latent-attention view `x` (width values per token, `eb` bytes each):
+  // with rope_interleave, four products of half width, their difference and sum, and the cat; the
+  // products promote to cos/sin's dtype (the residual's). Without it, TorchOps::rotary.
+  TensorId rotary_mla(TensorId x, bytes_t width, bytes_t eb, const char* tag) {
+    const bytes_t pb = std::max(eb, r.resid), half = mul(d.T, width / 2, pb);
+    if (!m.quirks.interleaved_rotary) {
+      TorchOps op = ops();
+      return op.rotary(x, cos, sin, width, eb, r.resid, tag);
+    }
+    auto product = [&](TensorId by) {
+      TensorId t = sim.make("rotary: half-width product", half, Term::activations, "mul", "", "", true);
+      sim.node("MulBackward0", {x}, {t}, {by});
+      return t;
+    };
+    auto combine = [&](const char* op) {
+      TensorId a1 = product(cos), a2 = product(sin);
+      TensorId c = sim.make("rotary: half-width sum", half, Term::activations, op, "", "", true);
+      sim.node(op, {a1, a2}, {c}, {});
+      sim.drop(a1);
+      sim.drop(a2);
+      return c;
+    };
+    TensorId r1 = combine("SubBackward0"), r2 = combine("AddBackward0");
+    TensorId out = sim.make(tag, mul(d.T, width, pb), Term::activations, "cat", "", "", true);
+    sim.node("CatBackward0", {r1, r2}, {out}, {});
+    sim.drop(r1);
+    sim.drop(r2);
+    return out;
+  }
+
   TensorId mla_attention(const LayerParams& p, TensorId n1) {
     const LatentAttention& la = m.mla;
     const bytes_t a = m.num_heads, nope = la.qk_nope_head_dim, rope = la.qk_rope_head_dim, vd = la.v_head_dim,
@@ -468,6 +498,16 @@ struct Step {
     sim.node("SplitBackward0", {ckv}, {kv_nope, k_pe}, {});
     TensorId k_nope = ops().rmsnorm(kv_nope, p.kv_a_norm, "kv_a_layernorm output", kvr, 1, cb);
     sim.drop(kv_nope);
+    TensorId q_rot = kNone, k_rot = kNone;
+    if (!m.quirks.complex_rotary) {
+      // DeepSeek-V3: apply_rotary_pos_emb_interleave (even/odd slices: q1·cos − q2·sin and
+      // q2·cos + q1·sin, then cat) or, without rope_interleave, the rotate_half form. The products
+      // keep only cos/sin for backward.
+      q_rot = rotary_mla(q_pe, mul(a, rope), qb, "q_pe after rotary");
+      k_rot = rotary_mla(k_pe, rope, cb, "k_pe after rotary");
+      sim.drop(q_pe);
+      sim.drop(k_pe);
+    } else {
     // apply_rotary_emb: the fp32 copies live until it returns (view_as_complex views of them)
     TensorId xq = sim.make("rotary: q_pe.float() (copy)", mul(d.T, a, rope, 4), Term::activations, "float + reshape", "fp32",
                            "b·a·s·rope", true);
@@ -484,12 +524,13 @@ struct Step {
       sim.drop(c);
       return back;
     };
-    TensorId q_rot = rotate(xq, mul(a, rope), qb, "q_pe after rotary");
-    TensorId k_rot = rotate(xk, rope, cb, "k_pe after rotary");
+    q_rot = rotate(xq, mul(a, rope), qb, "q_pe after rotary");
+    k_rot = rotate(xk, rope, cb, "k_pe after rotary");
     sim.drop(xq);
     sim.drop(xk);
     sim.drop(q_pe);
     sim.drop(k_pe);
+    }
     if (job.recompute == Recompute::none) {
       // DynamicCache: torch.cat copies in the keys' (k_nope's) dtype
       const bytes_t kb = sim.info(k_nope).bytes / mul(d.T, kvr);
@@ -545,8 +586,9 @@ struct Step {
                      [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
                        switch (mod) {
                          case Module::router:
-                           return m.moe.router == MixtureOfExperts::Router::deepseek_v2 ? fp32_gate(in_x, in, out, p.router, name, shape)
-                                                                                        : linear(in_x, in, out, p.router, kNone, name, shape);
+                           return m.moe.router != MixtureOfExperts::Router::softmax_top_k
+                                      ? fp32_gate(in_x, in, out, p.router, name, shape)
+                                      : linear(in_x, in, out, p.router, kNone, name, shape);
                          case Module::shared_gate: return linear(in_x, in, out, p.shared_gate, kNone, name, shape);
                          case Module::shared_up: return linear(in_x, in, out, p.shared_up, kNone, name, shape);
                          case Module::shared_down: return linear(in_x, in, out, p.shared_down, kNone, name, shape);
@@ -749,8 +791,13 @@ TensorId forward(Step& st, bool checkpoint) {
     sim.node("MulBackward0", {inputs_embeds}, {x}, {});
   }
   // LlamaRotaryEmbedding: cos and sin in the hidden states' dtype, shared by every layer.
-  // DeepSeek-V2's rotary embedding returns freqs_cis instead: complex64, s × rope/2.
-  if (st.m.mla.enabled()) {
+  // DeepSeek-V2's rotary embedding returns freqs_cis instead: complex64, s × rope/2. DeepSeek-V3's
+  // returns cos and sin over the rotary dims only.
+  if (st.m.mla.enabled() && !st.m.quirks.complex_rotary) {
+    const bytes_t rope = st.m.mla.qk_rope_head_dim;
+    st.cos = sim.make("rotary cos/sin", mul(d.s, rope, r.resid), Term::activations, "rotary", r.resid_name, "s·rope", false);
+    st.sin = sim.make("rotary cos/sin", mul(d.s, rope, r.resid), Term::activations, "rotary", r.resid_name, "s·rope", false);
+  } else if (st.m.mla.enabled()) {
     st.cos = sim.make("rotary freqs_cis (complex64)", mul(d.s, st.m.mla.qk_rope_head_dim / 2, 8), Term::activations, "rotary",
                       "complex64", "s·rope/2", false);
   } else {
@@ -1045,8 +1092,6 @@ void check_torch_coverage(const ModelSpec& m, const Job& job) {
   auto refuse = [&](const std::string& what) {
     throw Error(ErrorKind::unsupported, m.name + ": " + what + " is not modelled by the training inventory (serving, --mode infer, is)");
   };
-  if (m.mla.enabled() && !m.quirks.complex_rotary)
-    refuse("multi-head latent attention (mla) in training with DeepSeek-V3's rotary (DeepSeek-V2's is walked)");
   if (m.mla.enabled() && job.lora_rank) refuse("--lora with multi-head latent attention");
   if (m.norm != NormKind::rmsnorm) refuse("norm: layernorm");
   if (m.mlp == MlpKind::plain_gelu) refuse("mlp: plain_gelu");

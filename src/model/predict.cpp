@@ -32,10 +32,6 @@ void check_simulated(const ModelSpec& m, const Job& job) {
     return;
   }
   // Training: check_torch_coverage says which MoE jobs the inventory walks; the harness refuses MoE.
-  if (m.moe.router == MixtureOfExperts::Router::deepseek_v3)
-    throw Error(ErrorKind::unsupported, (m.name.empty() ? std::string("the model") : m.name) +
-                                            ": DeepSeek-V3's MoE router (sigmoid scores, noaux_tc group top-k) is not "
-                                            "walked yet; Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and DeepSeek-V2 are");
   if (job.mode == Mode::train) return;
   if (job.weights != DType::bf16 && job.weights != DType::fp16)
     throw Error(ErrorKind::unsupported, (m.name.empty() ? std::string("the model") : m.name) + ": --weights " +

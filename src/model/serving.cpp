@@ -134,7 +134,7 @@ struct Walk {
                                     "residual stream (after attention)");
     TensorId n2 = rmsnorm(h1, "post_attention_layernorm output", h);
     auto served_linear = [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char*) {
-      if (mod != Module::router || m.moe.router != MixtureOfExperts::Router::deepseek_v2) return linear(in_x, out, name);
+      if (mod != Module::router || m.moe.router == MixtureOfExperts::Router::softmax_top_k) return linear(in_x, out, name);
       // DeepSeek-V2's gate in fp32: copies of the input and the weight, fp32 logits
       TensorId x32 = act("router gate input in fp32", mul(T, in, 4), "type(float32)", "fp32", "T·h");
       TensorId w32 = act("router gate weight in fp32", mul(m.moe.experts, in, 4), "type(float32)", "fp32", "E·h");

@@ -345,6 +345,7 @@ ArchQuirks quirks_of_family(std::string_view family) {
   ArchQuirks q;
   if (family == "olmoe") q.qk_norm_full_width = true;
   if (family == "deepseek_v2") q.complex_rotary = true;
+  if (family == "deepseek_v3") q.interleaved_rotary = true;  // config.json's rope_interleave, its default
   if (family.rfind("gemma", 0) == 0) q.norm_weight_offset = q.embedding_scale = true;
   if (family == "phi3") q.fused_qkv = q.fused_gate_up = q.partial_rotary = true;
   return q;
@@ -691,7 +692,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
   if (auto q = r.opt_map(top, "quirks", "quirks")) {
     const auto e = r.mapping(*q, "quirks.",
                              {"fused_qkv", "fused_gate_up", "norm_weight_offset", "embedding_scale", "partial_rotary",
-                              "qk_norm_full_width", "complex_rotary"});
+                              "qk_norm_full_width", "complex_rotary", "interleaved_rotary"});
     auto set = [&](std::string_view key, bool& field) {
       if (auto v = r.opt_bool(e, key, "quirks." + std::string(key))) field = *v;
     };
@@ -702,6 +703,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     set("partial_rotary", s.quirks.partial_rotary);
     set("qk_norm_full_width", s.quirks.qk_norm_full_width);
     set("complex_rotary", s.quirks.complex_rotary);
+    set("interleaved_rotary", s.quirks.interleaved_rotary);
   }
   if (auto hd = r.opt_uint(top, "head_dim", "head_dim")) {
     s.head_dim = *hd;
@@ -886,6 +888,7 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
   s.mlp = mlp_from_activation(r, t);
   s.norm = NormKind::rmsnorm;
   s.quirks = quirks_of_family(t);
+  if (t == "deepseek_v3") s.quirks.interleaved_rotary = r.opt_bool("rope_interleave").value_or(true);
 
   const bool attention_bias = r.opt_bool("attention_bias").value_or(false);
   if (qwen2) {
@@ -979,8 +982,9 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
       e.router_bias = method == "noaux_tc";
       e.router = method == "noaux_tc" ? MixtureOfExperts::Router::deepseek_v3 : MixtureOfExperts::Router::deepseek_v2;
       e.weights_fp32 = true;  // the gate runs in fp32 and its weights stay so
-      if (method == "group_limited_greedy") {
-        e.group_limited = true;
+      if (method == "noaux_tc") e.normalize_top_k = r.opt_bool("norm_topk_prob").value_or(true);  // V2 never normalises
+      if (method == "group_limited_greedy" || method == "noaux_tc") {
+        e.group_limited = method == "group_limited_greedy";
         e.groups = r.opt_uint("n_group").value_or(1);
         e.group_top_k = r.opt_uint("topk_group").value_or(1);
         if (e.groups == 0 || e.experts % e.groups != 0 || e.group_top_k == 0 || e.group_top_k > e.groups)

@@ -97,6 +97,8 @@ struct TorchOps {
   TensorId route(TensorId logits, TensorId* indices);
   // DeepseekV2TopkRouter after its gate: softmax, greedy or group-limited top-k, routed scaling.
   TensorId route_deepseek_v2(TensorId logits, TensorId* indices);
+  // DeepseekV3TopkRouter after its gate: sigmoid scores, noaux_tc group top-k, gathered weights.
+  TensorId route_deepseek_v3(TensorId logits, TensorId* indices);
   // grouped_mm_experts_forward (transformers/integrations/moe.py): the routed experts' output, T × h.
   TensorId grouped_mm_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb);
   // batched_mm_experts_forward: every token-expert pair gathers its expert's weights.
@@ -177,7 +179,7 @@ TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, 
   const bytes_t h = m.hidden_size;
   // DeepseekV2Moe runs its shared experts after the routed ones, ungated; Qwen2MoeSparseMoeBlock
   // (shared_expert_output = self.shared_expert(hidden_states)) before the router
-  const bool deepseek = m.moe.router == MixtureOfExperts::Router::deepseek_v2;
+  const bool deepseek = m.moe.router != MixtureOfExperts::Router::softmax_top_k;
   TensorId shared = m.moe.shared_ff && !deepseek ? shared_expert(x, eb, dtype, linear) : kNone;
   // _, routing_weights, selected_experts = self.gate(hidden_states): the logits stay bound to `_`
   // until the block returns (and in the model's outputs with output_router_logits). DeepSeek's
@@ -185,7 +187,9 @@ TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, 
   // makes those casts for Module::router.
   TensorId logits = linear(x, h, m.moe.experts, Module::router, name("router logits", "router logits"), "b·s·E");
   TensorId indices = kNone;
-  TensorId weights = deepseek ? route_deepseek_v2(logits, &indices) : route(logits, &indices);
+  TensorId weights = m.moe.router == MixtureOfExperts::Router::deepseek_v3 ? route_deepseek_v3(logits, &indices)
+                     : deepseek                                             ? route_deepseek_v2(logits, &indices)
+                                                                            : route(logits, &indices);
   TensorId out = run.experts == ExpertsImpl::grouped_mm ? grouped_mm_experts(x, weights, gate_up, down, wb)
                  : run.experts == ExpertsImpl::batched_mm
                      ? batched_mm_experts(x, weights, gate_up, down, wb, expert_linear)
