@@ -216,21 +216,34 @@ TensorId TorchOps::view(const char* name, bytes_t grad_bytes) {
 // in-place division a copy of the same size as the values (autograd keeps the original for the
 // divisor's gradient; here the values before `/=` are what the node saves, the same bytes), then
 // the cast, which frees the divided values.
-TensorId TorchOps::route(TensorId logits, TensorId* indices) {
-  const bytes_t E = m.moe.experts, k = m.moe.top_k;
-  const bytes_t TE = checked_product("activation size", T, E), Tk = checked_product("activation size", T, k);
-  const bytes_t lb = sim.info(logits).bytes / TE;
+TensorId TorchOps::softmax_fp32(TensorId logits, bytes_t TE, const char* what_saved, const char* what) {
   TensorId l32 = logits;
-  if (lb != 4) {
+  if (sim.info(logits).bytes != mul(TE, 4)) {
     l32 = sim.make("router logits fp32 copy", mul(TE, 4), Term::activations, "to(float32)", "fp32", "b·s·E", true);
     sim.node("ToCopyBackward0", {logits}, {l32}, {});
   } else {
     sim.hold(l32);
   }
-  TensorId probs = sim.make(name("router probabilities (saved by softmax)", "router probabilities"), mul(TE, 4),
-                            Term::activations, "softmax", "fp32", "b·s·E", true);
+  TensorId probs = sim.make(name(what_saved, what), mul(TE, 4), Term::activations, "softmax", "fp32", "b·s·E", true);
   sim.node("SoftmaxBackward0", {l32}, {probs}, {probs});
   sim.drop(l32);
+  return probs;
+}
+
+TensorId TorchOps::add_outputs(TensorId a, TensorId b, const char* what, const char* dtype) {
+  const bytes_t Th = mul(T, m.hidden_size);
+  const bytes_t ob = std::max(sim.info(a).bytes, sim.info(b).bytes) / Th;
+  TensorId sum = sim.make(what, mul(Th, ob), Term::activations, "add", dtype, "b·s·h", true);
+  sim.node("AddBackward0", {a, b}, {sum}, {});
+  sim.drop(a);
+  sim.drop(b);
+  return sum;
+}
+
+TensorId TorchOps::route(TensorId logits, TensorId* indices) {
+  const bytes_t E = m.moe.experts, k = m.moe.top_k;
+  const bytes_t TE = checked_product("activation size", T, E), Tk = checked_product("activation size", T, k);
+  TensorId probs = softmax_fp32(logits, TE, "router probabilities (saved by softmax)", "router probabilities");
   TensorId top = sim.make("router top-k weights", mul(Tk, 4), Term::activations, "topk", "fp32", "b·s·k", true);
   *indices = sim.make(name("router top-k indices (saved by topk)", "router top-k indices"), mul(Tk, 8),
                       Term::activations, "topk", "int64", "b·s·k", false);
@@ -248,8 +261,8 @@ TensorId TorchOps::route(TensorId logits, TensorId* indices) {
     top = div;
   }
   if (m.moe.weights_fp32) return top;
-  const bytes_t lbytes = lb;
-  TensorId w = sim.make("router weights in the logits' dtype", mul(Tk, lbytes), Term::activations, "to(dtype)", "",
+  const bytes_t lb = sim.info(logits).bytes / TE;
+  TensorId w = sim.make("router weights in the logits' dtype", mul(Tk, lb), Term::activations, "to(dtype)", "",
                         "b·s·k", true);
   sim.node("ToCopyBackward0", {top}, {w}, {});
   sim.drop(top);
@@ -292,18 +305,7 @@ TensorId TorchOps::apply_gate(TensorId gu, bytes_t rows, bytes_t wb, const char*
 TensorId TorchOps::route_deepseek_v2(TensorId logits, TensorId* indices) {
   const bytes_t E = m.moe.experts, k = m.moe.top_k, G = m.moe.groups;
   const bytes_t TE = checked_product("activation size", T, E), Tk = checked_product("activation size", T, k);
-  const bytes_t lb = sim.info(logits).bytes / TE;
-  TensorId l32 = logits;
-  if (lb != 4) {
-    l32 = sim.make("router logits fp32 copy", mul(TE, 4), Term::activations, "to(float32)", "fp32", "b·s·E", true);
-    sim.node("ToCopyBackward0", {logits}, {l32}, {});
-  } else {
-    sim.hold(l32);
-  }
-  TensorId scores = sim.make(name("router scores (saved by softmax)", "router scores"), mul(TE, 4), Term::activations,
-                             "softmax", "fp32", "b·s·E", true);
-  sim.node("SoftmaxBackward0", {l32}, {scores}, {scores});
-  sim.drop(l32);
+  TensorId scores = softmax_fp32(logits, TE, "router scores (saved by softmax)", "router scores");
   if (m.moe.group_limited) {
     const bytes_t TG = checked_product("activation size", T, G);
     TensorId gs = sim.make("router group scores", mul(TG, 4), Term::activations, "max", "fp32", "b·s·G", false);

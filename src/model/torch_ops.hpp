@@ -109,6 +109,11 @@ struct TorchOps {
   template <class ExpertLinear>
   TensorId eager_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb, Routing routing,
                          ExpertLinear&& expert_linear);
+  // a + b for two T × h outputs (the wider dtype), dropping both: the block's sum of its experts.
+  TensorId add_outputs(TensorId a, TensorId b, const char* what, const char* dtype);
+  // softmax(logits, dtype=float32): the fp32 copy it makes of 16-bit logits (freed) and the
+  // probabilities softmax saves.
+  TensorId softmax_fp32(TensorId logits, bytes_t rows_by_cols, const char* what_saved, const char* what);
   // _default_apply_gate on an n × 2I gate_up output: act(gate) * up, the chunks as views.
   TensorId apply_gate(TensorId gu, bytes_t rows, bytes_t wb, const char* what_act, const char* what_prod, const char* shape);
 };
@@ -196,14 +201,7 @@ TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, 
                      : eager_experts(x, weights, gate_up, down, wb, run.routing, expert_linear);
   if (deepseek && m.moe.shared_ff) {
     // hidden_states = hidden_states + self.shared_experts(residuals)
-    TensorId s = shared_expert(x, eb, dtype, linear);
-    const bytes_t ob = std::max(sim.info(out).bytes, sim.info(s).bytes) / checked_product("activation size", T, h);
-    TensorId sum = sim.make("experts + shared experts", checked_product("activation size", T, h, ob), Term::activations,
-                            "add", dtype, "b·s·h", true);
-    sim.node("AddBackward0", {out, s}, {sum}, {});
-    sim.drop(out);
-    sim.drop(s);
-    out = sum;
+    out = add_outputs(out, shared_expert(x, eb, dtype, linear), "experts + shared experts", dtype);
   } else if (shared != kNone) {
     // F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output; expert_output + that
     TensorId g = linear(x, h, 1, Module::shared_expert_gate, "shared expert gate logit", "b·s·1");
@@ -218,13 +216,7 @@ TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, 
     sim.node("MulBackward0", {sg, shared}, {gated}, {sg, shared});
     sim.drop(sg);
     sim.drop(shared);
-    const bytes_t ob = std::max(sim.info(out).bytes, sim.info(gated).bytes) / checked_product("activation size", T, h);
-    TensorId sum = sim.make("experts + shared expert", checked_product("activation size", T, h, ob), Term::activations,
-                            "add", dtype, "b·s·h", true);
-    sim.node("AddBackward0", {out, gated}, {sum}, {});
-    sim.drop(out);
-    sim.drop(gated);
-    out = sum;
+    out = add_outputs(out, gated, "experts + shared expert", dtype);
   }
   sim.drop(weights);  // the block returns: routing_weights, selected_experts and `_` go
   sim.drop(indices);
