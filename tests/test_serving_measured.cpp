@@ -96,8 +96,11 @@ TEST_CASE("MoE prefill on the H200: floor, prefill_peak and decode_peak within 1
       j.batch = r["batch"].get<std::uint64_t>();
       j.seq = r["seq"].get<std::uint64_t>();
       const Budget b = predict(spec, j);
-      for (auto [phase, key] : {std::pair{Phase::floor, "floor"}, std::pair{Phase::prefill_peak, "prefill_peak"},
+      // (plain variables: clang 14 cannot capture structured bindings in CAPTURE)
+      for (const auto& entry : {std::pair{Phase::floor, "floor"}, std::pair{Phase::prefill_peak, "prefill_peak"},
                                 std::pair{Phase::decode_peak, "decode_peak"}}) {
+        const Phase phase = entry.first;
+        const char* key = entry.second;
         const double measured = r[key].get<double>();
         const double err = (static_cast<double>(b.phase(phase)) - measured) / measured;
         CAPTURE(name);
