@@ -161,6 +161,28 @@ struct Step {
     return total;
   }
 
+  // DynamicLayer.update while training (use_cache, no checkpointing): torch.cat copies of the new
+  // keys and values (`key_width`, `value_width` values per token) onto empty tensors made in the
+  // *keys'* dtype; the cache holds them until the model's output dies and the layer goes on with
+  // the copies (`key` and `value` are rebound; the originals go). `value_src`: what the values'
+  // cat reads (Phi-3's qkv_proj output, of which `value` is the slice).
+  void cache_update(TensorId& key, TensorId& value, TensorId value_src, bytes_t key_width, bytes_t value_width,
+                    const char* key_name, const char* value_name, const char* key_shape, const char* value_shape) {
+    const bytes_t kb = sim.info(key).bytes / mul(d.T, key_width);
+    TensorId kc = sim.make(key_name, mul(d.T, key_width, kb), Term::activations, "cat", "", key_shape, true);
+    sim.node("CatBackward0", {key}, {kc}, {});
+    TensorId vc = sim.make(value_name, mul(d.T, value_width, kb), Term::activations, "cat", "", value_shape, true);
+    sim.node("CatBackward0", {value_src}, {vc}, {});
+    sim.drop(key);
+    sim.drop(value);
+    key = kc;
+    value = vc;
+    sim.hold(kc);
+    sim.hold(vc);
+    kv_cache.push_back(kc);
+    kv_cache.push_back(vc);
+  }
+
   void drop_kv_cache() {
     for (TensorId t : kv_cache) sim.drop(t);
     kv_cache.clear();
@@ -282,100 +304,7 @@ struct Step {
     layer_masked = masked && m.sliding_layer(i);
     // residual = hidden_states; hidden_states = input_layernorm(hidden_states)
     TensorId n1 = rmsnorm(x, p.norm1, "input_layernorm output");
-    TensorId o = kNone;
-    if (m.mla.enabled()) {
-      o = mla_attention(p, n1);
-      sim.drop(n1);  // hidden_states, _ = self.self_attn(...): the norm output lives to the return
-    } else {
-      // Phi-3 fuses the projections: qkv_proj's output is sliced into q, k, v views (their gradients
-      // come back as full-size slice_backward buffers), and SDPA makes v contiguous.
-      const bool fused = m.quirks.fused_qkv;
-      TensorId q, k, v, qkv = kNone;
-      if (fused) {
-        qkv = linear(n1, d.h, d.qd + 2 * d.kvd, p.q, p.qb, "qkv_proj output (sliced into q, k, v)", "b·s·(q+2kv)");
-        q = k = qkv;
-        sim.hold(qkv);
-        if (job.recompute == Recompute::none) {
-          v = qkv;  // the cache's torch.cat copies the value slice
-          sim.hold(qkv);
-        } else {
-          v = sim.make("v contiguous copy (saved by sdpa)", mul(d.T, d.kvd, r.compute), Term::activations,
-                       "contiguous", r.compute_name, "b·kv·s·hd", true);
-          sim.node("CloneBackward", {qkv}, {v}, {});
-        }
-      } else {
-        const bytes_t ws = tp_input_grad_allreduce();
-        q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, ws);
-        k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak, 0, ws);
-        v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, ws);
-      }
-      // Not yet as transformers does it: input_layernorm's output lives until self_attn returns
-      // (after o_proj; the serving walk drops it there), and it matters where the projections do not
-      // save it (an fp32 norm output under autocast, a frozen base under LoRA): the free of the fp32
-      // norm output carries the decoder layer's `hidden_states, _ = self.self_attn(...)` frame, after
-      // o_proj's output, in tests/data/gaps/gemma-2-2b_amp-bf16_none_flash_adamw_b1s2048.pickle.gz.
-      // Moving it changes unmeasured LoRA / autocast predictions and is left for a measured change.
-      sim.drop(n1);
-      if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary; OLMoE: over all of q and k
-        const bool full = m.quirks.qk_norm_full_width;
-        TensorId qn = rmsnorm(q, p.q_norm, "q_norm output", d.qd, full ? 1 : d.a);
-        sim.drop(q);
-        q = qn;
-        TensorId kn = rmsnorm(k, p.k_norm, "k_norm output", d.kvd, full ? 1 : d.kva);
-        sim.drop(k);
-        k = kn;
-      }
-      // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
-      // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
-      auto rotary = [&](TensorId t, bytes_t width, const char* name) {
-        const bytes_t eb = t == qkv ? r.compute : sim.info(t).bytes / mul(d.T, width);
-        return ops().rotary(t, cos, sin, width, eb, r.resid, name);
-      };
-      TensorId qe = rotary(q, d.qd, "q after rotary");
-      sim.drop(q);
-      TensorId ke = rotary(k, d.kvd, "k after rotary");
-      sim.drop(k);
-      // LlamaModel creates a DynamicCache when config.use_cache is true, also in training (HF turns
-      // it off only under gradient checkpointing). DynamicLayer.update concatenates the new keys and
-      // values onto empty tensors created in the *keys'* dtype and hands the concatenations to
-      // attention: under autocast the keys are fp32 after rotary, so both copies are fp32 (the values
-      // are promoted). The cache holds them until the model's output dies.
-      if (job.recompute == Recompute::none) {
-        const bytes_t kb = sim.info(ke).bytes / mul(d.T, d.kvd);
-        TensorId kc = sim.make("DynamicCache keys (torch.cat copy)", mul(d.T, d.kvd, kb), Term::activations, "cat", "",
-                               "b·kv·s·hd", true);
-        sim.node("CatBackward0", {ke}, {kc}, {});
-        TensorId vc = sim.make("DynamicCache values (torch.cat copy, keys' dtype)", mul(d.T, d.kvd, kb),
-                               Term::activations, "cat", "", "b·kv·s·hd", true);
-        sim.node("CatBackward0", {fused ? qkv : v}, {vc}, {});
-        sim.drop(ke);
-        sim.drop(v);
-        ke = kc;
-        v = vc;
-        sim.hold(kc);
-        sim.hold(vc);
-        kv_cache.push_back(kc);
-        kv_cache.push_back(vc);
-      }
-      TensorId att = attention(qe, ke, v);
-      sim.drop(qe);
-      sim.drop(ke);
-      sim.drop(v);
-      // attn_output.transpose(1, 2).contiguous(): cuDNN writes its output in q's layout (flash in
-      // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj
-      // saves; Phi-3's partial-rotary cat makes q contiguous b·a·s·hd, and then it is a copy, saved by
-      // o_proj beside the output SDPA saves. The math paths copy (below).
-      TensorId attc = att;
-      if (m.quirks.partial_rotary && fused_sdpa()) {
-        attc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, d.qd, r.compute), Term::activations,
-                        "contiguous", r.compute_name, "b·s·a·hd", true);
-        sim.node("CloneBackward0", {att}, {attc}, {});
-        sim.drop(att);
-      }
-      o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
-      tp_all_reduce(o);
-      sim.drop(attc);
-    }
+    TensorId o = m.mla.enabled() ? mla_attention(p, n1) : attention_block(p, n1);
     // Gemma 2's post_attention_layernorm on the branch, then the residual add
     TensorId h1 = ops().close_block(x, o, p.norm3, "post-attention norm output", r.resid, r.resid_name,
                                     "residual stream (saved by the next norm)");
@@ -443,6 +372,87 @@ struct Step {
   //     key_states = kv.new_empty(...); [..., :nope].copy_(k_nope'); [..., nope:].copy_(k_pe)
   //     attn = sdpa(query, key, value)   # out a × s × v, the log-sum-exp; then .contiguous()
   //     o_proj(attn)
+  // The attention block of a Llama-style layer on `n1` (input_layernorm's output, which it drops):
+  // q/k/v (or Phi-3's fused qkv_proj), Qwen3's and OLMoE's q/k norms, rotary, the DynamicCache,
+  // SDPA and o_proj. Returns o_proj's output.
+  TensorId attention_block(const LayerParams& p, TensorId n1) {
+    // Phi-3 fuses the projections: qkv_proj's output is sliced into q, k, v views (their gradients
+    // come back as full-size slice_backward buffers), and SDPA makes v contiguous.
+    const bool fused = m.quirks.fused_qkv;
+    TensorId q, k, v, qkv = kNone;
+    if (fused) {
+      qkv = linear(n1, d.h, d.qd + 2 * d.kvd, p.q, p.qb, "qkv_proj output (sliced into q, k, v)", "b·s·(q+2kv)");
+      q = k = qkv;
+      sim.hold(qkv);
+      if (job.recompute == Recompute::none) {
+        v = qkv;  // the cache's torch.cat copies the value slice
+        sim.hold(qkv);
+      } else {
+        v = sim.make("v contiguous copy (saved by sdpa)", mul(d.T, d.kvd, r.compute), Term::activations,
+                     "contiguous", r.compute_name, "b·kv·s·hd", true);
+        sim.node("CloneBackward", {qkv}, {v}, {});
+      }
+    } else {
+      const bytes_t ws = tp_input_grad_allreduce();
+      q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, ws);
+      k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak, 0, ws);
+      v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, ws);
+    }
+    // Not yet as transformers does it: input_layernorm's output lives until self_attn returns
+    // (after o_proj; the serving walk drops it there), and it matters where the projections do not
+    // save it (an fp32 norm output under autocast, a frozen base under LoRA): the free of the fp32
+    // norm output carries the decoder layer's `hidden_states, _ = self.self_attn(...)` frame, after
+    // o_proj's output, in tests/data/gaps/gemma-2-2b_amp-bf16_none_flash_adamw_b1s2048.pickle.gz.
+    // Moving it changes unmeasured LoRA / autocast predictions and is left for a measured change.
+    sim.drop(n1);
+    if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary; OLMoE: over all of q and k
+      const bool full = m.quirks.qk_norm_full_width;
+      TensorId qn = rmsnorm(q, p.q_norm, "q_norm output", d.qd, full ? 1 : d.a);
+      sim.drop(q);
+      q = qn;
+      TensorId kn = rmsnorm(k, p.k_norm, "k_norm output", d.kvd, full ? 1 : d.kva);
+      sim.drop(k);
+      k = kn;
+    }
+    // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
+    // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
+    auto rotary = [&](TensorId t, bytes_t width, const char* name) {
+      const bytes_t eb = t == qkv ? r.compute : sim.info(t).bytes / mul(d.T, width);
+      return ops().rotary(t, cos, sin, width, eb, r.resid, name);
+    };
+    TensorId qe = rotary(q, d.qd, "q after rotary");
+    sim.drop(q);
+    TensorId ke = rotary(k, d.kvd, "k after rotary");
+    sim.drop(k);
+    // LlamaModel creates a DynamicCache when config.use_cache is true, also in training (HF turns
+    // it off only under gradient checkpointing). DynamicLayer.update concatenates the new keys and
+    // values onto empty tensors created in the *keys'* dtype and hands the concatenations to
+    // attention: under autocast the keys are fp32 after rotary, so both copies are fp32 (the values
+    // are promoted). The cache holds them until the model's output dies.
+    if (job.recompute == Recompute::none)
+      cache_update(ke, v, fused ? qkv : v, d.kvd, d.kvd, "DynamicCache keys (torch.cat copy)",
+                   "DynamicCache values (torch.cat copy, keys' dtype)", "b·kv·s·hd", "b·kv·s·hd");
+    TensorId att = attention(qe, ke, v);
+    sim.drop(qe);
+    sim.drop(ke);
+    sim.drop(v);
+    // attn_output.transpose(1, 2).contiguous(): cuDNN writes its output in q's layout (flash in
+    // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj
+    // saves; Phi-3's partial-rotary cat makes q contiguous b·a·s·hd, and then it is a copy, saved by
+    // o_proj beside the output SDPA saves. The math paths copy (below).
+    TensorId attc = att;
+    if (m.quirks.partial_rotary && fused_sdpa()) {
+      attc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, d.qd, r.compute), Term::activations,
+                      "contiguous", r.compute_name, "b·s·a·hd", true);
+      sim.node("CloneBackward0", {att}, {attc}, {});
+      sim.drop(att);
+    }
+    TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
+    tp_all_reduce(o);
+    sim.drop(attc);
+    return o;
+  }
+
   // DeepSeek-V3's rotary on a latent-attention view `x` (width values per token, `eb` bytes each):
   // with rope_interleave, four products of half width, their difference and sum, and the cat; the
   // products promote to cos/sin's dtype (the residual's). Without it, TorchOps::rotary.
@@ -531,23 +541,9 @@ struct Step {
     sim.drop(q_pe);
     sim.drop(k_pe);
     }
-    if (job.recompute == Recompute::none) {
-      // DynamicCache: torch.cat copies in the keys' (k_nope's) dtype
-      const bytes_t kb = sim.info(k_nope).bytes / mul(d.T, kvr);
-      TensorId kc = sim.make("DynamicCache latent (torch.cat copy)", mul(d.T, kvr, kb), Term::activations, "cat", "", "b·1·s·r", true);
-      sim.node("CatBackward0", {k_nope}, {kc}, {});
-      TensorId rc = sim.make("DynamicCache rotary key (torch.cat copy, keys' dtype)", mul(d.T, rope, kb), Term::activations, "cat",
-                             "", "b·1·s·rope", true);
-      sim.node("CatBackward0", {k_rot}, {rc}, {});
-      sim.drop(k_nope);
-      sim.drop(k_rot);
-      k_nope = kc;
-      k_rot = rc;
-      sim.hold(kc);
-      sim.hold(rc);
-      kv_cache.push_back(kc);
-      kv_cache.push_back(rc);
-    }
+    if (job.recompute == Recompute::none)  // the cache's "keys" are the latent, its "values" the rotary key
+      cache_update(k_nope, k_rot, k_rot, kvr, rope, "DynamicCache latent (torch.cat copy)",
+                   "DynamicCache rotary key (torch.cat copy, keys' dtype)", "b·1·s·r", "b·1·s·rope");
     TensorId qs = sim.make("query_states: cat(q_nope, q_pe) (saved by sdpa)", mul(d.T, a, qk, qb), Term::activations, "cat", "",
                            "b·a·s·qk", true);
     sim.node("CatBackward0", {q_nope, q_rot}, {qs}, {});
@@ -573,8 +569,9 @@ struct Step {
     sim.drop(out);
     TensorId o = linear(oc, mul(a, vd), d.h, p.o, kNone, "o_proj output", "b·s·h");
     sim.drop(oc);
-    // the attention returns: its locals go
-    for (TensorId t : {q, q_nope, q_rot, ckv, k_nope, k_rot, qs, kvb, kn, val, key}) sim.drop(t);
+    // the attention returns: its locals go, and the decoder layer's
+    // `hidden_states, _ = self.self_attn(...)` frees the norm output
+    for (TensorId t : {q, q_nope, q_rot, ckv, k_nope, k_rot, qs, kvb, kn, val, key, n1}) sim.drop(t);
     return o;
   }
 
