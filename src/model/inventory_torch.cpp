@@ -334,30 +334,6 @@ struct Step {
     *out = h2;
   }
 
-  // DeepSeek-V2's gate, F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32)):
-  // outside autocast both operands are copied to fp32 (the matmul keeps both) and the logits are
-  // fp32; under autocast the copies are the tensors themselves and autocast casts them to bf16.
-  TensorId fp32_gate(TensorId x, bytes_t in, bytes_t out, TensorId w, const char* name, const char* shape) {
-    if (r.autocast) return linear(x, in, out, w, kNone, name, shape);
-    TensorId x32 = x, w32 = w;
-    if (sim.info(x).bytes != mul(d.T, in, 4)) {
-      x32 = sim.make("router gate input in fp32 (saved by the gate)", mul(d.T, in, 4), Term::activations, "type(float32)",
-                     "fp32", "b·s·h", true);
-      sim.node("ToCopyBackward0", {x}, {x32}, {});
-    } else {
-      sim.hold(x32);
-    }
-    if (r.param != 4) {
-      w32 = sim.make("router gate weight in fp32 (saved by the gate)", sim.logical_bytes(w) / r.param * 4, Term::activations,
-                     "type(float32)", "fp32", "E·h", true);
-      sim.node("ToCopyBackward0", {w}, {w32}, {});
-    }
-    TensorId y = linear(x32, in, out, w32, kNone, name, shape, nullptr, 4);
-    sim.drop(x32);
-    if (w32 != w) sim.drop(w32);
-    return y;
-  }
-
   // DeepseekV2Attention.forward (transformers 5.17), multi-head latent attention: a = heads,
   // nope/rope/v head dims, r = kv_lora_rank. What stays for backward and when the rest goes is read
   // off deepseek-v2-lite_L2_bf16_none_flash_adamw_b1s1024_snapshot-forward (events 34-89):
@@ -583,8 +559,10 @@ struct Step {
                      [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
                        switch (mod) {
                          case Module::router:
-                           return m.moe.router != MixtureOfExperts::Router::softmax_top_k
-                                      ? fp32_gate(in_x, in, out, p.router, name, shape)
+                           // DeepSeek's fp32 gate (TorchOps::fp32_gate); under autocast its casts are
+                           // no-ops and autocast casts to bf16, as for any nn.Linear
+                           return m.moe.router != MixtureOfExperts::Router::softmax_top_k && !r.autocast
+                                      ? ops().fp32_gate(in_x, p.router, r.param, in, out, name)
                                       : linear(in_x, in, out, p.router, kNone, name, shape);
                          case Module::shared_gate: return linear(in_x, in, out, p.shared_gate, kNone, name, shape);
                          case Module::shared_up: return linear(in_x, in, out, p.shared_up, kNone, name, shape);

@@ -134,15 +134,9 @@ struct Walk {
                                     "residual stream (after attention)");
     TensorId n2 = rmsnorm(h1, "post_attention_layernorm output", h);
     auto served_linear = [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char*) {
-      if (mod != Module::router || m.moe.router == MixtureOfExperts::Router::softmax_top_k) return linear(in_x, out, name);
-      // DeepSeek-V2's gate in fp32: copies of the input and the weight, fp32 logits
-      TensorId x32 = act("router gate input in fp32", mul(T, in, 4), "type(float32)", "fp32", "T·h");
-      TensorId w32 = act("router gate weight in fp32", mul(m.moe.experts, in, 4), "type(float32)", "fp32", "E·h");
-      TorchOps op = ops();
-      TensorId y = op.linear(x32, kNone, kNone, out, 4, name, "fp32", "T·E");
-      sim.drop(x32);
-      sim.drop(w32);
-      return y;
+      if (mod == Module::router && m.moe.router != MixtureOfExperts::Router::softmax_top_k)
+        return ops().fp32_gate(in_x, kNone, e, in, out, name);  // DeepSeek's gate
+      return linear(in_x, out, name);
     };
     // a mixture-of-experts layer: the same block as training (TorchOps::moe), nothing saved; the
     // experts' grouped_mm runs in the served 16-bit dtype

@@ -230,6 +230,26 @@ TensorId TorchOps::softmax_fp32(TensorId logits, bytes_t TE, const char* what_sa
   return probs;
 }
 
+TensorId TorchOps::fp32_gate(TensorId x, TensorId w, bytes_t wb, bytes_t in, bytes_t out, const char* tensor_name) {
+  TensorId x32 = x, w32 = w;
+  if (sim.info(x).bytes != mul(T, in, 4)) {
+    x32 = sim.make(name("router gate input in fp32 (saved by the gate)", "router gate input in fp32"), mul(T, in, 4),
+                   Term::activations, "type(float32)", "fp32", "b·s·h", true);
+    sim.node("ToCopyBackward0", {x}, {x32}, {});
+  } else {
+    sim.hold(x32);
+  }
+  if (wb != 4) {
+    w32 = sim.make(name("router gate weight in fp32 (saved by the gate)", "router gate weight in fp32"), mul(out, in, 4),
+                   Term::activations, "type(float32)", "fp32", "E·h", true);
+    sim.node("ToCopyBackward0", {w}, {w32}, {});
+  }
+  TensorId y = linear(x32, w32, kNone, out, 4, tensor_name, "fp32", "b·s·E");
+  sim.drop(x32);
+  if (w32 != w) sim.drop(w32);
+  return y;
+}
+
 TensorId TorchOps::add_outputs(TensorId a, TensorId b, const char* what, const char* dtype) {
   const bytes_t Th = mul(T, m.hidden_size);
   const bytes_t ob = std::max(sim.info(a).bytes, sim.info(b).bytes) / Th;

@@ -86,6 +86,11 @@ struct TorchOps {
   TensorId moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, bytes_t eb, const char* dtype, const MoeRun& run,
                Linear&& linear, ExpertLinear&& expert_linear);
 
+  // DeepSeek's router gate, F.linear(x.type(torch.float32), weight.type(torch.float32)), outside
+  // autocast: fp32 copies of the input and of the weight (`wb` bytes per value; the matmul keeps
+  // both) and fp32 logits, `out` per token.
+  TensorId fp32_gate(TensorId x, TensorId w, bytes_t wb, bytes_t in, bytes_t out, const char* name);
+
   // A view: no storage of its own (the tensor it views keeps the bytes alive), a gradient of `bytes`.
   TensorId view(const char* name, bytes_t grad_bytes);
 
