@@ -65,13 +65,15 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
     po.reserved = true;
     const Budget budget = predict(spec, at, po);
     const Fit fit = check_fit(budget, *dev, f->job.headroom);
+    // what the card must hold at the answer: reserved + outside where the job has a reserved model
+    const bytes_t required = r.reserved_required ? r.reserved_required : r.at_max.required;
     if (format == Format::json) {
       nlohmann::ordered_json o2;
       o2["model"] = spec.name;
       o2["device"] = {{"name", dev->name}, {"capacity", dev->capacity}, {"headroom", f->job.headroom}, {"limit", r.limit}};
       o2["seq"] = job.seq;
       o2["max_micro_batch"] = r.max_micro_batch;
-      o2["required"] = r.reserved_required ? r.reserved_required : r.at_max.required;
+      o2["required"] = required;
       o2["basis"] = r.reserved_required ? "reserved" : "allocated";
       o2["allocated_required"] = r.at_max.required;
       o2["peak"] = r.at_max.peak;
@@ -88,15 +90,14 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
     } else if (format == Format::csv) {
       std::cout << "model,device,seq,max_micro_batch,required,limit,global_batch,accum_micro_batch,grad_accum_steps\n"
                 << csv_field(spec.name) << "," << csv_field(dev->name) << "," << job.seq << "," << r.max_micro_batch << ","
-                << (r.reserved_required ? r.reserved_required : r.at_max.required) << "," << r.limit << "," << f->global_batch << "," << r.accum_micro_batch << ","
+                << required << "," << r.limit << "," << f->global_batch << "," << r.accum_micro_batch << ","
                 << r.grad_accum_steps << "\n";
     } else {
       std::cout << printable(spec.name) << " on " << dev->name << " (" << format_bytes(r.limit) << " usable), seq " << job.seq
                 << ", " << to_string(job.precision) << ", recompute " << to_string(job.recompute)
                 << (job.parallel.single() ? std::string() : ", one rank of " + layout_label(job.parallel)) << "\n";
       if (r.max_micro_batch == 0) {
-        std::cout << "  no micro-batch fits: batch 1 needs "
-                  << format_bytes(r.reserved_required ? r.reserved_required : r.at_max.required) << "\n";
+        std::cout << "  no micro-batch fits: batch 1 needs " << format_bytes(required) << "\n";
       } else {
         std::cout << "  max micro-batch  " << r.max_micro_batch << "  (needs "
                   << (r.reserved_required ? format_bytes(r.reserved_required) + " reserved + outside, " : std::string())

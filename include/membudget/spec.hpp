@@ -181,6 +181,8 @@ struct ModelSpec {
   std::uint64_t n_ff(std::uint64_t il) const noexcept { (void)il; return intermediate_size; }  // a dense layer's
   // Whether layer il's MLP is a mixture of experts (moe.first_dense, sparse_step, dense_layers).
   bool moe_layer(std::uint64_t il) const noexcept;
+  // How many layers are mixtures of experts (the rest keep a dense MLP).
+  std::uint64_t moe_layers() const noexcept;
   bool sliding_layer(std::uint64_t il) const noexcept {
     return sliding.enabled() && (sliding.every_nth <= 1 || il % sliding.every_nth == 0);
   }

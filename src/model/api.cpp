@@ -270,23 +270,22 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
     };
     bytes_t at = required(lo);
     if (at > r.limit) {
-      std::uint64_t good = 0, bad = lo;  // largest fitting below `bad`, bisected
-      bytes_t good_at = 0;
-      for (std::uint64_t lo_b = 1, hi_b = lo - 1; lo_b <= hi_b;) {
-        const std::uint64_t mid = lo_b + (hi_b - lo_b) / 2;
+      // bisection below the allocated answer (the bound is known and the answer usually near it,
+      // so not largest_fitting's doubling from 1): `good` fits (0: nothing yet), `bad` does not
+      std::uint64_t good = 0, bad = lo;
+      bytes_t at_good = 0;
+      while (bad - good > 1) {
+        const std::uint64_t mid = good + (bad - good) / 2;
         const bytes_t need = required(mid);
         if (need <= r.limit) {
           good = mid;
-          good_at = need;
-          lo_b = mid + 1;
+          at_good = need;
         } else {
           bad = mid;
-          hi_b = mid - 1;
         }
       }
-      (void)bad;
       lo = good;
-      at = good ? good_at : at;
+      at = good ? at_good : at;
       Job j = job;
       j.batch = std::max<std::uint64_t>(1, lo);
       r.at_max = estimate(model, j);

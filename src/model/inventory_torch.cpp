@@ -978,11 +978,7 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
         largest = std::max(largest, t.elements());
       };
       // layers alike but for a mixture of experts' dense layers: one of each kind, times its count
-      const std::uint64_t moe_layers = [&] {
-        std::uint64_t n = 0;
-        for (std::uint64_t il = 0; il < m.num_layers; ++il) n += m.moe_layer(il) ? 1 : 0;
-        return n;
-      }();
+      const std::uint64_t moe_layers = m.moe_layers();
       for (std::uint64_t kind = 0; kind < 2; ++kind) {
         const std::uint64_t layers = kind ? moe_layers : m.num_layers - moe_layers;
         if (layers == 0) continue;
@@ -1075,13 +1071,11 @@ void check_torch_coverage(const ModelSpec& m, const Job& job) {
   if (m.norms_per_layer != 2 && m.norms_per_layer != 4) refuse("norms_per_layer " + std::to_string(m.norms_per_layer) + " (2 or 4 are)");
   if (job.lora_rank && (m.quirks.fused_qkv || m.quirks.fused_gate_up))
     throw Error(ErrorKind::unsupported, "--lora: Phi-3's fused qkv_proj and gate_up_proj are not modelled with LoRA");
-  if (m.moe.enabled()) {
-    // The MoE block (TorchOps::moe) is measured on one GPU, with the whole model trained.
-    if (job.lora_rank) throw Error(ErrorKind::unsupported, "--lora: adapters on a mixture of experts are not modelled");
-    // data parallelism (DDP, ZeRO-1, FSDP2, HSDP) shards and buckets the packed experts like any
-    // parameter (FSDP2 along dim 0, the experts); tensor parallelism is refused by check_layout
-
-  }
+  // The MoE block (TorchOps::moe) is measured with the whole model trained, on one GPU and under
+  // data parallelism (which shards and buckets the packed experts like any parameter; tensor
+  // parallelism is refused by check_layout).
+  if (m.moe.enabled() && job.lora_rank)
+    throw Error(ErrorKind::unsupported, "--lora: adapters on a mixture of experts are not modelled");
 }
 
 // The model's parameters as transformers allocates them (ModelSpec's tensor description), then

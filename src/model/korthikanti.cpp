@@ -71,8 +71,7 @@ void korthikanti_layer(const ModelSpec& m, const Job& job, bool moe, Add&& add) 
 namespace {
 // Layers with a dense MLP and with a mixture of experts.
 std::pair<bytes_t, bytes_t> layer_kinds(const ModelSpec& m) {
-  bytes_t moe = 0;
-  for (std::uint64_t il = 0; il < m.num_layers; ++il) moe += m.moe_layer(il) ? 1 : 0;
+  const bytes_t moe = m.moe_layers();
   return {m.num_layers - moe, moe};
 }
 bytes_t layer_bytes(const ModelSpec& m, const Job& job, bool moe) {

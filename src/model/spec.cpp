@@ -198,6 +198,12 @@ std::uint64_t ParamTensor::elements() const {
   return checked_mul(count, in ? checked_mul(in, out, what) : out, what);
 }
 
+std::uint64_t ModelSpec::moe_layers() const noexcept {
+  std::uint64_t n = 0;
+  for (std::uint64_t il = 0; il < num_layers; ++il) n += moe_layer(il) ? 1 : 0;
+  return n;
+}
+
 bool ModelSpec::moe_layer(std::uint64_t il) const noexcept {
   if (!moe.enabled() || il < moe.first_dense) return false;
   if (moe.sparse_step > 1 && (il + 1) % moe.sparse_step != 0) return false;
