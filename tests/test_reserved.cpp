@@ -232,4 +232,18 @@ TEST_CASE("fit and max-batch decide on the reserved memory where the budget has 
   Job next = j;
   next.batch = r.max_micro_batch + 1;
   CHECK(predict(m, next, po).nvidia_smi() > usable_bytes(card));  // the next batch would not fit
+  // short sequences: the allocated peak is the optimizer's, nearly flat in the batch, so a card just
+  // under batch 1's reserved figure takes several micro-batches by allocated memory and none by
+  // reserved memory; the figure reported is then batch 1's (what the CLI prints as "batch 1 needs")
+  Job one = j;
+  one.batch = 1;
+  one.seq = 128;
+  const Budget at1 = predict(m, one, po);
+  const bytes_t between1 = (at1.peak + at1.reserved_peak) / 2 + at1.terms.overhead;
+  const Device small{"small", static_cast<bytes_t>(static_cast<double>(between1) / 0.95) + 1};
+  SearchOptions allocated_only;
+  REQUIRE(max_micro_batch(m, one, small, allocated_only).max_micro_batch > 1);
+  const MaxBatchResult none = max_micro_batch(m, one, small, o);
+  CHECK(none.max_micro_batch == 0);
+  CHECK(none.reserved_required == at1.nvidia_smi());
 }

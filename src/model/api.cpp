@@ -273,7 +273,7 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
       // bisection below the allocated answer (the bound is known and the answer usually near it,
       // so not largest_fitting's doubling from 1): `good` fits (0: nothing yet), `bad` does not
       std::uint64_t good = 0, bad = lo;
-      bytes_t at_good = 0;
+      bytes_t at_good = 0, at_bad = at;
       while (bad - good > 1) {
         const std::uint64_t mid = good + (bad - good) / 2;
         const bytes_t need = required(mid);
@@ -282,10 +282,11 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
           at_good = need;
         } else {
           bad = mid;
+          at_bad = need;
         }
       }
       lo = good;
-      at = good ? at_good : at;
+      at = good ? at_good : at_bad;  // nothing fits: `bad` is 1, the figure at batch 1
       Job j = job;
       j.batch = std::max<std::uint64_t>(1, lo);
       r.at_max = estimate(model, j);
