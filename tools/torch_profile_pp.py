@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Measure one pipeline stage of a torch.distributed.pipelining training step on one GPU.
+
+Rank r of an S-stage pipeline runs its stage through PyTorch's fake process group
+(torch.testing._internal.distributed.fake_pg): the stage's parameters, its activations for every
+microbatch the schedule keeps in flight, the stage's receive buffers and the loss on the last
+stage are real; nothing is sent. Point-to-point transfers do nothing under the fake group anyway;
+`dist.batch_isend_irecv` is replaced by a no-op so that no backend call is needed (the receive
+buffers are allocated by the stage itself, before any transfer).
+
+The stage module is what torchtitan's pipeline splitter leaves of the model: the embedding on
+the first stage, decoder layers [first, last) on each stage, the final norm and lm_head on the
+last; the layers run with position embeddings from the model's rotary module and no attention
+mask (SDPA's causal path) and no KV cache, as torchtitan's models do. The loss is torchtitan's
+pipeline loss, cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1)), given to the
+schedule. One step:
+
+    schedule.step(x)                       # first stage (x: M·b sequences)
+    schedule.step(target=y, losses=[...])  # last stage
+    schedule.step()                        # a middle stage
+    optimizer.step(); optimizer.zero_grad(set_to_none=True)
+
+Phases of a stage (a schedule interleaves forward and backward, so a step has no single forward
+phase): `floor` at the step's start; `forward_peak` the highest allocated memory during any
+microbatch's forward on this stage (with the loss on the last stage, and the transfers that
+follow); `backward_peak` the same over the backward actions; `optimizer_peak` as in
+tools/torch_profile_step.py. `actions` lists every action of the steady step in order:
+[kind, microbatch, peak during it, allocated after it].
+
+Matrix file: {"defaults": {...}, "cases": [{"name", "config", "overrides", "batch", "seq",
+"precision", "recompute", "stages", "stage", "microbatches", "schedule" (gpipe | 1f1b),
+"layers" (per-stage layer counts; default an even split, the first stages taking the
+remainder), "snapshot": {"step": N}}]}.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_gt_common as common  # noqa: E402
+import torch_profile_dist as dist_tool  # noqa: E402
+
+DEFAULTS = {"precision": "bf16", "recompute": "none", "attention": "flash", "steps": 4, "warmup": 2,
+            "overrides": None, "stages": 2, "stage": 0, "microbatches": 4, "schedule": "1f1b", "layers": None,
+            "batch": 1, "seq": 2048}
+
+
+def split_layers(total, stages, given):
+    if given:
+        if len(given) != stages or sum(given) != total:
+            raise ValueError("layers %s do not split %d layers over %d stages" % (given, total, stages))
+        return list(given)
+    base, extra = divmod(total, stages)
+    return [base + (1 if i < extra else 0) for i in range(stages)]
+
+
+def stage_module_class():
+    import torch
+
+    class StageModule(torch.nn.Module):
+        """What a pipeline stage holds of a Hugging Face causal LM (see the module docstring)."""
+
+        def __init__(self, lm, first, last):
+            super().__init__()
+            inner = lm.model
+            self.embed_tokens = inner.embed_tokens if first else None
+            self.layers = inner.layers
+            self.rotary_emb = inner.rotary_emb
+            self.norm = inner.norm if last else None
+            self.lm_head = lm.lm_head if last else None
+
+        def forward(self, x):
+            h = self.embed_tokens(x) if self.embed_tokens is not None else x
+            pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+            pe = self.rotary_emb(h, pos)
+            for layer in self.layers:
+                out = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
+                h = out[0] if isinstance(out, tuple) else out
+            if self.norm is not None:
+                h = self.lm_head(self.norm(h))
+            return h
+
+    return StageModule
+
+
+def loss_fn(pred, labels):
+    import torch
+
+    return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def build(case, cfgd):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from transformers import AutoModelForCausalLM
+
+    S, si, M = int(case["stages"]), int(case["stage"]), int(case["microbatches"])
+    layers = split_layers(int(cfgd["num_hidden_layers"]), S, case.get("layers"))
+    first, last = si == 0, si == S - 1
+    dist_tool.init_pg(si, S)
+    dist.batch_isend_irecv = lambda ops: []  # the fake group moves nothing; see the docstring
+    d = dict(cfgd)
+    d["num_hidden_layers"] = layers[si]
+    cfg = common.make_config(d)
+    dtype = common.torch_dtype("bf16" if case["precision"] == "bf16" else "fp32")
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(cfg, attn_implementation=common.ATTENTION_IMPL[case["attention"]],
+                                              dtype=dtype)
+    if case["recompute"] == "full":
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mod = stage_module_class()(lm, first, last)
+    del lm
+    mod.to_empty(device="cuda")
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.normal_(0.0, 0.02)
+        for _, b in mod.named_buffers():
+            if b.is_floating_point():
+                b.uniform_(1e-4, 1e-2)  # rotary inv_freq
+    mod.train()
+    b, s, h, V = int(case["batch"]), int(case["seq"]), int(cfgd["hidden_size"]), int(cfgd["vocab_size"])
+    meta = torch.device("meta")
+    x_meta = torch.empty(b, s, dtype=torch.long, device=meta) if first else torch.empty(b, s, h, dtype=dtype, device=meta)
+    y_meta = torch.empty(b, s, V, dtype=dtype, device=meta) if last else torch.empty(b, s, h, dtype=dtype, device=meta)
+    stage = PipelineStage(mod, si, S, torch.device("cuda", torch.cuda.current_device()), input_args=(x_meta,),
+                          output_args=(y_meta,))
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[case["schedule"]]
+    sched = cls(stage, n_microbatches=M, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(mod.parameters(), lr=1e-5)
+    return mod, stage, sched, opt, layers
+
+
+class ActionTracker:
+    """Per-action peaks: each action's peak, and the gap after it counted with it."""
+
+    def __init__(self):
+        self.kind = None
+        self.peaks = {"forward": 0, "backward": 0}
+        self.actions = []
+
+    def _read(self):
+        import torch
+
+        torch.cuda.synchronize()
+        p = torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        return p
+
+    def enter(self, kind):
+        p = self._read()
+        k = self.kind or kind
+        self.peaks[k] = max(self.peaks[k], p)
+        self.kind = kind
+
+    def leave(self, kind, mb):
+        import torch
+
+        p = self._read()
+        self.peaks[kind] = max(self.peaks[kind], p)
+        self.actions.append([kind, int(mb), p, torch.cuda.memory_allocated()])
+
+    def wrap(self, obj, name, kind):
+        fn = getattr(obj, name)
+
+        def wrapped(mb, *a, **k):
+            self.enter(kind)
+            out = fn(mb, *a, **k)
+            self.leave(kind, mb)
+            return out
+
+        setattr(obj, name, wrapped)
+        return fn
+
+
+def run_step(mod, stage, sched, opt, x, rec, case, snap_path):
+    import torch
+
+    cuda = torch.cuda
+    S, si = int(case["stages"]), int(case["stage"])
+    whole = snap_path is not None
+    cuda.synchronize()
+    if whole:
+        cuda.memory._record_memory_history(max_entries=400000, stacks="python")
+    rec["floor"] = cuda.memory_allocated()
+    rec["reserved_at_start"] = cuda.memory_reserved()
+    cuda.reset_peak_memory_stats()
+    tr = ActionTracker()
+    fwd = tr.wrap(stage, "forward_one_chunk", "forward")
+    bwd = tr.wrap(stage, "backward_one_chunk", "backward")
+    t0 = time.perf_counter()
+    rec["phase"] = "schedule"
+    if si == 0:
+        sched.step(x)
+    elif si == S - 1:
+        losses = []
+        sched.step(target=x, losses=losses)
+        rec["loss"] = float(torch.stack([l.detach().float() for l in losses]).mean().item()) if losses else None
+        del losses
+    else:
+        sched.step()
+    tr.enter("backward")  # the tail after the last action
+    stage.forward_one_chunk, stage.backward_one_chunk = fwd, bwd
+    cuda.synchronize()
+    t1 = time.perf_counter()
+    rec["forward_peak"] = tr.peaks["forward"]
+    rec["backward_peak"] = tr.peaks["backward"]
+    rec["after_backward"] = cuda.memory_allocated()
+    rec["reserved_after_backward"] = cuda.memory_reserved()
+    rec["actions"] = tr.actions
+    cuda.reset_peak_memory_stats()
+    rec["phase"] = "optimizer"
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    cuda.synchronize()
+    rec["optimizer_peak"] = cuda.max_memory_allocated()
+    rec["after_optimizer"] = cuda.memory_allocated()
+    rd = common.allocator_reading()
+    for k in ("reserved", "outside", "num_alloc_retries", "num_ooms"):
+        rec[k] = rd[k]
+    rec["time_schedule_s"] = t1 - t0
+    rec["time_optimizer_s"] = time.perf_counter() - t1
+    if whole:
+        cuda.memory._dump_snapshot(snap_path)
+        cuda.memory._record_memory_history(enabled=None)
+        rec["snapshot"] = snap_path
+    rec["phase"] = "done"
+
+
+PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak", "after_backward", "after_optimizer", "reserved")
+
+
+def run_case(case, snapshot_dir):
+    import torch
+    import torch.distributed as dist
+
+    res = {"name": case["name"], "status": "running", "job": {k: v for k, v in case.items() if k != "snapshot"}}
+    cfgd = common.load_config_dict(case["config"], case.get("overrides"))
+    steps, mod, stage, sched, opt, x = [], None, None, None, None, None
+    res["steps"] = steps
+    t0 = time.perf_counter()
+    try:
+        common.clean_cuda()
+        mod, stage, sched, opt, layers = build(case, cfgd)
+        res["model"] = {"num_hidden_layers": cfgd["num_hidden_layers"], "stage_layers": layers,
+                        "vocab_size": cfgd["vocab_size"]}
+        res["model"].update(dist_tool.local_param_stats(mod))
+        g = torch.Generator(device="cuda")
+        g.manual_seed(1234)
+        M, b = int(case["microbatches"]), int(case["batch"])
+        x = torch.randint(0, int(cfgd["vocab_size"]), (M * b, int(case["seq"])), device="cuda", generator=g)
+        snap = case.get("snapshot") or {}
+        for i in range(int(case["steps"])):
+            rec = {"step": i}
+            steps.append(rec)
+            path = None
+            if snap and snapshot_dir and snap.get("step") == i:
+                path = os.path.join(snapshot_dir, case["name"].replace("/", "_") + ".pickle")
+            run_step(mod, stage, sched, opt, x, rec, case, path)
+            if i == 0:
+                res["optimizer_state_bytes"] = dist_tool.state_bytes([opt])
+        res["status"] = "ok"
+    except torch.cuda.OutOfMemoryError as e:
+        res["status"] = "oom"
+        res["error"] = str(e)[:2000]
+    except Exception as e:
+        res["status"] = "error"
+        res["error"] = "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc()[-4000:])
+    finally:
+        res["wall_s"] = time.perf_counter() - t0
+        del mod, stage, sched, opt, x
+        gc.collect()
+        torch.cuda.synchronize()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        common.clean_cuda()
+    done = [s for s in steps if s.get("phase") == "done"]
+    if done and done[0]["step"] == 0:
+        res["step0"] = {k: done[0].get(k) for k in PHASES}
+    steady = [s for s in done if s["step"] >= max(2, int(case.get("warmup") or 0))]
+    if steady:
+        res["steady"] = {k: steady[-1].get(k) for k in PHASES}
+        res["steady_step"] = steady[-1]["step"]
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--matrix", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--max-seconds", type=float, default=None)
+    p.add_argument("--snapshot-dir", default=None)
+    p.add_argument("--only", default=None)
+    args = p.parse_args(argv)
+    import json
+
+    import torch
+
+    torch.cuda.set_device(0)
+    if args.snapshot_dir:
+        os.makedirs(args.snapshot_dir, exist_ok=True)
+    with open(args.matrix) as f:
+        m = json.load(f)
+    base = os.path.dirname(os.path.abspath(args.matrix))
+    doc = {"tool": "tools/torch_profile_pp.py", "argv": sys.argv, "env": common.env_info(), "units": "bytes",
+           "cases": []}
+    t_start = time.perf_counter()
+    for c in m["cases"]:
+        case = dict(DEFAULTS)
+        case.update(m.get("defaults", {}))
+        case.update(c)
+        case["config"] = common.resolve_path(case["config"], os.getcwd(), base, os.path.dirname(base),
+                                             os.path.dirname(os.path.dirname(base)))
+        if args.only and args.only not in case["name"]:
+            continue
+        if args.max_seconds is not None and time.perf_counter() - t_start > args.max_seconds:
+            doc["cases"].append({"name": case["name"], "status": "skipped", "job": case})
+            continue
+        res = run_case(case, args.snapshot_dir)
+        doc["cases"].append(res)
+        doc["elapsed_s"] = time.perf_counter() - t_start
+        common.write_json(args.output, dist_tool.finite(doc))
+        s = res.get("steady") or {}
+        print("%-52s %-5s floor=%s fwd=%s bwd=%s opt=%s res=%s MiB (%.1fs)" % (
+            res["name"][:52], res["status"], common.mib(s.get("floor")), common.mib(s.get("forward_peak")),
+            common.mib(s.get("backward_peak")), common.mib(s.get("optimizer_peak")), common.mib(s.get("reserved")),
+            res["wall_s"]), flush=True)
+        if res.get("error"):
+            print("    " + res["error"][-1500:], flush=True)
+    doc["finished"] = True
+    common.write_json(args.output, dist_tool.finite(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
