@@ -58,7 +58,11 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_flag("--ddp-bucket-view", ddp_bucket_view, "DDP with gradient_as_bucket_view=True");
   cmd->add_option("--rank", rank, "the rank predicted (default: the most loaded one)");
   cmd->add_option("--tp", tp, "tensor-parallel ranks: DTensor's Llama plan (docs/distributed.md)");
-  cmd->add_option("--pp", pp, "pipeline stages (not modelled yet: refused)");
+  cmd->add_option("--pp", pp, "pipeline stages: torch.distributed.pipelining (docs/distributed.md)");
+  cmd->add_option("--pp-schedule", pp_schedule, "the pipeline schedule: 1f1b (default) | gpipe | interleaved (not modelled: refused)");
+  cmd->add_option("--microbatches", microbatches, "micro-batches of --batch sequences per step and stage (default: as many as stages)");
+  cmd->add_option("--virtual-stages", virtual_stages, "stages per rank of an interleaved schedule (not modelled: refused above 1)");
+  cmd->add_option("--pp-layers", pp_layers, "decoder layers per stage, e.g. 4,4,4,4 (default: an even split, the first stages taking the remainder)");
   cmd->add_flag("--sp", sp, "sequence parallelism (not modelled yet: refused)");
   cmd->add_option("--experts", experts, "a mixture of experts' implementation: grouped_mm (default, as transformers picks on CUDA) | batched_mm | eager");
   cmd->add_option("--routing", routing, "routing assumed where a buffer depends on it: balanced (default) | worst (docs/moe.md)");
@@ -96,6 +100,8 @@ constexpr StringFlag kStringFlags[] = {
     {"--zero", &JobFlags::zero, true},             {"--reshard-after-forward", &JobFlags::reshard_after_forward, true},
     {"--rank", &JobFlags::rank, true},             {"--tp", &JobFlags::tp, true},
     {"--pp", &JobFlags::pp, true},                 {"--experts", &JobFlags::experts, true},
+    {"--pp-schedule", &JobFlags::pp_schedule, true}, {"--microbatches", &JobFlags::microbatches, true},
+    {"--virtual-stages", &JobFlags::virtual_stages, true}, {"--pp-layers", &JobFlags::pp_layers, true},
     {"--routing", &JobFlags::routing, true},
     {"--device", &JobFlags::device, false},        {"--device-memory", &JobFlags::device_memory, false},
 };
@@ -168,6 +174,10 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (!fsdp.empty()) p.fsdp = parse_count(fsdp, "--fsdp");
   if (!tp.empty()) p.tensor = parse_count(tp, "--tp");
   if (!pp.empty()) p.pipeline = parse_count(pp, "--pp");
+  const std::pair<const char*, const std::string*> pipeline_keys[] = {
+      {"pp-schedule", &pp_schedule}, {"microbatches", &microbatches}, {"virtual-stages", &virtual_stages}, {"pp-layers", &pp_layers}};
+  for (const auto& [key, value] : pipeline_keys)
+    if (!value->empty()) set_parallel_option(j, key, *value, std::string("--") + key);
   if (!zero.empty()) {
     if (zero.size() != 1 || zero[0] < '0' || zero[0] > '3')
       throw Error(ErrorKind::invalid_job, "--zero: '" + zero + "' is not one of 0, 1, 2, 3");

@@ -42,6 +42,10 @@ enum class ExpertsImpl { grouped_mm, batched_mm, eager };
 // T·k/E of the token-expert pairs, as a random router nearly does) or worst (as many pairs as can
 // reach one expert: every token of the micro-batch). docs/moe.md lists which buffers depend on it.
 enum class Routing { balanced, worst };
+// torch.distributed.pipelining's schedule of one step's microbatches on a stage: ScheduleGPipe (every
+// forward, then every backward), Schedule1F1B (a warm-up of stages − stage forwards, then one
+// backward and one forward alternately), ScheduleInterleaved1F1B (virtual stages; refused).
+enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
 
 const char* to_string(Mode v) noexcept;
 const char* to_string(Precision v) noexcept;
@@ -55,6 +59,7 @@ const char* to_string(Profile v) noexcept;
 const char* to_string(DType v) noexcept;
 const char* to_string(ExpertsImpl v) noexcept;
 const char* to_string(Routing v) noexcept;
+const char* to_string(PipelineSchedule v) noexcept;
 
 // parse_<enum>(text, option) → value, or Error(invalid_job) "--precision: 'fp64' is not one of
 // fp32, amp-bf16, bf16, bf16-master".
@@ -70,6 +75,7 @@ Profile parse_profile(std::string_view s, std::string_view option = "--profile")
 DType parse_dtype(std::string_view s, std::string_view option = "--kv-dtype");
 ExpertsImpl parse_experts_impl(std::string_view s, std::string_view option = "--experts");
 Routing parse_routing(std::string_view s, std::string_view option = "--routing");
+PipelineSchedule parse_pipeline_schedule(std::string_view s, std::string_view option = "--pp-schedule");
 
 // Bytes of one element; int4 is counted as half a byte by the callers that use it.
 double dtype_bytes(DType d) noexcept;
@@ -106,7 +112,11 @@ inline std::uint64_t element_size(DType d) noexcept { return static_cast<std::ui
 // validate() refuses them by name.
 struct Parallelism {
   std::uint64_t tensor = 1;     // --tp
-  std::uint64_t pipeline = 1;   // --pp (refused)
+  std::uint64_t pipeline = 1;   // --pp: pipeline stages
+  PipelineSchedule pp_schedule = PipelineSchedule::one_f_one_b;  // --pp-schedule (torchtitan's default)
+  std::uint64_t microbatches = 0;   // --microbatches: per step and stage; 0: as many as stages
+  std::uint64_t virtual_stages = 1; // --virtual-stages: stages per rank (interleaved; refused)
+  std::vector<std::uint64_t> pp_layers;  // --pp-layers: decoder layers per stage; empty: even split
   std::uint64_t data = 1;       // --dp: DDP replicas, or HSDP's replicate dimension with --fsdp
   std::uint64_t fsdp = 1;       // --fsdp: FSDP2 shard ranks
   int zero_stage = 0;           // --zero: 0 none; 1, 2, 3 over --dp as above

@@ -31,6 +31,9 @@ constexpr NameTable<ExpertsImpl, 3> kExpertsImpls{{{ExpertsImpl::grouped_mm, "gr
                                                    {ExpertsImpl::batched_mm, "batched_mm"},
                                                    {ExpertsImpl::eager, "eager"}}};
 constexpr NameTable<Routing, 2> kRoutings{{{Routing::balanced, "balanced"}, {Routing::worst, "worst"}}};
+constexpr NameTable<PipelineSchedule, 3> kPipelineSchedules{{{PipelineSchedule::gpipe, "gpipe"},
+                                                             {PipelineSchedule::one_f_one_b, "1f1b"},
+                                                             {PipelineSchedule::interleaved, "interleaved"}}};
 constexpr NameTable<Recompute, 3> kRecomputes{
     {{Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"}}};
 constexpr NameTable<Attention, 2> kAttentions{{{Attention::flash, "flash"}, {Attention::math, "math"}}};
@@ -86,6 +89,8 @@ const char* to_string(ExpertsImpl v) noexcept { return name_of(kExpertsImpls, v)
 const char* to_string(Routing v) noexcept { return name_of(kRoutings, v); }
 ExpertsImpl parse_experts_impl(std::string_view s, std::string_view o) { return parse_in(kExpertsImpls, s, o); }
 Routing parse_routing(std::string_view s, std::string_view o) { return parse_in(kRoutings, s, o); }
+const char* to_string(PipelineSchedule v) noexcept { return name_of(kPipelineSchedules, v); }
+PipelineSchedule parse_pipeline_schedule(std::string_view s, std::string_view o) { return parse_in(kPipelineSchedules, s, o); }
 
 Mode parse_mode(std::string_view s, std::string_view o) { return parse_in(kModes, s, o); }
 Precision parse_precision(std::string_view s, std::string_view o) { return parse_in(kPrecisions, s, o); }
@@ -172,7 +177,28 @@ void validate_parallel(const Job& j) {
   if (p.tensor != 1 && (p.data != 1 || p.fsdp != 1 || p.zero_stage != 0))
     throw unsupported("--tp " + std::to_string(p.tensor) + " with data parallelism (--dp, --fsdp, --zero): 2-D layouts are "
                       "not modelled yet (each alone is)");
-  if (p.pipeline != 1) throw unsupported("--pp " + std::to_string(p.pipeline) + ": pipeline parallelism is not modelled yet (data parallelism is: --dp, --fsdp, --zero)");
+  if (p.pipeline > 1 && (p.data != 1 || p.fsdp != 1 || p.zero_stage != 0 || p.tensor != 1))
+    throw unsupported("--pp " + std::to_string(p.pipeline) + " with --dp, --fsdp, --zero or --tp: 2-D layouts are not modelled "
+                      "yet (each alone is)");
+  if (p.pipeline == 1 && (p.microbatches != 0 || p.virtual_stages != 1 || !p.pp_layers.empty() ||
+                          p.pp_schedule != PipelineSchedule::one_f_one_b))
+    throw bad(p.microbatches ? "--microbatches" : p.virtual_stages != 1 ? "--virtual-stages" : !p.pp_layers.empty() ? "--pp-layers" : "--pp-schedule",
+              "applies to pipeline parallelism (--pp N, N ≥ 2)");
+  if (p.pipeline > 1) {
+    if (p.virtual_stages == 0) throw bad("--virtual-stages", "must be at least 1");
+    if (p.pp_schedule == PipelineSchedule::interleaved || p.virtual_stages > 1)
+      throw unsupported("--pp-schedule interleaved / --virtual-stages: interleaved schedules are not modelled yet (gpipe and 1f1b are)");
+    if (p.microbatches > (1ull << 20)) throw bad("--microbatches", std::to_string(p.microbatches) + " is absurdly large (limit 2^20)");
+    const std::uint64_t m = p.microbatches ? p.microbatches : p.pipeline;
+    if (p.pp_schedule == PipelineSchedule::one_f_one_b && m < p.pipeline)
+      throw bad("--microbatches", std::to_string(m) + " is fewer than the " + std::to_string(p.pipeline) +
+                                      " stages: 1F1B needs at least one microbatch per stage to fill the pipeline");
+    if (!p.pp_layers.empty() && p.pp_layers.size() != p.pipeline)
+      throw bad("--pp-layers", "gives " + std::to_string(p.pp_layers.size()) + " stages' layer counts for --pp " +
+                                   std::to_string(p.pipeline));
+    for (std::uint64_t n : p.pp_layers)
+      if (n == 0) throw bad("--pp-layers", "a stage with no decoder layers is not modelled (every stage needs one)");
+  }
   if (p.sequence_parallel) throw unsupported("--sp: sequence parallelism is not modelled yet");
   if (p.zero_stage > 0 && p.fsdp > 1)
     throw bad("--zero", "with --fsdp: FSDP2 already shards parameters, gradients and optimizer state (--zero 2 and 3 "
@@ -190,7 +216,7 @@ void validate_parallel(const Job& j) {
     throw bad("--rank", std::to_string(*p.rank) + " is not a rank of a job of " + std::to_string(p.world()) + " ranks (0 to " +
                            std::to_string(p.world() - 1) + ")");
   if (p.single()) return;
-  const std::string layout = p.tensor > 1 ? "--tp" : fsdp ? "--fsdp" : p.zero_stage == 1 ? "--zero 1" : "--dp";
+  const std::string layout = p.tensor > 1 ? "--tp" : p.pipeline > 1 ? "--pp" : fsdp ? "--fsdp" : p.zero_stage == 1 ? "--zero 1" : "--dp";
   if (j.mode == Mode::infer) throw unsupported(layout + ": serving is predicted on one GPU (tensor-parallel serving is not modelled yet)");
   if (j.profile == Profile::harness) throw unsupported(layout + ": the harness step runs on one device; use --profile torch");
   if (j.lora_rank) throw unsupported(layout + " with --lora: a sharded LoRA fine-tune is not modelled yet");
@@ -199,6 +225,15 @@ void validate_parallel(const Job& j) {
                       ": the sharded optimizer is modelled for adamw, sgd and sgd-momentum");
   if ((p.tensor > 1 || p.zero_stage == 1) && j.precision == Precision::bf16_master)
     throw unsupported(layout + " with --precision bf16-master: a master copy beside sharded state is not modelled yet");
+  if (p.pipeline > 1) {
+    if (j.precision == Precision::amp_bf16 || j.precision == Precision::bf16_master)
+      throw unsupported("--pp with --precision " + std::string(to_string(j.precision)) +
+                        ": autocast (or a master copy) across a schedule's microbatches is not modelled; use bf16 or fp32");
+    if (j.loss == Loss::chunked)
+      throw unsupported("--pp with --loss chunked: the last stage computes torchtitan's cross-entropy over whole logits");
+    if (j.recompute == Recompute::selective)
+      throw unsupported("--pp with --recompute selective: not modelled (none and full are)");
+  }
   if (fsdp && j.precision == Precision::bf16_master)
     throw unsupported("--fsdp with --precision bf16-master: FSDP2 keeps one copy of the parameters (amp-bf16 is its "
                       "MixedPrecisionPolicy: fp32 shards, bf16 compute)");
@@ -230,6 +265,22 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
   else if (k == "reshard-after-forward") p.reshard_after_forward = flag();
   else if (k == "ddp-bucket-view") p.ddp_bucket_view = flag();
   else if (k == "sp" || k == "sequence-parallel") p.sequence_parallel = flag();
+  else if (k == "pp-schedule") p.pp_schedule = parse_pipeline_schedule(v, where);
+  else if (k == "microbatches") p.microbatches = count(kRanks);
+  else if (k == "virtual-stages") p.virtual_stages = count(kRanks);
+  else if (k == "pp-layers") {  // "4,4,4,4": decoder layers per stage
+    p.pp_layers.clear();
+    std::size_t from = 0;
+    do {
+      const std::size_t comma = v.find(',', from);
+      const std::string item = v.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+      if (item.empty() || item.size() > 19 || item.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoull(item) > kRanks)
+        throw fail("is not a comma-separated list of layer counts (e.g. 4,4,4,4)");
+      p.pp_layers.push_back(std::stoull(item));
+      from = comma == std::string::npos ? std::string::npos : comma + 1;
+    } while (from != std::string::npos);
+  }
   else if (k == "rank") p.rank = count(kRanks - 1);
   else return false;
   return true;
@@ -315,7 +366,8 @@ void check_options_apply(const Job& job, const std::vector<std::string>& given) 
     auto refuse = [&](const std::string& why) { throw Error(ErrorKind::invalid_job, flag + ": " + why); };
     static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention",
                                              "loss",      "loss-chunk", "activations",    "lora",  "dp", "fsdp", "zero",
-                                             "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "sp",
+                                             "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "sp", "pp-schedule",
+                                             "microbatches", "virtual-stages", "pp-layers",
                                              "router-aux-loss"};
     static const char* const kServeOnly[] = {"kv-dtype", "weights", "group-size"};
     for (const char* t : kTrainOnly)

@@ -15,7 +15,7 @@ namespace membudget::detail {
 
 // Every field that can change a number (the quirks select Gemma's norms and Phi-3's fused
 // projections; the name and the family change nothing once the loader has set the quirks).
-constexpr std::size_t kKeyWords = 60;
+constexpr std::size_t kKeyWords = 64;
 constexpr std::size_t kBatchWord = 0, kSeqWord = 1;  // where key_of puts job.batch and job.seq
 using Key = std::array<std::uint64_t, kKeyWords>;
 
@@ -58,12 +58,17 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   // 0: torch.optim's default for the optimizer (a different answer from an explicit impl only where
   // they differ, but kept apart: the key is the job as given)
   put(j.optimizer_impl ? 1 + static_cast<std::uint64_t>(*j.optimizer_impl) : 0);
+  put(static_cast<std::uint64_t>(j.parallel.pp_schedule) | (j.parallel.virtual_stages << 8));
+  put(j.parallel.microbatches);
+  std::uint64_t split = j.parallel.pp_layers.size();  // the per-stage layer counts, folded (FNV-1a)
+  for (std::uint64_t n : j.parallel.pp_layers) split = (split ^ n) * 0x100000001b3ull;
+  put(split);
   return k;
 }
 
 struct KeyHash {
   std::size_t operator()(const Key& k) const noexcept {
-    // Four independent multiply-xor lanes (a serial chain over 60 words costs more than a plan's
+    // Four independent multiply-xor lanes (a serial chain over 64 words costs more than a plan's
     // evaluation), mixed at the end.
     std::uint64_t h[4] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull, 0x2545f4914f6cdd1dull};
     for (std::size_t i = 0; i < kKeyWords; i += 4)
