@@ -178,8 +178,9 @@ TEST_CASE("a parallel setting not modelled yet is unsupported, by name, at every
     const char* value;
     const char* named;  // what the error names
   };
-  const Case cases[] = {{"pipeline-parallel", "4", "--pp 4"},
-                        {"pp", "2", "--pp 2"},
+  // (a pipeline of the default amp-bf16 recipe: autocast across microbatches is not modelled)
+  const Case cases[] = {{"pipeline-parallel", "4", "--pp"},
+                        {"pp", "2", "--pp"},
                         {"sequence_parallel", "true", "--sp"}};
   auto unsupported = [](auto&& call, const std::string& named) {
     try {

@@ -14,6 +14,7 @@
 #include "membudget/budget.hpp"
 #include "membudget/api.hpp"
 #include "membudget/job_yaml.hpp"
+#include "model/pipeline.hpp"
 
 using namespace membudget;
 
@@ -26,9 +27,17 @@ Job job_of(const nlohmann::json& j) {
   job.seq = j["seq"].get<std::uint64_t>();
   job.precision = parse_precision(j["precision"].get<std::string>());
   job.recompute = parse_recompute(j["recompute"].get<std::string>());
+  Parallelism& p = job.parallel;
+  if (j.contains("stages")) {  // tools/torch_profile_pp.py: one pipeline stage
+    p.pipeline = j["stages"].get<std::uint64_t>();
+    p.rank = j["stage"].get<std::uint64_t>();
+    p.microbatches = j["microbatches"].get<std::uint64_t>();
+    p.pp_schedule = parse_pipeline_schedule(j["schedule"].get<std::string>());
+    if (j.contains("layers") && j["layers"].is_array()) p.pp_layers = j["layers"].get<std::vector<std::uint64_t>>();
+    return job;
+  }
   const std::string st = j["strategy"].get<std::string>();
   const std::uint64_t W = j["world"].get<std::uint64_t>();
-  Parallelism& p = job.parallel;
   if (st == "fsdp") {
     p.fsdp = W;
     p.reshard_after_forward = j.value("reshard", true);
@@ -68,7 +77,7 @@ struct Worst {
 // earlier cases of the measuring process left allocated: cuBLAS workspaces).
 // `reserved_high`: the reserved replay's over-prediction allowed for one-stream layouts.
 void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& c), Worst& w,
-                double reserved_high = 0.16) {
+                double reserved_high = 0.16, double reserved_low = -0.05) {
   std::ifstream in(test::source_path(rel));
   REQUIRE(in.good());
   const auto data = nlohmann::json::parse(in);
@@ -85,7 +94,7 @@ void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& 
     const double reserved = c["steady"]["reserved"].get<double>();
     if (b.reserved_peak) {
       const double rerr = (static_cast<double>(b.reserved_peak) - reserved) / reserved;
-      CHECK(rerr >= -0.05);
+      CHECK(rerr >= reserved_low);
       CHECK(rerr <= reserved_high);
     } else {
       CHECK(!b.reserved_unmodelled.empty());
@@ -147,6 +156,73 @@ TEST_CASE("MoE ranks of FSDP2, HSDP, DDP and ZeRO-1 land within 1% of the fake-p
                                                  << " cases; worst step-0 error " << w.step0 * 100 << "%");
 }
 
+// Pipeline stages (tools/matrices/pp_h200.json, tools/torch_profile_pp.py): GPipe and 1F1B, first,
+// middle and last stages, an uneven split, full recompute, fp32, on Llama 3.2 1B (tied), Qwen2.5
+// 1.5B (tied) and Llama 3.1 8B (GQA). forward_peak and backward_peak are the highest memory during
+// any forward / backward action of the schedule (docs/distributed.md).
+TEST_CASE("pipeline stages under GPipe and 1F1B land within 1% of the fake-process-group measurement") {
+  Worst w;
+  // reserved: within 0.5% but on the last stages, where the replay places the logits' large blocks
+  // otherwise than c10 did: 1F1B −0.2% to −2.8%, GPipe −4.2% and −9.4% (docs/distributed.md)
+  check_file("tests/data/torch_train_pp_fakepg_h200.json", 0.01, none, w, 0.01, -0.10);
+  CHECK(w.cases >= 21);
+  MESSAGE("pipeline stages: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
+                                                       << " cases; worst step-0 error " << w.step0 * 100 << "%");
+}
+
+// The order of a stage's actions (pipeline.cpp's schedule_actions) is what torch 2.11's schedules
+// ran: each measured step records its actions.
+TEST_CASE("a stage's forward and backward actions come in the order ScheduleGPipe and Schedule1F1B run them") {
+  std::ifstream in(test::source_path("tests/data/torch_train_pp_fakepg_h200.json"));
+  REQUIRE(in.good());
+  const auto data = nlohmann::json::parse(in);
+  int checked = 0;
+  for (const auto& c : data["cases"]) {
+    const auto& j = c["job"];
+    const ModelSpec m = model_of(j);
+    const Job job = job_of(j);
+    const std::string name = c["name"];
+    CAPTURE(name);
+    const auto actions = detail::schedule_actions(detail::pipeline_stage(m, job, *job.parallel.rank));
+    for (const auto& step : c["steps"]) {
+      const auto& measured = step["actions"];
+      REQUIRE(measured.size() == actions.size());
+      for (std::size_t i = 0; i < actions.size(); ++i) {
+        CHECK((measured[i][0] == "forward") == actions[i].forward);
+        CHECK(measured[i][1].get<std::uint64_t>() == actions[i].microbatch);
+      }
+      ++checked;
+    }
+  }
+  CHECK(checked >= 80);
+}
+
+TEST_CASE("the layers split evenly over the stages, the first stages taking the remainder, or as --pp-layers says") {
+  ModelSpec m = load_model(test::source_path("configs/hf/qwen2.5-1.5b.json"));  // 28 layers
+  Job j;
+  j.precision = Precision::bf16;
+  j.parallel.pipeline = 3;
+  CHECK(detail::stage_layer_counts(m, j.parallel) == std::vector<std::uint64_t>{10, 9, 9});
+  const auto last = detail::pipeline_stage(m, j, 2);
+  CHECK(last.first_layer == 19);
+  CHECK(last.layers == 9);
+  CHECK(last.microbatches == 3);  // default: as many as stages
+  j.parallel.pp_layers = {4, 20, 4};
+  CHECK(detail::pipeline_stage(m, j, 1).first_layer == 4);
+  j.parallel.pp_layers = {4, 20, 5};
+  CHECK_THROWS_AS(detail::stage_layer_counts(m, j.parallel), Error);
+  // the stage's tensors: the embedding first, the tied model's lm_head last (its own tensor)
+  j.parallel.pp_layers.clear();
+  const auto first = detail::stage_tensors(m, detail::pipeline_stage(m, j, 0));
+  const auto tail = detail::stage_tensors(m, last);
+  CHECK(first.front().module == Module::embedding);
+  CHECK(tail.back().elements() == m.vocab_size * m.hidden_size);
+  std::uint64_t total = 0;
+  for (std::uint64_t s = 0; s < 3; ++s)
+    for (const ParamTensor& t : detail::stage_tensors(m, detail::pipeline_stage(m, j, s))) total += t.elements();
+  CHECK(total == m.parameters().total + m.vocab_size * m.hidden_size);  // every parameter once, plus the untied head
+}
+
 namespace {
 const ModelSpec& llama1b() {
   static const ModelSpec m = load_model(test::source_path("configs/hf/llama-3.2-1b.json"));
@@ -206,7 +282,8 @@ TEST_CASE("layouts that do not make sense, or are not modelled, are refused by n
   refused(j, ErrorKind::unsupported, "--sp");
   j = small_job();
   j.parallel.pipeline = 2;
-  refused(j, ErrorKind::unsupported, "--pp");
+  j.parallel.tensor = 2;
+  refused(j, ErrorKind::unsupported, "--pp 2 with");
   j = small_job();
   j.parallel.fsdp = 2;
   j.mode = Mode::infer;
@@ -438,7 +515,16 @@ TEST_CASE("the layout flags on the command line: predicted per rank, bad values 
   for (const Bad& b : {Bad{"--fsdp 0", "--fsdp"}, Bad{"--fsdp x", "--fsdp"}, Bad{"--zero 4", "--zero"},
                        Bad{"--zero 1", "--zero"}, Bad{"--reshard-after-forward maybe", "--reshard-after-forward"},
                        Bad{"--fsdp 8 --rank 9", "--rank"}, Bad{"--rank -1", "--rank"}, Bad{"--ddp-bucket-view", "--ddp-bucket-view"},
-                       Bad{"--tp 3", "--tp 3"}, Bad{"--pp 2", "--pp 2"}, Bad{"--sp", "--sp"},
+                       Bad{"--tp 3", "--tp 3"}, Bad{"--pp 2 --tp 2", "--pp 2"}, Bad{"--sp", "--sp"},
+                       Bad{"--precision bf16 --pp 17", "--pp 17"}, Bad{"--precision bf16 --pp 2 --pp-layers 8,7", "--pp-layers"},
+                       Bad{"--precision bf16 --pp 2 --pp-layers 8,8,0", "--pp-layers"},
+                       Bad{"--precision bf16 --pp 2 --pp-layers 8,x", "--pp-layers"},
+                       Bad{"--precision bf16 --pp 4 --microbatches 2", "--microbatches"},
+                       Bad{"--precision bf16 --microbatches 4", "--microbatches"},
+                       Bad{"--precision bf16 --pp 2 --pp-schedule interleaved", "interleaved"},
+                       Bad{"--precision bf16 --pp 2 --pp-schedule zigzag", "--pp-schedule"},
+                       Bad{"--precision bf16 --pp 2 --virtual-stages 2", "--virtual-stages"},
+                       Bad{"--pp 2", "--precision amp-bf16"}, Bad{"--mode infer --pp 2", "--pp"},
                        Bad{"--dp 99999999999999999999", "--dp"}, Bad{"--mode infer --fsdp 2", "--fsdp"}}) {
     CAPTURE(b.flags);
     auto e = test::run_cli("predict " + cfg + " " + b.flags);

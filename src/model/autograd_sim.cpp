@@ -221,18 +221,26 @@ void AutogradSim::grad_contribution(TensorId input, const char* op, bool view) {
   }
 }
 
-void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
+void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recompute, void* ctx) {
   if (!recording()) throw Error(ErrorKind::unsupported, "internal: backward of a simulation run with GradMode::off");
-  // d(loss)/d(loss): a one-element tensor.
-  TensorInfo seed;
-  seed.name = "loss gradient";
-  seed.bytes = 4;
-  seed.holders = 1;
-  seed.term = Term::logits_loss;
-  seed.role = Role::logits_loss;
-  TensorId g = add(seed);
-  allocate(g);
-  grads_[root] = g;
+  const std::size_t first = graph.first_node, end = std::min(graph.end_node, nodes_.size());
+  if (graph.seed != kNone) {
+    hold(graph.seed);  // the caller's tensor: this backward drops only its own reference
+    grads_[root] = graph.seed;
+  } else {
+    // d(loss)/d(loss): a one-element tensor.
+    TensorInfo seed;
+    seed.name = "loss gradient";
+    seed.bytes = 4;
+    seed.holders = 1;
+    seed.term = Term::logits_loss;
+    seed.role = Role::logits_loss;
+    TensorId g = add(seed);
+    allocate(g);
+    grads_[root] = g;
+  }
+  for (std::size_t t = 0; t < tensors_.size(); ++t)
+    if (tensors_[t].param && grads_[t] != kNone) grad_view_[t] = 0;  // accumulated in place (see above)
 
   std::vector<TensorId> grad_holders{root};  // tensors that have been given a gradient
   // grad_ready: each parameter's gradient is complete after the earliest node that has it as input
@@ -240,7 +248,7 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
   if (hooks_.grad_ready) {
     ready_after.resize(nodes_.size());
     std::vector<char> seen(tensors_.size(), 0);
-    for (std::size_t k = 0; k < nodes_.size(); ++k)
+    for (std::size_t k = first; k < end; ++k)
       for (TensorId i : nodes_[k].inputs)
         if (i != kNone && tensors_[i].param && tensors_[i].requires_grad && !seen[i]) {
           seen[i] = 1;
@@ -248,7 +256,7 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
         }
   }
   int section_run = -1;  // the section of the last node run (hooks_.section)
-  for (std::size_t k = nodes_.size(); k-- > 0;) {
+  for (std::size_t k = end; k-- > first;) {
     if (hooks_.section && nodes_[k].section != section_run) {
       section_ = nodes_[k].section;
       hooks_.section(*this, hooks_.ctx, section_run, nodes_[k].section);
@@ -312,7 +320,7 @@ void AutogradSim::backward(TensorId root, RecomputeFn recompute, void* ctx) {
   if (hooks_.section) hooks_.section(*this, hooks_.ctx, section_run, -1);
   // The seed gradient and any gradient left on non-parameter leaves die with the graph.
   for (TensorId t : grad_holders) {
-    if (grads_[t] != kNone && !tensors_[t].param) {
+    if (grads_[t] != kNone && !tensors_[t].param && t != graph.keep) {
       drop(grads_[t]);
       grads_[t] = kNone;
     }
@@ -325,7 +333,10 @@ void AutogradSim::begin_phase(Phase phase) {
   p.bytes = 0;
   phases_.push_back(std::move(p));
   peak_event_.push_back(log_.size());
-  if (trace_) trace_->events.push_back({SimTrace::kPhase, section_});
+  if (trace_) {
+    trace_->events.push_back({SimTrace::kPhase, section_});
+    trace_->phases.push_back(phase);
+  }
   note_peak();
 }
 

@@ -64,6 +64,7 @@ struct SimTrace {
     bool operator==(const Event&) const = default;
   };
   std::vector<Event> events;
+  std::vector<Phase> phases;        // which phase each kPhase event begins (a pipeline schedule repeats them)
   std::vector<TensorInfo> tensors;  // by tensor id
 };
 
@@ -137,7 +138,20 @@ class AutogradSim {
   // Runs backward from `root` (the loss). recompute(sim, ctx, region) must re-create the region's
   // saved tensors by calling node() again for exactly the region's nodes, in order, while
   // replaying() is true; those calls attach saved tensors to the existing nodes.
-  void backward(TensorId root, RecomputeFn recompute = nullptr, void* ctx = nullptr);
+  void backward(TensorId root, RecomputeFn recompute = nullptr, void* ctx = nullptr) {
+    backward(root, Graph{}, recompute, ctx);
+  }
+  // One of several graphs recorded one after another (a pipeline stage's microbatches): the nodes
+  // [first_node, end_node) only, seeded with `seed` (the gradient the next stage sent, a tensor the
+  // caller owns) instead of d(loss)/d(loss) when given. The gradient of `keep` (the stage's input,
+  // sent to the previous stage) stays for the caller to drop (drop_grad). Parameters that already
+  // hold a gradient from an earlier graph accumulate into it in place (AccumulateGrad's
+  // `variable.grad += new_grad`): only the new contribution is allocated, for the add.
+  struct Graph {
+    std::size_t first_node = 0, end_node = static_cast<std::size_t>(-1);
+    TensorId seed = kNone, keep = kNone;
+  };
+  void backward(TensorId root, const Graph& graph, RecomputeFn recompute = nullptr, void* ctx = nullptr);
   // What data-parallel wrappers do during backward (src/model/data_parallel.cpp), called by
   // backward(): `section(from, to)` when the next node to run belongs to another section than the
   // last one (from −1 at the start, to −1 at the end; before that section's recompute), i.e.

@@ -12,11 +12,14 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "autograd_sim.hpp"
 #include "data_parallel.hpp"
 #include "inventory.hpp"
 #include "parallel.hpp"
+#include "pipeline.hpp"
 #include "predictors.hpp"
 #include "torch_ops.hpp"
 
@@ -75,7 +78,16 @@ struct Step {
   TensorId cos = kNone, sin = kNone;
   // autocast's cache of bf16 weight copies: parameter → copy (valid while autocast is active)
   std::vector<std::pair<TensorId, TensorId>> cast_cache{};
-  std::vector<TensorId> layer_inputs{};  // checkpoint keeps each layer's input
+  // The decoder layers this step runs are the model's [first_layer, first_layer + d.L): all of
+  // them, or a pipeline stage's (pipeline.hpp). layers[i] is layer first_layer + i.
+  std::size_t first_layer = 0;
+  // transformers' DynamicCache while training (use_cache); a pipeline stage runs without one
+  bool dynamic_cache = true;
+  std::vector<TensorId> layer_inputs{};  // checkpoint keeps each layer's input (by recompute region)
+  // Each recorded graph's rotary cos/sin (a pipeline stage records one graph per microbatch; the
+  // recompute of region r runs in graph r / d.L)
+  std::vector<std::pair<TensorId, TensorId>> graph_rotary{};
+  const PipelineStage* stage = nullptr;  // a pipeline stage's step (pipeline.hpp), else the whole model
   std::vector<TensorId> kv_cache{};     // DynamicCache entries (use_cache=True while training)
   std::vector<TensorId> router_logits{};  // output_router_logits: every MoE layer's logits, for the aux loss
   // transformers materialises a sliding-window mask for SDPA (see forward()); `mask` is its bool
@@ -182,6 +194,10 @@ struct Step {
     kv_cache.push_back(kc);
     kv_cache.push_back(vc);
   }
+
+  // LlamaModel creates a DynamicCache when config.use_cache is true, also in training; transformers
+  // turns it off under gradient checkpointing.
+  bool kv_cached() const { return dynamic_cache && job.recompute == Recompute::none; }
 
   void drop_kv_cache() {
     for (TensorId t : kv_cache) sim.drop(t);
@@ -301,7 +317,7 @@ struct Step {
     // causal_mask_mapping[layer.attention_type]. The full layers' create_causal_mask is skipped for
     // SDPA (no padding, no local window: _ignore_causal_mask_sdpa), so only the sliding layers see
     // the mask, repeat their keys and values and save the additive mask.
-    layer_masked = masked && m.sliding_layer(i);
+    layer_masked = masked && m.sliding_layer(first_layer + i);
     // residual = hidden_states; hidden_states = input_layernorm(hidden_states)
     TensorId n1 = rmsnorm(x, p.norm1, "input_layernorm output");
     TensorId o = m.mla.enabled() ? mla_attention(p, n1) : attention_block(p, n1);
@@ -311,7 +327,7 @@ struct Step {
     TensorId n2 = rmsnorm(h1, p.norm2, "post_attention_layernorm output");
     // MLP (TorchOps::mlp, or TorchOps::moe on a mixture-of-experts layer) through this step's
     // linear: autocast casts and LoRA adapters
-    TensorId dn = m.moe_layer(i) ? moe(p, n2) : ops().mlp(n2, r.compute, r.compute_name,
+    TensorId dn = m.moe_layer(first_layer + i) ? moe(p, n2) : ops().mlp(n2, r.compute, r.compute_name,
                             [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
                               switch (mod) {
                                 case Module::gate_up: return linear(in_x, in, out, p.gate, kNone, name, shape);
@@ -405,7 +421,7 @@ struct Step {
     // values onto empty tensors created in the *keys'* dtype and hands the concatenations to
     // attention: under autocast the keys are fp32 after rotary, so both copies are fp32 (the values
     // are promoted). The cache holds them until the model's output dies.
-    if (job.recompute == Recompute::none)
+    if (kv_cached())
       cache_update(ke, v, fused ? qkv : v, d.kvd, d.kvd, "DynamicCache keys (torch.cat copy)",
                    "DynamicCache values (torch.cat copy, keys' dtype)", "b·kv·s·hd", "b·kv·s·hd");
     TensorId att = attention(qe, ke, v);
@@ -517,7 +533,7 @@ struct Step {
     sim.drop(q_pe);
     sim.drop(k_pe);
     }
-    if (job.recompute == Recompute::none)  // the cache's "keys" are the latent, its "values" the rotary key
+    if (kv_cached())  // the cache's "keys" are the latent, its "values" the rotary key
       cache_update(k_nope, k_rot, k_rot, kvr, rope, "DynamicCache latent (torch.cat copy)",
                    "DynamicCache rotary key (torch.cat copy, keys' dtype)", "b·1·s·r", "b·1·s·rope");
     TensorId qs = sim.make("query_states: cat(q_nope, q_pe) (saved by sdpa)", mul(d.T, a, qk, qb), Term::activations, "cat", "",
@@ -748,26 +764,34 @@ struct Step {
 namespace {
 
 // Forward of layers, final norm, lm_head and loss. Returns the loss tensor.
-TensorId forward(Step& st, bool checkpoint) {
+// inputs_embeds = embed_tokens(input_ids): the embedding saves only the indices. Gemma scales the
+// embeddings by sqrt(h): a new tensor, and *inputs_embeds (which the model's forward keeps
+// referenced until the layers are done) is the unscaled one.
+TensorId embed_tokens(Step& st, TensorId* inputs_embeds) {
   auto& sim = st.sim;
   const auto& d = st.d;
   const auto& r = st.r;
-  st.dp->pre_forward(0);  // the root (embedding, final norm, lm_head) is all-gathered first
-  // inputs_embeds = embed_tokens(input_ids): the embedding saves only the indices.
   TensorId x = sim.make("embedding output", mul(d.T, d.h, r.param), Term::activations, "embedding",
                         r.param_name, "b·s·h", true);
   sim.node("EmbeddingBackward0", {st.emb}, {x}, {st.input_ids});
-  // Gemma scales the embeddings by sqrt(h): a new tensor; inputs_embeds stays referenced by the
-  // model's forward until the layers are done.
-  TensorId inputs_embeds = kNone;
+  *inputs_embeds = kNone;
   if (st.m.quirks.embedding_scale) {
-    inputs_embeds = x;
+    *inputs_embeds = x;
     x = sim.make("embedding × sqrt(h)", mul(d.T, d.h, r.param), Term::activations, "mul", r.param_name, "b·s·h", true);
-    sim.node("MulBackward0", {inputs_embeds}, {x}, {});
+    sim.node("MulBackward0", {*inputs_embeds}, {x}, {});
   }
-  // LlamaRotaryEmbedding: cos and sin in the hidden states' dtype, shared by every layer.
-  // DeepSeek-V2's rotary embedding returns freqs_cis instead: complex64, s × rope/2. DeepSeek-V3's
-  // returns cos and sin over the rotary dims only.
+  return x;
+}
+
+// LlamaRotaryEmbedding: cos and sin in the hidden states' dtype, shared by every layer.
+// DeepSeek-V2's rotary embedding returns freqs_cis instead: complex64, s × rope/2. DeepSeek-V3's
+// returns cos and sin over the rotary dims only. Sets st.cos and st.sin (and records them as this
+// graph's).
+void rotary_embeddings(Step& st) {
+  auto& sim = st.sim;
+  const auto& d = st.d;
+  const auto& r = st.r;
+  st.sin = kNone;
   if (st.m.mla.enabled() && !st.m.quirks.complex_rotary) {
     const bytes_t rope = st.m.mla.qk_rope_head_dim;
     st.cos = sim.make("rotary cos/sin", mul(d.s, rope, r.resid), Term::activations, "rotary", r.resid_name, "s·rope", false);
@@ -779,6 +803,43 @@ TensorId forward(Step& st, bool checkpoint) {
     st.cos = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
     st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
   }
+  st.graph_rotary.push_back({st.cos, st.sin});
+}
+
+// The decoder layers on x (which they consume): each layer's output replaces its input. Under
+// torch.utils.checkpoint(use_reentrant=False) the saved tensors are dropped and the layer input
+// (held by the checkpoint frame) is kept; backward re-runs the layer first (recompute_layer).
+TensorId decoder_layers(Step& st, TensorId x, bool checkpoint) {
+  auto& sim = st.sim;
+  for (std::size_t i = 0; i < st.d.L; ++i) {
+    TensorId out = kNone;
+    sim.set_section(static_cast<int>(i) + 1);  // plans: layer i's section
+    st.dp->pre_forward(i + 1);
+    if (checkpoint) {
+      const std::size_t first = sim.node_count();
+      sim.set_discard_saves(true);
+      st.layer(i, x, &out);
+      sim.set_discard_saves(false);
+      sim.add_recompute_region(first, sim.node_count(), static_cast<int>(st.layer_inputs.size()));
+      st.layer_inputs.push_back(x);  // keep holding x
+    } else {
+      st.layer(i, x, &out);
+      sim.drop(x);
+    }
+    st.dp->post_forward(i + 1);
+    x = out;
+  }
+  return x;
+}
+
+TensorId forward(Step& st, bool checkpoint) {
+  auto& sim = st.sim;
+  const auto& d = st.d;
+  const auto& r = st.r;
+  st.dp->pre_forward(0);  // the root (embedding, final norm, lm_head) is all-gathered first
+  TensorId inputs_embeds = kNone;
+  TensorId x = embed_tokens(st, &inputs_embeds);
+  rotary_embeddings(st);
   // Sliding-window attention (Mistral, Phi-3: the window on every layer; Gemma 2: on every other
   // layer) through SDPA: create_sliding_window_causal_mask skips the mask and lets SDPA use
   // is_causal only while kv_length < sliding_window (masking_utils._ignore_causal_mask_sdpa); from
@@ -789,26 +850,7 @@ TensorId forward(Step& st, bool checkpoint) {
   if (st.masked)
     st.mask = sim.make("sliding-window attention mask (bool)", mul(d.b, d.s, d.s), Term::activations,
                        "create_sliding_window_causal_mask", "bool", "b·1·s·s", false);
-  for (std::size_t i = 0; i < d.L; ++i) {
-    TensorId out = kNone;
-    sim.set_section(static_cast<int>(i) + 1);  // plans: layer i's section
-    st.dp->pre_forward(i + 1);
-    if (checkpoint) {
-      // torch.utils.checkpoint(use_reentrant=False): saved tensors are dropped; the layer input
-      // (held by the checkpoint frame) is kept; backward re-runs the layer first.
-      const std::size_t first = sim.node_count();
-      sim.set_discard_saves(true);
-      st.layer(i, x, &out);
-      sim.set_discard_saves(false);
-      sim.add_recompute_region(first, sim.node_count(), static_cast<int>(i));
-      st.layer_inputs.push_back(x);  // keep holding x
-    } else {
-      st.layer(i, x, &out);
-      sim.drop(x);
-    }
-    st.dp->post_forward(i + 1);
-    x = out;
-  }
+  x = decoder_layers(st, x, checkpoint);
   sim.set_section(static_cast<int>(d.L) + 1);  // after the layers
   sim.drop(inputs_embeds);
   // LlamaModel returns the final norm output as last_hidden_state: the CausalLM forward holds it
@@ -889,17 +931,73 @@ TensorId forward(Step& st, bool checkpoint) {
   return loss;
 }
 
+// The last stage's output of a microbatch; the steady step's prologue makes the previous step's
+// under the same name (the reserved replay carries step 0's blocks over by name and size).
+constexpr const char* kOutputChunk = "pipeline: the stage's output chunks (logits, kept until the next step())";
+
+// A pipeline stage's forward of one microbatch (tools/torch_profile_pp.py's StageModule, what
+// torchtitan's splitter leaves of the model): the embedding on the first stage, else `input` (the
+// stage's receive buffer for this microbatch, which the stage keeps); the rotary module's cos and
+// sin; the stage's decoder layers, with no attention mask and no KV cache; on the last stage the
+// final norm and lm_head. Returns the stage's output: the logits on the last stage, else the hidden
+// states sent on.
+TensorId stage_forward(Step& st, const PipelineStage& stage, TensorId input, bool checkpoint) {
+  auto& sim = st.sim;
+  TensorId x = input;
+  if (stage.first()) {
+    TensorId unscaled = kNone;  // (Gemma's scale is refused under --pp: check_pipeline)
+    x = embed_tokens(st, &unscaled);
+  } else {
+    sim.hold(x);  // the layers consume their input; the buffer stays the stage's
+  }
+  rotary_embeddings(st);
+  x = decoder_layers(st, x, checkpoint);
+  if (!checkpoint) {  // the stage's forward returns; checkpointed layers keep cos/sin until their recompute
+    sim.drop(st.cos);
+    sim.drop(st.sin);
+  }
+  if (!stage.last()) return x;
+  TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
+  sim.drop(x);
+  TensorId logits = st.linear(hn, st.d.h, st.d.V, st.lm_head, kNone, kOutputChunk, "b·s·V");
+  sim.drop(hn);
+  return logits;
+}
+
+// torchtitan's pipeline loss on the last stage's output, as the schedule calls it per microbatch:
+// cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1)) — the fp32 upcast (freed once
+// log_softmax has its saved output), log_softmax, nll_loss. The labels are the stage's own.
+TensorId pipeline_loss(Step& st, TensorId logits) {
+  auto& sim = st.sim;
+  const bytes_t TV = mul(st.d.T, st.d.V);
+  TensorId l32 = logits;
+  if (st.r.compute != 4) {
+    l32 = sim.make("logits fp32 upcast (in the loss)", mul(TV, 4), Term::logits_loss, "pred.float()", "fp32", "b·s·V", true);
+    sim.node("ToCopyBackward", {logits}, {l32}, {});
+  } else {
+    sim.hold(l32);
+  }
+  TensorId lsm = sim.make("log-softmax output (saved by the loss)", mul(TV, 4), Term::logits_loss, "log_softmax", "fp32", "b·s·V", true);
+  sim.node("LogSoftmaxBackward0", {l32}, {lsm}, {lsm});
+  sim.drop(l32);
+  TensorId loss = sim.make("loss", 4, Term::logits_loss, "nll_loss", "fp32", "1", true);
+  sim.node("NllLossBackward0", {lsm}, {loss}, {st.labels});
+  sim.drop(lsm);
+  return loss;
+}
+
 void recompute_layer(AutogradSim& sim, void* ctx, int region) {
   Step& st = *static_cast<Step*>(ctx);
   TensorId out = kNone;
+  const std::size_t graph = static_cast<std::size_t>(region) / st.d.L;
+  std::tie(st.cos, st.sin) = st.graph_rotary.at(graph);
   // checkpoint restores the autocast state: weights are cast again into a fresh cache
-  st.layer(static_cast<std::size_t>(region), st.layer_inputs[region], &out);
+  st.layer(static_cast<std::size_t>(region) % st.d.L, st.layer_inputs[region], &out);
   st.clear_cast_cache();
   sim.drop(out);
   sim.drop(st.layer_inputs[region]);  // the checkpoint frame releases its input
 }
 
-// Optimizer state bytes and the step's transient bytes, for `params` parameters of `pb` bytes.
 struct OptimizerCost {
   bytes_t state = 0;      // persistent
   bytes_t master = 0;     // fp32 master copy
@@ -1100,10 +1198,13 @@ void build_parameters(Step& st) {
     return id;
   };
   const auto outer = m.outer_tensors();
-  st.emb = P(outer.front(), 0);
+  // A pipeline stage holds the embedding on the first stage only, and the final norm and lm_head
+  // on the last only; the last stage of a tied model keeps lm_head as a tensor of its own.
+  const PipelineStage* stage = st.stage;
+  if (!stage || stage->first()) st.emb = P(outer.front(), 0);
   st.layers.resize(st.d.L);
   for (std::size_t il = 0; il < st.layers.size(); ++il)
-    for (const ParamTensor& t : m.layer_tensors(il)) {
+    for (const ParamTensor& t : m.layer_tensors(st.first_layer + il)) {
       TensorId* slot = slot_of(st.layers[il], t);
       if (!slot) throw Error(ErrorKind::unsupported, std::string("internal: no inventory slot for ") + to_string(t.module));
       *slot = P(t, il + 1);
@@ -1111,17 +1212,19 @@ void build_parameters(Step& st) {
     }
   if (rank)  // peft adds the adapters after the model is built, on every decoder projection
     for (std::size_t il = 0; il < st.layers.size(); ++il)
-      for (const ParamTensor& t : m.layer_tensors(il))
+      for (const ParamTensor& t : m.layer_tensors(st.first_layer + il))
         if (Adapter* a = t.projection() ? adapter_of(st.layers[il], t.module) : nullptr) {
           a->a = sim.param("LoRA adapters (fp32)", mul(rank, t.in, 4), Term::model_states, "fp32", true, Role::adapter);
           a->b = sim.param("LoRA adapters (fp32)", mul(t.out, rank, 4), Term::model_states, "fp32", true, Role::adapter);
           if (il == 0) st.layer0_params.insert(st.layer0_params.end(), {a->a, a->b});
         }
+  if (stage && !stage->last()) return;
   st.lm_head = st.emb;
   for (const ParamTensor& t : outer) {
     if (t.module == Module::final_norm) st.final_norm = P(t, 0);
     if (t.module == Module::lm_head) st.lm_head = P(t, 0);
   }
+  if (stage && m.tied_embeddings) st.lm_head = P(outer.front(), 0);  // (shape of the embedding: V × h)
 }
 
 // Parameters of rank-r adapters (A: r × in, B: out × r) on every decoder projection.
@@ -1141,7 +1244,7 @@ struct SegmentTails {
   bytes_t params = 0, state = 0;
 };
 
-SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLayout& layout) {
+SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLayout& layout, std::uint64_t state_layers) {
   const Job& job = st.job;
   const bytes_t rank = job.lora_rank;
   const Recipe recipe = recipe_of(job.precision);
@@ -1190,7 +1293,7 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLa
     }
   }
   // state for the full model's layer count; the parameters are those simulated
-  out.state = out.state - layer0_state * st.d.L + layer0_state * sizing.num_layers;
+  out.state = out.state - layer0_state * st.d.L + layer0_state * state_layers;
   if (layout.strategy == DataStrategy::zero1) {  // the state of the tensors this rank owns (full model)
     out.state = 0;
     const std::vector<Partition> parts = zero1_partition(sizing, layout.shard);
@@ -1207,7 +1310,15 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLa
 struct Trainable {
   std::uint64_t elements = 0, largest = 0, per_step_call = 0;
 };
-Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l) {
+Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l, const PipelineStage* stage) {
+  if (stage) {  // the stage's own parameters
+    std::uint64_t n = 0, largest = 0;
+    for (const ParamTensor& t : stage_tensors(sizing, *stage)) {
+      n = checked_add(n, t.elements(), "pipeline stage parameters");
+      largest = std::max(largest, t.elements());
+    }
+    return {n, largest, n};
+  }
   if (job.lora_rank) {
     const std::uint64_t n = lora_parameters(sizing, job.lora_rank);
     return {n, largest_trainable(sizing, job.lora_rank), n};
@@ -1264,8 +1375,9 @@ class TrainPass {
  public:
   // Writes into `res`: step 0's phases, or the steady step's phases, model states and inventory.
   TrainPass(const ModelSpec& m, const Job& job, const ModelSpec& sizing, bool steady, bool explain, SimTrace* trace,
-            TorchStepResult& res)
+            TorchStepResult& res, std::optional<PipelineStage> stage = std::nullopt)
       : res_(res),
+        stage_(stage),
         sim_(explain),
         layout_(layout_of(sizing, job)),
         // the sharded gradients are in reduce_dtype: fp32 under amp-bf16's policy, else the
@@ -1283,6 +1395,12 @@ class TrainPass {
     d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.vocab_size;
     d.qd = m.q_dim(); d.kvd = m.kv_dim(); d.a = m.num_heads; d.kva = m.num_kv_heads;
     d.hd = m.head_dim; d.L = m.num_layers;
+    if (stage_) {  // a pipeline stage: its layers, no DynamicCache (stage_forward)
+      st_.stage = &*stage_;
+      st_.first_layer = stage_->first_layer;
+      st_.dynamic_cache = false;
+      d.L = stage_->layers;
+    }
   }
 
   // The parameters (and adapters), the batch, and the whole segments the parameters hold.
@@ -1298,13 +1416,14 @@ class TrainPass {
       dp_.allocate_buckets(sizing_, steady_);
       buckets_ = sim_.live() - before;
     }
-    const bytes_t T = st_.d.T;
+    // a pipeline step's batch is every microbatch's sequences (the schedule splits it)
+    const bytes_t T = stage_ ? mul(st_.d.T, stage_->microbatches) : st_.d.T;
     st_.input_ids = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     st_.labels = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
-    const Trainable tr = trainable_elements(st_.job, sizing_, layout_);
+    const Trainable tr = trainable_elements(st_.job, sizing_, layout_, st_.stage);
     oc_ = optimizer_cost(st_.job, sizing_, tr.elements, tr.largest, tr.per_step_call);
-    tails_ = segment_tails(st_, sizing_, layout_);
+    tails_ = segment_tails(st_, sizing_, layout_, stage_ ? stage_->layers : sizing_.num_layers);
     sim_.alloc_raw("allocator: whole segments held by parameters", tails_.params, Term::other, Role::workspace,
                    "caching allocator");
   }
@@ -1315,6 +1434,86 @@ class TrainPass {
     allocate_optimizer_state();
     cublas_workspace();
     cublas_workspace();
+    if (!stage_) return;
+    allocate_pipeline_buffers();
+    // the last stage's output_chunks from the previous step, until this step's clear_runtime_states
+    if (stage_->last())
+      for (std::uint64_t i = 0; i < stage_->microbatches; ++i)
+        previous_chunks_.push_back(sim_.alloc_raw(kOutputChunk, mul(st_.d.T, st_.d.V, st_.r.compute), Term::logits_loss,
+                                                  Role::logits_loss, "PipelineStage.output_chunks", st_.r.compute_name, "b·s·V"));
+  }
+
+  // A pipeline step (pipeline.hpp): the schedule's forward and backward actions, one recorded graph
+  // per microbatch; tools/torch_profile_pp.py measures it. A stage keeps, per microbatch, its
+  // forward's saved tensors and output until that microbatch's backward; the last stage also keeps
+  // every output (the logits: PipelineStage.output_chunks) until the next step starts, and step()
+  // returns their torch.cat. forward_peak and backward_peak are the highest memory during any
+  // forward action (with the loss, on the last stage) and any backward action.
+  void pipeline_schedule() {
+    const PipelineStage& ps = *stage_;
+    sim_.begin_phase(Phase::floor);
+    floor_ = sim_.live();
+    sim_.begin_phase(Phase::forward_peak);
+    Phase current = Phase::forward_peak;
+    if (!steady_) {
+      cublas_workspace();          // the forward thread's handle
+      allocate_pipeline_buffers();  // _prepare_forward_infra / _prepare_backward_infra, in the first step()
+    }
+    for (TensorId t : previous_chunks_) sim_.drop(t);  // clear_runtime_states
+    previous_chunks_.clear();
+    struct Graph {
+      std::size_t first = 0, end = 0;
+      TensorId root = kNone;  // the loss (last stage) or the output sent on
+    };
+    std::vector<Graph> graphs(static_cast<std::size_t>(ps.microbatches));
+    std::vector<TensorId> chunks, losses;
+    TensorId pending_input_grad = kNone;  // a non-first stage's input gradient still referenced by the schedule
+    bool autograd_workspace = steady_;
+    bytes_t most_in_flight = 0;
+    for (const PipelineAction& a : schedule_actions(ps)) {
+      const Phase phase = a.forward ? Phase::forward_peak : Phase::backward_peak;
+      if (phase != current) sim_.begin_phase(current = phase);
+      Graph& g = graphs[static_cast<std::size_t>(a.microbatch)];
+      const TensorId recv = ps.first() ? kNone : recv_[static_cast<std::size_t>(a.microbatch)];
+      if (a.forward) {
+        g.first = sim_.node_count();
+        const TensorId out = stage_forward(st_, ps, recv, checkpointed());
+        if (ps.last()) {
+          chunks.push_back(out);  // output_chunks holds the logits (their one reference)
+          g.root = pipeline_loss(st_, out);
+        } else {
+          g.root = out;  // fwd_cache holds it until the backward
+        }
+        g.end = sim_.node_count();
+        if (steady_ && sim_.live() > most_in_flight) {  // the activations with the most microbatches in flight
+          most_in_flight = sim_.live();
+          note_after_forward();
+        }
+        continue;
+      }
+      if (!autograd_workspace) cublas_workspace();  // the autograd thread's handle, at step 0's first backward
+      autograd_workspace = true;
+      // ScheduleGPipe releases the previous microbatch's gradient send before the next backward;
+      // Schedule1F1B keeps it until that backward has run.
+      const bool release_first = ps.schedule == PipelineSchedule::gpipe;
+      if (release_first && pending_input_grad != kNone) sim_.drop_grad(std::exchange(pending_input_grad, kNone));
+      const TensorId seed = ps.last() ? kNone : grad_recv_[static_cast<std::size_t>(a.microbatch)];
+      sim_.backward(g.root, {g.first, g.end, seed, recv}, checkpointed() ? recompute_layer : nullptr, &st_);
+      if (ps.last()) losses.push_back(g.root);  // the schedule's list of losses
+      else sim_.drop(g.root);
+      if (checkpointed()) {  // the checkpoint frames held this microbatch's cos and sin
+        sim_.drop(st_.graph_rotary[static_cast<std::size_t>(a.microbatch)].first);
+        sim_.drop(st_.graph_rotary[static_cast<std::size_t>(a.microbatch)].second);
+      }
+      if (pending_input_grad != kNone) sim_.drop_grad(pending_input_grad);
+      pending_input_grad = recv;
+    }
+    if (pending_input_grad != kNone) sim_.drop_grad(pending_input_grad);
+    if (ps.last())  // step() returns merge_chunks(output_chunks): the caller drops it
+      sim_.transient("pipeline: step()'s merged output (torch.cat of the chunks, dropped by the caller)",
+                     mul(st_.d.T, st_.d.V, st_.r.compute, ps.microbatches), Term::logits_loss, Role::logits_loss);
+    for (TensorId l : losses) sim_.drop(l);
+    collect_gradients();
   }
 
   void forward() {
@@ -1323,14 +1522,7 @@ class TrainPass {
     sim_.begin_phase(Phase::forward_peak);
     if (!steady_) cublas_workspace();  // the forward thread's handle: at its first matmul of step 0
     loss_ = membudget::detail::forward(st_, checkpointed());
-    if (steady_) {
-      const auto by_term = sim_.live_by_term();
-      res_.after_forward_activations = by_term[static_cast<int>(Term::activations)];
-      res_.after_forward_logits = by_term[static_cast<int>(Term::logits_loss)];
-      res_.after_forward_autocast = by_term[static_cast<int>(Term::model_states)] - weights_ - oc_.state - oc_.master;
-      res_.saved = sim_.live_groups(Term::activations);
-      res_.saved_logits = sim_.live_groups(Term::logits_loss);
-    }
+    if (steady_) note_after_forward();
   }
 
   void backward() {
@@ -1344,6 +1536,11 @@ class TrainPass {
       sim_.drop(st_.sin);
       sim_.drop(st_.mask);
     }
+    collect_gradients();
+  }
+
+  // The parameters' gradients the optimizer steps (and zero_grad frees).
+  void collect_gradients() {
     for (TensorId p = 0; p < st_.input_ids; ++p) {
       if (!sim_.info(p).param) continue;
       const TensorId g = sim_.grad_of(p);
@@ -1354,6 +1551,16 @@ class TrainPass {
     for (TensorId g : dp_.sharded_grads()) grad_ids_.push_back(g);
     for (TensorId g : grad_ids_) grads_ += sim_.info(g).rounded;
     grads_ += buckets_;  // DDP's buckets hold a copy of every gradient
+  }
+
+  // What the forward leaves for backward, by term (the report's activation figures).
+  void note_after_forward() {
+    const auto by_term = sim_.live_by_term();
+    res_.after_forward_activations = by_term[static_cast<int>(Term::activations)];
+    res_.after_forward_logits = by_term[static_cast<int>(Term::logits_loss)];
+    res_.after_forward_autocast = by_term[static_cast<int>(Term::model_states)] - weights_ - oc_.state - oc_.master;
+    res_.saved = sim_.live_groups(Term::activations);
+    res_.saved_logits = sim_.live_groups(Term::logits_loss);
   }
 
   // optimizer.step(), then zero_grad(set_to_none=True).
@@ -1373,7 +1580,11 @@ class TrainPass {
     phases.erase(phases.begin());  // the "floor" phase's peak is the forward's first moment: use floor_
     std::vector<PhasePeak> out;
     out.push_back({Phase::floor, floor_, {}});
-    for (auto& p : phases) out.push_back(std::move(p));
+    for (auto& p : phases) {  // a pipeline schedule enters each phase many times: its peak is the highest
+      auto same = std::find_if(out.begin(), out.end(), [&](const PhasePeak& q) { return q.phase == p.phase; });
+      if (same == out.end()) out.push_back(std::move(p));
+      else if (p.bytes > same->bytes) *same = std::move(p);
+    }
     if (!steady_) {
       res_.step0 = std::move(out);
       return;
@@ -1387,6 +1598,21 @@ class TrainPass {
 
  private:
   bool checkpointed() const { return st_.job.recompute == Recompute::full; }
+  // PipelineStage's receive buffers, one per microbatch, made in the first step() and kept: the
+  // activations from the previous stage (a leaf that requires grad: backward gives it the gradient
+  // sent back) on every stage but the first, the gradients from the next on every stage but the last.
+  void allocate_pipeline_buffers() {
+    const bytes_t hidden = mul(st_.d.T, st_.d.h, st_.r.compute);
+    for (std::uint64_t i = 0; i < stage_->microbatches; ++i) {
+      if (!stage_->first())
+        recv_.push_back(sim_.make("pipeline: activation receive buffers (one per microbatch)", hidden, Term::other,
+                                  Role::communication, "PipelineStage._prepare_forward_infra", st_.r.compute_name, "b·s·h", true));
+      if (!stage_->last())
+        grad_recv_.push_back(sim_.make("pipeline: gradient receive buffers (one per microbatch)", hidden, Term::other,
+                                       Role::communication, "PipelineStage._prepare_backward_infra", st_.r.compute_name, "b·s·h",
+                                       false));
+    }
+  }
   void allocate_optimizer_state() {
     sim_.alloc_raw("optimizer state", oc_.state, Term::model_states, Role::optimizer_state, "optimizer", "", "");
     sim_.alloc_raw("master weights (fp32)", oc_.master, Term::model_states, Role::master_weight, "optimizer", "fp32", "");
@@ -1401,6 +1627,7 @@ class TrainPass {
   }
 
   TorchStepResult& res_;
+  std::optional<PipelineStage> stage_;  // a pipeline stage's step (st_.stage points here)
   AutogradSim sim_;
   RankLayout layout_;
   DataParallelSim dp_;
@@ -1412,6 +1639,7 @@ class TrainPass {
   bytes_t weights_ = 0, floor_ = 0, grads_ = 0, buckets_ = 0;
   TensorId loss_ = kNone;
   std::vector<TensorId> grad_ids_;
+  std::vector<TensorId> recv_, grad_recv_, previous_chunks_;  // a pipeline stage's buffers
 };
 
 }  // namespace
@@ -1425,13 +1653,20 @@ TorchStepResult simulate_torch_train(const ModelSpec& full, const Job& job, bool
   const ModelSpec sizing = tp_local_spec(full_sizing ? *full_sizing : full, t);
   check_torch_coverage(m, job);
   TorchStepResult res;
+  // A pipeline stage (the rank is the stage): its layers, its schedule.
+  const std::optional<PipelineStage> stage =
+      job.parallel.pipeline > 1 ? std::optional(pipeline_stage(sizing, job, layout_of(sizing, job).rank)) : std::nullopt;
   for (int pass = 0; pass < 2; ++pass) {  // step 0, then a steady-state step
     const bool steady = pass == 1;
-    TrainPass step(m, job, sizing, steady, explain, traces ? &(*traces)[pass] : nullptr, res);
+    TrainPass step(m, job, sizing, steady, explain, traces ? &(*traces)[pass] : nullptr, res, stage);
     step.load_model_and_batch();
     if (steady) step.allocate_persistent_state();
-    step.forward();
-    step.backward();
+    if (stage) {
+      step.pipeline_schedule();
+    } else {
+      step.forward();
+      step.backward();
+    }
     step.optimizer_step();
     step.finish();
   }

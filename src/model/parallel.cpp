@@ -1,5 +1,6 @@
 // One rank of a data-parallel job: the layout and the sizes each strategy allocates (parallel.hpp).
 #include "parallel.hpp"
+#include "pipeline.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -11,6 +12,7 @@
 namespace membudget::detail {
 
 void check_layout(const ModelSpec& m, const Job& job) {
+  check_pipeline(m, job);
   const std::uint64_t t = job.parallel.tensor;
   if (t <= 1) return;
   auto even = [&](const char* field, std::uint64_t n) {
@@ -115,6 +117,11 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
   if (l.world > 65536)
     throw Error(ErrorKind::unsupported, "ranks: listing the memory of " + std::to_string(l.world) +
                                             " ranks is not supported (at most 65,536); give --rank");
+  if (l.pipeline > 1) {  // every stage holds other layers
+    std::vector<std::vector<std::uint64_t>> stages;
+    for (std::uint64_t r = 0; r < l.world; ++r) stages.push_back({r});
+    return stages;
+  }
   // What tells one shard rank from another: ZeRO-1's owned tensor sizes, FSDP2's local chunk sizes
   // (computed rank by rank; only the distinct ones are kept).
   std::vector<Partition> parts;
@@ -144,8 +151,9 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
   l.reshard = p.reshard_after_forward;
   l.bucket_view = p.ddp_bucket_view;
   l.tensor = p.tensor;
+  l.pipeline = p.pipeline;
   if (l.world == 1) return l;
-  if (p.tensor > 1) {  // every tensor-parallel rank holds the same shares
+  if (p.tensor > 1 || p.pipeline > 1) {  // every tensor-parallel rank holds the same shares
     l.rank = p.rank.value_or(0);
     return l;
   }

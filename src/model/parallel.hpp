@@ -25,11 +25,13 @@ struct RankLayout {
   bool reshard = true;          // FSDP2 reshard_after_forward
   bool bucket_view = false;     // DDP gradient_as_bucket_view
   std::uint64_t tensor = 1;     // tensor-parallel ranks (DTensor's plan: docs/distributed.md)
+  std::uint64_t pipeline = 1;   // pipeline stages (pipeline.hpp); the rank is the stage
   std::uint64_t rank = 0;       // the global rank predicted
   std::uint64_t shard_rank = 0; // its index in the shard group (FSDP2) or the partition (ZeRO-1)
 };
 
-// The layout of a validated job; the rank is the job's, else the most loaded (most_loaded_rank).
+// The layout of a validated job; the rank is the job's, else the most loaded (most_loaded_rank; a
+// pipeline's stages differ by more than sizes, so predict() finds its most loaded stage itself).
 RankLayout layout_of(const ModelSpec& m, const Job& job);
 
 // What needs the model to check: tensor parallelism splits heads, KV heads and the MLP width

@@ -6,6 +6,7 @@
 #include "inventory.hpp"
 #include "korthikanti.hpp"
 #include "parallel.hpp"
+#include "pipeline.hpp"
 #include "predictors.hpp"
 #include "reserved.hpp"
 #include "membudget/budget.hpp"
@@ -45,6 +46,23 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   detail::check_simulated(model, job);
   job.validate();  // refuses parallel layouts not modelled (docs/distributed.md)
   detail::check_layout(model, job);
+  if (job.parallel.pipeline > 1 && !job.parallel.rank) {
+    // The most loaded stage: every stage predicted (their layers, embedding or head and schedule
+    // position all differ), the highest peak kept, the lowest stage on a tie.
+    PredictOptions quick;
+    Job at = job;
+    std::uint64_t best = 0;
+    bytes_t best_peak = 0;
+    for (std::uint64_t s = 0; s < job.parallel.pipeline; ++s) {
+      at.parallel.rank = s;
+      const bytes_t peak = predict(model, at, quick).peak;
+      if (s == 0 || peak > best_peak) best = s, best_peak = peak;
+    }
+    at.parallel.rank = best;
+    Budget b = predict(model, at, options);
+    b.job.parallel.rank.reset();  // the job as given: the stage was chosen, not asked for
+    return b;
+  }
   Budget b;
   b.model = model;
   b.job = job;
@@ -66,17 +84,31 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
     b.states.optimizer = r.optimizer_state;
     b.states.master = r.master;
     b.autocast_cache = r.after_forward_autocast;
-    b.activations.layers = model.num_layers;
+    // a pipeline stage's figures are its own layers' (with every microbatch in flight at the time)
+    const std::uint64_t layers =
+        job.parallel.pipeline > 1 ? detail::pipeline_stage(model, job, *job.parallel.rank).layers : model.num_layers;
+    b.activations.layers = layers;
     b.activations.layer_tensors = r.saved;
-    b.logits = detail::logits_breakdown(model, job);
+    b.logits = detail::logits_breakdown(model, job);  // (one microbatch's, on a pipeline's last stage)
+    if (job.parallel.pipeline > 1 && !detail::pipeline_stage(model, job, *job.parallel.rank).last())
+      b.logits = {};  // only the last stage computes logits
     b.phases = std::move(r.steady);
     b.step0 = std::move(r.step0);
     if (job.activations == ActivationModel::inventory) {
-      b.activations.per_layer = r.after_forward_activations / std::max<std::uint64_t>(1, model.num_layers);
-      b.activations.other = r.after_forward_activations - b.activations.per_layer * model.num_layers;
+      b.activations.per_layer = r.after_forward_activations / std::max<std::uint64_t>(1, layers);
+      b.activations.other = r.after_forward_activations - b.activations.per_layer * layers;
     } else {
       // Table 2 of Korthikanti et al.: a tensor-parallel rank keeps the split terms at 1/t
       b.activations = detail::korthikanti(detail::tp_local_spec(model, job.parallel.tensor), job);
+      if (job.parallel.pipeline > 1) {
+        // §4.2.3: a stage holds its layers' activations for each microbatch in flight — M under
+        // GPipe, min(M, stages − stage) under 1F1B (the first stage's factor: p microbatches of L/p layers)
+        const detail::PipelineStage st = detail::pipeline_stage(model, job, *job.parallel.rank);
+        const std::uint64_t in_flight = st.schedule == PipelineSchedule::gpipe
+                                            ? st.microbatches
+                                            : std::min(st.microbatches, st.stages - st.stage);
+        b.activations.layers = checked_mul(layers, in_flight, "Korthikanti: layers × microbatches in flight");
+      }
     }
   }
   b.terms.model_states = b.states.total();

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "membudget/input.hpp"
+#include "pipeline.hpp"
 
 namespace membudget {
 namespace {
@@ -46,7 +47,13 @@ ordered_json job_json(const Job& j) {
   if (j.mode == Mode::train && j.lora_rank) o["lora_rank"] = j.lora_rank;
   if (!j.parallel.single()) {
     const Parallelism& p = j.parallel;
-    ordered_json par = {{"dp", p.data}, {"fsdp", p.fsdp}, {"zero", p.zero_stage}, {"world", p.world()}};
+    ordered_json par = {{"dp", p.data}, {"fsdp", p.fsdp}, {"zero", p.zero_stage}, {"tp", p.tensor}, {"pp", p.pipeline},
+                        {"world", p.world()}};
+    if (p.pipeline > 1) {
+      par["pp_schedule"] = to_string(p.pp_schedule);
+      par["microbatches"] = p.microbatches ? p.microbatches : p.pipeline;
+      if (!p.pp_layers.empty()) par["pp_layers"] = p.pp_layers;
+    }
     if (p.fsdp > 1 || p.zero_stage >= 2) par["reshard_after_forward"] = p.zero_stage >= 2 ? p.zero_stage == 3 : p.reshard_after_forward;
     if (p.ddp_bucket_view) par["ddp_bucket_view"] = true;
     par["rank"] = p.rank ? ordered_json(*p.rank) : ordered_json(nullptr);
@@ -86,6 +93,10 @@ std::string rpad(std::string s, std::size_t w) {
 
 std::string layout_label(const Parallelism& p) {
   const std::string n = std::to_string(p.world());
+  if (p.tensor > 1) return "tensor parallel over " + n + " ranks (DTensor)";
+  if (p.pipeline > 1)
+    return "pipeline of " + n + " stages (" + std::string(p.pp_schedule == PipelineSchedule::gpipe ? "GPipe" : "1F1B") + ", " +
+           std::to_string(p.microbatches ? p.microbatches : p.pipeline) + " microbatches)";
   if (p.fsdp > 1 && p.data > 1)
     return "HSDP: FSDP2 over " + std::to_string(p.fsdp) + " ranks × " + std::to_string(p.data) + " replicas" +
            (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
@@ -150,6 +161,10 @@ std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool 
   j["peak_phase"] = b.peak_phase;
   if (!b.job.parallel.single()) {
     j["rank"] = b.rank;  // the rank these figures are for (the most loaded unless --rank)
+    if (b.job.parallel.pipeline > 1) {  // that rank's stage
+      const detail::PipelineStage st = detail::pipeline_stage(b.model, b.job, b.rank);
+      j["stage"] = {{"first_layer", st.first_layer}, {"layers", st.layers}, {"embedding", st.first()}, {"lm_head", st.last()}};
+    }
     if (!b.ranks.empty()) {
       ordered_json groups = ordered_json::array();
       for (const auto& g : b.ranks)

@@ -19,6 +19,7 @@
 // flush-and-retry happens: the figure is what the allocator reserves when nothing presses it.
 #include "reserved.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
@@ -68,12 +69,20 @@ class Replay {
         trainable_bytes_ += t.bytes;
       }
     live_.assign(trace.tensors.size(), {});
+    // The phase being replayed (its index in kTrainPhases), -1 before the first. A phase that
+    // recurs (a pipeline schedule's forwards and backwards) reports the reserved memory at the end
+    // of its last occurrence (reserved never shrinks without empty_cache).
     int phase = -1;
+    std::size_t phase_events = 0;
+    auto phase_index = [](Phase p) {
+      return static_cast<int>(std::find(std::begin(kTrainPhases), std::end(kTrainPhases), p) - std::begin(kTrainPhases));
+    };
     for (const SimTrace::Event& ev : trace.events) {
       if (ev.t == SimTrace::kPhase) {
         if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
-        ++phase;
-        if (phase == 0 && steady) reset_peak();
+        const bool first = phase < 0;
+        phase = phase_index(trace.phases.at(phase_events++));
+        if (first && steady) reset_peak();
         continue;
       }
       if (ev.t >= 0) {

@@ -96,7 +96,8 @@ def test_errors_are_typed():
 
 def test_parallel_settings_not_modelled_are_unsupported_not_unsharded():
     for kw, named in [({"tensor_parallel": 2, "fsdp": 2}, "--tp 2 with data parallelism"),
-                      ({"pp": 4}, "--pp 4"),
+                      ({"pp": 4, "tensor_parallel": 2}, "--pp 4 with"),
+                      ({"pp": 4}, "--pp with --precision amp-bf16"),
                       ({"sequence_parallel": True}, "--sp")]:
         with pytest.raises(membudget.Error, match=named):
             membudget.predict(LLAMA_1B, **kw)
@@ -107,6 +108,15 @@ def test_parallel_settings_not_modelled_are_unsupported_not_unsharded():
     z3 = membudget.predict(LLAMA_1B, batch=1, seq=1024, data_parallel=8, zero_stage=3)
     assert z3["peak"] < one["peak"]
     assert membudget.predict(LLAMA_1B, batch=1, seq=1024, fsdp=8, reshard_after_forward=False)["peak"] > z3["peak"]
+    # a pipeline stage: the keys of --pp-schedule, --microbatches, --pp-layers; the last stage holds lm_head
+    kw = dict(batch=1, seq=1024, precision="bf16", pp=2, pp_schedule="gpipe", microbatches=4)
+    first = membudget.predict(LLAMA_1B, rank=0, **kw)
+    last = membudget.predict(LLAMA_1B, rank=1, **kw)
+    assert first["stage"]["embedding"] and not first["stage"]["lm_head"]
+    assert last["stage"] == {"first_layer": 8, "layers": 8, "embedding": False, "lm_head": True}
+    assert membudget.predict(LLAMA_1B, **kw)["peak"] == max(first["peak"], last["peak"])  # the most loaded stage
+    uneven = membudget.predict(LLAMA_1B, rank=0, pp_layers="10,6", **kw)
+    assert uneven["stage"]["layers"] == 10 and uneven["peak"] > first["peak"]
     # max_micro_batch's data_parallel divides the global batch; it is not a job setting
     r = membudget.max_micro_batch(LLAMA_1B, device="H100", seq=2048, global_batch=64, data_parallel=8)
     assert r["accum_micro_batch"] * r["grad_accum_steps"] * 8 == 64

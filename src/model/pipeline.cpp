@@ -1,0 +1,92 @@
+#include "pipeline.hpp"
+
+#include <string>
+
+#include "membudget/error.hpp"
+
+namespace membudget::detail {
+
+std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallelism& p) {
+  const std::uint64_t n = p.pipeline, L = m.num_layers;
+  if (!p.pp_layers.empty()) {
+    std::uint64_t sum = 0;
+    for (std::uint64_t c : p.pp_layers) sum += c;  // each ≤ 2^20 (set_parallel_option), at most 2^20 of them
+    if (sum != L)
+      throw Error(ErrorKind::invalid_job, "--pp-layers: the stages' layer counts add up to " + std::to_string(sum) + ", but " +
+                                              (m.name.empty() ? std::string("the model") : m.name) + " has " +
+                                              std::to_string(L) + " decoder layers");
+    return p.pp_layers;
+  }
+  if (L < n)
+    throw Error(ErrorKind::invalid_job, "--pp " + std::to_string(n) + ": " + (m.name.empty() ? std::string("the model") : m.name) +
+                                            " has only " + std::to_string(L) + " decoder layers, fewer than the stages");
+  std::vector<std::uint64_t> counts(static_cast<std::size_t>(n), L / n);
+  for (std::uint64_t s = 0; s < L % n; ++s) ++counts[static_cast<std::size_t>(s)];
+  return counts;
+}
+
+PipelineStage pipeline_stage(const ModelSpec& m, const Job& job, std::uint64_t stage) {
+  const Parallelism& p = job.parallel;
+  const std::vector<std::uint64_t> counts = stage_layer_counts(m, p);
+  PipelineStage s;
+  s.stages = p.pipeline;
+  s.stage = stage;
+  s.microbatches = p.microbatches ? p.microbatches : p.pipeline;
+  s.schedule = p.pp_schedule;
+  for (std::uint64_t i = 0; i < stage; ++i) s.first_layer += counts[static_cast<std::size_t>(i)];
+  s.layers = counts[static_cast<std::size_t>(stage)];
+  return s;
+}
+
+std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s) {
+  std::vector<ParamTensor> out;
+  const std::vector<ParamTensor> outer = m.outer_tensors();
+  if (s.first()) out.push_back(outer.front());
+  for (std::uint64_t il = s.first_layer; il < s.first_layer + s.layers; ++il)
+    for (const ParamTensor& t : m.layer_tensors(static_cast<std::size_t>(il))) out.push_back(t);
+  if (s.last()) {
+    for (const ParamTensor& t : outer)
+      if (t.module != Module::embedding) out.push_back(t);
+    if (m.tied_embeddings) out.push_back(outer.front());
+  }
+  return out;
+}
+
+std::vector<PipelineAction> schedule_actions(const PipelineStage& s) {
+  const std::uint64_t M = s.microbatches;
+  std::vector<PipelineAction> out;
+  out.reserve(static_cast<std::size_t>(2 * M));
+  if (s.schedule == PipelineSchedule::gpipe) {
+    for (std::uint64_t i = 0; i < M; ++i) out.push_back({true, i});
+    for (std::uint64_t i = 0; i < M; ++i) out.push_back({false, i});
+    return out;
+  }
+  const std::uint64_t warmup = std::min(M, s.stages - s.stage);
+  std::uint64_t f = 0, b = 0;
+  for (; f < warmup; ++f) out.push_back({true, f});
+  while (true) {
+    out.push_back({false, b++});
+    if (f == M) break;
+    out.push_back({true, f++});
+  }
+  while (b < M) out.push_back({false, b++});
+  return out;
+}
+
+void check_pipeline(const ModelSpec& m, const Job& job) {
+  if (job.parallel.pipeline <= 1) return;
+  stage_layer_counts(m, job.parallel);  // throws on a bad split
+  const std::string model = m.name.empty() ? std::string("the model") : m.name;
+  auto refuse = [&](const std::string& what) {
+    throw Error(ErrorKind::unsupported, "--pp: " + model + ": " + what + " is not modelled with pipeline parallelism");
+  };
+  // The stage module runs the decoder layers on the rotary module's position embeddings with no
+  // attention mask and no KV cache (torchtitan's models): features outside that are refused.
+  if (m.sliding.enabled()) refuse("sliding-window attention (the stage passes no attention mask)");
+  if (m.quirks.embedding_scale || m.final_logit_softcap > 0) refuse("Gemma's embedding scale and logit soft-capping");
+  if (m.mla.enabled()) refuse("multi-head latent attention");
+  if (m.moe.enabled() && (job.router_aux_loss || m.moe.output_router_logits))
+    refuse("the router's auxiliary loss (every stage's router logits would go to the last stage)");
+}
+
+}  // namespace membudget::detail
