@@ -446,6 +446,19 @@ TEST_CASE("the layout reaches the job from YAML's job.parallel and the C ABI's k
   CHECK_FALSE(j.parallel.reshard_after_forward);
   CHECK(j.parallel.rank == 3u);
   CHECK_THROWS_AS(parse_job_section("job:\n  parallel:\n    fsdpp: 8\n", "spec.yaml", Job{}), Error);
+  const Job pp = parse_job_section(
+      "job:\n  precision: bf16\n  parallel:\n    pp: 2\n    pp_schedule: gpipe\n    microbatches: 6\n    pp_layers: 10,6\n",
+      "spec.yaml", Job{});
+  CHECK(pp.parallel.pipeline == 2);
+  CHECK(pp.parallel.pp_schedule == PipelineSchedule::gpipe);
+  CHECK(pp.parallel.microbatches == 6);
+  CHECK(pp.parallel.pp_layers == std::vector<std::uint64_t>{10, 6});
+  try {  // a bad value names the file, line and key
+    (void)parse_job_section("job:\n  parallel:\n    pp: 2\n    pp_layers: 10,,6\n", "spec.yaml", Job{});
+    FAIL("accepted pp_layers 10,,6");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("spec.yaml:4: job.parallel.pp_layers") != std::string::npos);
+  }
   CHECK_THROWS_AS(parse_job_section("job:\n  parallel: 8\n", "spec.yaml", Job{}), Error);
   Job k;
   set_job_option(k, "dp", "4");

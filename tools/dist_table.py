@@ -19,14 +19,19 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-FILES = ["tests/data/torch_train_dist_fakepg_h200.json", "tests/data/torch_train_dist_tied_fakepg_h200.json"]
+FILES = ["tests/data/torch_train_dist_fakepg_h200.json", "tests/data/torch_train_dist_tied_fakepg_h200.json",
+         "tests/data/torch_train_pp_fakepg_h200.json"]
 PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak")
 
 
 def flags_of(j):
+    f = ["--batch", str(j["batch"]), "--seq", str(j["seq"]), "--precision", j["precision"], "--recompute", j["recompute"]]
+    if "stages" in j:  # tools/torch_profile_pp.py: one pipeline stage
+        f += ["--pp", str(j["stages"]), "--rank", str(j["stage"]), "--microbatches", str(j["microbatches"]),
+              "--pp-schedule", j["schedule"]]
+        return f + (["--pp-layers", ",".join(map(str, j["layers"]))] if j.get("layers") else [])
     W, st = j["world"], j["strategy"]
-    f = ["--batch", str(j["batch"]), "--seq", str(j["seq"]), "--precision", j["precision"],
-         "--recompute", j["recompute"], "--rank", str(j.get("rank", 0))]
+    f += ["--rank", str(j.get("rank", 0))]
     if st == "fsdp":
         f += ["--fsdp", str(W), "--reshard-after-forward", "true" if j.get("reshard", True) else "false"]
     elif st == "hsdp":
@@ -54,7 +59,7 @@ def config_of(j, tmp):
 
 
 def deepspeed(j, params, largest_layer):
-    W, st = j["world"], j["strategy"]
+    W, st = j.get("world"), j.get("strategy")
     if st == "zero1" or (st in ("fsdp", "hsdp") and not j.get("reshard", True)):
         return 2 * params + int(18 * params / W)
     if st in ("fsdp", "hsdp"):
@@ -76,7 +81,7 @@ def main():
         for c in json.load(open(os.path.join(ROOT, rel)))["cases"]:
             j = c["job"]
             tied = "llama-3.2-1b" in j["config"] or "qwen2.5-1.5b" in j["config"]
-            if c["status"] != "ok" or (first and tied and j["strategy"] in ("ddp", "zero1", "tp")):
+            if c["status"] != "ok" or (first and tied and j.get("strategy") in ("ddp", "zero1", "tp")):
                 continue  # superseded by the tied run (the first lost the tying)
             f = flags_of(j)
             if f is None:
