@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   /* a parallel setting not modelled yet: unsupported (never the unsharded answer), named */
   {
     static const char* const keys[][3] = {{"pipeline-parallel", "2", "--pp"}, /* default amp-bf16: not modelled under --pp */
-                                          {"sp", "true", "--sp"}};
+                                          {"pp", "4", "--pp"}};
     size_t i;
     for (i = 0; i < sizeof keys / sizeof keys[0]; ++i) {
       mb_job* par = NULL;

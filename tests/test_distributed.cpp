@@ -53,6 +53,8 @@ Job job_of(const nlohmann::json& j) {
     p.zero_stage = 1;
   } else if (st == "tp") {
     p.tensor = W;
+    p.sequence_parallel = j.value("sp", false);
+    p.loss_parallel = j.value("loss_parallel", false);
   }
   p.rank = j.value("rank", 0);
   return job;
@@ -77,7 +79,7 @@ struct Worst {
 // earlier cases of the measuring process left allocated: cuBLAS workspaces).
 // `reserved_high`: the reserved replay's over-prediction allowed for one-stream layouts.
 void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& c), Worst& w,
-                double reserved_high = 0.16, double reserved_low = -0.05) {
+                double reserved_high = 0.16, double reserved_low = -0.05, double step0_tol = 0.02) {
   std::ifstream in(test::source_path(rel));
   REQUIRE(in.good());
   const auto data = nlohmann::json::parse(in);
@@ -111,37 +113,40 @@ void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& 
         if (p.phase == ph) want0 = p.bytes;
       const double m0 = c["step0"][to_string(ph)].get<double>();
       const double err0 = (static_cast<double>(want0) - m0) / m0;
-      CHECK(std::fabs(err0) <= 0.02);
+      CHECK(std::fabs(err0) <= step0_tol);
       w.step0 = std::max(w.step0, std::fabs(err0));
     }
     ++w.cases;
   }
 }
 
-// sequence parallelism is refused (not modelled yet)
-bool sequence_parallel(const nlohmann::json& c) { return c["job"].value("sp", false); }
+// The vocabulary-parallel loss without sequence parallelism is refused (not modelled yet).
+bool loss_parallel_alone(const nlohmann::json& c) {
+  return c["job"].value("loss_parallel", false) && !c["job"].value("sp", false);
+}
 // The first run built the DDP, ZeRO-1 and TP models on the meta device and lost the tying of
 // lm_head to the embedding in to_empty: those cases of the tied models were measured again
-// (torch_train_dist_tied_fakepg_h200.json) and are left out here.
+// (torch_train_dist_tied_fakepg_h200.json) and are left out here. (Sequence parallelism unties
+// them anyway: its cases stay.)
 bool untied_by_the_first_run(const nlohmann::json& c) {
   const std::string st = c["job"]["strategy"];
   const std::string cfg = c["job"]["config"];
   const bool tied_model = cfg.find("llama-3.2-1b") != std::string::npos || cfg.find("qwen2.5-1.5b") != std::string::npos;
-  return sequence_parallel(c) || (tied_model && (st == "ddp" || st == "zero1" || st == "tp"));
+  return tied_model && (st == "ddp" || st == "zero1" || (st == "tp" && !c["job"].value("sp", false)));
 }
+bool none(const nlohmann::json&) { return false; }
 
 }  // namespace
 
 TEST_CASE("one rank of DDP, ZeRO-1, FSDP2, HSDP and tensor parallelism lands within 2% of the fake-process-group measurement") {
   Worst w;
   check_file("tests/data/torch_train_dist_fakepg_h200.json", 0.02, untied_by_the_first_run, w);
-  check_file("tests/data/torch_train_dist_tied_fakepg_h200.json", 0.02, sequence_parallel, w);
-  CHECK(w.cases >= 43);
+  check_file("tests/data/torch_train_dist_tied_fakepg_h200.json", 0.02, none, w);
+  CHECK(w.cases >= 45);
   MESSAGE("distributed ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
                                                          << " cases; worst step-0 error " << w.step0 * 100 << "%");
 }
 
-bool none(const nlohmann::json&) { return false; }
 
 // Mixture-of-experts ranks (tools/matrices/dist_moe_h200.json): the packed experts shard along dim 0
 // (the experts: OLMoE's 64 over 6 ranks give chunks of 11 and a last one of 9), bucket and
@@ -154,6 +159,19 @@ TEST_CASE("MoE ranks of FSDP2, HSDP, DDP and ZeRO-1 land within 1% of the fake-p
   CHECK(w.cases >= 15);
   MESSAGE("MoE ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
                                                  << " cases; worst step-0 error " << w.step0 * 100 << "%");
+}
+
+// Sequence parallelism and the vocabulary-parallel loss (tools/matrices/sp_h200.json): torchtitan's
+// layouts over 2 and 4 ranks, bf16 and amp-bf16, Llama 3.2 1B and Qwen2.5 1.5B (tied: SP unties
+// them) and Llama 3.1 8B.
+TEST_CASE("tensor-parallel ranks with sequence parallelism and the vocabulary-parallel loss land within 2%") {
+  Worst w;
+  // The file's first two cases are 2-layer models: reserved +19% (a few large blocks decide it), and
+  // the second's step 0 starts with the first's cuBLAS workspaces allocated (+64 MiB, 2.4%).
+  check_file("tests/data/torch_train_sp_fakepg_h200.json", 0.02, loss_parallel_alone, w, 0.20, -0.05, 0.025);
+  CHECK(w.cases >= 11);
+  MESSAGE("sequence-parallel ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
+                                                               << " cases; worst step-0 error " << w.step0 * 100 << "%");
 }
 
 // Pipeline stages (tools/matrices/pp_h200.json, tools/torch_profile_pp.py): GPipe and 1F1B, first,
@@ -279,7 +297,14 @@ TEST_CASE("layouts that do not make sense, or are not modelled, are refused by n
   }
   j = small_job();
   j.parallel.sequence_parallel = true;
-  refused(j, ErrorKind::unsupported, "--sp");
+  refused(j, ErrorKind::invalid_job, "--sp");  // without --tp
+  j.parallel.tensor = 4;
+  j.parallel.loss_parallel = true;
+  j.parallel.sequence_parallel = false;
+  refused(j, ErrorKind::unsupported, "--loss-parallel without --sp");
+  j.parallel.sequence_parallel = true;
+  j.seq = 1022;
+  refused(j, ErrorKind::invalid_job, "--seq 1022 is not divisible by --tp 4");
   j = small_job();
   j.parallel.pipeline = 2;
   j.parallel.tensor = 2;
@@ -528,7 +553,7 @@ TEST_CASE("the layout flags on the command line: predicted per rank, bad values 
   for (const Bad& b : {Bad{"--fsdp 0", "--fsdp"}, Bad{"--fsdp x", "--fsdp"}, Bad{"--zero 4", "--zero"},
                        Bad{"--zero 1", "--zero"}, Bad{"--reshard-after-forward maybe", "--reshard-after-forward"},
                        Bad{"--fsdp 8 --rank 9", "--rank"}, Bad{"--rank -1", "--rank"}, Bad{"--ddp-bucket-view", "--ddp-bucket-view"},
-                       Bad{"--tp 3", "--tp 3"}, Bad{"--pp 2 --tp 2", "--pp 2"}, Bad{"--sp", "--sp"},
+                       Bad{"--tp 3", "--tp 3"}, Bad{"--pp 2 --tp 2", "--pp 2"}, Bad{"--sp", "--sp"}, Bad{"--tp 2 --loss-parallel", "--loss-parallel"},
                        Bad{"--precision bf16 --pp 17", "--pp 17"}, Bad{"--precision bf16 --pp 2 --pp-layers 8,7", "--pp-layers"},
                        Bad{"--precision bf16 --pp 2 --pp-layers 8,8,0", "--pp-layers"},
                        Bad{"--precision bf16 --pp 2 --pp-layers 8,x", "--pp-layers"},

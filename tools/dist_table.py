@@ -20,7 +20,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FILES = ["tests/data/torch_train_dist_fakepg_h200.json", "tests/data/torch_train_dist_tied_fakepg_h200.json",
-         "tests/data/torch_train_pp_fakepg_h200.json"]
+         "tests/data/torch_train_sp_fakepg_h200.json", "tests/data/torch_train_pp_fakepg_h200.json"]
 PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak")
 
 
@@ -40,8 +40,8 @@ def flags_of(j):
         f += ["--dp", str(W)] + (["--ddp-bucket-view"] if j.get("bucket_view") else [])
     elif st == "zero1":
         f += ["--dp", str(W), "--zero", "1"]
-    elif st == "tp" and not j.get("sp"):
-        f += ["--tp", str(W)]
+    elif st == "tp" and (j.get("sp") or not j.get("loss_parallel")):
+        f += ["--tp", str(W)] + (["--sp"] if j.get("sp") else []) + (["--loss-parallel"] if j.get("loss_parallel") else [])
     else:
         return None
     return f
@@ -81,7 +81,7 @@ def main():
         for c in json.load(open(os.path.join(ROOT, rel)))["cases"]:
             j = c["job"]
             tied = "llama-3.2-1b" in j["config"] or "qwen2.5-1.5b" in j["config"]
-            if c["status"] != "ok" or (first and tied and j.get("strategy") in ("ddp", "zero1", "tp")):
+            if c["status"] != "ok" or (first and tied and j.get("strategy") in ("ddp", "zero1", "tp") and not j.get("sp")):
                 continue  # superseded by the tied run (the first lost the tying)
             f = flags_of(j)
             if f is None:

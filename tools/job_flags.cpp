@@ -63,7 +63,8 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--microbatches", microbatches, "micro-batches of --batch sequences per step and stage (default: as many as stages)");
   cmd->add_option("--virtual-stages", virtual_stages, "stages per rank of an interleaved schedule (not modelled: refused above 1)");
   cmd->add_option("--pp-layers", pp_layers, "decoder layers per stage, e.g. 4,4,4,4 (default: an even split, the first stages taking the remainder)");
-  cmd->add_flag("--sp", sp, "sequence parallelism (not modelled yet: refused)");
+  cmd->add_flag("--sp", sp, "sequence parallelism with --tp (torchtitan's layouts: docs/distributed.md)");
+  cmd->add_flag("--loss-parallel", loss_parallel, "the vocabulary-parallel loss (loss_parallel()) with --tp --sp");
   cmd->add_option("--experts", experts, "a mixture of experts' implementation: grouped_mm (default, as transformers picks on CUDA) | batched_mm | eager");
   cmd->add_option("--routing", routing, "routing assumed where a buffer depends on it: balanced (default) | worst (docs/moe.md)");
   cmd->add_flag("--router-aux-loss", router_aux_loss, "output_router_logits: the router's load-balancing loss joins the training loss");
@@ -123,6 +124,7 @@ std::vector<std::string> JobFlags::given_job_flags() const {
     if (f.job && given(f.name)) out.push_back(f.name);
   if (ddp_bucket_view) out.push_back("--ddp-bucket-view");
   if (sp) out.push_back("--sp");
+  if (loss_parallel) out.push_back("--loss-parallel");
   if (router_aux_loss) out.push_back("--router-aux-loss");
   return out;
 }
@@ -186,6 +188,7 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (!reshard_after_forward.empty()) p.reshard_after_forward = parse_bool(reshard_after_forward, "--reshard-after-forward");
   if (ddp_bucket_view) p.ddp_bucket_view = true;
   if (sp) p.sequence_parallel = true;
+  if (loss_parallel) p.loss_parallel = true;
   if (!rank.empty()) p.rank = parse_whole(rank, "--rank", 0, (1ull << 20) - 1);
   if (!experts.empty()) j.experts = parse_experts_impl(experts);
   if (!routing.empty()) j.routing = parse_routing(routing);

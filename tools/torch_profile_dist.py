@@ -25,11 +25,14 @@ Strategies (a case's "strategy"), with the mapping membudget's flags make onto t
             autocast (torchtitan's recipe); bf16 is bf16 parameters, no policy.
     hsdp    FSDP2 over a 2-D mesh (replicate R × shard W/R); --dp R --fsdp W/R.
     tp      DTensor tensor parallel over W ranks (q/k/v/gate/up ColwiseParallel, o/down
-            RowwiseParallel, the rest replicated); --tp W. "sp": true adds sequence parallel.
+            RowwiseParallel, the rest replicated); --tp W. "sp": true adds sequence parallel;
+            "loss_parallel": true keeps lm_head's output sharded on the vocabulary
+            (ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)) and runs the step
+            under torch.distributed.tensor.parallel.loss_parallel() (--loss-parallel).
 
 Matrix file: {"defaults": {...}, "cases": [{"name", "config", "overrides", "batch", "seq",
 "precision", "recompute", "strategy", "world", "rank", "replicate", "reshard", "bucket_view",
-"sp", "optimizer_impl", "snapshot": {"step": N}}]}. Results are rewritten after every case.
+"sp", "loss_parallel", "optimizer_impl", "snapshot": {"step": N}}]}. Results are rewritten after every case.
 """
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ import torch_profile_step as step  # noqa: E402
 
 DEFAULTS = {"precision": "amp-bf16", "recompute": "none", "attention": "flash", "steps": 4, "warmup": 2,
             "overrides": None, "strategy": "fsdp", "world": 8, "rank": 0, "replicate": 1, "reshard": True,
-            "bucket_view": False, "sp": False, "optimizer_impl": None, "batch": 1, "seq": 2048}
+            "bucket_view": False, "sp": False, "loss_parallel": False, "optimizer_impl": None, "batch": 1, "seq": 2048}
 
 
 # Under torchrun (--torchrun) the ranks are real processes on real GPUs and NCCL moves the data;
@@ -150,13 +153,19 @@ def build(case, cfgd):
             else:
                 plan.update({"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()})
             parallelize_module(layer, mesh, plan)
+        lp = bool(case.get("loss_parallel"))
+        head = (ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1),
+                                use_local_output=False) if lp
+                else ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()) if sp else None)
         if sp:
             parallelize_module(model, mesh, {
                 "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
                                                       use_local_output=False),
                 "model.norm": SequenceParallel(),
-                "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+                "lm_head": head,
             })
+        elif lp:
+            parallelize_module(model, mesh, {"lm_head": head})
     elif strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -258,7 +267,7 @@ def run_case(case, snapshot_dir):
             rec = {"step": i}
             steps.append(rec)
             step.SNAPSHOT["phase"] = None  # the whole step is recorded here, not one phase
-            run_step(model, opts, x, amp, rec, snap)
+            run_step(model, opts, x, amp, rec, snap, bool(case.get("loss_parallel")))
             if i == 0:
                 res["optimizer_state_bytes"] = state_bytes(opt_list)
         res["status"] = "ok"
@@ -286,15 +295,21 @@ def run_case(case, snapshot_dir):
     return res
 
 
-def run_step(model, opts, x, amp, rec, snap):
+def run_step(model, opts, x, amp, rec, snap, loss_parallel=False):
     """tools/torch_profile_step.py's step, with a snapshot of the whole step when asked."""
+    import contextlib
+
     import torch
+    if loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel as lp_context
+    ctx = lp_context() if loss_parallel else contextlib.nullcontext()
 
     whole = snap and snap.get("phase") == "step" and rec["step"] == snap.get("step") and step.SNAPSHOT["path"]
     if whole:
         torch.cuda.synchronize()
         torch.cuda.memory._record_memory_history(max_entries=400000, stacks="python")
-    step.run_step(model, opts, x, amp, rec, None)
+    with ctx:
+        step.run_step(model, opts, x, amp, rec, None)
     if whole:
         torch.cuda.synchronize()
         torch.cuda.memory._dump_snapshot(step.SNAPSHOT["path"])

@@ -120,7 +120,8 @@ struct Parallelism {
   std::uint64_t data = 1;       // --dp: DDP replicas, or HSDP's replicate dimension with --fsdp
   std::uint64_t fsdp = 1;       // --fsdp: FSDP2 shard ranks
   int zero_stage = 0;           // --zero: 0 none; 1, 2, 3 over --dp as above
-  bool sequence_parallel = false;      // --sp
+  bool sequence_parallel = false;      // --sp (with --tp)
+  bool loss_parallel = false;          // --loss-parallel: lm_head's output kept sharded, loss_parallel() (with --sp)
   bool reshard_after_forward = true;   // --reshard-after-forward (FSDP2)
   bool ddp_bucket_view = false;        // --ddp-bucket-view: DDP's gradient_as_bucket_view=True
   // --rank: the rank predicted; unset: the most loaded one (ranks differ under ZeRO-1's partition

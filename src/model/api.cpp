@@ -33,7 +33,7 @@ using detail::key_of;
 constexpr std::size_t kCacheLimit = 65536;
 
 // (Job::validate refuses every parallel setting but one rank before a plan is compiled.)
-bool plan_applies(const Job& j) { return j.mode == Mode::train && j.profile == Profile::torch; }
+bool plan_applies(const Job& j) { return j.mode == Mode::train && j.profile == Profile::torch && detail::StepPlan::covers(j); }
 bool serve_plan_applies(const Job& j) { return j.mode == Mode::infer && j.profile == Profile::torch; }
 
 // The Estimate that summarize(predict(m, j)) gives for a serving job, from its plan.

@@ -109,10 +109,62 @@ struct Step {
   // partial sum that backward all-reduces into a new tensor (funcol.all_reduce clones, then
   // reduces in place): a second b·s·h buffer while the first is freed. A RowwiseParallel linear's
   // output likewise, in the forward.
-  bytes_t tp_input_grad_allreduce() const { return job.parallel.tensor > 1 ? mul(d.T, d.h, r.compute) : 0; }
-  void tp_all_reduce(TensorId partial) {
-    if (job.parallel.tensor > 1) sim.transient("TP all-reduce output (the partial sum's clone)", sim.info(partial).bytes,
-                                               Term::other, Role::communication);
+  // (Under sequence parallelism the column-parallel input is the all-gather's output: its gradient
+  // is reduce-scattered by sp_all_gather's backward instead.)
+  bytes_t tp_input_grad_allreduce() const {
+    return job.parallel.tensor > 1 && !sp() ? mul(d.T, d.h, r.compute) : 0;
+  }
+  // A RowwiseParallel linear's output: all-reduced (TP), or reduce-scattered onto this rank's part
+  // of the sequence (SP). Returns the tensor the model goes on with.
+  TensorId tp_row_output(TensorId partial, const char* sp_name) {
+    if (sp()) return sp_reduce_scatter(partial, sp_name);
+    if (job.parallel.tensor > 1)
+      sim.transient("TP all-reduce output (the partial sum's clone)", sim.info(partial).bytes, Term::other, Role::communication);
+    return partial;
+  }
+
+  // Sequence parallelism (--sp; torchtitan's layouts, tools/torch_profile_dist.py): the residual
+  // stream and the norms hold b·(s/t)·h on each rank; PrepareModuleInput all-gathers a norm's
+  // output before the column-parallel projections (which save the gathered copy), and the
+  // row-parallel outputs are reduce-scattered back (RowwiseParallel(output_layouts=Shard(1))).
+  // Read off tests/data/dist_snapshots/llama-3.2-1b_tp-sp_w4r0_bf16_none_b1s2048_L2.pickle.gz.
+  bool sp() const { return job.parallel.sequence_parallel; }
+  bytes_t stream_rows() const { return sp() ? d.T / job.parallel.tensor : d.T; }
+  TorchOps stream_ops() { return {sim, m, stream_rows(), r.param}; }
+  TensorId stream_norm(TensorId x, TensorId w, const char* tag) { return stream_ops().rmsnorm(x, w, tag, d.h, 1); }
+  // Shard(1) → Replicate: the whole sequence, in the local tensor's dtype. Its backward
+  // reduce-scatters the gradient: a contiguous b·s copy, then the local share.
+  TensorId sp_all_gather(TensorId local, const char* name) {
+    const bytes_t whole = sim.info(local).bytes * job.parallel.tensor;
+    TensorId out = sim.make(name, whole, Term::activations, "all_gather (Shard(1) → Replicate)", "", "b·s·h", true);
+    sim.node("all_gather backward: reduce_scatter", {local}, {out}, {}, whole);
+    return out;
+  }
+  // Partial → Shard(1): _reduce_shard_tensor copies the partial sum into a contiguous buffer, the
+  // collective writes this rank's share, the copy and the partial go. Backward all-gathers the
+  // gradient (a whole b·s·h tensor).
+  TensorId sp_reduce_scatter(TensorId partial, const char* name) {
+    const bytes_t whole = sim.info(partial).bytes;
+    TensorId copy = sim.make("SP reduce-scatter input (contiguous copy)", whole, Term::other, Role::communication,
+                             "reduce_scatter", "", "b·s·h", false);
+    TensorId out = sim.make(name, whole / job.parallel.tensor, Term::activations, "reduce_scatter (Partial → Shard(1))", "",
+                            "b·(s/t)·h", true);
+    sim.drop(copy);
+    sim.node("reduce_scatter backward: all_gather", {partial}, {out}, {});
+    sim.drop(partial);
+    return out;
+  }
+  // lm_head's ColwiseParallel(output_layouts=Replicate): the vocabulary shards of the logits
+  // all-gathered into the whole b·s·V (gathered along the last dim: a second whole buffer while the
+  // chunks are put in place); its backward takes this rank's chunk of the gradient (a copy).
+  TensorId sp_gather_logits(TensorId local) {
+    const bytes_t whole = sim.info(local).bytes * job.parallel.tensor;
+    TensorId out = sim.make("logits (all-gathered over the vocabulary)", whole, Term::logits_loss, "all_gather (Shard(-1) → Replicate)",
+                            r.compute_name, "b·s·V", true);
+    sim.transient("logits all-gather: the gathered chunks before the last-dim concat", whole, Term::other, Role::communication);
+    sim.node("all_gather backward: the local chunk", {local}, {out}, {});
+    sim.drop(local);
+    return out;
   }
 
   // load_balancing_loss_func (transformers 5.17; every MoE family here copies it), over the logits
@@ -319,12 +371,17 @@ struct Step {
     // the mask, repeat their keys and values and save the additive mask.
     layer_masked = masked && m.sliding_layer(first_layer + i);
     // residual = hidden_states; hidden_states = input_layernorm(hidden_states)
-    TensorId n1 = rmsnorm(x, p.norm1, "input_layernorm output");
+    TensorId n1 = stream_norm(x, p.norm1, "input_layernorm output");
+    TensorId n1_local = kNone;  // SP: the local norm output, held until self_attn returns
+    if (sp()) n1 = sp_all_gather(n1_local = n1, "SP all-gather of input_layernorm output (saved by q/k/v)");
     TensorId o = m.mla.enabled() ? mla_attention(p, n1) : attention_block(p, n1);
+    sim.drop(n1_local);
     // Gemma 2's post_attention_layernorm on the branch, then the residual add
-    TensorId h1 = ops().close_block(x, o, p.norm3, "post-attention norm output", r.resid, r.resid_name,
-                                    "residual stream (saved by the next norm)");
-    TensorId n2 = rmsnorm(h1, p.norm2, "post_attention_layernorm output");
+    TensorId h1 = stream_ops().close_block(x, o, p.norm3, "post-attention norm output", r.resid, r.resid_name,
+                                           "residual stream (saved by the next norm)");
+    TensorId n2 = stream_norm(h1, p.norm2, "post_attention_layernorm output");
+    TensorId n2_local = kNone;  // SP: held until the MLP returns
+    if (sp()) n2 = sp_all_gather(n2_local = n2, "SP all-gather of post_attention_layernorm output (saved by gate/up)");
     // MLP (TorchOps::mlp, or TorchOps::moe on a mixture-of-experts layer) through this step's
     // linear: autocast casts and LoRA adapters
     TensorId dn = m.moe_layer(first_layer + i) ? moe(p, n2) : ops().mlp(n2, r.compute, r.compute_name,
@@ -335,17 +392,16 @@ struct Step {
                                   return linear(in_x, in, out, p.gate, kNone, name, shape, &p.agate, 0, tp_input_grad_allreduce());
                                 case Module::up:
                                   return linear(in_x, in, out, p.up, kNone, name, shape, &p.aup, 0, tp_input_grad_allreduce());
-                                case Module::down: {
-                                  const TensorId y = linear(in_x, in, out, p.down, kNone, name, shape, &p.adown);
-                                  tp_all_reduce(y);
-                                  return y;
-                                }
+                                case Module::down:
+                                  return tp_row_output(linear(in_x, in, out, p.down, kNone, name, shape, &p.adown),
+                                                       "SP reduce-scatter of down_proj output");
                                 default: throw Error(ErrorKind::unsupported, "internal: no training MLP linear for " + std::string(to_string(mod)));
                               }
                             });
     sim.drop(n2);  // hidden_states = self.mlp(hidden_states)
-    TensorId h2 = ops().close_block(h1, dn, p.norm4, "post-feedforward norm output", r.resid, r.resid_name,
-                                    "residual stream (layer output)");
+    sim.drop(n2_local);
+    TensorId h2 = stream_ops().close_block(h1, dn, p.norm4, "post-feedforward norm output", r.resid, r.resid_name,
+                                           "residual stream (layer output)");
     sim.drop(h1);
     *out = h2;
   }
@@ -440,9 +496,8 @@ struct Step {
       sim.drop(att);
     }
     TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
-    tp_all_reduce(o);
     sim.drop(attc);
-    return o;
+    return tp_row_output(o, "SP reduce-scatter of o_proj output");
   }
 
   // DeepSeek-V3's rotary on a latent-attention view `x` (width values per token, `eb` bytes each):
@@ -774,6 +829,9 @@ TensorId embed_tokens(Step& st, TensorId* inputs_embeds) {
   TensorId x = sim.make("embedding output", mul(d.T, d.h, r.param), Term::activations, "embedding",
                         r.param_name, "b·s·h", true);
   sim.node("EmbeddingBackward0", {st.emb}, {x}, {st.input_ids});
+  // SP: RowwiseParallel(input_layouts=Replicate, output_layouts=Shard(1)): the vocabulary shard's
+  // lookup is a partial sum over the whole sequence, reduce-scattered onto this rank's part
+  if (st.sp()) x = st.sp_reduce_scatter(x, "SP reduce-scatter of the embedding output");
   *inputs_embeds = kNone;
   if (st.m.quirks.embedding_scale) {
     *inputs_embeds = x;
@@ -855,14 +913,22 @@ TensorId forward(Step& st, bool checkpoint) {
   sim.drop(inputs_embeds);
   // LlamaModel returns the final norm output as last_hidden_state: the CausalLM forward holds it
   // (and the DynamicCache) until it returns, i.e. through the loss.
-  TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
+  TensorId hn = st.stream_norm(x, st.final_norm, "final norm output");
   sim.drop(x);
   if (!checkpoint) sim.drop(st.mask);  // the model's forward returns
   sim.hold(hn);
   TensorId loss = kNone;
-  const bytes_t TV = mul(d.T, d.V);
+  // the logits' vocabulary: the whole of it (SP gathers lm_head's shards), or this rank's shard
+  // under the vocabulary-parallel loss
+  const bool vocab_parallel = st.job.parallel.loss_parallel;
+  const bytes_t V = st.sp() && !vocab_parallel ? mul(d.V, st.job.parallel.tensor) : d.V;
+  const bytes_t TV = mul(d.T, V);
   if (st.job.loss == Loss::full) {
-    TensorId logits = st.linear(hn, d.h, d.V, st.lm_head, kNone, "logits", "b·s·V");
+    TensorId head_in = st.sp() ? st.sp_all_gather(hn, "SP all-gather of the final norm output (saved by lm_head)") : hn;
+    if (!st.sp()) sim.hold(hn);
+    TensorId logits = st.linear(head_in, d.h, d.V, st.lm_head, kNone, "logits", "b·s·V");
+    sim.drop(head_in);
+    if (st.sp() && !vocab_parallel) logits = st.sp_gather_logits(logits);
     sim.drop(hn);
     if (st.m.final_logit_softcap > 0) {
       // Gemma 2: logits = tanh(logits / cap) * cap; tanh saves its output
@@ -886,11 +952,22 @@ TensorId forward(Step& st, bool checkpoint) {
       sim.hold(l32);
     }
     TensorId shift = sim.make("shifted labels", mul(d.T, 8), Term::other, Role::input, "pad + contiguous", "int64", "b·s", false);
+    // loss_parallel() (torch/distributed/tensor/parallel/loss.py) on the vocabulary shards:
+    // _log_softmax computes x − max (kept until the result), its exp, then x − max − log Σexp;
+    // _nll_loss_and_log_softmax_backward makes the input gradient directly (with two more
+    // shard-sized temporaries), and log_softmax's own backward passes it on.
+    TensorId shifted = kNone;
+    if (vocab_parallel) {
+      shifted = sim.make("loss_parallel: logits − max (until the log-softmax)", mul(TV, 4), Term::logits_loss, "_log_softmax",
+                         "fp32", "b·s·V/t", false);
+      sim.transient("loss_parallel: exp(logits − max)", mul(TV, 4), Term::logits_loss, Role::temporary);
+    }
     TensorId lsm = sim.make("log-softmax output (saved by the loss)", mul(TV, 4), Term::logits_loss, "log_softmax", "fp32", "b·s·V", true);
     sim.node("LogSoftmaxBackward0", {l32}, {lsm}, {lsm});
+    sim.drop(shifted);
     sim.drop(l32);
     loss = sim.make("loss", 4, Term::logits_loss, "nll_loss", "fp32", "1", true);
-    sim.node("NllLossBackward0", {lsm}, {loss}, {shift});
+    sim.node("NllLossBackward0", {lsm}, {loss}, {shift}, vocab_parallel ? mul(TV, 4, 2) : 0);
     sim.drop(lsm);
     sim.drop(shift);
     sim.drop(logits);  // the output object is dropped once .loss is taken
@@ -1274,7 +1351,9 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLa
     // 1.5B at --tp 2 holds no such tails). The replicated tensors keep theirs.
     for (std::size_t g = 0; g < st.groups.size(); ++g)
       for (const auto& [id, t] : st.groups[g]) {
-        if (g != 0 && t.projection()) continue;
+        // (sequence parallelism shards the embedding and lm_head too)
+        const bool shard = t.projection() && (g != 0 || job.parallel.sequence_parallel);
+        if (shard || (job.parallel.sequence_parallel && t.module == Module::embedding)) continue;
         const TensorInfo& info = st.sim.info(id);
         out.params += tail(info.bytes);
         out.state += state_tail(info.bytes / st.r.param);
@@ -1345,7 +1424,9 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
     for (const ParamTensor& t : model_tensors(sizing))
       if (t.projection() && t.module != Module::embedding && t.module != Module::lm_head)
         sharded = checked_add(sharded, t.elements(), "tensor-parallel shards");
-  return {n, largest_trainable(sizing, 0), l.tensor > 1 ? std::max(sharded, n - sharded) : n};
+  // (under sequence parallelism every parameter is a DTensor, the norms' replicated: one optimizer)
+  const bool two_optimizers = l.tensor > 1 && !job.parallel.sequence_parallel;
+  return {n, largest_trainable(sizing, 0), two_optimizers ? std::max(sharded, n - sharded) : n};
 }
 
 }  // namespace
@@ -1406,6 +1487,11 @@ class TrainPass {
   // The parameters (and adapters), the batch, and the whole segments the parameters hold.
   void load_model_and_batch() {
     build_parameters(st_);
+    // SP's vocabulary-sharded embedding: its backward computes the whole V × h weight gradient
+    // (Replicate) and keeps this rank's rows as a view of it (Replicate → Shard(0) narrows dim 0
+    // without a copy), so the whole buffer lives as long as .grad (the snapshot frees it in zero_grad).
+    if (st_.sp())
+      sim_.set_grad_bytes(st_.emb, mul(st_.d.V, st_.job.parallel.tensor, st_.d.h, st_.r.param));
     if (dp_.fsdp()) {
       for (auto& g : st_.groups) dp_.add_group(std::move(g));
       dp_.shard();
@@ -1649,8 +1735,9 @@ TorchStepResult simulate_torch_train(const ModelSpec& full, const Job& job, bool
   // A tensor-parallel rank runs the decoder on its share of the heads and of the MLP width.
   const std::uint64_t t = job.parallel.tensor;
   check_simulated(full, job);
-  const ModelSpec m = tp_local_spec(full, t);
-  const ModelSpec sizing = tp_local_spec(full_sizing ? *full_sizing : full, t);
+  const bool sp = job.parallel.sequence_parallel;
+  const ModelSpec m = tp_local_spec(full, t, sp);
+  const ModelSpec sizing = tp_local_spec(full_sizing ? *full_sizing : full, t, sp);
   check_torch_coverage(m, job);
   TorchStepResult res;
   // A pipeline stage (the rank is the stage): its layers, its schedule.

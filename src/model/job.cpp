@@ -199,7 +199,12 @@ void validate_parallel(const Job& j) {
     for (std::uint64_t n : p.pp_layers)
       if (n == 0) throw bad("--pp-layers", "a stage with no decoder layers is not modelled (every stage needs one)");
   }
-  if (p.sequence_parallel) throw unsupported("--sp: sequence parallelism is not modelled yet");
+  if (p.sequence_parallel && p.tensor < 2) throw bad("--sp", "sequence parallelism applies to tensor parallelism (--tp N, N ≥ 2)");
+  if (p.loss_parallel && p.tensor < 2) throw bad("--loss-parallel", "the vocabulary-parallel loss applies to tensor parallelism (--tp N --sp)");
+  if (p.loss_parallel && !p.sequence_parallel)
+    throw unsupported("--loss-parallel without --sp: lm_head sharded beside a replicated embedding is not modelled yet (give --sp)");
+  if (p.sequence_parallel && j.loss == Loss::chunked)
+    throw unsupported("--sp with --loss chunked: the fused loss over sequence-parallel logits is not modelled");
   if (p.zero_stage > 0 && p.fsdp > 1)
     throw bad("--zero", "with --fsdp: FSDP2 already shards parameters, gradients and optimizer state (--zero 2 and 3 "
                         "are FSDP2 over --dp ranks; give one or the other)");
@@ -265,6 +270,7 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
   else if (k == "reshard-after-forward") p.reshard_after_forward = flag();
   else if (k == "ddp-bucket-view") p.ddp_bucket_view = flag();
   else if (k == "sp" || k == "sequence-parallel") p.sequence_parallel = flag();
+  else if (k == "loss-parallel") p.loss_parallel = flag();
   else if (k == "pp-schedule") p.pp_schedule = parse_pipeline_schedule(v, where);
   else if (k == "microbatches") p.microbatches = count(kRanks);
   else if (k == "virtual-stages") p.virtual_stages = count(kRanks);
@@ -367,7 +373,7 @@ void check_options_apply(const Job& job, const std::vector<std::string>& given) 
     static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention",
                                              "loss",      "loss-chunk", "activations",    "lora",  "dp", "fsdp", "zero",
                                              "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "sp", "pp-schedule",
-                                             "microbatches", "virtual-stages", "pp-layers",
+                                             "microbatches", "virtual-stages", "pp-layers", "loss-parallel",
                                              "router-aux-loss"};
     static const char* const kServeOnly[] = {"kv-dtype", "weights", "group-size"};
     for (const char* t : kTrainOnly)

@@ -58,7 +58,8 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   // 0: torch.optim's default for the optimizer (a different answer from an explicit impl only where
   // they differ, but kept apart: the key is the job as given)
   put(j.optimizer_impl ? 1 + static_cast<std::uint64_t>(*j.optimizer_impl) : 0);
-  put(static_cast<std::uint64_t>(j.parallel.pp_schedule) | (j.parallel.virtual_stages << 8));
+  put(static_cast<std::uint64_t>(j.parallel.pp_schedule) | (std::uint64_t{j.parallel.loss_parallel} << 4) |
+      (j.parallel.virtual_stages << 8));
   put(j.parallel.microbatches);
   std::uint64_t split = j.parallel.pp_layers.size();  // the per-stage layer counts, folded (FNV-1a)
   for (std::uint64_t n : j.parallel.pp_layers) split = (split ^ n) * 0x100000001b3ull;

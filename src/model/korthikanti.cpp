@@ -2,8 +2,10 @@
 // Large Transformer Models" (arXiv 2205.05198), §4 and Table 2, per layer, 16-bit activations,
 // 1-byte dropout masks. Tensor parallelism (Table 2, sbh(10 + 24/t + 5as/(ht))) is the same
 // formula over one rank's local spec (tp_local_spec: heads, KV heads and I divided by t; the norm
-// inputs, the LayerNorm outputs and the dropout masks stay whole); sequence parallelism is not
-// modelled.
+// inputs, the LayerNorm outputs and the dropout masks stay whole). Sequence parallelism (Table 2,
+// sbh(34/t + 5as/(ht))) shards those along the sequence too: they are divided by t. (Megatron
+// all-gathers the LayerNorm output again in backward; PyTorch's SP keeps the gathered copy, which
+// the inventory counts and the textbook does not.)
 #include "korthikanti.hpp"
 
 namespace membudget::detail {
@@ -21,20 +23,21 @@ void korthikanti_layer(const ModelSpec& m, const Job& job, bool moe, Add&& add) 
   const bytes_t s = job.seq, b = job.batch, h = m.hidden_size, I = m.intermediate_size, a = m.num_heads;
   const bytes_t sb = mul(s, b);
   const bytes_t qd = m.q_dim(), kvd = m.kv_dim();
+  const bytes_t sp = job.parallel.sequence_parallel ? job.parallel.tensor : 1;  // the sequence-sharded terms' divisor
   if (job.recompute == Recompute::full) {
     // Full recompute keeps only each layer's input ("2sbh" in 16-bit; 4sbh when the residual
     // stream is fp32, as under amp-bf16 and fp32 recipes).
     const bytes_t resid = job.precision == Precision::bf16 || job.precision == Precision::bf16_master ? 2 : 4;
-    add("layer input (full recompute)", "s·b·h", mul(sb, h, resid), resid == 2 ? "16-bit" : "fp32");
+    add("layer input (full recompute)", "s·b·h", mul(sb, h, resid) / sp, resid == 2 ? "16-bit" : "fp32");
     return;
   }
   // Attention block: 11sbh + 5as²b, with K and V at kv width under GQA.
-  add("QKV input (LayerNorm output)", "2sbh", mul(sb, h, 2));
+  add("QKV input (LayerNorm output)", "2sbh", mul(sb, h, 2) / sp);
   add("Q for QKᵀ", "2sb·q", mul(sb, qd, 2));
   add("K for QKᵀ", "2sb·kv", mul(sb, kvd, 2));
   add("V", "2sb·kv", mul(sb, kvd, 2));
   add("output-projection input", "2sb·q", mul(sb, qd, 2));
-  add("attention dropout mask", "sbh", mul(sb, h), "uint8");
+  add("attention dropout mask", "sbh", mul(sb, h) / sp, "uint8");
   const bool fused = job.attention == Attention::flash;
   if (!fused && job.recompute != Recompute::selective) {
     add("softmax output", "2as²b", mul(a, s, s, b) * 2);
@@ -44,7 +47,7 @@ void korthikanti_layer(const ModelSpec& m, const Job& job, bool moe, Add&& add) 
     add("softmax log-sum-exp (fused attention)", "4asb", mul(a, sb, 4), "fp32");
   }
   // MLP: 19sbh for the 4h GeLU MLP; a gated MLP keeps gate, up, activation and product at width I.
-  add("MLP input (LayerNorm output)", "2sbh", mul(sb, h, 2));
+  add("MLP input (LayerNorm output)", "2sbh", mul(sb, h, 2) / sp);
   if (moe) {
     const bytes_t routed = mul(sb, m.moe.top_k), Ie = m.moe.expert_ff;
     add("router logits", "2sbE", mul(sb, m.moe.experts, 2));
@@ -61,9 +64,9 @@ void korthikanti_layer(const ModelSpec& m, const Job& job, bool moe, Add&& add) 
     add("activation output", "2sbI", mul(sb, I, 2));
     add("down projection input (product)", "2sbI", mul(sb, I, 2));
   }
-  add("MLP dropout mask", "sbh", mul(sb, h), "uint8");
+  add("MLP dropout mask", "sbh", mul(sb, h) / sp, "uint8");
   // Norm inputs: 2sbh each.
-  add("norm inputs", "2sbh × norms", mul(sb, h, 2, m.norms_per_layer));
+  add("norm inputs", "2sbh × norms", mul(sb, h, 2, m.norms_per_layer) / sp);
 }
 
 }  // namespace

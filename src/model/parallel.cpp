@@ -30,14 +30,29 @@ void check_layout(const ModelSpec& m, const Job& job) {
   if (m.moe.enabled())
     throw Error(ErrorKind::unsupported, "--tp: a mixture of experts is not modelled with tensor parallelism (expert "
                                         "parallelism, --ep, is not modelled yet either)");
+  if (!job.parallel.sequence_parallel) return;
+  // Sequence parallelism shards the residual stream along the sequence and the embedding and
+  // lm_head along the vocabulary: both evenly here.
+  if (job.seq % t)
+    throw Error(ErrorKind::invalid_job, "--sp: --seq " + std::to_string(job.seq) + " is not divisible by --tp " + std::to_string(t) +
+                                            " (each rank keeps an equal share of the sequence)");
+  even("vocab_size", m.vocab_size);
+  if (m.quirks.embedding_scale || m.final_logit_softcap > 0 || m.sliding.enabled() || m.norms_per_layer >= 4)
+    throw Error(ErrorKind::unsupported, "--sp: " + (m.name.empty() ? std::string("the model") : m.name) +
+                                            ": Gemma's norms and scales and sliding-window attention are not modelled "
+                                            "with sequence parallelism (Llama-style layers are)");
 }
 
-ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t) {
+ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t, bool sp) {
   ModelSpec local = m;
   if (t <= 1) return local;
   local.num_heads /= t;
   local.num_kv_heads /= t;
   local.intermediate_size /= t;
+  if (sp) {
+    local.vocab_size /= t;
+    local.tied_embeddings = false;
+  }
   // head_dim stays: q_dim() = heads · head_dim shrinks with the heads
   return local;
 }

@@ -42,7 +42,10 @@ void check_layout(const ModelSpec& m, const Job& job);
 // q, k, v, gate, up ColwiseParallel, o, down RowwiseParallel; embedding, norms, lm_head
 // replicated): the heads, KV heads and MLP width divided by t. Its parameters are the rank's local
 // shards, its decoder layer the rank's computation.
-ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t);
+// With sequence parallelism (`sp`, torchtitan's plan) the embedding is RowwiseParallel and lm_head
+// ColwiseParallel as well: both sharded on the vocabulary (vocab_size / t), and a tied model's two
+// become separate shards (parallelize_module replaces each module's parameter on its own).
+ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t, bool sp = false);
 
 // Every parameter tensor of the model once, in module order: the embedding, layer 0 … L−1, the final
 // norm, an untied lm_head (a tied lm_head is the embedding).

@@ -92,6 +92,8 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
     b.logits = detail::logits_breakdown(model, job);  // (one microbatch's, on a pipeline's last stage)
     if (job.parallel.pipeline > 1 && !detail::pipeline_stage(model, job, *job.parallel.rank).last())
       b.logits = {};  // only the last stage computes logits
+    if (job.parallel.loss_parallel)  // each rank's logits and loss cover its vocabulary shard
+      for (bytes_t* f : {&b.logits.logits, &b.logits.upcast, &b.logits.loss_saved, &b.logits.logits_grad}) *f /= job.parallel.tensor;
     b.phases = std::move(r.steady);
     b.step0 = std::move(r.step0);
     if (job.activations == ActivationModel::inventory) {
@@ -99,7 +101,7 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
       b.activations.other = r.after_forward_activations - b.activations.per_layer * layers;
     } else {
       // Table 2 of Korthikanti et al.: a tensor-parallel rank keeps the split terms at 1/t
-      b.activations = detail::korthikanti(detail::tp_local_spec(model, job.parallel.tensor), job);
+      b.activations = detail::korthikanti(detail::tp_local_spec(model, job.parallel.tensor, job.parallel.sequence_parallel), job);
       if (job.parallel.pipeline > 1) {
         // §4.2.3: a stage holds its layers' activations for each microbatch in flight — M under
         // GPipe, min(M, stages − stage) under 1F1B (the first stage's factor: p microbatches of L/p layers)

@@ -56,6 +56,8 @@ ordered_json job_json(const Job& j) {
     }
     if (p.fsdp > 1 || p.zero_stage >= 2) par["reshard_after_forward"] = p.zero_stage >= 2 ? p.zero_stage == 3 : p.reshard_after_forward;
     if (p.ddp_bucket_view) par["ddp_bucket_view"] = true;
+    if (p.sequence_parallel) par["sp"] = true;
+    if (p.loss_parallel) par["loss_parallel"] = true;
     par["rank"] = p.rank ? ordered_json(*p.rank) : ordered_json(nullptr);
     o["parallel"] = par;
   }
@@ -93,7 +95,9 @@ std::string rpad(std::string s, std::size_t w) {
 
 std::string layout_label(const Parallelism& p) {
   const std::string n = std::to_string(p.world());
-  if (p.tensor > 1) return "tensor parallel over " + n + " ranks (DTensor)";
+  if (p.tensor > 1)
+    return "tensor parallel over " + n + " ranks (DTensor" + (p.sequence_parallel ? ", sequence parallel" : "") +
+           (p.loss_parallel ? ", vocabulary-parallel loss" : "") + ")";
   if (p.pipeline > 1)
     return "pipeline of " + n + " stages (" + std::string(p.pp_schedule == PipelineSchedule::gpipe ? "GPipe" : "1F1B") + ", " +
            std::to_string(p.microbatches ? p.microbatches : p.pipeline) + " microbatches)";

@@ -415,8 +415,7 @@ const StepPlan* StepPlan::cached(const ModelSpec& m, const Job& job) {
 void StepPlan::clear_cache() noexcept { PlanCache<StepPlan>::mine().clear(); }
 
 TorchStepResult simulate_torch_train_fast(const ModelSpec& m, const Job& job) {
-  // A pipeline stage's schedule (one graph per microbatch) is not compiled yet: simulated.
-  if (job.parallel.pipeline > 1) return simulate_torch_train(m, job, false);
+  if (!StepPlan::covers(job)) return simulate_torch_train(m, job, false);
   if (const StepPlan* plan = StepPlan::cached(m, job)) return plan->result(job.batch, job.seq);
   return simulate_torch_train(m, job, false);
 }

@@ -42,6 +42,10 @@ class StepPlan {
   // This thread's plan for (m, job), compiled on first use (validating m); nullptr when the step
   // does not compile. The job must be valid. At most 256 plans per thread, cleared when full.
   static const StepPlan* cached(const ModelSpec& m, const Job& job);
+  // Whether plans cover the job at all. Not compiled yet (simulated instead): a pipeline stage's
+  // schedule (one graph per microbatch, and its most loaded stage found by predict()), and
+  // sequence parallelism (its probe shapes would have to divide the sequence by the degree).
+  static bool covers(const Job& job) noexcept { return job.parallel.pipeline <= 1 && !job.parallel.sequence_parallel; }
   static void clear_cache() noexcept;
 
   struct Result {

@@ -98,7 +98,8 @@ def test_parallel_settings_not_modelled_are_unsupported_not_unsharded():
     for kw, named in [({"tensor_parallel": 2, "fsdp": 2}, "--tp 2 with data parallelism"),
                       ({"pp": 4, "tensor_parallel": 2}, "--pp 4 with"),
                       ({"pp": 4}, "--pp with --precision amp-bf16"),
-                      ({"sequence_parallel": True}, "--sp")]:
+                      ({"tensor_parallel": 4, "sequence_parallel": True, "seq": 1022}, "not divisible"),
+                      ({"tensor_parallel": 4, "loss_parallel": True}, "--loss-parallel without --sp")]:
         with pytest.raises(membudget.Error, match=named):
             membudget.predict(LLAMA_1B, **kw)
         with pytest.raises(membudget.Error, match=named):
@@ -108,6 +109,13 @@ def test_parallel_settings_not_modelled_are_unsupported_not_unsharded():
     z3 = membudget.predict(LLAMA_1B, batch=1, seq=1024, data_parallel=8, zero_stage=3)
     assert z3["peak"] < one["peak"]
     assert membudget.predict(LLAMA_1B, batch=1, seq=1024, fsdp=8, reshard_after_forward=False)["peak"] > z3["peak"]
+    # sequence parallelism and the vocabulary-parallel loss: less than tensor parallelism alone
+    tp = membudget.predict(LLAMA_1B, batch=1, seq=2048, precision="bf16", tensor_parallel=4)
+    sp = membudget.predict(LLAMA_1B, batch=1, seq=2048, precision="bf16", tensor_parallel=4, sequence_parallel=True)
+    lp = membudget.predict(LLAMA_1B, batch=1, seq=2048, precision="bf16", tensor_parallel=4, sequence_parallel=True,
+                           loss_parallel=True)
+    assert lp["peak"] < sp["peak"] < tp["peak"]
+    assert sp["job"]["parallel"]["sp"] and lp["job"]["parallel"]["loss_parallel"]
     # a pipeline stage: the keys of --pp-schedule, --microbatches, --pp-layers; the last stage holds lm_head
     kw = dict(batch=1, seq=1024, precision="bf16", pp=2, pp_schedule="gpipe", microbatches=4)
     first = membudget.predict(LLAMA_1B, rank=0, **kw)
