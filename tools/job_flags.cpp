@@ -56,6 +56,7 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--zero", zero, "ZeRO stage over --dp ranks: 1 ZeroRedundancyOptimizer, 2 FSDP2 without, 3 with reshard after forward");
   cmd->add_option("--reshard-after-forward", reshard_after_forward, "FSDP2 reshard_after_forward: true (default) | false");
   cmd->add_flag("--ddp-bucket-view", ddp_bucket_view, "DDP with gradient_as_bucket_view=True");
+  cmd->add_flag("--fsdp-offload", fsdp_offload, "FSDP2's CPUOffloadPolicy: shards, gradients and optimizer state on the host (JSON: host)");
   cmd->add_option("--rank", rank, "the rank predicted (default: the most loaded one)");
   cmd->add_option("--tp", tp, "tensor-parallel ranks: DTensor's Llama plan (docs/distributed.md)");
   cmd->add_option("--pp", pp, "pipeline stages: torch.distributed.pipelining (docs/distributed.md)");
@@ -125,6 +126,7 @@ std::vector<std::string> JobFlags::given_job_flags() const {
   if (ddp_bucket_view) out.push_back("--ddp-bucket-view");
   if (sp) out.push_back("--sp");
   if (loss_parallel) out.push_back("--loss-parallel");
+  if (fsdp_offload) out.push_back("--fsdp-offload");
   if (router_aux_loss) out.push_back("--router-aux-loss");
   return out;
 }
@@ -189,6 +191,7 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (ddp_bucket_view) p.ddp_bucket_view = true;
   if (sp) p.sequence_parallel = true;
   if (loss_parallel) p.loss_parallel = true;
+  if (fsdp_offload) p.fsdp_offload = true;
   if (!rank.empty()) p.rank = parse_whole(rank, "--rank", 0, (1ull << 20) - 1);
   if (!experts.empty()) j.experts = parse_experts_impl(experts);
   if (!routing.empty()) j.routing = parse_routing(routing);

@@ -20,7 +20,9 @@ Strategies (a case's "strategy"), with the mapping membudget's flags make onto t
             over the W ranks); --dp W --zero 1. Ranks own different parameters: measure each.
     fsdp    FSDP2: fully_shard on every decoder layer, then the root, over W ranks
             (reshard_after_forward from "reshard"); --fsdp W [--reshard-after-forward false].
-            --zero 3 is fsdp with reshard, --zero 2 without. Precision amp-bf16 is fp32 sharded
+            --zero 3 is fsdp with reshard, --zero 2 without. "offload": true adds
+            CPUOffloadPolicy(pin_memory=True) (--fsdp-offload): the model is materialised on the
+            host, the rotary tables moved to the GPU; `host` in each step is the host memory kept. Precision amp-bf16 is fp32 sharded
             parameters with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) and no
             autocast (torchtitan's recipe); bf16 is bf16 parameters, no policy.
     hsdp    FSDP2 over a 2-D mesh (replicate R × shard W/R); --dp R --fsdp W/R.
@@ -32,7 +34,7 @@ Strategies (a case's "strategy"), with the mapping membudget's flags make onto t
 
 Matrix file: {"defaults": {...}, "cases": [{"name", "config", "overrides", "batch", "seq",
 "precision", "recompute", "strategy", "world", "rank", "replicate", "reshard", "bucket_view",
-"sp", "loss_parallel", "optimizer_impl", "snapshot": {"step": N}}]}. Results are rewritten after every case.
+"sp", "loss_parallel", "offload", "optimizer_impl", "snapshot": {"step": N}}]}. Results are rewritten after every case.
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ import torch_profile_step as step  # noqa: E402
 
 DEFAULTS = {"precision": "amp-bf16", "recompute": "none", "attention": "flash", "steps": 4, "warmup": 2,
             "overrides": None, "strategy": "fsdp", "world": 8, "rank": 0, "replicate": 1, "reshard": True,
-            "bucket_view": False, "sp": False, "loss_parallel": False, "optimizer_impl": None, "batch": 1, "seq": 2048}
+            "bucket_view": False, "sp": False, "loss_parallel": False, "offload": False, "optimizer_impl": None, "batch": 1, "seq": 2048}
 
 
 # Under torchrun (--torchrun) the ranks are real processes on real GPUs and NCCL moves the data;
@@ -74,13 +76,14 @@ def init_pg(rank, world):
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
 
 
-def materialise(model):
-    """Real storage on the GPU for a model built on the meta device, with random values.
+def materialise(model, device="cuda"):
+    """Real storage on `device` (the GPU; the host under FSDP2's CPU offload) for a model built on
+    the meta device, with random values.
 
     to_empty gives lm_head and embed_tokens storages of their own: a tied model is tied again."""
     import torch
 
-    model.to_empty(device="cuda")
+    model.to_empty(device=device)
     if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
         model.lm_head.weight = model.model.embed_tokens.weight
     with torch.no_grad():
@@ -122,11 +125,18 @@ def build(case, cfgd):
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if amp else MixedPrecisionPolicy())
         kw = {"mesh": mesh, "reshard_after_forward": bool(case["reshard"]), "mp_policy": mp}
+        offload = bool(case.get("offload"))
+        if offload:  # CPUOffloadPolicy: shards, gradients and optimizer state in pinned host memory
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         for layer in model.model.layers:
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
         amp = False  # the policy casts; no autocast
-        materialise(model)
+        materialise(model, "cpu" if offload else "cuda")
+        if offload:  # torchtitan's buffer_device: the rotary tables stay on the GPU
+            model.model.rotary_emb.to("cuda")
     elif strategy == "tp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Replicate, Shard
@@ -236,6 +246,38 @@ def local_param_stats(model):
     return out
 
 
+def host_bytes(model, opts):
+    """Host memory the step keeps (FSDP2's CPU offload): the CPU parameter shards, their .grad and
+    the optimizer state, by tensor; and the pinned host allocator's reading where torch has it."""
+    import torch
+
+    out = {"params": 0, "grads": 0, "state": 0}
+    for p in model.parameters():
+        loc = p.to_local() if hasattr(p, "to_local") else p
+        if not loc.is_cuda:
+            out["params"] += loc.numel() * loc.element_size()
+        g = p.grad
+        if g is not None:
+            gl = g.to_local() if hasattr(g, "to_local") else g
+            if not gl.is_cuda:
+                out["grads"] += gl.numel() * gl.element_size()
+    for o in opts:
+        for st in getattr(o, "optim", o).state.values():
+            for v in st.values():
+                if torch.is_tensor(v):
+                    loc = v.to_local() if hasattr(v, "to_local") else v
+                    if not loc.is_cuda:
+                        out["state"] += loc.numel() * loc.element_size()
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if stats:
+        try:
+            s = stats()
+            out["pinned"] = {k: v for k, v in s.items() if "allocated" in k or "reserved" in k}
+        except Exception as e:  # pragma: no cover
+            out["pinned_error"] = str(e)
+    return out
+
+
 def run_case(case, snapshot_dir):
     import torch
     import torch.distributed as dist
@@ -270,6 +312,8 @@ def run_case(case, snapshot_dir):
             run_step(model, opts, x, amp, rec, snap, bool(case.get("loss_parallel")))
             if i == 0:
                 res["optimizer_state_bytes"] = state_bytes(opt_list)
+            if case.get("offload"):  # after zero_grad: the gradients' host blocks show in the pinned allocator only
+                rec["host"] = host_bytes(model, opt_list)
         res["status"] = "ok"
     except torch.cuda.OutOfMemoryError as e:
         res["status"] = "oom"

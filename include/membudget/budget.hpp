@@ -143,6 +143,11 @@ struct Budget {
   };
   std::uint64_t rank = 0, world = 1;
   std::vector<RankGroup> ranks;
+  // FSDP2's CPU offload (--fsdp-offload): the host memory the rank needs instead of GPU memory.
+  struct HostMemory {
+    bytes_t parameters = 0, gradients = 0, optimizer_state = 0;
+    bytes_t total() const { return parameters + gradients + optimizer_state; }
+  } host;
   // Why reserved_peak is absent although asked for (empty when it is there or was not asked for).
   std::string reserved_unmodelled;
   // What nvidia-smi shows for the process: reserved_peak plus the memory outside the allocator.

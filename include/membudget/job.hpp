@@ -123,6 +123,7 @@ struct Parallelism {
   bool sequence_parallel = false;      // --sp (with --tp)
   bool loss_parallel = false;          // --loss-parallel: lm_head's output kept sharded, loss_parallel() (with --sp)
   bool reshard_after_forward = true;   // --reshard-after-forward (FSDP2)
+  bool fsdp_offload = false;           // --fsdp-offload: FSDP2's CPUOffloadPolicy(pin_memory=True)
   bool ddp_bucket_view = false;        // --ddp-bucket-view: DDP's gradient_as_bucket_view=True
   // --rank: the rank predicted; unset: the most loaded one (ranks differ under ZeRO-1's partition
   // and FSDP2's uneven shards).

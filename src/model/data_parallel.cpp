@@ -21,10 +21,12 @@ void DataParallelSim::shard() {
   // fully_shard keeps each parameter's padded dim-0 chunk as its own tensor (_init_sharded_param:
   // new_zeros(padded_sharded_size)) and frees the whole parameter; the unsharded parameter is an
   // empty storage until the first all-gather.
+  // Under CPUOffloadPolicy the shards are pinned host tensors instead.
   for (const Group& g : groups_)
     for (const auto& [id, t] : g.params) {
-      sim_.alloc_raw("FSDP2 sharded parameters", times(fsdp_padded_shard(t, l_.shard), stored_), Term::model_states,
-                     Role::parameter, "fully_shard");
+      const bytes_t shard = times(fsdp_padded_shard(t, l_.shard), stored_);
+      if (l_.offload) host_params_ = checked_add(host_params_, shard, "FSDP2 host shards");
+      else sim_.alloc_raw("FSDP2 sharded parameters", shard, Term::model_states, Role::parameter, "fully_shard");
       sim_.release_storage(id);
     }
 }
@@ -51,12 +53,21 @@ TensorId DataParallelSim::all_gather(std::size_t g) {
   // one flat param_dtype input (_get_param_all_gather_inputs); otherwise the output's own slice is
   // the input. The output holds every rank's shards (S · Σ padded shard elements).
   const Group& gr = groups_[g];
+  // CPU offload: FSDPParam.all_gather_inputs first copies each host shard to the GPU
+  // (sharded_param_data.to(device), in the stored dtype); the copies go once the output is filled.
+  std::vector<TensorId> copies;
+  if (l_.offload)
+    for (const auto& [id, t] : gr.params)
+      copies.push_back(sim_.make("FSDP2 offload: shards copied to the GPU for the all-gather",
+                                 times(fsdp_padded_shard(t, l_.shard), stored_), Term::other, Role::communication,
+                                 "FSDPParam.all_gather_inputs", "", "", false));
   const TensorId in = stored_ != compute_
                           ? sim_.make("FSDP2 all-gather input (shards cast to param_dtype)", times(gr.shard_elems, compute_),
                                       Term::other, Role::communication, "foreach_all_gather", "", "", false)
                           : kNone;
   const TensorId out = sim_.make("FSDP2 all-gather output", times(l_.shard, gr.shard_elems, compute_), Term::other,
                                  Role::communication, "foreach_all_gather", "", "", false);
+  for (TensorId c : copies) sim_.drop(c);
   sim_.drop(in);
   return out;
 }
@@ -118,8 +129,15 @@ void DataParallelSim::post_backward(std::size_t g) {
   held_reduce_scatter_ = sim_.make("FSDP2 reduce-scatter input", times(l_.shard, gr.shard_elems, reduce_), Term::other,
                                    Role::communication, "foreach_reduce", "", "", false);
   for (const auto& [id, t] : gr.params) sim_.drop_grad(id);
-  rs_outputs_.push_back(sim_.make("FSDP2 sharded gradients (reduce-scatter output)", times(gr.shard_elems, reduce_),
-                                  Term::model_states, Role::gradient, "foreach_reduce", "", "", false));
+  const TensorId out = sim_.make("FSDP2 sharded gradients (reduce-scatter output)", times(gr.shard_elems, reduce_),
+                                 Term::model_states, Role::gradient, "foreach_reduce", "", "", false);
+  if (!l_.offload) {
+    rs_outputs_.push_back(out);
+    return;
+  }
+  // CPU offload: the output is copied to a pinned host gradient and freed within post_backward
+  host_grads_ = checked_add(host_grads_, times(gr.shard_elems, reduce_), "FSDP2 host gradients");
+  sim_.drop(out);
 }
 
 std::size_t DataParallelSim::group_of_section(int section) const {

@@ -45,8 +45,11 @@ class DataParallelSim {
   // Installs the backward hooks on the simulator (FSDP2 pre/post-backward, DDP's bucket view).
   void install_backward_hooks(std::uint64_t layers);
   // What the step keeps after backward as the parameters' gradients: FSDP2's reduce-scatter outputs
-  // (freed by zero_grad with the rest).
+  // (freed by zero_grad with the rest; none on the GPU under CPU offload).
   const std::vector<TensorId>& sharded_grads() const { return rs_outputs_; }
+  // CPU offload: the host memory the sharded parameters and their gradients take (pinned).
+  bytes_t host_parameters() const { return host_params_; }
+  bytes_t host_gradients() const { return host_grads_; }
 
  private:
   struct Group {
@@ -71,6 +74,7 @@ class DataParallelSim {
   TensorId held_all_gather_ = kNone;      // forward: the last all-gather output, until the next copy-out
   TensorId held_reduce_scatter_ = kNone;  // the last reduce-scatter input, until the next group's
   std::vector<TensorId> rs_outputs_;
+  bytes_t host_params_ = 0, host_grads_ = 0;
 };
 
 }  // namespace membudget::detail

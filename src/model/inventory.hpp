@@ -12,6 +12,9 @@ struct TorchStepResult {
   std::vector<PhasePeak> steady;  // floor, forward_peak, backward_peak, optimizer_peak
   std::vector<PhasePeak> step0;
   bytes_t weights = 0, gradients = 0, optimizer_state = 0, master = 0;
+  // FSDP2's CPU offload: what the rank keeps in host memory instead (pinned shards and gradients,
+  // the optimizer's state)
+  bytes_t host_parameters = 0, host_gradients = 0, host_optimizer_state = 0;
   // live at the end of the forward (steady state), by term
   bytes_t after_forward_activations = 0, after_forward_logits = 0, after_forward_autocast = 0;
   std::vector<TensorBytes> saved;         // activations live after forward, grouped by name

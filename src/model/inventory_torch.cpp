@@ -1510,6 +1510,11 @@ class TrainPass {
     const Trainable tr = trainable_elements(st_.job, sizing_, layout_, st_.stage);
     oc_ = optimizer_cost(st_.job, sizing_, tr.elements, tr.largest, tr.per_step_call);
     tails_ = segment_tails(st_, sizing_, layout_, stage_ ? stage_->layers : sizing_.num_layers);
+    if (layout_.offload) {  // FSDP2's CPUOffloadPolicy: the optimizer steps host tensors; nothing of it on the GPU
+      host_state_ = checked_add(oc_.state, oc_.master, "host optimizer state");
+      oc_ = {};
+      tails_ = {};
+    }
     sim_.alloc_raw("allocator: whole segments held by parameters", tails_.params, Term::other, Role::workspace,
                    "caching allocator");
   }
@@ -1680,6 +1685,9 @@ class TrainPass {
     res_.gradients = grads_;
     res_.optimizer_state = oc_.state;
     res_.master = oc_.master;
+    res_.host_parameters = dp_.host_parameters();
+    res_.host_gradients = dp_.host_gradients();
+    res_.host_optimizer_state = host_state_;
   }
 
  private:
@@ -1722,7 +1730,7 @@ class TrainPass {
   bool steady_;
   OptimizerCost oc_;
   SegmentTails tails_;
-  bytes_t weights_ = 0, floor_ = 0, grads_ = 0, buckets_ = 0;
+  bytes_t weights_ = 0, floor_ = 0, grads_ = 0, buckets_ = 0, host_state_ = 0;
   TensorId loss_ = kNone;
   std::vector<TensorId> grad_ids_;
   std::vector<TensorId> recv_, grad_recv_, previous_chunks_;  // a pipeline stage's buffers

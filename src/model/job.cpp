@@ -214,6 +214,7 @@ void validate_parallel(const Job& j) {
     throw bad("--reshard-after-forward", "false contradicts --zero 3 (ZeRO-3 reshards after forward; --zero 2 does not)");
   const bool fsdp = p.fsdp > 1 || p.zero_stage >= 2;
   const bool ddp = p.data > 1 && !fsdp;
+  if (p.fsdp_offload && !fsdp) throw bad("--fsdp-offload", "applies to FSDP2 (--fsdp N, or --dp N --zero 2 / 3)");
   if (p.ddp_bucket_view && !ddp) throw bad("--ddp-bucket-view", "applies to DistributedDataParallel (--dp N without --fsdp or --zero 2/3)");
   if (!p.reshard_after_forward && !fsdp && p.zero_stage != 2)
     throw bad("--reshard-after-forward", "applies to FSDP2 (--fsdp N)");
@@ -271,6 +272,7 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
   else if (k == "ddp-bucket-view") p.ddp_bucket_view = flag();
   else if (k == "sp" || k == "sequence-parallel") p.sequence_parallel = flag();
   else if (k == "loss-parallel") p.loss_parallel = flag();
+  else if (k == "fsdp-offload") p.fsdp_offload = flag();
   else if (k == "pp-schedule") p.pp_schedule = parse_pipeline_schedule(v, where);
   else if (k == "microbatches") p.microbatches = count(kRanks);
   else if (k == "virtual-stages") p.virtual_stages = count(kRanks);
@@ -373,7 +375,7 @@ void check_options_apply(const Job& job, const std::vector<std::string>& given) 
     static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention",
                                              "loss",      "loss-chunk", "activations",    "lora",  "dp", "fsdp", "zero",
                                              "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "sp", "pp-schedule",
-                                             "microbatches", "virtual-stages", "pp-layers", "loss-parallel",
+                                             "microbatches", "virtual-stages", "pp-layers", "loss-parallel", "fsdp-offload",
                                              "router-aux-loss"};
     static const char* const kServeOnly[] = {"kv-dtype", "weights", "group-size"};
     for (const char* t : kTrainOnly)

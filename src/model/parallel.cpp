@@ -164,6 +164,7 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
   RankLayout l;
   l.world = p.world();
   l.reshard = p.reshard_after_forward;
+  l.offload = p.fsdp_offload;
   l.bucket_view = p.ddp_bucket_view;
   l.tensor = p.tensor;
   l.pipeline = p.pipeline;

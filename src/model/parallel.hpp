@@ -23,6 +23,7 @@ struct RankLayout {
   std::uint64_t shard = 1;      // FSDP2: ranks a parameter is sharded over; ZeRO-1: ranks the state is
   std::uint64_t replicate = 1;  // HSDP: replicas of each shard (FSDP2 all-reduces in place: no memory)
   bool reshard = true;          // FSDP2 reshard_after_forward
+  bool offload = false;         // FSDP2 CPUOffloadPolicy: shards, gradients, optimizer state on the host
   bool bucket_view = false;     // DDP gradient_as_bucket_view
   std::uint64_t tensor = 1;     // tensor-parallel ranks (DTensor's plan: docs/distributed.md)
   std::uint64_t pipeline = 1;   // pipeline stages (pipeline.hpp); the rank is the stage

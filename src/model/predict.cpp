@@ -83,6 +83,7 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
     b.states.gradients = r.gradients;
     b.states.optimizer = r.optimizer_state;
     b.states.master = r.master;
+    b.host = {r.host_parameters, r.host_gradients, r.host_optimizer_state};
     b.autocast_cache = r.after_forward_autocast;
     // a pipeline stage's figures are its own layers' (with every microbatch in flight at the time)
     const std::uint64_t layers =

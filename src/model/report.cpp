@@ -57,6 +57,7 @@ ordered_json job_json(const Job& j) {
     if (p.fsdp > 1 || p.zero_stage >= 2) par["reshard_after_forward"] = p.zero_stage >= 2 ? p.zero_stage == 3 : p.reshard_after_forward;
     if (p.ddp_bucket_view) par["ddp_bucket_view"] = true;
     if (p.sequence_parallel) par["sp"] = true;
+    if (p.fsdp_offload) par["fsdp_offload"] = true;
     if (p.loss_parallel) par["loss_parallel"] = true;
     par["rank"] = p.rank ? ordered_json(*p.rank) : ordered_json(nullptr);
     o["parallel"] = par;
@@ -104,7 +105,9 @@ std::string layout_label(const Parallelism& p) {
   if (p.fsdp > 1 && p.data > 1)
     return "HSDP: FSDP2 over " + std::to_string(p.fsdp) + " ranks × " + std::to_string(p.data) + " replicas" +
            (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
-  if (p.fsdp > 1) return "FSDP2 over " + n + " ranks" + (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
+  if (p.fsdp > 1)
+    return "FSDP2 over " + n + " ranks" + (p.reshard_after_forward ? " (reshard after forward" : " (no reshard after forward") +
+           (p.fsdp_offload ? ", CPU offload)" : ")");
   if (p.zero_stage >= 2) return "ZeRO-" + std::to_string(p.zero_stage) + " (FSDP2) over " + n + " ranks";
   if (p.zero_stage == 1) return "DDP + ZeRO-1 (ZeroRedundancyOptimizer) over " + n + " ranks";
   return "DDP over " + n + " ranks" + (p.ddp_bucket_view ? " (gradient_as_bucket_view)" : "");
@@ -176,6 +179,9 @@ std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool 
       j["ranks"] = groups;
     }
   }
+  if (b.job.parallel.fsdp_offload)
+    j["host"] = {{"parameters", b.host.parameters}, {"gradients", b.host.gradients},
+                 {"optimizer_state", b.host.optimizer_state}, {"total", b.host.total()}};
   if (!b.reserved_unmodelled.empty()) j["reserved_unmodelled"] = b.reserved_unmodelled;
   if (b.reserved_peak) {  // PredictOptions::reserved
     j["reserved_peak"] = b.reserved_peak;
@@ -276,6 +282,10 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
   if (b.job.mode == Mode::train) {
     out << "    weights " << format_bytes(b.states.weights) << ", gradients " << format_bytes(b.states.gradients)
         << ", master " << format_bytes(b.states.master) << ", optimizer " << format_bytes(b.states.optimizer) << "\n";
+    if (b.job.parallel.fsdp_offload)
+      out << "    host memory (CPU offload): " << format_bytes(b.host.total()) << " — shards "
+          << format_bytes(b.host.parameters) << ", gradients " << format_bytes(b.host.gradients) << ", optimizer state "
+          << format_bytes(b.host.optimizer_state) << "\n";
     out << "    activations (" << to_string(b.job.activations) << "): " << format_bytes(b.activations.per_layer)
         << " per layer × " << b.activations.layers << " layers";
     if (b.activations.other) out << " + " << format_bytes(b.activations.other) << " outside the layers";

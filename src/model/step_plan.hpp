@@ -44,8 +44,11 @@ class StepPlan {
   static const StepPlan* cached(const ModelSpec& m, const Job& job);
   // Whether plans cover the job at all. Not compiled yet (simulated instead): a pipeline stage's
   // schedule (one graph per microbatch, and its most loaded stage found by predict()), and
-  // sequence parallelism (its probe shapes would have to divide the sequence by the degree).
-  static bool covers(const Job& job) noexcept { return job.parallel.pipeline <= 1 && !job.parallel.sequence_parallel; }
+  // sequence parallelism (its probe shapes would have to divide the sequence by the degree), and
+  // FSDP2's CPU offload (the plans carry no host memory).
+  static bool covers(const Job& job) noexcept {
+    return job.parallel.pipeline <= 1 && !job.parallel.sequence_parallel && !job.parallel.fsdp_offload;
+  }
   static void clear_cache() noexcept;
 
   struct Result {
