@@ -52,6 +52,11 @@ Job job_of(const nlohmann::json& j) {
   } else if (st == "zero1") {
     p.data = W;
     p.zero_stage = 1;
+  } else if (st == "fsdp_tp") {
+    p.tensor = j["tp"].get<std::uint64_t>();
+    p.fsdp = W / p.tensor;
+    p.reshard_after_forward = j.value("reshard", true);
+    p.sequence_parallel = j.value("sp", false);
   } else if (st == "tp") {
     p.tensor = W;
     p.sequence_parallel = j.value("sp", false);
@@ -173,6 +178,24 @@ TEST_CASE("tensor-parallel ranks with sequence parallelism and the vocabulary-pa
   CHECK(w.cases >= 11);
   MESSAGE("sequence-parallel ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
                                                                << " cases; worst step-0 error " << w.step0 * 100 << "%");
+}
+
+// torchtitan's 2-D layout, TP within and FSDP2 across (tools/matrices/fsdp_tp_h200.json). Two cases
+// are left out: the sequence-parallel one of tied Llama 3.2 1B, which the script re-tied after SP had
+// untied it (lm_head shares the embedding's DTensor: one tensor fewer than a user's run holds), and
+// Llama 3.1 8B under amp-bf16, whose backward peak holds 1003 MiB the simulation does not have
+// (docs/distributed.md: a known gap).
+bool fsdp_tp_left_out(const nlohmann::json& c) {
+  const std::string name = c["name"];
+  return name == "llama-3.2-1b/fsdp2-tp4-sp/w8r0/bf16/none/b1s2048" ||
+         name == "llama-3.1-8b/fsdp2-tp4/w8r0/amp-bf16/none/b1s2048/L8";
+}
+TEST_CASE("ranks of FSDP2 over tensor-parallel groups land within 2% of the fake-process-group measurement") {
+  Worst w;
+  check_file("tests/data/torch_train_fsdp_tp_fakepg_h200.json", 0.02, fsdp_tp_left_out, w);
+  CHECK(w.cases >= 5);
+  MESSAGE("FSDP2 × TP ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
+                                                         << " cases; worst step-0 error " << w.step0 * 100 << "%");
 }
 
 // FSDP2 with CPUOffloadPolicy (tools/matrices/offload_h200.json): the GPU keeps the all-gathered
@@ -313,7 +336,8 @@ TEST_CASE("layouts that do not make sense, or are not modelled, are refused by n
   j = small_job();
   j.parallel.tensor = 2;
   j.parallel.fsdp = 4;
-  refused(j, ErrorKind::unsupported, "--tp");  // 2-D layouts: not yet
+  j.parallel.data = 2;
+  refused(j, ErrorKind::unsupported, "--tp");  // HSDP with TP: not yet (FSDP2 × TP is)
   j = small_job();
   j.parallel.tensor = 16;
   refused(j, ErrorKind::invalid_job, "num_key_value_heads 8 is not divisible by 16");
@@ -337,6 +361,10 @@ TEST_CASE("layouts that do not make sense, or are not modelled, are refused by n
   j.parallel.pipeline = 2;
   j.parallel.tensor = 2;
   refused(j, ErrorKind::unsupported, "--pp 2 with");
+  j = small_job();
+  j.parallel.tensor = 2;
+  j.parallel.data = 2;
+  refused(j, ErrorKind::unsupported, "--tp 2 with --dp");
   j = small_job();
   j.parallel.fsdp = 2;
   j.mode = Mode::infer;
@@ -526,28 +554,31 @@ TEST_CASE("the layout reaches the job from YAML's job.parallel and the C ABI's k
 TEST_CASE("sweep takes lists of layouts: each point is that layout's estimate, a layout not modelled is an invalid point") {
   SweepGrid g;
   g.batches = {1, 2};
+  g.dps = {1, 2};
   g.fsdps = {1, 8};
   g.tps = {1, 4};
   const auto pts = sweep(llama1b(), small_job(), g, find_device("H100"));
-  REQUIRE(pts.size() == 8);
+  REQUIRE(pts.size() == 16);
   int invalid = 0;
   for (const auto& p : pts) {
+    CAPTURE(p.dp);
     CAPTURE(p.fsdp);
     CAPTURE(p.tp);
-    if (p.fsdp > 1 && p.tp > 1) {  // a 2-D layout: not modelled yet
+    if (p.dp > 1 && p.tp > 1) {  // DDP or HSDP with TP: not modelled yet
       CHECK_FALSE(p.ok);
       CHECK(p.error_kind == ErrorKind::unsupported);
       ++invalid;
       continue;
     }
-    REQUIRE(p.ok);
+    REQUIRE(p.ok);  // FSDP2 over TP groups (--fsdp 8 --tp 4) included
     Job j = small_job();
     j.batch = p.batch;
+    j.parallel.data = p.dp;
     j.parallel.fsdp = p.fsdp;
     j.parallel.tensor = p.tp;
     CHECK(p.estimate.peak == predict(llama1b(), j).peak);
   }
-  CHECK(invalid == 2);
+  CHECK(invalid == 4);
   SweepGrid big;
   for (std::uint64_t f = 1; f <= 1024; ++f) big.fsdps.push_back(f);
   for (std::uint64_t b = 1; b <= 100; ++b) big.batches.push_back(b);

@@ -20,7 +20,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FILES = ["tests/data/torch_train_dist_fakepg_h200.json", "tests/data/torch_train_dist_tied_fakepg_h200.json",
-         "tests/data/torch_train_sp_fakepg_h200.json", "tests/data/torch_train_pp_fakepg_h200.json"]
+         "tests/data/torch_train_sp_fakepg_h200.json", "tests/data/torch_train_fsdp_tp_fakepg_h200.json",
+         "tests/data/torch_train_offload_fakepg_h200.json", "tests/data/torch_train_pp_fakepg_h200.json"]
 PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak")
 
 
@@ -34,6 +35,10 @@ def flags_of(j):
     f += ["--rank", str(j.get("rank", 0))]
     if st == "fsdp":
         f += ["--fsdp", str(W), "--reshard-after-forward", "true" if j.get("reshard", True) else "false"]
+        f += ["--fsdp-offload"] if j.get("offload") else []
+    elif st == "fsdp_tp":
+        f += ["--fsdp", str(W // j["tp"]), "--tp", str(j["tp"]), "--reshard-after-forward",
+              "true" if j.get("reshard", True) else "false"] + (["--sp"] if j.get("sp") else [])
     elif st == "hsdp":
         f += ["--dp", str(j["replicate"]), "--fsdp", str(W // j["replicate"])]
     elif st == "ddp":
@@ -60,6 +65,8 @@ def config_of(j, tmp):
 
 def deepspeed(j, params, largest_layer):
     W, st = j.get("world"), j.get("strategy")
+    if j.get("offload"):
+        return None  # (its cpu_offload=True estimator is another formula; not compared here)
     if st == "zero1" or (st in ("fsdp", "hsdp") and not j.get("reshard", True)):
         return 2 * params + int(18 * params / W)
     if st in ("fsdp", "hsdp"):

@@ -26,6 +26,8 @@ Strategies (a case's "strategy"), with the mapping membudget's flags make onto t
             parameters with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) and no
             autocast (torchtitan's recipe); bf16 is bf16 parameters, no policy.
     hsdp    FSDP2 over a 2-D mesh (replicate R × shard W/R); --dp R --fsdp W/R.
+    fsdp_tp torchtitan's 2-D layout: the "tp" plan over "tp" ranks within, FSDP2 over W / tp
+            across (a ("dp", "tp") mesh; the model sharded on the meta device); --fsdp W/tp --tp tp.
     tp      DTensor tensor parallel over W ranks (q/k/v/gate/up ColwiseParallel, o/down
             RowwiseParallel, the rest replicated); --tp W. "sp": true adds sequence parallel;
             "loss_parallel": true keeps lm_head's output sharded on the vocabulary
@@ -94,6 +96,47 @@ def materialise(model, device="cuda"):
                 (b.to_local() if hasattr(b, "to_local") else b).uniform_(1e-4, 1e-2)  # rotary inv_freq
 
 
+def apply_tp(model, mesh, case):
+    """DTensor tensor parallelism over `mesh` (1-D): the Llama plan, with torchtitan's
+    sequence-parallel layouts when case["sp"] and the vocabulary-parallel loss's lm_head when
+    case["loss_parallel"]."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    sp = bool(case.get("sp"))
+    for layer in model.model.layers:
+        plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                "self_attn.v_proj": ColwiseParallel(), "mlp.gate_proj": ColwiseParallel(),
+                "mlp.up_proj": ColwiseParallel()}
+        if sp:  # torchtitan's layouts: the residual stream stays a DTensor sharded on the sequence
+            plan.update({
+                "input_layernorm": SequenceParallel(),
+                "post_attention_layernorm": SequenceParallel(),
+                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+                "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+            })
+        else:
+            plan.update({"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()})
+        parallelize_module(layer, mesh, plan)
+    lp = bool(case.get("loss_parallel"))
+    head = (ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1),
+                            use_local_output=False) if lp
+            else ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()) if sp else None)
+    if sp:
+        parallelize_module(model, mesh, {
+            "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                                                  use_local_output=False),
+            "model.norm": SequenceParallel(),
+            "lm_head": head,
+        })
+    elif lp:
+        parallelize_module(model, mesh, {"lm_head": head})
+
+
 def build(case, cfgd):
     """The model wrapped for the case's strategy, the optimizers, and whether autocast runs."""
     import torch
@@ -139,43 +182,24 @@ def build(case, cfgd):
             model.model.rotary_emb.to("cuda")
     elif strategy == "tp":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                       SequenceParallel, parallelize_module)
 
         materialise(model)
-        mesh = init_device_mesh("cuda", (W,), mesh_dim_names=("tp",))
-        sp = bool(case.get("sp"))
+        apply_tp(model, init_device_mesh("cuda", (W,), mesh_dim_names=("tp",)), case)
+    elif strategy == "fsdp_tp":  # torchtitan's 2-D layout: TP within, FSDP2 across (on the meta model)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        T = int(case["tp"])
+        mesh = init_device_mesh("cuda", (W // T, T), mesh_dim_names=("dp", "tp"))
+        apply_tp(model, mesh["tp"], case)
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if amp else MixedPrecisionPolicy())
+        kw = {"mesh": mesh["dp"], "reshard_after_forward": bool(case["reshard"]), "mp_policy": mp}
         for layer in model.model.layers:
-            plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-                    "self_attn.v_proj": ColwiseParallel(), "mlp.gate_proj": ColwiseParallel(),
-                    "mlp.up_proj": ColwiseParallel()}
-            if sp:  # torchtitan's layouts: the residual stream stays a DTensor sharded on the sequence
-                plan.update({
-                    "input_layernorm": SequenceParallel(),
-                    "post_attention_layernorm": SequenceParallel(),
-                    "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                                    desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-                    "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                    "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-                    "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-                })
-            else:
-                plan.update({"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()})
-            parallelize_module(layer, mesh, plan)
-        lp = bool(case.get("loss_parallel"))
-        head = (ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1),
-                                use_local_output=False) if lp
-                else ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()) if sp else None)
-        if sp:
-            parallelize_module(model, mesh, {
-                "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
-                                                      use_local_output=False),
-                "model.norm": SequenceParallel(),
-                "lm_head": head,
-            })
-        elif lp:
-            parallelize_module(model, mesh, {"lm_head": head})
+            fully_shard(layer, **kw)
+        fully_shard(model, **kw)
+        amp = False
+        materialise(model)
     elif strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -174,9 +174,12 @@ void validate_parallel(const Job& j) {
     throw bad("--dp × --fsdp × --tp × --pp", std::to_string(p.world()) + " ranks is absurdly large (limit 2^20)");
   if (p.zero_stage < 0 || p.zero_stage > 3) throw bad("--zero", "the ZeRO stage must be 0, 1, 2 or 3");
   // Not modelled yet: refused by name, never answered as if unsharded.
-  if (p.tensor != 1 && (p.data != 1 || p.fsdp != 1 || p.zero_stage != 0))
-    throw unsupported("--tp " + std::to_string(p.tensor) + " with data parallelism (--dp, --fsdp, --zero): 2-D layouts are "
-                      "not modelled yet (each alone is)");
+  // torchtitan's 2-D layout (TP within, FSDP2 across) is modelled; DDP, ZeRO-1 or HSDP with TP not yet
+  if (p.tensor != 1 && (p.data != 1 || p.zero_stage != 0))
+    throw unsupported("--tp " + std::to_string(p.tensor) + " with --dp or --zero: 2-D layouts other than --fsdp with --tp "
+                      "are not modelled yet");
+  if (p.tensor != 1 && p.fsdp_offload)
+    throw unsupported("--tp with --fsdp-offload: not modelled yet");
   if (p.pipeline > 1 && (p.data != 1 || p.fsdp != 1 || p.zero_stage != 0 || p.tensor != 1))
     throw unsupported("--pp " + std::to_string(p.pipeline) + " with --dp, --fsdp, --zero or --tp: 2-D layouts are not modelled "
                       "yet (each alone is)");

@@ -141,7 +141,10 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
   // (computed rank by rank; only the distinct ones are kept).
   std::vector<Partition> parts;
   if (l.strategy == DataStrategy::zero1) parts = zero1_partition(m, l.shard);
-  const auto tensors = l.strategy == DataStrategy::fsdp ? model_tensors(m) : std::vector<ParamTensor>{};
+  // (with tensor parallelism FSDP2 shards each rank's TP share)
+  const auto tensors = l.strategy == DataStrategy::fsdp
+                           ? model_tensors(tp_local_spec(m, l.tensor, job.parallel.sequence_parallel))
+                           : std::vector<ParamTensor>{};
   std::vector<std::vector<std::uint64_t>> groups;
   std::map<std::vector<std::uint64_t>, std::size_t> group_of_signature;
   std::vector<std::size_t> group_of_shard(static_cast<std::size_t>(l.shard));
@@ -155,7 +158,7 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
     group_of_shard[s] = it->second;
   }
   for (std::uint64_t r = 0; r < l.world; ++r)
-    groups[group_of_shard[l.strategy == DataStrategy::ddp ? 0 : static_cast<std::size_t>(r % l.shard)]].push_back(r);
+    groups[group_of_shard[l.strategy == DataStrategy::ddp ? 0 : static_cast<std::size_t>((r / l.tensor) % l.shard)]].push_back(r);
   return groups;
 }
 
@@ -169,7 +172,7 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
   l.tensor = p.tensor;
   l.pipeline = p.pipeline;
   if (l.world == 1) return l;
-  if (p.tensor > 1 || p.pipeline > 1) {  // every tensor-parallel rank holds the same shares
+  if ((p.tensor > 1 && p.fsdp <= 1) || p.pipeline > 1) {  // every tensor-parallel rank holds the same shares
     l.rank = p.rank.value_or(0);
     return l;
   }
@@ -199,8 +202,9 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
         best = r;
     l.rank = best;
   }  // FSDP2: rank 0 holds full chunks of every parameter, the most
-  // HSDP's mesh is (replicate, shard): rank r is shard r mod S of replica r / S
-  l.shard_rank = l.strategy == DataStrategy::ddp ? 0 : l.rank % l.shard;
+  // HSDP's mesh is (replicate, shard): rank r is shard r mod S of replica r / S. FSDP2 with tensor
+  // parallelism: the mesh is (dp, tp), rank r shards index r / t of the dp dimension.
+  l.shard_rank = l.strategy == DataStrategy::ddp ? 0 : (l.rank / l.tensor) % l.shard;
   return l;
 }
 
