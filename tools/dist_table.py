@@ -21,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FILES = ["tests/data/torch_train_dist_fakepg_h200.json", "tests/data/torch_train_dist_tied_fakepg_h200.json",
          "tests/data/torch_train_sp_fakepg_h200.json", "tests/data/torch_train_fsdp_tp_fakepg_h200.json",
+         "tests/data/torch_train_fsdp_tp_rerun_fakepg_h200.json",
          "tests/data/torch_train_offload_fakepg_h200.json", "tests/data/torch_train_pp_fakepg_h200.json"]
 PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak")
 

@@ -78,7 +78,7 @@ def init_pg(rank, world):
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
 
 
-def materialise(model, device="cuda"):
+def materialise(model, device="cuda", retie=True):
     """Real storage on `device` (the GPU; the host under FSDP2's CPU offload) for a model built on
     the meta device, with random values.
 
@@ -86,7 +86,7 @@ def materialise(model, device="cuda"):
     import torch
 
     model.to_empty(device=device)
-    if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
+    if retie and getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
         model.lm_head.weight = model.model.embed_tokens.weight
     with torch.no_grad():
         for p in model.parameters():
@@ -199,7 +199,8 @@ def build(case, cfgd):
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
         amp = False
-        materialise(model)
+        # sequence parallelism untied a tied model's lm_head and embedding (each its own shard): keep them so
+        materialise(model, retie=not case.get("sp"))
     elif strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 

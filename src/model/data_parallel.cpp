@@ -128,9 +128,16 @@ void DataParallelSim::post_backward(std::size_t g) {
   sim_.drop(held_reduce_scatter_);
   held_reduce_scatter_ = sim_.make("FSDP2 reduce-scatter input", times(l_.shard, gr.shard_elems, reduce_), Term::other,
                                    Role::communication, "foreach_reduce", "", "", false);
-  for (const auto& [id, t] : gr.params) sim_.drop_grad(id);
+  // The root's post-backward runs in the autograd engine's final callback, when the embedding's
+  // AccumulateGrad (the last node of the backward) has just run: its gradient is still referenced
+  // until the callback returns, so it outlives the reduce-scatter output's allocation (the snapshot
+  // llama-3.1-8b_fsdp2-tp4_w8r0_amp-bf16_none_b1s2048_L2: events 1054-1057). The others go first.
+  const TensorId last_grad = g == 0 && !gr.params.empty() ? gr.params.front().first : kNone;
+  for (const auto& [id, t] : gr.params)
+    if (id != last_grad) sim_.drop_grad(id);
   const TensorId out = sim_.make("FSDP2 sharded gradients (reduce-scatter output)", times(gr.shard_elems, reduce_),
                                  Term::model_states, Role::gradient, "foreach_reduce", "", "", false);
+  if (last_grad != kNone) sim_.drop_grad(last_grad);
   if (!l_.offload) {
     rs_outputs_.push_back(out);
     return;
