@@ -6,6 +6,7 @@
 
 #include "membudget/input.hpp"
 #include "membudget/job_yaml.hpp"
+#include "membudget/trainer_args.hpp"
 
 namespace membudget::cli {
 namespace {
@@ -45,6 +46,9 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--loss", loss, "full (default) | chunked");
   cmd->add_option("--loss-chunk", loss_chunk, "tokens per chunk for --loss chunked (default 1024)");
   cmd->add_option("--activations", activations, "inventory (default) | korthikanti");
+  cmd->add_option("--trainer-args", trainer_args,
+                  "a Hugging Face TrainingArguments JSON (to_json_string()): batch, precision, optim, gradient "
+                  "checkpointing (flags given override it)");
   cmd->add_option("--lora", lora, "LoRA rank on every decoder linear, base frozen (peft; default 0: full fine-tune)");
   cmd->add_option("--profile", profile, "torch (default: transformers 5 on PyTorch 2.11) | harness");
   cmd->add_option("--overhead", overhead, "memory outside the allocator, e.g. 800MiB (default: docs/model.md)");
@@ -98,6 +102,7 @@ constexpr StringFlag kStringFlags[] = {
     {"--overhead", &JobFlags::overhead, true},     {"--kv-dtype", &JobFlags::kv_dtype, true},
     {"--weights", &JobFlags::weights, true},       {"--group-size", &JobFlags::group_size, true},
     {"--optimizer-impl", &JobFlags::optimizer_impl, true}, {"--allocator-conf", &JobFlags::allocator_conf, true},
+    {"--trainer-args", &JobFlags::trainer_args, true},
     {"--dp", &JobFlags::dp, true},                 {"--fsdp", &JobFlags::fsdp, true},
     {"--zero", &JobFlags::zero, true},             {"--reshard-after-forward", &JobFlags::reshard_after_forward, true},
     {"--rank", &JobFlags::rank, true},             {"--tp", &JobFlags::tp, true},
@@ -156,6 +161,8 @@ ModelSpec JobFlags::model() const { return load_model(model_path); }
 
 Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   Job j = load_job_section(model_path, Job{});
+  if (!trainer_args.empty())  // after the spec's job: section, before the flags
+    j = apply_training_arguments(j, read_input_file(trainer_args, 16ull << 20, "TrainingArguments JSON"), trainer_args);
   if (!batch.empty()) j.batch = parse_count(batch, "--batch");
   if (!seq.empty()) j.seq = parse_count(seq, "--seq");
   if (!mode.empty()) j.mode = parse_mode(mode);

@@ -26,3 +26,4 @@
 #include "membudget/serving.hpp"
 #include "membudget/snapshot_leaks.hpp"
 #include "membudget/spec.hpp"
+#include "membudget/trainer_args.hpp"

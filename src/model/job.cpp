@@ -375,7 +375,7 @@ void check_options_apply(const Job& job, const std::vector<std::string>& given) 
     std::replace(name.begin(), name.end(), '_', '-');
     const std::string flag = "--" + name;
     auto refuse = [&](const std::string& why) { throw Error(ErrorKind::invalid_job, flag + ": " + why); };
-    static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention",
+    static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention", "trainer-args",
                                              "loss",      "loss-chunk", "activations",    "lora",  "dp", "fsdp", "zero",
                                              "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "sp", "pp-schedule",
                                              "microbatches", "virtual-stages", "pp-layers", "loss-parallel", "fsdp-offload",

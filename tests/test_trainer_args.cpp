@@ -1,0 +1,87 @@
+// --trainer-args: TrainingArguments JSON written by transformers 5.17 itself
+// (tests/data/trainer_args/, tools/trainer_args_fixtures.py on the H200) mapped onto a job.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "helpers.hpp"
+#include "membudget/error.hpp"
+#include "membudget/input.hpp"
+#include "membudget/trainer_args.hpp"
+
+using namespace membudget;
+
+namespace {
+Job from_fixture(const std::string& name) {
+  const std::string path = test::source_path("tests/data/trainer_args/" + name + ".json");
+  return apply_training_arguments(Job{}, read_input_file(path, 1 << 20, "TrainingArguments JSON"), path);
+}
+void refused(const std::string& name, const char* field) {
+  try {
+    (void)from_fixture(name);
+    FAIL("accepted " << name);
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::unsupported);
+    CHECK_MESSAGE(std::string(e.what()).find(std::string("TrainingArguments.") + field) != std::string::npos, e.what());
+  }
+}
+}  // namespace
+
+TEST_CASE("TrainingArguments as transformers writes them become the job the Trainer runs") {
+  // transformers 5.17's defaults: batch 8, fp32, optim adamw_torch_fused
+  const Job d = from_fixture("defaults");
+  CHECK(d.batch == 8);
+  CHECK(d.precision == Precision::fp32);
+  CHECK(d.optimizer == Optimizer::adamw);
+  REQUIRE(d.optimizer_impl.has_value());
+  CHECK(*d.optimizer_impl == OptimizerImpl::fused);
+  CHECK(d.recompute == Recompute::none);
+  const Job c = from_fixture("bf16_fused_checkpointing");
+  CHECK(c.batch == 4);
+  CHECK(c.precision == Precision::amp_bf16);
+  CHECK(c.recompute == Recompute::full);
+  const Job s = from_fixture("bf16_sgd");
+  CHECK(s.optimizer == Optimizer::sgd);
+  CHECK(s.batch == 1);
+  // what changes memory in a way not modelled is refused by field
+  refused("fp16_adamw_torch", "fp16");
+  refused("bf16_adamw_8bit_accumulation", "gradient_accumulation_steps");
+  refused("fsdp_full_shard", "fsdp");
+}
+
+TEST_CASE("TrainingArguments JSON that is not: clear errors naming the source") {
+  CHECK_THROWS_AS(apply_training_arguments(Job{}, "{", "args.json"), Error);
+  CHECK_THROWS_AS(apply_training_arguments(Job{}, "[1]", "args.json"), Error);
+  CHECK_THROWS_AS(apply_training_arguments(Job{}, R"({"per_device_train_batch_size": 0})", "args.json"), Error);
+  CHECK_THROWS_AS(apply_training_arguments(Job{}, R"({"per_device_train_batch_size": -2})", "args.json"), Error);
+  CHECK_THROWS_AS(apply_training_arguments(Job{}, R"({"optim": "adafactor"})", "args.json"), Error);
+  CHECK_THROWS_AS(apply_training_arguments(Job{}, R"({"gradient_checkpointing": true, "gradient_checkpointing_kwargs": {"use_reentrant": true}})", "args.json"), Error);
+  try {
+    (void)apply_training_arguments(Job{}, R"({"bf16": "yes"})", "args.json");
+    FAIL("accepted bf16: yes");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("args.json: TrainingArguments.bf16") != std::string::npos);
+  }
+  // a partial JSON changes only what it names
+  Job base;
+  base.precision = Precision::bf16;
+  const Job j = apply_training_arguments(base, R"({"per_device_train_batch_size": 3})", "args.json");
+  CHECK(j.batch == 3);
+  CHECK(j.precision == Precision::bf16);
+}
+
+TEST_CASE("--trainer-args on the command line: the job's flags override it") {
+  const std::string cfg = test::source_path("configs/llama-3.2-1b.yaml");
+  const std::string args = test::source_path("tests/data/trainer_args/bf16_fused_checkpointing.json");
+  auto r = test::run_cli("predict " + cfg + " --trainer-args " + args + " --seq 1024 --format json");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("\"batch\": 4") != std::string::npos);
+  CHECK(r.out.find("\"recompute\": \"full\"") != std::string::npos);
+  CHECK(r.out.find("\"optimizer_impl\": \"fused\"") != std::string::npos);
+  auto o = test::run_cli("predict " + cfg + " --trainer-args " + args + " --seq 1024 --batch 2 --format json");
+  REQUIRE(o.exit_code == 0);
+  CHECK(o.out.find("\"batch\": 2") != std::string::npos);
+  auto bad = test::run_cli("predict " + cfg + " --trainer-args " + test::source_path("tests/data/trainer_args/fp16_adamw_torch.json"));
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.out.find("TrainingArguments.fp16") != std::string::npos);
+}
