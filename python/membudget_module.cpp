@@ -15,6 +15,7 @@
 #include "membudget/api.hpp"
 #include "membudget/input.hpp"
 #include "membudget/report.hpp"
+#include "membudget/trainer_args.hpp"
 
 namespace py = pybind11;
 using namespace membudget;
@@ -182,6 +183,33 @@ PYBIND11_MODULE(membudget, m) {
         return nogil([&] { return resolve(std::move(a)); });
       },
       py::arg("path"), "A model from our YAML schema or a Hugging Face config.json.");
+
+  m.def(
+      "from_training_arguments",
+      [](const py::object& model, const py::object& args) {
+        // the JSON transformers writes: TrainingArguments.to_json_string(), a dict, or the text itself
+        std::string text;
+        if (py::isinstance<py::str>(args)) text = args.cast<std::string>();
+        else if (py::isinstance<py::dict>(args)) text = py::module_::import("json").attr("dumps")(args).cast<std::string>();
+        else if (py::hasattr(args, "to_json_string")) text = args.attr("to_json_string")().cast<std::string>();
+        else throw wrong_type("args", "a TrainingArguments, its dict or its JSON text", args);
+        ModelArg a = model_arg(model);
+        const ModelSpec spec = resolve(std::move(a));
+        const Job j = apply_training_arguments(Job{}, text, "TrainingArguments");
+        j.validate();
+        (void)spec;  // the model is resolved so that a bad path fails here, with the job
+        py::dict out;
+        out["batch"] = j.batch;
+        out["precision"] = to_string(j.precision);
+        out["optimizer"] = to_string(j.optimizer);
+        if (j.optimizer_impl) out["optimizer_impl"] = to_string(*j.optimizer_impl);
+        out["recompute"] = to_string(j.recompute);
+        return out;
+      },
+      py::arg("model"), py::arg("args"),
+      "The job a Hugging Face Trainer runs with these TrainingArguments (the object, its to_dict() or its JSON), as "
+      "predict()'s keyword arguments: predict(model, seq=2048, **from_training_arguments(model, args)). Settings that "
+      "change memory in a way not modelled (gradient accumulation, fp16, fsdp, ...) raise membudget.Error naming the field.");
 
   m.def(
       "predict",

@@ -128,3 +128,27 @@ def test_parallel_settings_not_modelled_are_unsupported_not_unsharded():
     # max_micro_batch's data_parallel divides the global batch; it is not a job setting
     r = membudget.max_micro_batch(LLAMA_1B, device="H100", seq=2048, global_batch=64, data_parallel=8)
     assert r["accum_micro_batch"] * r["grad_accum_steps"] * 8 == 64
+
+
+def test_from_training_arguments_maps_what_transformers_writes():
+    import json
+    import os
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "trainer_args")
+    with open(os.path.join(here, "bf16_fused_checkpointing.json")) as f:
+        text = f.read()
+    kw = membudget.from_training_arguments(LLAMA_1B, text)
+    assert kw == {"batch": 4, "precision": "amp-bf16", "optimizer": "adamw", "optimizer_impl": "fused",
+                  "recompute": "full"}
+    assert membudget.from_training_arguments(LLAMA_1B, json.loads(text)) == kw  # its dict works too
+
+    class Args:  # anything with to_json_string(), as TrainingArguments has
+        def to_json_string(self):
+            return text
+    assert membudget.from_training_arguments(LLAMA_1B, Args()) == kw
+    b = membudget.predict(LLAMA_1B, seq=1024, **kw)
+    assert b["job"]["recompute"] == "full" and b["job"]["batch"] == 4
+    with open(os.path.join(here, "bf16_adamw_8bit_accumulation.json")) as f:
+        with pytest.raises(membudget.Error, match="gradient_accumulation_steps"):
+            membudget.from_training_arguments(LLAMA_1B, f.read())
+    with pytest.raises(membudget.Error):
+        membudget.from_training_arguments(LLAMA_1B, 42)
