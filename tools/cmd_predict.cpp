@@ -1,8 +1,11 @@
 // membudget predict MODEL [job flags]: the budget, the phase peaks and the device verdict.
+#include <fstream>
 #include <iostream>
+#include <memory>
 
 #include "cli.hpp"
 #include "job_flags.hpp"
+#include "membudget/plot.hpp"
 
 namespace membudget::cli {
 namespace {
@@ -13,12 +16,14 @@ Registrar reg("predict", 10, [](CLI::App& app) {
   flags->add(cmd);
   flags->add_explain(cmd);
   flags->add_allocator_conf(cmd);
-  cmd->callback([flags] {
+  auto plot = std::make_shared<std::string>();
+  cmd->add_option("--plot", *plot, "also write the predicted step as an SVG timeline to FILE (training)");
+  cmd->callback([flags, plot] {
     const ModelSpec spec = flags->model();
     const Job job = flags->job(spec);
     const Format format = parse_format(flags->format);
     PredictOptions po;
-    po.explain = flags->explain || format == Format::table;
+    po.explain = flags->explain || format == Format::table || !plot->empty();
     po.reserved = true;
     po.ranks = true;  // a distributed job lists every group of ranks whose memory differs  // reserved_peak and nvidia_smi (training with the torch profile)
     po.allocator_conf = flags->allocator_conf;
@@ -28,6 +33,11 @@ Registrar reg("predict", 10, [](CLI::App& app) {
     ReportOptions ro;
     ro.format = format;
     ro.explain = flags->explain;
+    if (!plot->empty()) {  // written before the report: a failure leaves no half answer
+      const std::string svg = render_timeline_svg(spec, budget, fit);
+      std::ofstream out(*plot, std::ios::binary);
+      if (!out || !(out << svg) || !out.flush()) throw Error(ErrorKind::io, "--plot: cannot write " + *plot);
+    }
     std::cout << render(budget, fit, ro);
     if (fit && !fit->fits) set_exit_status(1);
   });

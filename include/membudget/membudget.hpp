@@ -23,6 +23,7 @@
 #include "membudget/oom.hpp"
 #include "membudget/oom_attribution.hpp"
 #include "membudget/report.hpp"
+#include "membudget/plot.hpp"
 #include "membudget/serving.hpp"
 #include "membudget/snapshot_leaks.hpp"
 #include "membudget/spec.hpp"

@@ -1,0 +1,231 @@
+// The predicted step as an SVG timeline: plot.hpp. The picture is drawn from the steady step's
+// allocation stream (AutogradSim's SimTrace, the same one the compiled plans and the reserved
+// replay read), so every band is a tensor the simulation made; the numbers printed on it are the
+// budget's.
+#include "membudget/plot.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <sstream>
+#include <tuple>
+#include <vector>
+
+#include "autograd_sim.hpp"
+#include "inventory.hpp"
+#include "membudget/error.hpp"
+
+namespace membudget {
+namespace {
+
+// The bands, bottom to top, and the roles each gathers.
+constexpr std::array<const char*, 7> kBands = {"parameters", "gradients",      "optimizer state", "saved activations",
+                                               "temporaries", "logits and loss", "workspace"};
+constexpr std::array<const char*, 7> kColours = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"};
+
+std::size_t band_of(Role r) {
+  switch (r) {
+    case Role::parameter:
+    case Role::adapter:
+    case Role::weight_copy: return 0;
+    case Role::gradient: return 1;
+    case Role::optimizer_state:
+    case Role::master_weight: return 2;
+    case Role::saved_activation:
+    case Role::input:
+    case Role::kv_cache: return 3;
+    case Role::temporary:
+    case Role::optimizer_temporary:
+    case Role::communication: return 4;
+    case Role::logits_loss: return 5;
+    case Role::workspace: return 6;
+  }
+  return 4;
+}
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+struct Sample {
+  std::array<bytes_t, kBands.size()> band{};
+  bytes_t total() const {
+    bytes_t t = 0;
+    for (bytes_t b : band) t += b;
+    return t;
+  }
+};
+}  // namespace
+
+std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const std::optional<Fit>& fit) {
+  if (b.job.mode != Mode::train || b.job.profile != Profile::torch)
+    throw Error(ErrorKind::unsupported, "--plot: the timeline covers training with --profile torch (serving and the harness are not drawn yet)");
+  Job job = b.job;
+  if (!job.parallel.single()) job.parallel.rank = b.rank;  // the rank the budget is for
+  std::array<detail::SimTrace, 2> traces;
+  detail::simulate_torch_train(model, job, false, nullptr, &traces);
+  const detail::SimTrace& tr = traces[1];  // the steady step
+
+  // Replay the stream: the state before the floor, then one sample per event from there on, and
+  // where each phase begins.
+  Sample live;
+  std::vector<Sample> samples;
+  std::vector<std::pair<std::size_t, Phase>> phase_starts;
+  std::size_t phase_events = 0;
+  for (const detail::SimTrace::Event& ev : tr.events) {
+    if (ev.t == detail::SimTrace::kPhase) {
+      phase_starts.push_back({samples.size(), tr.phases.at(phase_events++)});
+      continue;
+    }
+    const bool alloc = ev.t >= 0;
+    const detail::TensorInfo& t = tr.tensors.at(static_cast<std::size_t>(alloc ? ev.t : ~ev.t));
+    bytes_t& band = live.band[band_of(t.role)];
+    band = alloc ? band + t.rounded : band - std::min(band, t.rounded);
+    if (!phase_starts.empty()) samples.push_back(live);
+  }
+  if (samples.empty()) throw Error(ErrorKind::unsupported, "--plot: the step has no allocations to draw");
+  // At most ~2000 points: each bucket keeps its highest moment (peaks stay visible).
+  const std::size_t kMaxPoints = 2000;
+  const std::size_t stride = (samples.size() + kMaxPoints - 1) / kMaxPoints;
+  std::vector<Sample> pts;
+  std::vector<std::size_t> at;  // the sample index each point stands for
+  for (std::size_t i = 0; i < samples.size(); i += stride) {
+    std::size_t best = i;
+    for (std::size_t k = i; k < std::min(samples.size(), i + stride); ++k)
+      if (samples[k].total() > samples[best].total()) best = k;
+    pts.push_back(samples[best]);
+    at.push_back(best);
+  }
+  std::size_t peak_i = 0;
+  for (std::size_t i = 0; i < pts.size(); ++i)
+    if (pts[i].total() > pts[peak_i].total()) peak_i = i;
+
+  bytes_t top = 0;
+  for (const auto& p : b.phases) top = std::max(top, p.bytes);
+  for (const auto& p : b.reserved) top = std::max(top, p.bytes);
+  if (fit) top = std::max(top, fit->capacity);
+  top = std::max<bytes_t>(top, 1);
+  const double W = 1200, H = 640, left = 90, right = 250, upper = 50, lower = 60;
+  const double pw = W - left - right, ph = H - upper - lower;
+  auto X = [&](std::size_t sample) { return left + pw * static_cast<double>(sample) / static_cast<double>(std::max<std::size_t>(1, samples.size() - 1)); };
+  auto Y = [&](bytes_t v) { return upper + ph * (1.0 - static_cast<double>(v) / (static_cast<double>(top) * 1.05)); };
+  char buf[64];
+  auto num = [&](double v) {
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+    return std::string(buf);
+  };
+
+  std::ostringstream o;
+  o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << ' '
+    << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  o << "<title>" << escape((model.name.empty() ? std::string("model") : model.name) + ": predicted steady training step, batch " +
+                           std::to_string(b.job.batch) + " × seq " + std::to_string(b.job.seq))
+    << "</title>\n";
+  o << "<text x=\"" << left << "\" y=\"24\" font-size=\"15\">"
+    << escape((model.name.empty() ? std::string("model") : model.name) + " · batch " + std::to_string(b.job.batch) + " × seq " +
+              std::to_string(b.job.seq) + " · " + to_string(b.job.precision) +
+              (b.job.parallel.single() ? std::string() : " · rank " + std::to_string(b.rank) + " of " + std::to_string(b.world)))
+    << " — allocated memory over the steady step (predicted)</text>\n";
+  // the stacked bands
+  for (std::size_t k = 0; k < kBands.size(); ++k) {
+    std::ostringstream poly;
+    for (std::size_t i = 0; i < pts.size(); ++i) {
+      bytes_t cum = 0;
+      for (std::size_t q = 0; q <= k; ++q) cum += pts[i].band[q];
+      poly << num(X(at[i])) << ',' << num(Y(cum)) << ' ';
+    }
+    for (std::size_t i = pts.size(); i-- > 0;) {
+      bytes_t cum = 0;
+      for (std::size_t q = 0; q < k; ++q) cum += pts[i].band[q];
+      poly << num(X(at[i])) << ',' << num(Y(cum)) << ' ';
+    }
+    o << "<polygon class=\"band\" data-band=\"" << kBands[k] << "\" fill=\"" << kColours[k] << "\" fill-opacity=\"0.85\" points=\""
+      << poly.str() << "\"/>\n";
+  }
+  // axes and gridlines
+  o << "<line x1=\"" << left << "\" y1=\"" << upper + ph << "\" x2=\"" << left + pw << "\" y2=\"" << upper + ph
+    << "\" stroke=\"black\"/>\n";
+  o << "<line x1=\"" << left << "\" y1=\"" << upper << "\" x2=\"" << left << "\" y2=\"" << upper + ph << "\" stroke=\"black\"/>\n";
+  for (int g = 0; g <= 4; ++g) {
+    const bytes_t v = static_cast<bytes_t>(static_cast<double>(top) * 1.05 * g / 4);
+    o << "<text x=\"" << left - 6 << "\" y=\"" << num(Y(v) + 4) << "\" text-anchor=\"end\">" << escape(format_bytes(v)) << "</text>\n";
+  }
+  o << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 20 << "\" text-anchor=\"middle\">allocation events of the step (in order)</text>\n";
+  // phases: a line where each begins; its peak (the budget's figure) labelled once
+  std::vector<Phase> labelled;
+  for (std::size_t p = 0; p < phase_starts.size(); ++p) {
+    const auto [start, phase] = phase_starts[p];
+    const double x = X(start);
+    o << "<line class=\"phase-start\" x1=\"" << num(x) << "\" y1=\"" << upper << "\" x2=\"" << num(x) << "\" y2=\"" << upper + ph
+      << "\" stroke=\"#555\" stroke-dasharray=\"4 3\"/>\n";
+    if (std::find(labelled.begin(), labelled.end(), phase) != labelled.end()) continue;
+    labelled.push_back(phase);
+    const bytes_t bytes = b.phase(phase);
+    o << "<text class=\"phase-peak\" data-phase=\"" << to_string(phase) << "\" data-bytes=\"" << bytes << "\" x=\"" << num(x + 4)
+      << "\" y=\"" << num(upper + 14 + 14 * static_cast<double>(labelled.size() - 1)) << "\">" << to_string(phase) << ' '
+      << escape(format_bytes(bytes)) << "</text>\n";
+  }
+  // reserved at the end of each phase (reserved only grows within a step): a stepped line
+  if (!b.reserved.empty()) {
+    std::ostringstream line;
+    for (std::size_t p = 0; p < phase_starts.size(); ++p) {
+      const std::size_t from = phase_starts[p].first;
+      const std::size_t to = p + 1 < phase_starts.size() ? phase_starts[p + 1].first : samples.size() - 1;
+      bytes_t r = 0;
+      for (const auto& q : b.reserved)
+        if (q.phase == phase_starts[p].second) r = q.bytes;
+      line << num(X(from)) << ',' << num(Y(r)) << ' ' << num(X(to)) << ',' << num(Y(r)) << ' ';
+    }
+    o << "<polyline class=\"reserved\" data-bytes=\"" << b.reserved_peak << "\" fill=\"none\" stroke=\"black\" stroke-width=\"1.5\" points=\""
+      << line.str() << "\"/>\n";
+  }
+  if (fit) {
+    const bytes_t usable = static_cast<bytes_t>(static_cast<double>(fit->capacity) * (1.0 - fit->headroom));
+    for (const auto& [v, label, colour] : {std::tuple{fit->capacity, fit->device.name + " capacity", "#c00"},
+                                           std::tuple{usable, std::string("usable (") + num(fit->headroom * 100) + "% headroom)", "#e88"}}) {
+      o << "<line class=\"capacity\" data-bytes=\"" << v << "\" x1=\"" << left << "\" y1=\"" << num(Y(v)) << "\" x2=\"" << left + pw
+        << "\" y2=\"" << num(Y(v)) << "\" stroke=\"" << colour << "\" stroke-width=\"1.5\"/>\n";
+      o << "<text x=\"" << left + pw - 4 << "\" y=\"" << num(Y(v) - 4) << "\" text-anchor=\"end\" fill=\"" << colour << "\">"
+        << escape(label + " " + format_bytes(v)) << "</text>\n";
+    }
+  }
+  // the peak and its largest tensors (the budget's live list at its peak phase, when explained)
+  const double px = X(at[peak_i]), py = Y(pts[peak_i].total());
+  o << "<circle class=\"peak\" data-bytes=\"" << b.peak << "\" cx=\"" << num(px) << "\" cy=\"" << num(py)
+    << "\" r=\"4\" fill=\"black\"/>\n";
+  const PhasePeak* peak_phase = nullptr;
+  for (const auto& p : b.phases)
+    if (!peak_phase || p.bytes > peak_phase->bytes) peak_phase = &p;
+  if (peak_phase && !peak_phase->live.empty()) {
+    std::vector<TensorBytes> live_at_peak = peak_phase->live;
+    std::sort(live_at_peak.begin(), live_at_peak.end(), [](const TensorBytes& x, const TensorBytes& y) { return x.bytes > y.bytes; });
+    for (std::size_t i = 0; i < std::min<std::size_t>(4, live_at_peak.size()); ++i)
+      o << "<text class=\"peak-tensor\" x=\"" << left + pw + 12 << "\" y=\"" << num(upper + 200 + 16 * static_cast<double>(i))
+        << "\">" << escape(format_bytes(live_at_peak[i].bytes) + "  " + live_at_peak[i].name) << "</text>\n";
+    o << "<text x=\"" << left + pw + 12 << "\" y=\"" << upper + 184 << "\" font-weight=\"bold\">largest at the peak ("
+      << to_string(peak_phase->phase) << ")</text>\n";
+  }
+  // legend
+  for (std::size_t k = 0; k < kBands.size(); ++k) {
+    const double y = upper + 16 * static_cast<double>(kBands.size() - 1 - k);
+    o << "<rect x=\"" << left + pw + 12 << "\" y=\"" << num(y) << "\" width=\"12\" height=\"12\" fill=\"" << kColours[k] << "\"/>\n";
+    o << "<text x=\"" << left + pw + 30 << "\" y=\"" << num(y + 10) << "\">" << kBands[k] << "</text>\n";
+  }
+  if (!b.reserved.empty())
+    o << "<text x=\"" << left + pw + 12 << "\" y=\"" << upper + 140 << "\">— reserved at the end of each phase</text>\n";
+  o << "</svg>\n";
+  return o.str();
+}
+
+}  // namespace membudget

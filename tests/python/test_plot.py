@@ -1,0 +1,51 @@
+"""predict --plot FILE.svg: the SVG parses as XML, its phase labels are the JSON's numbers."""
+import json
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+
+CLI = os.environ.get("MEMBUDGET_CLI")
+SRC = os.environ.get("MEMBUDGET_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def plot(tmp_path, *flags):
+    svg = tmp_path / "step.svg"
+    out = subprocess.run([CLI, "predict", os.path.join(SRC, "configs/llama-3.2-1b.yaml"), "--format", "json",
+                          "--plot", str(svg), *flags], capture_output=True, text=True)
+    assert out.returncode in (0, 1), out.stderr
+    return ET.parse(svg).getroot(), json.loads(out.stdout)
+
+
+@pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
+@pytest.mark.parametrize("flags", [("--batch", "2", "--seq", "2048", "--device", "H100"),
+                                   ("--batch", "1", "--seq", "2048", "--precision", "bf16", "--pp", "2", "--microbatches", "4"),
+                                   ("--batch", "1", "--seq", "1024", "--fsdp", "8")])
+def test_plot_is_svg_with_the_json_numbers(tmp_path, flags):
+    root, budget = plot(tmp_path, *flags)
+    assert root.tag == NS + "svg"
+    labels = {e.get("data-phase"): int(e.get("data-bytes")) for e in root.iter(NS + "text") if e.get("class") == "phase-peak"}
+    assert set(labels) == {"floor", "forward_peak", "backward_peak", "optimizer_peak"}
+    for phase, b in labels.items():
+        assert b == budget["phases"][phase]
+    bands = [e.get("data-band") for e in root.iter(NS + "polygon")]
+    assert bands == ["parameters", "gradients", "optimizer state", "saved activations", "temporaries",
+                     "logits and loss", "workspace"]
+    peak = [e for e in root.iter(NS + "circle") if e.get("class") == "peak"]
+    assert len(peak) == 1 and int(peak[0].get("data-bytes")) == budget["peak"]
+    if "--device" in flags:
+        caps = [int(e.get("data-bytes")) for e in root.iter(NS + "line") if e.get("class") == "capacity"]
+        assert budget["device"]["capacity"] in caps
+    reserved = [e for e in root.iter(NS + "polyline") if e.get("class") == "reserved"]
+    if "reserved_peak" in budget:
+        assert int(reserved[0].get("data-bytes")) == budget["reserved_peak"]
+
+
+@pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
+def test_plot_of_a_serving_job_is_refused_by_name(tmp_path):
+    out = subprocess.run([CLI, "predict", os.path.join(SRC, "configs/llama-3.2-1b.yaml"), "--mode", "infer",
+                          "--plot", str(tmp_path / "x.svg")], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "--plot" in out.stderr
