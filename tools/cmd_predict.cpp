@@ -18,7 +18,10 @@ Registrar reg("predict", 10, [](CLI::App& app) {
   flags->add_allocator_conf(cmd);
   auto plot = std::make_shared<std::string>();
   cmd->add_option("--plot", *plot, "also write the predicted step as an SVG timeline to FILE (training)");
-  cmd->callback([flags, plot] {
+  auto snapshot = std::make_shared<std::string>();
+  cmd->add_option("--snapshot", *snapshot,
+                  "also write the predicted step as an allocator trace to FILE.pickle (pytorch.org/memory_viz opens it)");
+  cmd->callback([flags, plot, snapshot] {
     const ModelSpec spec = flags->model();
     const Job job = flags->job(spec);
     const Format format = parse_format(flags->format);
@@ -37,6 +40,11 @@ Registrar reg("predict", 10, [](CLI::App& app) {
       const std::string svg = render_timeline_svg(spec, budget, fit);
       std::ofstream out(*plot, std::ios::binary);
       if (!out || !(out << svg) || !out.flush()) throw Error(ErrorKind::io, "--plot: cannot write " + *plot);
+    }
+    if (!snapshot->empty()) {
+      const std::string bytes = predicted_snapshot(spec, budget, flags->allocator_conf);
+      std::ofstream out(*snapshot, std::ios::binary);
+      if (!out || !(out << bytes) || !out.flush()) throw Error(ErrorKind::io, "--snapshot: cannot write " + *snapshot);
     }
     std::cout << render(budget, fit, ro);
     if (fit && !fit->fits) set_exit_status(1);

@@ -18,4 +18,11 @@ namespace membudget {
 // recur). Serving jobs and the harness profile are Error(unsupported).
 std::string render_timeline_svg(const ModelSpec& model, const Budget& budget, const std::optional<Fit>& fit);
 
+// The predicted step as an allocator trace (predict --snapshot FILE.pickle): step 0 and a steady
+// step replayed through the c10-policy caching allocator with its history recorded, written as a
+// torch.cuda.memory._dump_snapshot pickle that pytorch.org/memory_viz opens beside a measured one.
+// Every block's frame is {"filename": "membudget/harness", "line": 0, "name": "phase:tensor (op)"}.
+// `allocator_conf` is the job's PYTORCH_CUDA_ALLOC_CONF. Training with --profile torch only.
+std::string predicted_snapshot(const ModelSpec& model, const Budget& budget, const std::string& allocator_conf = "");
+
 }  // namespace membudget

@@ -13,6 +13,7 @@
 
 #include "autograd_sim.hpp"
 #include "inventory.hpp"
+#include "reserved.hpp"
 #include "membudget/error.hpp"
 
 namespace membudget {
@@ -226,6 +227,16 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
     o << "<text x=\"" << left + pw + 12 << "\" y=\"" << upper + 140 << "\">— reserved at the end of each phase</text>\n";
   o << "</svg>\n";
   return o.str();
+}
+
+std::string predicted_snapshot(const ModelSpec& model, const Budget& b, const std::string& allocator_conf) {
+  if (b.job.mode != Mode::train || b.job.profile != Profile::torch)
+    throw Error(ErrorKind::unsupported, "--snapshot: the predicted trace covers training with --profile torch");
+  Job job = b.job;
+  if (!job.parallel.single()) job.parallel.rank = b.rank;
+  const detail::AllocatorConf conf =
+      allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(allocator_conf);
+  return detail::predicted_snapshot_pickle(model, job, conf.policy);
 }
 
 }  // namespace membudget

@@ -28,6 +28,7 @@
 #include "autograd_sim.hpp"
 #include "inventory.hpp"
 #include "measure/allocator.hpp"
+#include "measure/snapshot.hpp"
 
 namespace membudget::detail {
 namespace {
@@ -58,7 +59,9 @@ bool is(const char* a, const char* b) { return std::strcmp(a, b) == 0; }
 
 class Replay {
  public:
-  Replay(const Job& job, const AllocatorPolicy& policy) : job_(job), alloc_(mem_, options(policy)) {}
+  Replay(const Job& job, const AllocatorPolicy& policy, bool record = false)
+      : job_(job), record_(record), alloc_(mem_, options(policy, record)) {}
+  const measure::CachingAllocator& allocator() const { return alloc_; }
 
   void run(const SimTrace& trace, bool steady, std::array<bytes_t, 4>& phase_reserved) {
     trainable_.clear();
@@ -97,7 +100,12 @@ class Replay {
             continue;
           }
         }
-        for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate(piece));
+        if (record_) {  // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
+          const measure::AllocTag tag{info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
+          for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate(piece, tag));
+        } else {
+          for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate(piece));
+        }
         if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
       } else {
         auto& blocks = live_[static_cast<std::size_t>(~ev.t)];
@@ -116,9 +124,10 @@ class Replay {
   bytes_t allocated_peak() const { return allocated_peak_; }
 
  private:
-  static measure::AllocatorOptions options(const AllocatorPolicy& policy) {
+  static measure::AllocatorOptions options(const AllocatorPolicy& policy, bool record) {
     measure::AllocatorOptions o;
     o.policy = policy;
+    o.record_history = record;
     return o;
   }
   static std::string key(const TensorInfo& t) { return std::string(t.name) + '\n' + std::to_string(t.bytes); }
@@ -152,6 +161,7 @@ class Replay {
   }
 
   const Job& job_;
+  bool record_;
   FakeMemory mem_;
   measure::CachingAllocator alloc_;
   std::vector<bytes_t> trainable_;
@@ -162,6 +172,16 @@ class Replay {
 };
 
 }  // namespace
+
+std::string predicted_snapshot_pickle(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
+  std::array<SimTrace, 2> traces;
+  simulate_torch_train(m, job, false, nullptr, &traces);
+  Replay replay(job, policy, true);
+  std::array<bytes_t, 4> phases{};
+  replay.run(traces[0], false, phases);
+  replay.run(traces[1], true, phases);
+  return measure::snapshot_pickle(replay.allocator());
+}
 
 ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
   std::array<SimTrace, 2> traces;

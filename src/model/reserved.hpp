@@ -3,12 +3,17 @@
 #pragma once
 
 #include <array>
+#include <string>
 #include <string_view>
 
 #include "common/allocator_policy.hpp"
 #include "membudget/budget.hpp"
 
 namespace membudget::detail {
+
+// The replay recorded as a torch.cuda.memory._dump_snapshot pickle (memory_viz opens it): step 0
+// then a steady step, every block's frame "phase:tensor (op)" from the simulation.
+std::string predicted_snapshot_pickle(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
 
 struct ReservedResult {
   // memory_reserved() at the end of each phase (reserved only grows within a step), indexed as

@@ -49,3 +49,37 @@ def test_plot_of_a_serving_job_is_refused_by_name(tmp_path):
                           "--plot", str(tmp_path / "x.svg")], capture_output=True, text=True)
     assert out.returncode == 2
     assert "--plot" in out.stderr
+
+
+# The opcodes pytorch.org/memory_viz's unpickler reads (and src/diagnose/pickle_writer.hpp emits).
+VIEWER_OPCODES = {"PROTO", "EMPTY_DICT", "EMPTY_LIST", "MARK", "SETITEMS", "APPENDS", "TUPLE", "BININT", "BININT1",
+                  "BININT2", "LONG1", "BINFLOAT", "BINUNICODE", "NEWTRUE", "NEWFALSE", "NONE", "BINPUT", "BINGET", "STOP"}
+
+
+@pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
+def test_snapshot_is_an_allocator_trace_the_viewer_reads(tmp_path):
+    import pickle
+    import pickletools
+    path = tmp_path / "predicted.pickle"
+    out = subprocess.run([CLI, "predict", os.path.join(SRC, "configs/llama-3.2-1b.yaml"), "--batch", "1", "--seq", "1024",
+                          "--format", "json", "--snapshot", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    budget = json.loads(out.stdout)
+    data = path.read_bytes()
+    assert {op.name for op, _, _ in pickletools.genops(data)} <= VIEWER_OPCODES
+    snap = pickle.loads(data)
+    # the replay's segments are the reserved memory the budget reports
+    assert sum(s["total_size"] for s in snap["segments"]) == budget["reserved_peak"]
+    trace = snap["device_traces"][0]
+    assert {e["action"] for e in trace} >= {"alloc", "free_requested", "free_completed", "segment_alloc"}
+    names = [e["frames"][0]["name"] for e in trace if e["action"] == "alloc" and e["frames"]]
+    assert any(n.startswith("forward_peak:") for n in names) and any(n.startswith("backward_peak:") for n in names)
+    # the peak of the replayed trace is the steady step's allocated peak
+    live = peak = 0
+    for e in trace:
+        if e["action"] == "alloc":
+            live += e["size"]
+        elif e["action"] == "free_completed":
+            live -= e["size"]
+        peak = max(peak, live)
+    assert peak >= budget["peak"]
