@@ -14,6 +14,7 @@
 #include "autograd_sim.hpp"
 #include "inventory.hpp"
 #include "reserved.hpp"
+#include "serve_plan.hpp"
 #include "membudget/error.hpp"
 
 namespace membudget {
@@ -69,12 +70,14 @@ struct Sample {
 }  // namespace
 
 std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const std::optional<Fit>& fit) {
-  if (b.job.mode != Mode::train || b.job.profile != Profile::torch)
-    throw Error(ErrorKind::unsupported, "--plot: the timeline covers training with --profile torch (serving and the harness are not drawn yet)");
+  if (b.job.profile != Profile::torch)
+    throw Error(ErrorKind::unsupported, "--plot: the timeline covers --profile torch (the harness is not drawn yet)");
   Job job = b.job;
   if (!job.parallel.single()) job.parallel.rank = b.rank;  // the rank the budget is for
+  const bool serving = job.mode == Mode::infer;
   std::array<detail::SimTrace, 2> traces;
-  detail::simulate_torch_train(model, job, false, nullptr, &traces);
+  if (serving) detail::simulate_serving(model, job, false, &traces[1]);  // the prefill and a decode step
+  else detail::simulate_torch_train(model, job, false, nullptr, &traces);
   const detail::SimTrace& tr = traces[1];  // the steady step
 
   // Replay the stream: the state before the floor, then one sample per event from there on, and
@@ -130,14 +133,17 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
   o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << ' '
     << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
-  o << "<title>" << escape((model.name.empty() ? std::string("model") : model.name) + ": predicted steady training step, batch " +
+  o << "<title>" << escape((model.name.empty() ? std::string("model") : model.name) +
+                           (serving ? ": predicted serving step, batch " : ": predicted steady training step, batch ") +
                            std::to_string(b.job.batch) + " × seq " + std::to_string(b.job.seq))
     << "</title>\n";
   o << "<text x=\"" << left << "\" y=\"24\" font-size=\"15\">"
     << escape((model.name.empty() ? std::string("model") : model.name) + " · batch " + std::to_string(b.job.batch) + " × seq " +
               std::to_string(b.job.seq) + " · " + to_string(b.job.precision) +
               (b.job.parallel.single() ? std::string() : " · rank " + std::to_string(b.rank) + " of " + std::to_string(b.world)))
-    << " — allocated memory over the steady step (predicted)</text>\n";
+    << (serving ? " — allocated memory over the prefill and a decode step (predicted)"
+                : " — allocated memory over the steady step (predicted)")
+    << "</text>\n";
   // the stacked bands
   for (std::size_t k = 0; k < kBands.size(); ++k) {
     std::ostringstream poly;
@@ -176,6 +182,16 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
     o << "<text class=\"phase-peak\" data-phase=\"" << to_string(phase) << "\" data-bytes=\"" << bytes << "\" x=\"" << num(x + 4)
       << "\" y=\"" << num(upper + 14 + 14 * static_cast<double>(labelled.size() - 1)) << "\">" << to_string(phase) << ' '
       << escape(format_bytes(bytes)) << "</text>\n";
+  }
+  // phases the stream does not mark (the serving walk's floor): a dotted level with its figure
+  for (const PhasePeak& p : b.phases) {
+    if (std::find(labelled.begin(), labelled.end(), p.phase) != labelled.end()) continue;
+    labelled.push_back(p.phase);
+    o << "<line x1=\"" << left << "\" y1=\"" << num(Y(p.bytes)) << "\" x2=\"" << left + pw << "\" y2=\"" << num(Y(p.bytes))
+      << "\" stroke=\"#555\" stroke-dasharray=\"1 3\"/>\n";
+    o << "<text class=\"phase-peak\" data-phase=\"" << to_string(p.phase) << "\" data-bytes=\"" << p.bytes << "\" x=\""
+      << left + 4 << "\" y=\"" << num(Y(p.bytes) - 4) << "\">" << to_string(p.phase) << ' ' << escape(format_bytes(p.bytes))
+      << "</text>\n";
   }
   // reserved at the end of each phase (reserved only grows within a step): a stepped line
   if (!b.reserved.empty()) {

@@ -44,8 +44,17 @@ def test_plot_is_svg_with_the_json_numbers(tmp_path, flags):
 
 
 @pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
-def test_plot_of_a_serving_job_is_refused_by_name(tmp_path):
-    out = subprocess.run([CLI, "predict", os.path.join(SRC, "configs/llama-3.2-1b.yaml"), "--mode", "infer",
+def test_plot_of_a_serving_job_labels_its_phases(tmp_path):
+    root, budget = plot(tmp_path, "--mode", "infer", "--batch", "4", "--seq", "4096")
+    labels = {e.get("data-phase"): int(e.get("data-bytes")) for e in root.iter(NS + "text") if e.get("class") == "phase-peak"}
+    assert set(labels) == set(budget["phases"])
+    for phase, b in labels.items():
+        assert b == budget["phases"][phase]
+
+
+@pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
+def test_plot_of_the_harness_profile_is_refused_by_name(tmp_path):
+    out = subprocess.run([CLI, "predict", os.path.join(SRC, "configs/llama-3.2-1b.yaml"), "--profile", "harness",
                           "--plot", str(tmp_path / "x.svg")], capture_output=True, text=True)
     assert out.returncode == 2
     assert "--plot" in out.stderr
