@@ -39,6 +39,16 @@ void check_simulated(const ModelSpec& m, const Job& job) {
                                             to_string(job.weights) +
                                             " on a mixture of experts is not modelled (its experts are served in bf16 or fp16)");
 }
+
+// A group of ranks whose figures are `src`'s (Budget::ranks).
+Budget::RankGroup rank_group(std::vector<std::uint64_t> ranks, const Budget& src) {
+  Budget::RankGroup g;
+  g.ranks = std::move(ranks);
+  for (const auto& p : src.phases) g.phases.push_back({p.phase, p.bytes, {}});
+  for (const auto& p : src.step0) g.step0.push_back({p.phase, p.bytes, {}});
+  g.peak = src.peak;
+  return g;
+}
 }  // namespace detail
 
 Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& options) {
@@ -48,18 +58,23 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   detail::check_layout(model, job);
   if (job.parallel.pipeline > 1 && !job.parallel.rank) {
     // The most loaded stage: every stage predicted (their layers, embedding or head and schedule
-    // position all differ), the highest peak kept, the lowest stage on a tie.
-    PredictOptions quick;
+    // position all differ), the highest peak kept, the lowest stage on a tie. The stages' figures
+    // are the `ranks` list (every stage is its own group), so none is predicted twice for it.
     Job at = job;
-    std::uint64_t best = 0;
-    bytes_t best_peak = 0;
+    std::vector<Budget> stages;
+    std::size_t best = 0;
     for (std::uint64_t s = 0; s < job.parallel.pipeline; ++s) {
       at.parallel.rank = s;
-      const bytes_t peak = predict(model, at, quick).peak;
-      if (s == 0 || peak > best_peak) best = s, best_peak = peak;
+      stages.push_back(predict(model, at, PredictOptions{}));
+      if (stages.back().peak > stages[best].peak) best = stages.size() - 1;
     }
     at.parallel.rank = best;
-    Budget b = predict(model, at, options);
+    PredictOptions chosen = options;
+    chosen.ranks = false;
+    Budget b = predict(model, at, chosen);
+    if (options.ranks)
+      for (std::uint64_t s = 0; s < job.parallel.pipeline; ++s)
+        b.ranks.push_back(detail::rank_group({s}, s == best ? b : stages[static_cast<std::size_t>(s)]));
     b.job.parallel.rank.reset();  // the job as given: the stage was chosen, not asked for
     return b;
   }
@@ -139,16 +154,11 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
       PredictOptions one = options;
       one.ranks = one.reserved = one.explain = false;
       for (auto& group : detail::distinct_ranks(model, job)) {
-        Budget::RankGroup g;
         Job at = job;
         at.parallel.rank = group.front();
-        Budget r = group.front() == b.rank ? Budget{} : predict(model, at, one);
-        g.ranks = std::move(group);
-        const Budget& src = g.ranks.front() == b.rank ? b : r;
-        for (const auto& p : src.phases) g.phases.push_back({p.phase, p.bytes, {}});
-        for (const auto& p : src.step0) g.step0.push_back({p.phase, p.bytes, {}});
-        g.peak = src.peak;
-        b.ranks.push_back(std::move(g));
+        const bool mine = group.front() == b.rank;
+        const Budget r = mine ? Budget{} : predict(model, at, one);
+        b.ranks.push_back(detail::rank_group(std::move(group), mine ? b : r));
       }
     }
   }
