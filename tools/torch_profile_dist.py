@@ -398,10 +398,12 @@ def finite(o):
     return o
 
 
-def cases_from_matrix(path):
+def cases_from_matrix(path, base_defaults=None):
+    """The matrix's cases over its defaults over `base_defaults` (this tool's DEFAULTS unless given),
+    each config path resolved."""
     with open(path) as f:
         m = json.load(f)
-    defaults = dict(DEFAULTS)
+    defaults = dict(DEFAULTS if base_defaults is None else base_defaults)
     defaults.update(m.get("defaults", {}))
     base = os.path.dirname(os.path.abspath(path))
     out = []

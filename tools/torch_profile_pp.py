@@ -298,25 +298,15 @@ def main(argv=None):
     p.add_argument("--snapshot-dir", default=None)
     p.add_argument("--only", default=None)
     args = p.parse_args(argv)
-    import json
-
     import torch
 
     torch.cuda.set_device(0)
     if args.snapshot_dir:
         os.makedirs(args.snapshot_dir, exist_ok=True)
-    with open(args.matrix) as f:
-        m = json.load(f)
-    base = os.path.dirname(os.path.abspath(args.matrix))
     doc = {"tool": "tools/torch_profile_pp.py", "argv": sys.argv, "env": common.env_info(), "units": "bytes",
            "cases": []}
     t_start = time.perf_counter()
-    for c in m["cases"]:
-        case = dict(DEFAULTS)
-        case.update(m.get("defaults", {}))
-        case.update(c)
-        case["config"] = common.resolve_path(case["config"], os.getcwd(), base, os.path.dirname(base),
-                                             os.path.dirname(os.path.dirname(base)))
+    for case in dist_tool.cases_from_matrix(args.matrix, DEFAULTS):
         if args.only and args.only not in case["name"]:
             continue
         if args.max_seconds is not None and time.perf_counter() - t_start > args.max_seconds:
