@@ -126,6 +126,12 @@ void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& 
   }
 }
 
+// The worst errors of a file's cases, printed by the test (docs/distributed.md quotes them).
+void report(const Worst& w, const char* what) {
+  MESSAGE(std::string(what) << ": worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
+                           << " cases; worst step-0 error " << w.step0 * 100 << "%");
+}
+
 // The vocabulary-parallel loss without sequence parallelism is refused (not modelled yet).
 bool loss_parallel_alone(const nlohmann::json& c) {
   return c["job"].value("loss_parallel", false) && !c["job"].value("sp", false);
@@ -149,8 +155,7 @@ TEST_CASE("one rank of DDP, ZeRO-1, FSDP2, HSDP and tensor parallelism lands wit
   check_file("tests/data/torch_train_dist_fakepg_h200.json", 0.02, untied_by_the_first_run, w);
   check_file("tests/data/torch_train_dist_tied_fakepg_h200.json", 0.02, none, w);
   CHECK(w.cases >= 45);
-  MESSAGE("distributed ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
-                                                         << " cases; worst step-0 error " << w.step0 * 100 << "%");
+  report(w, "distributed ranks");
 }
 
 
@@ -163,8 +168,7 @@ TEST_CASE("MoE ranks of FSDP2, HSDP, DDP and ZeRO-1 land within 1% of the fake-p
   Worst w;
   check_file("tests/data/torch_train_dist_moe_fakepg_h200.json", 0.01, none, w, 0.30);
   CHECK(w.cases >= 15);
-  MESSAGE("MoE ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
-                                                 << " cases; worst step-0 error " << w.step0 * 100 << "%");
+  report(w, "MoE ranks");
 }
 
 // Sequence parallelism and the vocabulary-parallel loss (tools/matrices/sp_h200.json): torchtitan's
@@ -176,8 +180,7 @@ TEST_CASE("tensor-parallel ranks with sequence parallelism and the vocabulary-pa
   // the second's step 0 starts with the first's cuBLAS workspaces allocated (+64 MiB, 2.4%).
   check_file("tests/data/torch_train_sp_fakepg_h200.json", 0.02, loss_parallel_alone, w, 0.20, -0.05, 0.025);
   CHECK(w.cases >= 11);
-  MESSAGE("sequence-parallel ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
-                                                               << " cases; worst step-0 error " << w.step0 * 100 << "%");
+  report(w, "sequence-parallel ranks");
 }
 
 // torchtitan's 2-D layout, TP within and FSDP2 across (tools/matrices/fsdp_tp_h200.json, and
@@ -191,8 +194,7 @@ TEST_CASE("ranks of FSDP2 over tensor-parallel groups land within 2% of the fake
   check_file("tests/data/torch_train_fsdp_tp_fakepg_h200.json", 0.02, retied_by_the_first_run, w);
   check_file("tests/data/torch_train_fsdp_tp_rerun_fakepg_h200.json", 0.02, none, w);
   CHECK(w.cases >= 9);
-  MESSAGE("FSDP2 × TP ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
-                                                         << " cases; worst step-0 error " << w.step0 * 100 << "%");
+  report(w, "FSDP2 × TP ranks");
 }
 
 // FSDP2 with CPUOffloadPolicy (tools/matrices/offload_h200.json): the GPU keeps the all-gathered
@@ -205,8 +207,7 @@ TEST_CASE("FSDP2 ranks with CPU offload land within 2% on the GPU, and the host 
   // (1.5%); Qwen2.5's forward misses its per-layer 3.5 MiB (−1.24%) as on one GPU
   check_file("tests/data/torch_train_offload_fakepg_h200.json", 0.02, none, w);
   CHECK(w.cases >= 7);
-  MESSAGE("offloaded ranks: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
-                                                       << " cases; worst step-0 error " << w.step0 * 100 << "%");
+  report(w, "offloaded ranks");
   std::ifstream in(test::source_path("tests/data/torch_train_offload_fakepg_h200.json"));
   const auto data = nlohmann::json::parse(in);
   for (const auto& c : data["cases"]) {
@@ -232,8 +233,7 @@ TEST_CASE("pipeline stages under GPipe and 1F1B land within 1% of the fake-proce
   // otherwise than c10 did: 1F1B −0.2% to −2.8%, GPipe −4.2% and −9.4% (docs/distributed.md)
   check_file("tests/data/torch_train_pp_fakepg_h200.json", 0.01, none, w, 0.01, -0.10);
   CHECK(w.cases >= 21);
-  MESSAGE("pipeline stages: worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
-                                                       << " cases; worst step-0 error " << w.step0 * 100 << "%");
+  report(w, "pipeline stages");
 }
 
 // The order of a stage's actions (pipeline.cpp's schedule_actions) is what torch 2.11's schedules
