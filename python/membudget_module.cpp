@@ -213,16 +213,20 @@ PYBIND11_MODULE(membudget, m) {
 
   m.def(
       "predict",
-      [](const py::object& model, const py::kwargs& kw) {
+      [](const py::object& model, bool reserved, const std::string& allocator_conf, const py::kwargs& kw) {
         ModelArg a = model_arg(model);
         const Job j = job_of(kw);
+        PredictOptions po;
+        po.reserved = reserved;
+        po.allocator_conf = allocator_conf;
         const std::string s = nogil(
-            [&] { return to_json_string(predict(resolve(std::move(a)), j), std::nullopt, false, -1); });
+            [&] { return to_json_string(predict(resolve(std::move(a)), j, po), std::nullopt, false, -1); });
         return loads(s);
       },
-      py::arg("model"),
-      "The full budget as a dict (the JSON of `membudget predict --format json`). Job options are keyword "
-      "arguments: batch=4, seq=4096, precision='amp-bf16', optimizer, optimizer_impl, recompute, attention, loss, …");
+      py::arg("model"), py::kw_only(), py::arg("reserved") = true, py::arg("allocator_conf") = "",
+      "The full budget as a dict (the JSON of `membudget predict --format json`, reserved memory included: "
+      "reserved=False skips its replay; allocator_conf is a PYTORCH_CUDA_ALLOC_CONF string). Job options are "
+      "keyword arguments: batch=4, seq=4096, precision='amp-bf16', optimizer, optimizer_impl, recompute, attention, loss, …");
 
   m.def(
       "estimate",
@@ -296,7 +300,8 @@ PYBIND11_MODULE(membudget, m) {
   m.def(
       "sweep",
       [](const py::object& model, const py::object& batches, const py::object& seqs, const py::object& precisions,
-         const py::object& device, const py::object& capacity, const py::object& headroom, const py::kwargs& kw) {
+         const py::object& device, const py::object& capacity, const py::object& headroom, bool reserved,
+         const py::kwargs& kw) {
         ModelArg a = model_arg(model);
         SweepGrid g;
         g.batches = u64_list(batches, "batches");
@@ -307,7 +312,7 @@ PYBIND11_MODULE(membudget, m) {
         const double h = float_arg(headroom, "headroom");
         const Job j = job_of(kw);
         if (!names.empty()) check_options_apply(j, {"precision"});
-        const auto points = nogil([&] { return sweep(resolve(std::move(a)), j, g, dev, h); });
+        const auto points = nogil([&] { return sweep(resolve(std::move(a)), j, g, dev, h, reserved); });
         py::list out;
         for (const auto& p : points) {
           py::dict d;
@@ -319,6 +324,8 @@ PYBIND11_MODULE(membudget, m) {
             d["peak"] = p.estimate.peak;
             d["required"] = p.estimate.required;
             if (dev) d["fits"] = p.fits;
+            if (dev) d["basis"] = p.on_reserved ? "reserved" : "allocated";
+            if (p.reserved_required) d["reserved_required"] = p.reserved_required;
             d["beyond_max_positions"] = p.beyond_max_positions;
           } else {
             d["error"] = printable(p.error);
@@ -328,5 +335,6 @@ PYBIND11_MODULE(membudget, m) {
         return out;
       },
       py::arg("model"), py::arg("batches") = py::list(), py::arg("seqs") = py::list(), py::arg("precisions") = py::list(),
-      py::arg("device") = py::none(), py::arg("capacity") = 0, py::arg("headroom") = 0.05);
+      py::arg("device") = py::none(), py::arg("capacity") = 0, py::arg("headroom") = 0.05,
+      py::arg("reserved") = false);
 }

@@ -247,3 +247,104 @@ TEST_CASE("fit and max-batch decide on the reserved memory where the budget has 
   CHECK(none.max_micro_batch == 0);
   CHECK(none.reserved_required == at1.nvidia_smi());
 }
+
+TEST_CASE("sweep decides on the reserved memory: the boundary max-batch finds, and no point fits on reserved alone") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job j;
+  j.precision = Precision::bf16;
+  PredictOptions po;
+  po.reserved = true;
+  // a card between batch 4's allocated and reserved figures at 2048 tokens, as above
+  Job four = j;
+  four.batch = 4;
+  four.seq = 2048;
+  const Budget at4 = predict(m, four, po);
+  REQUIRE(at4.reserved_peak > at4.peak);
+  const bytes_t between = (at4.peak + at4.reserved_peak) / 2 + at4.terms.overhead;
+  const Device card{"between", static_cast<bytes_t>(static_cast<double>(between) / 0.95) + 1};
+  SweepGrid g;
+  g.batches = {8, 1, 2, 3, 4, 5, 6};  // not sorted: runs are searched by batch, not by position
+  g.seqs = {1024, 2048};
+  const auto allocated = sweep(m, j, g, card);
+  const auto reserved = sweep(m, j, g, card, 0.05, true);
+  REQUIRE(reserved.size() == allocated.size());
+  int flipped = 0;
+  for (std::size_t i = 0; i < reserved.size(); ++i) {
+    const SweepPoint& r = reserved[i];
+    CAPTURE(r.batch);
+    CAPTURE(r.seq);
+    REQUIRE(r.ok);
+    CHECK(r.on_reserved);
+    CHECK(!allocated[i].on_reserved);
+    CHECK(allocated[i].reserved_required == 0);
+    CHECK((!r.fits || allocated[i].fits));  // reserved ≥ allocated: nothing fits on reserved alone
+    flipped += allocated[i].fits && !r.fits;
+    if (r.reserved_required) {  // a replayed point: its figure is predict()'s, and decides it
+      Job at = j;
+      at.batch = r.batch;
+      at.seq = r.seq;
+      CHECK(r.reserved_required == predict(m, at, po).nvidia_smi());
+      CHECK(r.fits == (r.reserved_required <= usable_bytes(card)));
+    }
+  }
+  CHECK(flipped >= 1);
+  // the largest fitting batch of each run is max-batch's reserved answer (a search of its own)
+  SearchOptions o;
+  o.reserved = true;
+  for (std::uint64_t seq : g.seqs) {
+    Job at = j;
+    at.seq = seq;
+    const std::uint64_t answer = max_micro_batch(m, at, card, o).max_micro_batch;
+    std::uint64_t largest = 0, largest_in_grid = 0;
+    for (const auto& p : reserved)
+      if (p.seq == seq && p.fits) largest = std::max(largest, p.batch);
+    for (std::uint64_t b : g.batches)
+      if (b <= answer) largest_in_grid = std::max(largest_in_grid, b);
+    CAPTURE(seq);
+    CHECK(largest == largest_in_grid);
+    for (const auto& p : reserved)
+      if (p.seq == seq) CHECK(p.fits == (p.batch <= answer));
+  }
+  // a job without a reserved model keeps the allocated decision: FSDP2's ranks (several streams)
+  Job fsdp = j;
+  fsdp.parallel.fsdp = 2;
+  SweepGrid small;
+  small.batches = {1, 2};
+  for (const auto& p : sweep(m, fsdp, small, find_device("H100"), 0.05, true)) {
+    CHECK(!p.on_reserved);
+    CHECK(p.reserved_required == 0);
+    CHECK(p.fits == (p.estimate.required <= usable_bytes(find_device("H100"))));
+  }
+}
+
+TEST_CASE("CLI sweep: fits on reserved by default with a device, --fit-on allocated for the fast grid") {
+  const std::string model = "sweep " + test::source_path("configs/llama-3.2-1b.yaml");
+  const std::string base = model + " --batch 1,2 --seq 1024 --device H100 --format json";
+  const auto r = test::run_cli(base + " 2>/dev/null");
+  REQUIRE(r.exit_code == 0);
+  const auto on_reserved = nlohmann::json::parse(r.out);
+  for (const auto& p : on_reserved["points"]) CHECK(p["basis"] == "reserved");
+  CHECK(on_reserved["points"][1].contains("reserved_required"));
+  const auto a = test::run_cli(base + " --fit-on allocated 2>/dev/null");
+  REQUIRE(a.exit_code == 0);
+  for (const auto& p : nlohmann::json::parse(a.out)["points"]) {
+    CHECK(p["basis"] == "allocated");
+    CHECK(!p.contains("reserved_required"));
+  }
+  const auto bad = test::run_cli(base + " --fit-on nvidia");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.out.find("--fit-on") != std::string::npos);
+  const auto no_device = test::run_cli(model + " --fit-on reserved");
+  CHECK(no_device.exit_code == 2);
+  CHECK(no_device.out.find("--device") != std::string::npos);
+  const auto conf_alone = test::run_cli(model + " --allocator-conf expandable_segments:True");
+  CHECK(conf_alone.exit_code == 2);
+  // the allocator settings reach the replay: expandable segments change the reserved figure
+  const auto ex = test::run_cli(base + " --allocator-conf expandable_segments:True 2>/dev/null");
+  REQUIRE(ex.exit_code == 0);
+  CHECK(nlohmann::json::parse(ex.out)["points"][1]["reserved_required"] != on_reserved["points"][1]["reserved_required"]);
+  // the CSV carries the basis and the replayed figure in its last two columns
+  const auto csv = test::run_cli(model + " --batch 1 --seq 1024 --device H100 2>/dev/null");
+  CHECK(csv.out.find("dp,fsdp,tp,pp,basis,reserved_required\n") != std::string::npos);
+  CHECK(csv.out.find(",1,1,1,1,reserved,") != std::string::npos);
+}

@@ -22,6 +22,7 @@ Registrar reg("advise", 40, [](CLI::App& app) {
   auto flags = std::make_shared<JobFlags>();
   CLI::App* cmd = app.add_subcommand("advise", "rank the fixes for a training job that does not fit a card");
   flags->add(cmd);
+  flags->add_allocator_conf(cmd);
   cmd->callback([flags] {
     const ModelSpec spec = flags->model();
     const Job job = flags->job(spec);
@@ -30,9 +31,13 @@ Registrar reg("advise", 40, [](CLI::App& app) {
       throw Error(ErrorKind::invalid_argument, "--format: advise writes table or json");
     const auto device = flags->device_choice();
     if (!device) throw Error(ErrorKind::invalid_argument, "advise: give the card with --device NAME or --device-memory SIZE");
-    const Budget budget = predict(spec, job);
+    PredictOptions po;
+    po.reserved = true;  // as advise() decides: on what nvidia-smi will show, where modelled
+    po.allocator_conf = flags->allocator_conf;
+    const Budget budget = predict(spec, job, po);
     const Fit fit = check_fit(budget, *device, flags->headroom);
-    const std::vector<Fix> fixes = advise(spec, job, *device, flags->headroom);
+    const std::vector<Fix> fixes = advise(spec, job, *device, flags->headroom, flags->allocator_conf);
+    auto basis = [](bool on_reserved) { return on_reserved ? "reserved" : "allocated"; };
     const double usable = static_cast<double>(fit.capacity) * (1.0 - fit.headroom);
     const double free_frac = 1.0 - static_cast<double>(fit.required) / usable;
     const bool tight = fit.fits && free_frac < 0.10;
@@ -43,13 +48,15 @@ Registrar reg("advise", 40, [](CLI::App& app) {
       nlohmann::ordered_json j;
       j["model"] = spec.name;
       j["device"] = {{"name", fit.device.name}, {"capacity", fit.capacity}, {"headroom", fit.headroom}};
-      j["baseline"] = {{"peak", budget.peak}, {"required", fit.required}, {"fits", fit.fits}, {"tight", tight}};
+      j["baseline"] = {{"peak", budget.peak}, {"required", fit.required}, {"basis", basis(fit.on_reserved)},
+                       {"fits", fit.fits}, {"tight", tight}};
       auto& a = j["fixes"] = nlohmann::ordered_json::array();
       for (const auto& f : fixes) {
         nlohmann::ordered_json o = {{"name", f.name},
                                     {"change", f.change},
                                     {"peak", f.peak},
                                     {"required", f.required},
+                                    {"basis", basis(f.on_reserved)},
                                     {"fits", f.fits},
                                     {"skipped", f.skipped},
                                     {"cost_class", to_string(f.cost_class)},
@@ -65,8 +72,9 @@ Registrar reg("advise", 40, [](CLI::App& app) {
       std::cout << printable(spec.name) << ", " << to_string(job.mode) << " " << job.batch << "×" << job.seq << " "
                 << to_string(job.precision) << " " << to_string(job.optimizer) << " on " << fit.device.name << " ("
                 << gib(fit.capacity) << ", headroom " << static_cast<int>(fit.headroom * 100 + 0.5) << "%)\n";
-      std::cout << "as is: peak " << gib(budget.peak) << " + overhead " << gib(budget.terms.overhead) << " = "
-                << gib(fit.required) << " — "
+      std::cout << "as is: " << (fit.on_reserved ? "reserved " + gib(budget.reserved_peak) : "peak " + gib(budget.peak))
+                << " + overhead " << gib(budget.terms.overhead) << " = " << gib(fit.required)
+                << (fit.on_reserved ? " (allocated peak " + gib(budget.peak) + ")" : std::string()) << " — "
                 << (fit.fits ? (tight ? "fits, with little headroom" : "FITS: no fix needed") : "DOES NOT FIT")
                 << "\n\n";
       std::cout << "  #  " << pad_columns("fix", 22) << pad_columns("peak", 12) << pad_columns("required", 12)
@@ -75,10 +83,13 @@ Registrar reg("advise", 40, [](CLI::App& app) {
       for (const auto& f : fixes) {
         if (f.skipped) continue;
         std::cout << (++i < 10 ? "  " : " ") << i << "  " << pad_columns(f.name.substr(0, 60), 22)
-                  << pad_columns(gib(f.peak), 12) << pad_columns(gib(f.required), 12) << pad_columns(f.fits ? "yes" : "no", 6) << f.cost << "\n";
+                  << pad_columns(gib(f.peak), 12) << pad_columns(gib(f.required) + (f.on_reserved ? "" : "*"), 12)
+                  << pad_columns(f.fits ? "yes" : "no", 6) << f.cost << "\n";
         std::cout << "     " << pad_columns("", 22) << "change: " << f.change << "\n";
         std::cout << "     " << pad_columns("", 22) << f.note << "\n";
       }
+      std::cout << "\n  peak: allocated bytes; required: reserved memory + overhead (what nvidia-smi shows), or, "
+                   "marked *, allocated peak + overhead where the fix has no reserved model\n";
       bool header = false;
       for (const auto& f : fixes) {
         if (!f.skipped) continue;

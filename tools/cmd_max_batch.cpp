@@ -32,6 +32,7 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
   auto f = std::make_shared<MaxBatchFlags>();
   CLI::App* cmd = app.add_subcommand("max-batch", "the largest micro-batch that fits a card (and the accumulation steps)");
   f->job.add(cmd, /*with_batch_seq=*/false);
+  f->job.add_allocator_conf(cmd);
   cmd->add_option("--seq,-s", f->job.seq, "sequence length in tokens (default 4096)");
   cmd->add_option("--global-batch", f->global_batch_text, "target global batch (sequences per optimizer step)");
   cmd->add_option("--data-parallel", f->data_parallel_text, "data-parallel ranks sharing the global batch (default 1)");
@@ -58,11 +59,13 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
     o.data_parallel = f->data_parallel;
     o.limit = f->limit;
     o.reserved = true;  // decide on what nvidia-smi will show (docs/accuracy.md, reserved memory)
+    o.allocator_conf = f->job.allocator_conf;
     const MaxBatchResult r = max_micro_batch(spec, job, *dev, o);
     Job at = job;
     at.batch = std::max<std::uint64_t>(1, r.max_micro_batch);
     PredictOptions po;
     po.reserved = true;
+    po.allocator_conf = f->job.allocator_conf;
     const Budget budget = predict(spec, at, po);
     const Fit fit = check_fit(budget, *dev, f->job.headroom);
     // what the card must hold at the answer: reserved + outside where the job has a reserved model

@@ -23,7 +23,14 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
   f->add(cmd, /*with_batch_seq=*/false);
   cmd->add_option("--batch,-b", f->batch, "micro-batches: 1..64, 1..64:8 or 1,2,4 (default 4)");
   cmd->add_option("--seq,-s", f->seq, "sequence lengths: 1024,2048,4096 or 1024..8192:1024 (default 4096)");
-  cmd->callback([f] {
+  f->add_allocator_conf(cmd);
+  auto fit_on = std::make_shared<std::string>("reserved");
+  cmd->add_option("--fit-on", *fit_on,
+                  "with --device: decide fits on reserved memory + outside (default; a few ms per replayed point) "
+                  "or on allocated bytes + outside (the fast grid)");
+  cmd->callback([f, fit_on, cmd] {
+    if (*fit_on != "reserved" && *fit_on != "allocated")
+      throw Error(ErrorKind::invalid_argument, "--fit-on: reserved or allocated, not '" + printable(*fit_on) + "'");
     JobFlags base = *f;
     SweepGrid grid;
     if (!f->batch.empty()) grid.batches = parse_count_list(f->batch, "--batch");
@@ -50,7 +57,14 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     if (format != "csv" && format != "json" && format != "table")
       throw Error(ErrorKind::invalid_argument, "--format: sweep writes csv (default), json or table");
     warn_beyond_context(spec, grid.seqs.empty() ? job.seq : *std::max_element(grid.seqs.begin(), grid.seqs.end()));
-    const auto points = sweep(spec, job, grid, dev, f->headroom);
+    if (!dev && cmd->count("--fit-on"))
+      throw Error(ErrorKind::invalid_argument, "--fit-on: applies only with --device or --device-memory");
+    if (!dev && !f->allocator_conf.empty())
+      throw Error(ErrorKind::invalid_argument, "--allocator-conf: applies only with --device (the fit on reserved memory)");
+    const bool on_reserved = dev && *fit_on == "reserved";
+    if (!on_reserved && !f->allocator_conf.empty())
+      throw Error(ErrorKind::invalid_argument, "--allocator-conf: applies only with --fit-on reserved");
+    const auto points = sweep(spec, job, grid, dev, f->headroom, on_reserved, f->allocator_conf);
     if (format == "json") {
       nlohmann::ordered_json a = nlohmann::ordered_json::array();
       for (const auto& p : points) {
@@ -65,6 +79,8 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
           o["activations"] = p.estimate.terms.activations;
           o["logits_loss"] = p.estimate.terms.logits_loss;
           if (dev) o["fits"] = p.fits;
+          if (dev) o["basis"] = p.on_reserved ? "reserved" : "allocated";
+          if (p.reserved_required) o["reserved_required"] = p.reserved_required;
           if (p.beyond_max_positions) o["beyond_max_positions"] = true;
         } else {
           o["error"] = p.error;
@@ -81,20 +97,21 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     const bool table = format == "table";
     char line[512];
     if (table)
-      std::snprintf(line, sizeof line, "%6s %7s %-12s %-9s %14s %14s %-22s %s\n", "batch", "seq", "precision",
-                    "recompute", "peak", "required", "peak_phase", dev ? "fits" : "");
+      std::snprintf(line, sizeof line, "%6s %7s %-12s %-9s %14s %14s %14s %-22s %s\n", "batch", "seq", "precision",
+                    "recompute", "peak", "required", on_reserved ? "reserved_req" : "", "peak_phase", dev ? "fits" : "");
     else
       std::snprintf(line, sizeof line, "batch,seq,precision,recompute,peak,required,peak_phase,model_states,"
-                                       "activations,logits_loss,fits,error,dp,fsdp,tp,pp\n");
+                                       "activations,logits_loss,fits,error,dp,fsdp,tp,pp,basis,reserved_required\n");
     out += line;
     for (const auto& p : points) {
       if (table) {
         if (p.ok)
-          std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s %14s %14s %-22s %s\n",
+          std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s %14s %14s %14s %-22s %s\n",
                         static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
                         to_string(p.precision), to_string(p.recompute), format_bytes(p.estimate.peak).c_str(),
-                        format_bytes(p.estimate.required).c_str(), p.estimate.peak_phase,
-                        dev ? (p.fits ? "yes" : "no") : "");
+                        format_bytes(p.estimate.required).c_str(),
+                        p.reserved_required ? format_bytes(p.reserved_required).c_str() : "",
+                        p.estimate.peak_phase, dev ? (p.fits ? "yes" : "no") : "");
         else
           std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s  error: %s\n", static_cast<unsigned long long>(p.batch),
                         static_cast<unsigned long long>(p.seq), to_string(p.precision), to_string(p.recompute),
@@ -111,12 +128,14 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
         // the layout columns, after the (empty) error
         line[std::strlen(line) - 1] = '\0';
         out += line;
-        std::snprintf(line, sizeof line, ",%llu,%llu,%llu,%llu\n", ull(p.dp), ull(p.fsdp), ull(p.tp), ull(p.pp));
+        std::snprintf(line, sizeof line, ",%llu,%llu,%llu,%llu,%s,%s\n", ull(p.dp), ull(p.fsdp), ull(p.tp), ull(p.pp),
+                      dev ? (p.on_reserved ? "reserved" : "allocated") : "",
+                      p.reserved_required ? std::to_string(p.reserved_required).c_str() : "");
       } else {
         std::string err = printable(p.error);
         for (auto& c : err)
           if (c == '"') c = '\'';
-        std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,,,,,,,,\"%s\",%llu,%llu,%llu,%llu\n",
+        std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,,,,,,,,\"%s\",%llu,%llu,%llu,%llu,,\n",
                       static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
                       to_string(p.precision), to_string(p.recompute), err.c_str(), ull(p.dp), ull(p.fsdp), ull(p.tp),
                       ull(p.pp));

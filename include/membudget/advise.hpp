@@ -21,7 +21,10 @@
 // changed Job run through predict(). The others are computed from the prediction's per-phase live tensors: each
 // phase peak is re-added with the parameters, gradients, master weights, optimizer state and
 // optimizer temporaries scaled by the fix, plus what the fix adds (adapters, gather buffers).
-// fits ⇔ peak + overhead ≤ capacity · (1 − headroom), exactly as check_fit().
+// fits ⇔ required ≤ capacity · (1 − headroom), exactly as check_fit(): required is the reserved
+// memory + outside (what nvidia-smi shows) for a job change whose job has a reserved model (the
+// replay through the caching allocator, docs/accuracy.md), else the allocated peak + outside (a
+// fix that scales roles, a job without a reserved model such as FSDP2); on_reserved says which.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +49,8 @@ struct Fix {
   std::string cost;     // the cost in words, with its rationale
   std::string note;     // what the fix changes in the prediction, and its caveats
   bytes_t peak = 0;     // predicted new peak (allocated bytes)
-  bytes_t required = 0; // peak + overhead
+  bytes_t required = 0; // what the card must hold: reserved + overhead where on_reserved, else peak + overhead
+  bool on_reserved = false;
   bool fits = false;
   bool skipped = false;  // does not apply (already set, no saving, not modelled): note says why
   std::optional<Job> job;  // the job predict() ran on, when the fix is a job change
@@ -56,6 +60,7 @@ struct Fix {
 // transfer), then the skipped ones. When no single-GPU fix of the free, recompute and numerics
 // classes fits alone, a "combined" fix stacks them in rank order until the job fits.
 // Throws Error(unsupported) for serving jobs, and what predict() throws for a bad job.
-std::vector<Fix> advise(const ModelSpec& model, const Job& job, const Device& device, double headroom = 0.05);
+std::vector<Fix> advise(const ModelSpec& model, const Job& job, const Device& device, double headroom = 0.05,
+                        const std::string& allocator_conf = "");
 
 }  // namespace membudget

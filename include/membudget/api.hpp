@@ -86,6 +86,7 @@ struct SearchOptions {
   // a few milliseconds per batch tried) instead of the allocated peak + overhead. The search runs on
   // the allocated figures first (reserved ≥ allocated) and then only below that answer.
   bool reserved = false;
+  std::string allocator_conf;  // PYTORCH_CUDA_ALLOC_CONF for the reserved replay (PredictOptions)
 };
 
 struct MaxBatchResult {
@@ -132,7 +133,13 @@ struct SweepPoint {
   Recompute recompute = Recompute::none;
   std::uint64_t dp = 1, fsdp = 1, tp = 1, pp = 1;  // the layout (Job::parallel's degrees)
   bool ok = false;         // false: the point is invalid (see error)
-  bool fits = false;       // with a device: required ≤ limit
+  bool fits = false;       // with a device: required ≤ limit (on reserved memory where on_reserved)
+  // With a device and sweep(..., reserved = true): fits was decided on reserved_peak + overhead
+  // (what nvidia-smi shows), as max_micro_batch does; false where the job has no reserved model.
+  bool on_reserved = false;
+  // reserved_peak + overhead, at the points whose reserved memory was replayed (0 elsewhere: a point
+  // is decided by the replayed points around it, reserved memory growing with the batch).
+  bytes_t reserved_required = 0;
   bool beyond_max_positions = false;  // seq > the model's max_positions (predicted all the same)
   Estimate estimate;
   ErrorKind error_kind = ErrorKind::invalid_job;
@@ -141,8 +148,14 @@ struct SweepPoint {
 // Every combination of the grid (layout, precision, recompute, seq, batch order, batch fastest); a
 // layout membudget does not model, or that does not divide the model, is an invalid point.
 // Throws only for a bad model spec or headroom; invalid points are reported in the result.
+// With a device, fits is decided on the allocated peak + overhead; with `reserved` as well, on the
+// reserved memory + overhead wherever the job has a reserved model: for each run of batches (the
+// same layout, precision, recompute and sequence) only the batches that fit on allocated bytes can
+// fit (reserved ≥ allocated), and among them the largest that fits on reserved is found by
+// bisection (a few milliseconds per replay, about log2(batches) replays per run).
 std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const SweepGrid& grid,
-                              const std::optional<Device>& device = std::nullopt, double headroom = 0.05);
+                              const std::optional<Device>& device = std::nullopt, double headroom = 0.05,
+                              bool reserved = false, const std::string& allocator_conf = "");
 
 // Sets one job option by its command-line name ("batch", "seq", "precision", "recompute",
 // "loss-chunk" or "loss_chunk", …; docs/api.md lists them) from text. Throws Error(invalid_job) for

@@ -116,18 +116,22 @@ struct Context {
   const Job& job;
   const Device& device;
   double headroom;
+  const std::string allocator_conf;  // PYTORCH_CUDA_ALLOC_CONF for the reserved replay
   std::deque<std::pair<Job, Budget>> predictions;  // a deque keeps references to its budgets valid
   const Budget& base;
   const bytes_t base_peak;
 
-  Context(const ModelSpec& m, const Job& j, const Device& d, double h)
-      : model(m), job(j), device(d), headroom(h), base(predicted(j)), base_peak(peak(Plan{j})) {}
+  Context(const ModelSpec& m, const Job& j, const Device& d, double h, std::string conf)
+      : model(m), job(j), device(d), headroom(h), allocator_conf(std::move(conf)), base(predicted(j)),
+        base_peak(peak(Plan{j})) {}
 
   const Budget& predicted(const Job& j) {
     for (const auto& [k, b] : predictions)
       if (detail::key_of(model, k) == detail::key_of(model, j)) return b;  // every field that changes a number
     PredictOptions po;
     po.explain = true;
+    po.reserved = true;  // fits is decided on what nvidia-smi will show, where the job has that model
+    po.allocator_conf = allocator_conf;
     return predictions.emplace_back(j, predict(model, j, po)).second;
   }
 
@@ -142,10 +146,32 @@ struct Context {
     return top ? top : b.peak;
   }
 
+  // What a plan requires of the card: a job change's reserved memory + outside (nvidia-smi) where
+  // the job has a reserved model; else, and for a plan that scales roles (the replay cannot scale
+  // a tensor it did not simulate), its allocated peak + outside.
+  struct Requirement {
+    bytes_t peak = 0, required = 0;
+    bool on_reserved = false;
+  };
+  Requirement requirement(const Plan& plan) {
+    Requirement r;
+    r.peak = peak(plan);
+    const Budget& b = predicted(plan.job);
+    if (plan.keep.empty() && plan.extra == 0 && b.reserved_peak) {
+      r.required = b.nvidia_smi();
+      r.on_reserved = true;
+    } else {
+      r.required = checked_add(r.peak, base.terms.overhead, "advise: required");
+    }
+    return r;
+  }
+
   // The one evaluation of every fix: its plan's peak, what that requires, and whether it fits.
   void measure(const Plan& plan, Fix& f) {
-    f.peak = peak(plan);
-    f.required = checked_add(f.peak, base.terms.overhead, "advise: required");
+    const Requirement r = requirement(plan);
+    f.peak = r.peak;
+    f.required = r.required;
+    f.on_reserved = r.on_reserved;
     f.fits = fits(f.required, device, headroom);
   }
 };
@@ -191,9 +217,11 @@ Fix evaluate(Context& c, const FixRow& row) {
   try {
     if (row.sizes) return best_size(c, row);  // reported at its best size, saving or not
     f = measure_row(c, row);
-    if (f.peak >= c.base_peak) {
+    // a saving on either basis counts; a fix decided on allocated bytes is compared on those
+    if (f.peak >= c.base_peak && (!f.on_reserved || f.required >= c.requirement(Plan{c.job}).required)) {
       f.skipped = true;
-      f.note = "no saving predicted: the peak (" + c.base.peak_phase + ") does not change (" + f.note + ")";
+      f.note = "no saving predicted: neither the peak (" + c.base.peak_phase + ") nor the memory it requires " +
+               "changes (" + f.note + ")";
     }
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::unsupported && e.kind() != ErrorKind::invalid_job) throw;
@@ -209,7 +237,7 @@ Fix evaluate(Context& c, const FixRow& row) {
 std::optional<Fix> combined(Context& c, const std::vector<FixRow>& rows, const std::vector<Fix>& fixes) {
   for (const Fix& f : fixes)
     if (!f.skipped && f.fits && f.cost_class <= CostClass::numerics) return std::nullopt;
-  if (fits(c.base_peak + c.base.terms.overhead, c.device, c.headroom)) return std::nullopt;
+  if (fits(c.requirement(Plan{c.job}).required, c.device, c.headroom)) return std::nullopt;
   std::vector<const FixRow*> stack;
   for (std::size_t i = 0; i < rows.size(); ++i)
     if (rows[i].stackable && !fixes[i].skipped) stack.push_back(&rows[i]);
@@ -498,14 +526,15 @@ std::vector<FixRow> fix_table(const Context& c) {
 
 }  // namespace
 
-std::vector<Fix> advise(const ModelSpec& model, const Job& job, const Device& device, double headroom) {
+std::vector<Fix> advise(const ModelSpec& model, const Job& job, const Device& device, double headroom,
+                        const std::string& allocator_conf) {
   if (job.mode != Mode::train)
     throw Error(ErrorKind::unsupported, "advise: only training jobs are advised (--mode train)");
   if (!(headroom >= 0.0 && headroom < 1.0))
     throw Error(ErrorKind::invalid_argument, "--headroom: must be in [0, 1), e.g. 0.05 for 5%");
   if (device.capacity == 0) throw Error(ErrorKind::invalid_argument, "--device-memory: capacity must be positive");
 
-  Context c{model, job, device, headroom};
+  Context c{model, job, device, headroom, allocator_conf};
   std::vector<FixRow> rows = fix_table(c);
   std::erase_if(rows, [](const FixRow& r) { return !r.listed; });
   std::vector<Fix> fixes;

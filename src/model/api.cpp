@@ -1,7 +1,9 @@
 // The scheduler-facing API: memoized estimates, fit, searches and sweeps (include/membudget/api.hpp).
 #include "membudget/api.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <span>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
@@ -264,6 +266,7 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
       j.batch = b;
       PredictOptions po;
       po.reserved = true;
+      po.allocator_conf = o.allocator_conf;
       ++r.reserved_evaluations;
       const Budget bud = predict(model, j, po);
       return bud.reserved_peak ? bud.nvidia_smi() : checked_add(bud.peak, bud.terms.overhead, "peak + overhead");
@@ -319,8 +322,55 @@ MaxSeqResult max_sequence_length(const ModelSpec& model, Job job, const Device& 
   return r;
 }
 
+namespace {
+// reserved_peak + overhead of `job`, or 0 where the job has no reserved model (serving, FSDP2).
+bytes_t reserved_required(const ModelSpec& model, const Job& job, const std::string& allocator_conf) {
+  PredictOptions po;
+  po.reserved = true;
+  po.allocator_conf = allocator_conf;
+  const Budget b = predict(model, job, po);
+  return b.nvidia_smi();
+}
+
+// sweep(..., reserved): one run of points that differ only in the batch, decided on reserved memory.
+void decide_on_reserved(const ModelSpec& model, Job job, bytes_t limit, const std::string& allocator_conf,
+                        std::span<SweepPoint> run) {
+  std::vector<SweepPoint*> fitting;  // fit on allocated bytes, smallest batch first
+  for (SweepPoint& p : run)
+    if (p.ok && p.fits) fitting.push_back(&p);
+  if (fitting.empty()) return;
+  std::stable_sort(fitting.begin(), fitting.end(), [](const SweepPoint* a, const SweepPoint* b) { return a->batch < b->batch; });
+  bool modelled = true;
+  auto fits_at = [&](std::size_t i) {
+    SweepPoint& p = *fitting[i];
+    job.batch = p.batch;
+    if (!p.reserved_required) p.reserved_required = reserved_required(model, job, allocator_conf);
+    modelled = p.reserved_required != 0;
+    return !modelled || p.reserved_required <= limit;
+  };
+  // the largest index that fits: `good` fits (−1: none yet), `bad` does not (size: none known)
+  std::ptrdiff_t good = -1, bad = static_cast<std::ptrdiff_t>(fitting.size());
+  if (fits_at(fitting.size() - 1)) {
+    good = bad - 1;
+  } else {
+    bad = bad - 1;
+    while (modelled && bad - good > 1) {
+      const std::ptrdiff_t mid = good + (bad - good) / 2;
+      (fits_at(static_cast<std::size_t>(mid)) ? good : bad) = mid;
+    }
+  }
+  if (!modelled) {  // no reserved model for this job: the allocated decision stands
+    for (SweepPoint* p : fitting) p->reserved_required = 0;
+    return;
+  }
+  for (SweepPoint& p : run) p.on_reserved = p.ok;
+  for (std::size_t i = 0; i < fitting.size(); ++i) fitting[i]->fits = static_cast<std::ptrdiff_t>(i) <= good;
+}
+}  // namespace
+
 std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const SweepGrid& grid,
-                              const std::optional<Device>& device, double headroom) {
+                              const std::optional<Device>& device, double headroom, bool reserved,
+                              const std::string& allocator_conf) {
   model.validate();
   const bytes_t limit = device ? usable_bytes(*device, headroom) : 0;
   const std::vector<std::uint64_t> batches = grid.batches.empty() ? std::vector<std::uint64_t>{base.batch} : grid.batches;
@@ -386,6 +436,20 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
           }
           out.push_back(std::move(pt));
         }
+  if (device && reserved) {
+    // each run of batches (the innermost loop) shares everything else with its job
+    for (std::size_t at = 0; at < out.size(); at += batches.size()) {
+      const SweepPoint& first = out[at];
+      j.seq = first.seq;
+      j.precision = first.precision;
+      j.recompute = first.recompute;
+      j.parallel.data = first.dp;
+      j.parallel.fsdp = first.fsdp;
+      j.parallel.tensor = first.tp;
+      j.parallel.pipeline = first.pp;
+      decide_on_reserved(model, j, limit, allocator_conf, std::span<SweepPoint>(out).subspan(at, batches.size()));
+    }
+  }
   return out;
 }
 

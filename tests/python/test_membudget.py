@@ -79,6 +79,20 @@ def test_max_sequence_length_and_sweep():
     assert [p.get("beyond_max_positions") for p in pts[:4]] == [False, False, True, True]
     assert not pts[2]["fits"] and pts[3]["required"] > pts[2]["required"]
     assert "absurdly large" in pts[4]["error"]
+    assert all(p["basis"] == "allocated" for p in pts[:4])
+
+
+def test_sweep_on_reserved_memory():
+    # a card between batch 2's allocated and reserved figures: the reserved decision is stricter
+    at2 = membudget.predict(LLAMA_1B, batch=2, seq=2048, precision="bf16")
+    between = (at2["peak"] + at2["reserved_peak"]) // 2 + at2["terms"]["overhead"]
+    capacity = int(between / 0.95) + 1
+    kw = dict(batches=[1, 2, 3], seqs=[2048], precisions=["bf16"], capacity=capacity)
+    allocated = membudget.sweep(LLAMA_1B, **kw)
+    reserved = membudget.sweep(LLAMA_1B, reserved=True, **kw)
+    assert [p["basis"] for p in reserved] == ["reserved"] * 3
+    assert allocated[1]["fits"] and not reserved[1]["fits"]
+    assert reserved[1]["reserved_required"] == at2["nvidia_smi"]
 
 
 def test_errors_are_typed():
