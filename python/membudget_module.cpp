@@ -16,6 +16,7 @@
 #include "membudget/input.hpp"
 #include "membudget/report.hpp"
 #include "membudget/trainer_args.hpp"
+#include "cli.hpp"  // tools/: the command line, for cli_main
 
 namespace py = pybind11;
 using namespace membudget;
@@ -138,8 +139,8 @@ py::dict search_dict(const char* key, std::uint64_t answer, const Result& r) {
 
 }  // namespace
 
-PYBIND11_MODULE(membudget, m) {
-  m.doc() = "membudget: predict the GPU memory of a transformer training step (docs/api.md)";
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "membudget's compiled core: the library's API (docs/api.md) and the command line (cli_main)";
   m.attr("__version__") = "0.1.0";
   static py::exception<Error> error_type(m, "Error", PyExc_ValueError);
   // Messages quote the input (names, keys, file names): escaped, so they are valid UTF-8 and carry
@@ -337,4 +338,18 @@ PYBIND11_MODULE(membudget, m) {
       py::arg("model"), py::arg("batches") = py::list(), py::arg("seqs") = py::list(), py::arg("precisions") = py::list(),
       py::arg("device") = py::none(), py::arg("capacity") = 0, py::arg("headroom") = 0.05,
       py::arg("reserved") = false);
+
+  m.def(
+      "cli_main",
+      [](const std::vector<std::string>& argv) {
+        if (argv.empty()) throw Error(ErrorKind::invalid_argument, "cli_main: argv needs the program name first");
+        std::vector<const char*> raw;
+        raw.reserve(argv.size());
+        for (const auto& a : argv) raw.push_back(a.c_str());
+        py::module_::import("sys").attr("stdout").attr("flush")();
+        return nogil([&] { return cli::run(static_cast<int>(raw.size()), raw.data()); });
+      },
+      py::arg("argv"),
+      "Runs the membudget command line (argv[0] is the program name) in this process, writing to the process's "
+      "stdout and stderr, and returns its exit status: what `python -m membudget` calls.");
 }

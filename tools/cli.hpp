@@ -1,8 +1,9 @@
 // tools/cli.hpp: how subcommands plug into the membudget command-line tool.
 //
 // Each subcommand lives in its own tools/cmd_<name>.cpp and registers itself with a static
-// Registrar; main() (tools/membudget.cpp) builds the CLI11 app from the registry, runs it, and maps
-// membudget::Error to exit codes in one place. A subcommand reports a non-error failure (a job that
+// Registrar; run() (tools/cli_main.cpp) builds the CLI11 app from the registry, runs it, and maps
+// membudget::Error to exit codes in one place: the executable's main() and the Python module's
+// cli_main() both call it. A subcommand reports a non-error failure (a job that
 // does not fit, a verify outside tolerance) through set_exit_status().
 #pragma once
 
@@ -22,6 +23,10 @@ struct Command {
 std::vector<Command>& registry();
 void set_exit_status(int code);
 int exit_status();
+
+// Runs one command line (argv[0] is the program name) and returns its exit status: 0, 1 for a
+// non-error failure (set_exit_status), 2 for bad input, 3 out of host memory, 70 internal.
+int run(int argc, const char* const* argv);
 
 struct Registrar {
   Registrar(std::string name, int order, std::function<void(CLI::App&)> add) {

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs="cmake ninja-build g++ libyaml-cpp-dev libcli11-dev doctest-dev libeigen3-dev nlohmann-json3-dev
-      pybind11-dev python3-pybind11 python3-dev python3-pytest libbenchmark-dev pkg-config clang libclang-rt-14-dev"
+      pybind11-dev python3-pybind11 python3-dev python3-pytest python3-venv python3-pip python3-setuptools python3-wheel libbenchmark-dev pkg-config clang libclang-rt-14-dev"
 missing=$(for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   export DEBIAN_FRONTEND=noninteractive

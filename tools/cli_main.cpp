@@ -1,0 +1,52 @@
+// The command-line tool as a function: the registry of subcommands, the exit status, and run(),
+// which both the `membudget` executable (tools/membudget.cpp) and the Python module's
+// `python -m membudget` (python/membudget_module.cpp, cli_main) call.
+#include <algorithm>
+#include <iostream>
+
+#include "cli.hpp"
+#include "membudget/error.hpp"
+#include "membudget/input.hpp"
+
+namespace membudget::cli {
+
+std::vector<Command>& registry() {
+  static std::vector<Command> commands;
+  return commands;
+}
+namespace {
+int g_exit_status = 0;
+}
+void set_exit_status(int code) { g_exit_status = code; }
+int exit_status() { return g_exit_status; }
+
+int run(int argc, const char* const* argv) {
+  g_exit_status = 0;  // a process may run several commands (the Python module)
+  CLI::App app{"membudget: predict, measure and explain the GPU memory of a transformer step"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "membudget 0.1.0");
+  auto& commands = registry();
+  std::sort(commands.begin(), commands.end(), [](const Command& a, const Command& b) { return a.order < b.order; });
+  for (auto& c : commands) c.add(app);
+  int code = 0;
+  try {
+    app.parse(argc, argv);
+    code = exit_status();
+  } catch (const CLI::ParseError& e) {
+    code = app.exit(e) == 0 ? 0 : 2;
+  } catch (const Error& e) {
+    // Messages quote names, keys and values from the input: escaped for the terminal.
+    std::cerr << "membudget: error: " << printable(e.what()) << "\n";
+    code = e.exit_code();
+  } catch (const std::bad_alloc&) {
+    std::cerr << "membudget: error: out of host memory\n";
+    code = 3;
+  } catch (const std::exception& e) {
+    std::cerr << "membudget: internal error: " << printable(e.what()) << "\n";
+    code = 70;
+  }
+  std::cout.flush();
+  return code;
+}
+
+}  // namespace membudget::cli
