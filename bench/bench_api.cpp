@@ -69,14 +69,15 @@ const ModelSpec& model_of(std::int64_t billions) {
 
 // estimate() at a new (micro-batch, sequence) every call, the model and recipe already compiled:
 // what a scheduler's loop costs once it has seen the model.
-void new_shapes(benchmark::State& state, Job j) {
+// `seq_multiple`: sequences rounded up to a multiple of it (sequence parallelism divides them).
+void new_shapes(benchmark::State& state, Job j, std::uint64_t seq_multiple = 1) {
   const ModelSpec& m = model_of(state.range(0));
   estimate(m, j);  // compiles the plan
   std::size_t i = 0;
   for (auto _ : state) {
     const auto& [b, s] = shapes()[i++ % shapes().size()];
     j.batch = b;
-    j.seq = s;
+    j.seq = (s + seq_multiple - 1) / seq_multiple * seq_multiple;
     benchmark::DoNotOptimize(estimate(m, j).required);
   }
 }
@@ -84,7 +85,8 @@ void BM_estimate_new_shape(benchmark::State& state) { new_shapes(state, Job{}); 
 BENCHMARK(BM_estimate_new_shape)->Arg(8)->Arg(70);
 
 // The same for one rank of a parallel job (arg: 0 FSDP2 over 8, 1 HSDP 2 × 8, 2 DDP + ZeRO-1 over 8,
-// 3 tensor parallel over 4): the layout is part of the compiled plan, so a new shape costs what
+// 3 tensor parallel over 4, 4 tensor + sequence parallel over 4 with the vocabulary-parallel loss,
+// 5 FSDP2 × TP 2 × 4 with SP): the layout is part of the compiled plan, so a new shape costs what
 // one GPU's does.
 void BM_estimate_new_shape_parallel(benchmark::State& state) {
   Job j;
@@ -92,11 +94,14 @@ void BM_estimate_new_shape_parallel(benchmark::State& state) {
     case 0: j.parallel.fsdp = 8; break;
     case 1: j.parallel.data = 2; j.parallel.fsdp = 8; break;
     case 2: j.parallel.data = 8; j.parallel.zero_stage = 1; break;
-    default: j.parallel.tensor = 4; break;
+    case 3: j.parallel.tensor = 4; break;
+    case 4: j.parallel.tensor = 4; j.parallel.sequence_parallel = j.parallel.loss_parallel = true; break;
+    default: j.parallel.fsdp = 2; j.parallel.tensor = 4; j.parallel.sequence_parallel = true; break;
   }
-  new_shapes(state, j);
+  new_shapes(state, j, j.parallel.sequence_parallel ? j.parallel.tensor : 1);
 }
-BENCHMARK(BM_estimate_new_shape_parallel)->Args({8, 0})->Args({8, 1})->Args({8, 2})->Args({8, 3})->Args({70, 0});
+BENCHMARK(BM_estimate_new_shape_parallel)
+    ->Args({8, 0})->Args({8, 1})->Args({8, 2})->Args({8, 3})->Args({8, 4})->Args({8, 5})->Args({70, 0});
 
 // The same for a mixture of experts (grouped_mm experts, transformers' default): every layer after
 // the first is an MoE layer, so the plan compiles like a dense model's.

@@ -15,6 +15,7 @@
 #include "membudget/api.hpp"
 #include "membudget/job_yaml.hpp"
 #include "model/pipeline.hpp"
+#include "model/step_plan.hpp"
 
 using namespace membudget;
 
@@ -489,7 +490,7 @@ TEST_CASE("tensor parallelism: the projections are sharded, the embedding and no
 TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any shape") {
   const ModelSpec qwen = load_model(test::source_path("configs/hf/qwen2.5-1.5b.json"));
   for (const ModelSpec* m : {&llama1b(), &qwen})
-    for (int layout = 0; layout < 6; ++layout) {
+    for (int layout = 0; layout < 9; ++layout) {
       Job j = small_job();
       Parallelism& p = j.parallel;
       switch (layout) {
@@ -499,8 +500,16 @@ TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any s
         case 3: p.data = 8; p.ddp_bucket_view = true; break;
         case 4: p.data = 4; p.zero_stage = 1; j.precision = Precision::bf16; break;
         case 5: p.tensor = 2; break;
+        // sequence parallelism: the plan is in the local sequence s / t
+        case 6: p.tensor = 2; p.sequence_parallel = true; break;
+        case 7: p.tensor = 2; p.sequence_parallel = true; p.loss_parallel = true; j.precision = Precision::bf16; break;
+        case 8: p.tensor = 2; p.sequence_parallel = true; j.recompute = Recompute::full; break;
       }
-      for (const auto& shape : {std::pair<std::uint64_t, std::uint64_t>{1, 777}, {3, 2048}, {2, 5000}}) {
+      j.batch = 1;
+      j.seq = 1024;
+      CAPTURE(layout);
+      CHECK(detail::StepPlan::cached(*m, j) != nullptr);  // compiled, not simulated
+      for (const auto& shape : {std::pair<std::uint64_t, std::uint64_t>{1, 776}, {3, 2048}, {2, 5000}}) {
         // (no structured binding: clang 14 cannot capture one in a doctest CAPTURE)
         const std::uint64_t b = shape.first, s = shape.second;
         j.batch = b;

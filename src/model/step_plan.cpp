@@ -226,7 +226,12 @@ struct PlanBuilder {
       if (sliding_window_mask(m, last)) throw Fail{};
     }
     const std::array<Probe, 3> probes{{{b0, s0}, {2 * b0, 3 * s0}, {5 * b0, 7 * s0}}};
-    if (probes[2].s > (1ull << 32) / probes[2].b) throw Fail{};
+    // Sequence parallelism: every size is c · b^i · (s / t)^j with integer c (a sharded tensor has
+    // s / t rows, a gathered one t · (s / t)), so the plan's variable is the local sequence s / t
+    // and the probes simulate t times it. The regimes' bounds are in whole sequences: not compiled.
+    const std::uint64_t unit = StepPlan::seq_unit(job);
+    if (unit > 1 && regime != 0) throw Fail{};
+    if (probes[2].s > (1ull << 32) / probes[2].b / unit) throw Fail{};
 
     // Gemma 2's alternating windows: in the mask regime only every P-th layer is masked
     // (inventory_torch.cpp, Step::layer), so the layers repeat with period P.
@@ -251,7 +256,7 @@ struct PlanBuilder {
       for (int k = 0; k < 3; ++k) {
         Job pj = job;
         pj.batch = probes[k].b;
-        pj.seq = probes[k].s;
+        pj.seq = probes[k].s * unit;
         ss.res[k] = simulate_torch_train(small, pj, false, &m, &ss.traces[k]);
       }
     }
@@ -338,6 +343,7 @@ struct PlanBuilder {
       }
     }
     plan->rows_.set(std::move(basis), per_phase);
+    plan->seq_unit_ = unit;
     return plan;
   }
 };
@@ -363,7 +369,15 @@ Error overflow_at(std::uint64_t b, std::uint64_t s) {
 }
 }  // namespace
 
-StepPlan::Result StepPlan::evaluate(std::uint64_t b, std::uint64_t s) const {
+std::uint64_t StepPlan::local_seq(std::uint64_t s) const {
+  if (s % seq_unit_)  // the job's validation refuses such a sequence under sequence parallelism
+    throw Error(ErrorKind::invalid_job, "seq " + std::to_string(s) + ": not a multiple of the sequence-parallel degree " +
+                                            std::to_string(seq_unit_));
+  return s / seq_unit_;
+}
+
+StepPlan::Result StepPlan::evaluate(std::uint64_t b, std::uint64_t seq) const {
+  const std::uint64_t s = local_seq(seq);
   std::array<std::uint64_t, kMaxBasis> vals;
   std::array<bytes_t, 2 * kPhases> peaks;
   if (!rows_.max_per_phase(b, s, vals.data(), peaks.data())) throw overflow_at(b, s);
@@ -376,8 +390,9 @@ StepPlan::Result StepPlan::evaluate(std::uint64_t b, std::uint64_t s) const {
   return r;
 }
 
-TorchStepResult StepPlan::result(std::uint64_t b, std::uint64_t s) const {
-  const Result r = evaluate(b, s);
+TorchStepResult StepPlan::result(std::uint64_t b, std::uint64_t seq) const {
+  const Result r = evaluate(b, seq);
+  const std::uint64_t s = local_seq(seq);
   std::array<std::uint64_t, kMaxBasis> vals;
   basis_values(rows_.basis(), b, s, vals.data());  // fits: evaluate() checked
   const std::size_t D = rows_.basis().size();

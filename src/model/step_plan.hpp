@@ -43,11 +43,13 @@ class StepPlan {
   // does not compile. The job must be valid. At most 256 plans per thread, cleared when full.
   static const StepPlan* cached(const ModelSpec& m, const Job& job);
   // Whether plans cover the job at all. Not compiled yet (simulated instead): a pipeline stage's
-  // schedule (one graph per microbatch, and its most loaded stage found by predict()), and
-  // sequence parallelism (its probe shapes would have to divide the sequence by the degree), and
-  // FSDP2's CPU offload (the plans carry no host memory).
-  static bool covers(const Job& job) noexcept {
-    return job.parallel.pipeline <= 1 && !job.parallel.sequence_parallel && !job.parallel.fsdp_offload;
+  // schedule (one graph per microbatch, and its most loaded stage found by predict()), and FSDP2's
+  // CPU offload (the plans carry no host memory).
+  static bool covers(const Job& job) noexcept { return job.parallel.pipeline <= 1 && !job.parallel.fsdp_offload; }
+  // The unit the plan's sequence variable counts in: the tensor-parallel degree under sequence
+  // parallelism (the plan is in the local sequence s / t), else 1.
+  static std::uint64_t seq_unit(const Job& job) noexcept {
+    return job.parallel.sequence_parallel ? job.parallel.tensor : 1;
   }
   static void clear_cache() noexcept;
 
@@ -55,8 +57,8 @@ class StepPlan {
     std::array<bytes_t, kPhases> steady{}, step0{};
     bytes_t activations = 0;  // activation tensors live at the end of the forward (steady state)
   };
-  // The step at micro-batch b and sequence s (b, s ≥ 1, in the plan's regime). Throws
-  // Error(overflow) when a size does not fit 64 bits.
+  // The step at micro-batch b and sequence s (b, s ≥ 1, in the plan's regime; s a multiple of
+  // seq_unit). Throws Error(overflow) when a size does not fit 64 bits.
   Result evaluate(std::uint64_t b, std::uint64_t s) const;
 
   // Everything simulate_torch_train(m, job at (b, s), false) returns except the section peaks:
@@ -71,7 +73,9 @@ class StepPlan {
   std::size_t rows() const { return rows_.rows(); }
 
  private:
-  plan::PhaseRows rows_;  // steady phases, then step-0 phases
+  std::uint64_t local_seq(std::uint64_t s) const;
+  plan::PhaseRows rows_;  // steady phases, then step-0 phases, in (b, s / seq_unit_)
+  std::uint64_t seq_unit_ = 1;
   std::vector<std::uint64_t> activations_;        // one row
   std::vector<std::uint64_t> logits_, states_;    // logits/loss and model-state tensors after the forward
   struct Group {                                  // tensors of one name after the forward
