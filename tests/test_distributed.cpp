@@ -490,7 +490,7 @@ TEST_CASE("tensor parallelism: the projections are sharded, the embedding and no
 TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any shape") {
   const ModelSpec qwen = load_model(test::source_path("configs/hf/qwen2.5-1.5b.json"));
   for (const ModelSpec* m : {&llama1b(), &qwen})
-    for (int layout = 0; layout < 9; ++layout) {
+    for (int layout = 0; layout < 11; ++layout) {
       Job j = small_job();
       Parallelism& p = j.parallel;
       switch (layout) {
@@ -504,6 +504,9 @@ TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any s
         case 6: p.tensor = 2; p.sequence_parallel = true; break;
         case 7: p.tensor = 2; p.sequence_parallel = true; p.loss_parallel = true; j.precision = Precision::bf16; break;
         case 8: p.tensor = 2; p.sequence_parallel = true; j.recompute = Recompute::full; break;
+        // FSDP2's CPU offload: the GPU copies and staging buffers compiled, the host memory constant
+        case 9: p.fsdp = 4; p.fsdp_offload = true; break;
+        case 10: p.fsdp = 8; p.fsdp_offload = true; p.reshard_after_forward = false; j.precision = Precision::bf16; break;
       }
       j.batch = 1;
       j.seq = 1024;
@@ -522,6 +525,9 @@ TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any s
         CAPTURE(s);
         for (Phase ph : kTrainPhases) CHECK(fast.phase(ph) == sim.phase(ph));
         CHECK(fast.peak == sim.peak);
+        CHECK(fast.host.total() == sim.host.total());
+        CHECK(fast.host.optimizer_state == sim.host.optimizer_state);
+        if (p.fsdp_offload) CHECK(fast.host.parameters > 0);
       }
     }
 }

@@ -309,6 +309,10 @@ struct PlanBuilder {
     plan->gradients = scalar([](const TorchStepResult& r) { return r.gradients; });
     plan->optimizer_state = scalar([](const TorchStepResult& r) { return r.optimizer_state; });
     plan->master = scalar([](const TorchStepResult& r) { return r.master; });
+    // FSDP2's CPU offload: the host shards, gradients and optimizer state (0 otherwise)
+    plan->host_parameters = scalar([](const TorchStepResult& r) { return r.host_parameters; });
+    plan->host_gradients = scalar([](const TorchStepResult& r) { return r.host_gradients; });
+    plan->host_optimizer_state = scalar([](const TorchStepResult& r) { return r.host_optimizer_state; });
     auto row = [&](auto get) {
       std::vector<std::uint64_t> out(D);
       for (std::size_t d = 0; d < D; ++d)
@@ -410,6 +414,9 @@ TorchStepResult StepPlan::result(std::uint64_t b, std::uint64_t seq) const {
   out.gradients = gradients;
   out.optimizer_state = optimizer_state;
   out.master = master;
+  out.host_parameters = host_parameters;
+  out.host_gradients = host_gradients;
+  out.host_optimizer_state = host_optimizer_state;
   out.after_forward_activations = r.activations;
   out.after_forward_logits = bytes(logits_);
   out.after_forward_autocast = bytes(states_) - weights - optimizer_state - master;

@@ -43,9 +43,8 @@ class StepPlan {
   // does not compile. The job must be valid. At most 256 plans per thread, cleared when full.
   static const StepPlan* cached(const ModelSpec& m, const Job& job);
   // Whether plans cover the job at all. Not compiled yet (simulated instead): a pipeline stage's
-  // schedule (one graph per microbatch, and its most loaded stage found by predict()), and FSDP2's
-  // CPU offload (the plans carry no host memory).
-  static bool covers(const Job& job) noexcept { return job.parallel.pipeline <= 1 && !job.parallel.fsdp_offload; }
+  // schedule (one graph per microbatch, and its most loaded stage found by predict()).
+  static bool covers(const Job& job) noexcept { return job.parallel.pipeline <= 1; }
   // The unit the plan's sequence variable counts in: the tensor-parallel degree under sequence
   // parallelism (the plan is in the local sequence s / t), else 1.
   static std::uint64_t seq_unit(const Job& job) noexcept {
@@ -67,6 +66,7 @@ class StepPlan {
 
   // Independent of b and s.
   bytes_t weights = 0, gradients = 0, optimizer_state = 0, master = 0;
+  bytes_t host_parameters = 0, host_gradients = 0, host_optimizer_state = 0;  // FSDP2's CPU offload
 
   // Introspection for tests and benchmarks.
   std::size_t basis_size() const { return rows_.basis().size(); }
