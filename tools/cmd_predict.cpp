@@ -37,7 +37,7 @@ Registrar reg("predict", 10, [](CLI::App& app) {
     ro.format = format;
     ro.explain = flags->explain;
     if (!plot->empty()) {  // written before the report: a failure leaves no half answer
-      const std::string svg = render_timeline_svg(spec, budget, fit);
+      const std::string svg = render_timeline_svg(spec, budget, fit, flags->allocator_conf);
       std::ofstream out(*plot, std::ios::binary);
       if (!out || !(out << svg) || !out.flush()) throw Error(ErrorKind::io, "--plot: cannot write " + *plot);
     }

@@ -12,12 +12,13 @@ namespace membudget {
 // SVG timeline: the simulated allocation stream replayed event by event, live bytes stacked by role
 // (parameters, gradients, optimizer state, saved activations, temporaries, logits and loss,
 // workspace), each phase's start marked and its peak labelled with the budget's own figure
-// (`data-phase` / `data-bytes` attributes), the peak's largest tensors named, the reserved memory at
-// the end of each phase as a stepped line (when the budget has it), and, with a card, its capacity
-// and the usable limit. A rank of a parallel job is drawn as predicted (a pipeline stage's phases
+// (`data-phase` / `data-bytes` attributes), the peak's largest tensors named, the reserved memory
+// event by event (when the budget has it: the stream replayed through the caching allocator with
+// `allocator_conf`, a PYTORCH_CUDA_ALLOC_CONF), and, with a card, its capacity and the usable limit. A rank of a parallel job is drawn as predicted (a pipeline stage's phases
 // recur). A serving job (--mode infer) is drawn over its prefill and decode step. The harness
 // profile is Error(unsupported).
-std::string render_timeline_svg(const ModelSpec& model, const Budget& budget, const std::optional<Fit>& fit);
+std::string render_timeline_svg(const ModelSpec& model, const Budget& budget, const std::optional<Fit>& fit,
+                                const std::string& allocator_conf = "");
 
 // The predicted step as an allocator trace (predict --snapshot FILE.pickle): step 0 and a steady
 // step replayed through the c10-policy caching allocator with its history recorded, written as a

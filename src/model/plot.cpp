@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdio>
 #include <sstream>
+#include <stdexcept>
 #include <tuple>
 #include <vector>
 
@@ -69,7 +70,8 @@ struct Sample {
 };
 }  // namespace
 
-std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const std::optional<Fit>& fit) {
+std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const std::optional<Fit>& fit,
+                                const std::string& allocator_conf) {
   if (b.job.profile != Profile::torch)
     throw Error(ErrorKind::unsupported, "--plot: the timeline covers --profile torch (the harness is not drawn yet)");
   Job job = b.job;
@@ -98,17 +100,31 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
     if (!phase_starts.empty()) samples.push_back(live);
   }
   if (samples.empty()) throw Error(ErrorKind::unsupported, "--plot: the step has no allocations to draw");
+  // memory_reserved() after every event, from the same stream replayed through the caching
+  // allocator (one value per sample), where the budget has the reserved model
+  std::vector<bytes_t> reserved;
+  if (!b.reserved.empty()) {
+    const detail::AllocatorConf conf = allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(allocator_conf);
+    reserved = detail::reserved_timeline(model, job, conf.policy);
+    if (reserved.size() != samples.size())  // the same stream, event for event
+      throw std::logic_error("--plot: the reserved replay saw " + std::to_string(reserved.size()) +
+                             " events, the timeline " + std::to_string(samples.size()));
+  }
   // At most ~2000 points: each bucket keeps its highest moment (peaks stay visible).
   const std::size_t kMaxPoints = 2000;
   const std::size_t stride = (samples.size() + kMaxPoints - 1) / kMaxPoints;
   std::vector<Sample> pts;
   std::vector<std::size_t> at;  // the sample index each point stands for
+  std::vector<bytes_t> reserved_pts;  // the highest reserved figure of each bucket
   for (std::size_t i = 0; i < samples.size(); i += stride) {
     std::size_t best = i;
-    for (std::size_t k = i; k < std::min(samples.size(), i + stride); ++k)
+    const std::size_t end = std::min(samples.size(), i + stride);
+    for (std::size_t k = i; k < end; ++k)
       if (samples[k].total() > samples[best].total()) best = k;
     pts.push_back(samples[best]);
     at.push_back(best);
+    if (!reserved.empty()) reserved_pts.push_back(*std::max_element(reserved.begin() + static_cast<std::ptrdiff_t>(i),
+                                                                    reserved.begin() + static_cast<std::ptrdiff_t>(end)));
   }
   std::size_t peak_i = 0;
   for (std::size_t i = 0; i < pts.size(); ++i)
@@ -193,17 +209,11 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
       << left + 4 << "\" y=\"" << num(Y(p.bytes) - 4) << "\">" << to_string(p.phase) << ' ' << escape(format_bytes(p.bytes))
       << "</text>\n";
   }
-  // reserved at the end of each phase (reserved only grows within a step): a stepped line
-  if (!b.reserved.empty()) {
+  // memory_reserved() event by event (the replay through the caching allocator): it steps up where
+  // a new segment is cached and stays there (nothing is released without empty_cache)
+  if (!reserved_pts.empty()) {
     std::ostringstream line;
-    for (std::size_t p = 0; p < phase_starts.size(); ++p) {
-      const std::size_t from = phase_starts[p].first;
-      const std::size_t to = p + 1 < phase_starts.size() ? phase_starts[p + 1].first : samples.size() - 1;
-      bytes_t r = 0;
-      for (const auto& q : b.reserved)
-        if (q.phase == phase_starts[p].second) r = q.bytes;
-      line << num(X(from)) << ',' << num(Y(r)) << ' ' << num(X(to)) << ',' << num(Y(r)) << ' ';
-    }
+    for (std::size_t i = 0; i < reserved_pts.size(); ++i) line << num(X(at[i])) << ',' << num(Y(reserved_pts[i])) << ' ';
     o << "<polyline class=\"reserved\" data-bytes=\"" << b.reserved_peak << "\" fill=\"none\" stroke=\"black\" stroke-width=\"1.5\" points=\""
       << line.str() << "\"/>\n";
   }
@@ -240,7 +250,7 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
     o << "<text x=\"" << left + pw + 30 << "\" y=\"" << num(y + 10) << "\">" << kBands[k] << "</text>\n";
   }
   if (!b.reserved.empty())
-    o << "<text x=\"" << left + pw + 12 << "\" y=\"" << upper + 140 << "\">— reserved at the end of each phase</text>\n";
+    o << "<text x=\"" << left + pw + 12 << "\" y=\"" << upper + 140 << "\">— reserved (caching allocator)</text>\n";
   o << "</svg>\n";
   return o.str();
 }

@@ -63,7 +63,9 @@ class Replay {
       : job_(job), record_(record), alloc_(mem_, options(policy, record)) {}
   const measure::CachingAllocator& allocator() const { return alloc_; }
 
-  void run(const SimTrace& trace, bool steady, std::array<bytes_t, 4>& phase_reserved) {
+  // `timeline`: memory_reserved() after each event from the first phase start on (predict --plot).
+  void run(const SimTrace& trace, bool steady, std::array<bytes_t, 4>& phase_reserved,
+           std::vector<bytes_t>* timeline = nullptr) {
     trainable_.clear();
     trainable_bytes_ = 0;
     for (const TensorInfo& t : trace.tensors)
@@ -88,30 +90,8 @@ class Replay {
         if (first && steady) reset_peak();
         continue;
       }
-      if (ev.t >= 0) {
-        const TensorInfo& info = trace.tensors[static_cast<std::size_t>(ev.t)];
-        if (is(info.op, "caching allocator")) continue;
-        auto& blocks = live_[static_cast<std::size_t>(ev.t)];
-        if (steady && phase < 0) {  // the steady step's prologue: what step 0 left allocated
-          auto it = carried_.find(key(info));
-          if (it != carried_.end() && !it->second.empty()) {
-            blocks = std::move(it->second.back());
-            it->second.pop_back();
-            continue;
-          }
-        }
-        if (record_) {  // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
-          const measure::AllocTag tag{info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
-          for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate(piece, tag));
-        } else {
-          for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate(piece));
-        }
-        if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
-      } else {
-        auto& blocks = live_[static_cast<std::size_t>(~ev.t)];
-        for (void* p : blocks) alloc_.deallocate(p);
-        blocks.clear();
-      }
+      apply(trace, ev, steady, phase);
+      if (timeline && phase >= 0) timeline->push_back(reserved());
     }
     if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
     // What this step leaves allocated, for the next step's prologue to find.
@@ -124,6 +104,34 @@ class Replay {
   bytes_t allocated_peak() const { return allocated_peak_; }
 
  private:
+  // One allocation or free of the stream, `phase` the index of the phase it falls in (-1: before).
+  void apply(const SimTrace& trace, const SimTrace::Event& ev, bool steady, int phase) {
+    if (ev.t < 0) {
+      auto& blocks = live_[static_cast<std::size_t>(~ev.t)];
+      for (void* p : blocks) alloc_.deallocate(p);
+      blocks.clear();
+      return;
+    }
+    const TensorInfo& info = trace.tensors[static_cast<std::size_t>(ev.t)];
+    if (is(info.op, "caching allocator")) return;
+    auto& blocks = live_[static_cast<std::size_t>(ev.t)];
+    if (steady && phase < 0) {  // the steady step's prologue: what step 0 left allocated
+      auto it = carried_.find(key(info));
+      if (it != carried_.end() && !it->second.empty()) {
+        blocks = std::move(it->second.back());
+        it->second.pop_back();
+        return;
+      }
+    }
+    if (record_) {  // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
+      const measure::AllocTag tag{info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
+      for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate(piece, tag));
+    } else {
+      for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate(piece));
+    }
+    if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
+  }
+
   static measure::AllocatorOptions options(const AllocatorPolicy& policy, bool record) {
     measure::AllocatorOptions o;
     o.policy = policy;
@@ -181,6 +189,17 @@ std::string predicted_snapshot_pickle(const ModelSpec& m, const Job& job, const 
   replay.run(traces[0], false, phases);
   replay.run(traces[1], true, phases);
   return measure::snapshot_pickle(replay.allocator());
+}
+
+std::vector<bytes_t> reserved_timeline(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
+  std::array<SimTrace, 2> traces;
+  simulate_torch_train(m, job, false, nullptr, &traces);
+  Replay replay(job, policy);
+  std::array<bytes_t, 4> phases{};
+  std::vector<bytes_t> timeline;
+  replay.run(traces[0], false, phases);
+  replay.run(traces[1], true, phases, &timeline);
+  return timeline;
 }
 
 ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {

@@ -5,6 +5,7 @@
 #include <array>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/allocator_policy.hpp"
 #include "membudget/budget.hpp"
@@ -26,6 +27,10 @@ struct ReservedResult {
 // Replays step 0 then a steady step of `job` (mode train, profile torch) through a
 // CachingAllocator on fake device memory (addresses only) with `policy`.
 ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
+
+// The same replay's memory_reserved() after each allocation or free of the steady step, from its
+// first phase start on: one value per event, as predict --plot samples the stream.
+std::vector<bytes_t> reserved_timeline(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
 
 // PYTORCH_CUDA_ALLOC_CONF ("expandable_segments:True,max_split_size_mb:128") into a policy.
 // garbage_collection_threshold is accepted and kept (it only acts near the memory fraction's limit,

@@ -41,6 +41,12 @@ def test_plot_is_svg_with_the_json_numbers(tmp_path, flags):
     reserved = [e for e in root.iter(NS + "polyline") if e.get("class") == "reserved"]
     if "reserved_peak" in budget:
         assert int(reserved[0].get("data-bytes")) == budget["reserved_peak"]
+        # event by event, not a line per phase; it never drops (nothing is released without
+        # empty_cache: y only rises on the page), and it ends at or above the allocated peak
+        pts = [tuple(map(float, p.split(","))) for p in reserved[0].get("points").split()]
+        assert len(pts) > 50
+        assert all(b[1] <= a[1] + 1e-9 for a, b in zip(pts, pts[1:]))
+        assert pts[-1][1] <= float(peak[0].get("cy")) + 0.1
 
 
 @pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
