@@ -1,5 +1,6 @@
 // membudget attribute snapshot.pickle [--model MODEL job flags]: who holds the memory at the peak.
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -7,6 +8,7 @@
 #include "job_flags.hpp"
 #include "membudget/attribute.hpp"
 #include "membudget/input.hpp"
+#include "membudget/plot.hpp"
 
 namespace membudget::cli {
 namespace {
@@ -33,13 +35,15 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto top = std::make_shared<std::size_t>(20);
   auto top_text = std::make_shared<std::string>();
+  auto plot = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand(
       "attribute", "the live allocations at the peak of a torch.cuda.memory._dump_snapshot, by frame and budget term");
   cmd->add_option("snapshot", *path, "snapshot pickle written by torch.cuda.memory._dump_snapshot")->required();
   cmd->add_option("--model", flags->model_path, "model spec, to print the predicted bytes per term beside");
   cmd->add_option("--top", *top_text, "groups listed in the table (default 20)");
+  cmd->add_option("--plot", *plot, "with --model: draw the snapshot and the predicted step on one chart (SVG)");
   flags->add_job_options(cmd);
-  cmd->callback([flags, path, top, top_text, cmd] {
+  cmd->callback([flags, path, top, top_text, plot, cmd] {
     if (cmd->count("--top")) *top = parse_whole(*top_text, "--top", 0, 1u << 20);
     refuse_given(*cmd, {"--device", "--device-memory", "--headroom"}, "attribute reads a snapshot; it checks no card");
     if (flags->model_path.empty())
@@ -53,7 +57,13 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
       opts.model = flags->model();
       opts.job = flags->job(*opts.model);
     }
+    if (!plot->empty() && !opts.model) throw Error(ErrorKind::invalid_argument, "--plot: draws the prediction beside the snapshot; give --model SPEC");
     const Attribution a = attribute_snapshot_file(*path, opts);
+    if (!plot->empty()) {  // written before the report: a failure leaves no half answer
+      const std::string svg = render_attribution_svg(*opts.model, predict(*opts.model, opts.job), a);
+      std::ofstream out(*plot, std::ios::binary);
+      if (!out || !(out << svg) || !out.flush()) throw Error(ErrorKind::io, "--plot: cannot write " + *plot);
+    }
     if (format == Format::json) {
       nlohmann::ordered_json j;
       j["device"] = a.device;

@@ -62,6 +62,10 @@ struct Attribution {
   bytes_t before_recording = 0;   // bytes live when recording started
   bytes_t end_bytes = 0;          // live after the last event
   std::size_t inconsistent_events = 0;
+  // Live bytes over the trace (before the first event, then after each), at most kTimelinePoints
+  // values, each the highest of the stretch of events it stands for (attribute --plot draws it).
+  static constexpr std::size_t kTimelinePoints = 2000;
+  std::vector<bytes_t> timeline;
   std::vector<AllocationGroup> groups;  // by bytes, largest first
   std::array<bytes_t, kMemoryTerms> measured{};
   // with a model: bytes live at the predicted peak, by term

@@ -20,6 +20,15 @@ namespace membudget {
 std::string render_timeline_svg(const ModelSpec& model, const Budget& budget, const std::optional<Fit>& fit,
                                 const std::string& allocator_conf = "");
 
+// A measured step beside its prediction (attribute SNAPSHOT --model … --plot FILE.svg): the
+// snapshot's live bytes over its trace and the predicted steady step's over its allocation stream,
+// each drawn over its own events from start to end (a trace may cover more or less than one
+// step: the axis says so), their peaks marked (`data-bytes`: the measured peak_bytes and the
+// predicted stream's highest moment), and two stacked bars of the bytes live at each peak by budget
+// term (`data-term` / `data-bytes`: Attribution::measured and ::predicted).
+struct Attribution;
+std::string render_attribution_svg(const ModelSpec& model, const Budget& predicted, const Attribution& measured);
+
 // The predicted step as an allocator trace (predict --snapshot FILE.pickle): step 0 and a steady
 // step replayed through the c10-policy caching allocator with its history recorded, written as a
 // torch.cuda.memory._dump_snapshot pickle that pytorch.org/memory_viz opens beside a measured one.

@@ -150,6 +150,16 @@ Attribution attribute_decoded(const DecodedSnapshot& snap, const Budget* budget,
       a.peak_index = static_cast<std::int64_t>(i);
     }
   if (a.peak_index >= 0) a.peak_time_us = snap.events[static_cast<std::size_t>(a.peak_index)].time_us;
+  {  // the curve, max-preserving: every peak of the trace stays visible
+    const std::size_t n = r.live.size() + 1;  // the state before the trace, then each event
+    const std::size_t stride = (n + Attribution::kTimelinePoints - 1) / Attribution::kTimelinePoints;
+    auto at = [&](std::size_t i) { return i == 0 ? r.initial : r.live[i - 1]; };
+    for (std::size_t i = 0; i < n; i += stride) {
+      bytes_t top = 0;
+      for (std::size_t k = i; k < std::min(n, i + stride); ++k) top = std::max(top, at(k));
+      a.timeline.push_back(top);
+    }
+  }
 
   Classifier cls;
   for (const auto& e : snap.events)

@@ -16,6 +16,7 @@
 #include "inventory.hpp"
 #include "reserved.hpp"
 #include "serve_plan.hpp"
+#include "membudget/attribute.hpp"
 #include "membudget/error.hpp"
 
 namespace membudget {
@@ -68,38 +69,58 @@ struct Sample {
     return t;
   }
 };
-}  // namespace
 
-std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const std::optional<Fit>& fit,
-                                const std::string& allocator_conf) {
-  if (b.job.profile != Profile::torch)
-    throw Error(ErrorKind::unsupported, "--plot: the timeline covers --profile torch (the harness is not drawn yet)");
-  Job job = b.job;
-  if (!job.parallel.single()) job.parallel.rank = b.rank;  // the rank the budget is for
-  const bool serving = job.mode == Mode::infer;
-  std::array<detail::SimTrace, 2> traces;
-  if (serving) detail::simulate_serving(model, job, false, &traces[1]);  // the prefill and a decode step
-  else detail::simulate_torch_train(model, job, false, nullptr, &traces);
-  const detail::SimTrace& tr = traces[1];  // the steady step
-
-  // Replay the stream: the state before the floor, then one sample per event from there on, and
-  // where each phase begins.
-  Sample live;
+// The predicted steady step (or serving step) of the budget's job, replayed event by event: one
+// sample of live bytes by band per allocation or free from the first phase start on, and where
+// each phase begins.
+struct PredictedStream {
+  Job job;  // the budget's job, at the rank it is for
+  bool serving = false;
   std::vector<Sample> samples;
   std::vector<std::pair<std::size_t, Phase>> phase_starts;
+};
+PredictedStream predicted_stream(const ModelSpec& model, const Budget& b) {
+  if (b.job.profile != Profile::torch)
+    throw Error(ErrorKind::unsupported, "--plot: the timeline covers --profile torch (the harness is not drawn yet)");
+  PredictedStream out;
+  out.job = b.job;
+  if (!out.job.parallel.single()) out.job.parallel.rank = b.rank;  // the rank the budget is for
+  out.serving = out.job.mode == Mode::infer;
+  std::array<detail::SimTrace, 2> traces;
+  if (out.serving) detail::simulate_serving(model, out.job, false, &traces[1]);  // the prefill and a decode step
+  else detail::simulate_torch_train(model, out.job, false, nullptr, &traces);
+  const detail::SimTrace& tr = traces[1];  // the steady step
+  Sample live;
   std::size_t phase_events = 0;
   for (const detail::SimTrace::Event& ev : tr.events) {
     if (ev.t == detail::SimTrace::kPhase) {
-      phase_starts.push_back({samples.size(), tr.phases.at(phase_events++)});
+      out.phase_starts.push_back({out.samples.size(), tr.phases.at(phase_events++)});
       continue;
     }
     const bool alloc = ev.t >= 0;
     const detail::TensorInfo& t = tr.tensors.at(static_cast<std::size_t>(alloc ? ev.t : ~ev.t));
     bytes_t& band = live.band[band_of(t.role)];
     band = alloc ? band + t.rounded : band - std::min(band, t.rounded);
-    if (!phase_starts.empty()) samples.push_back(live);
+    if (!out.phase_starts.empty()) out.samples.push_back(live);
   }
-  if (samples.empty()) throw Error(ErrorKind::unsupported, "--plot: the step has no allocations to draw");
+  if (out.samples.empty()) throw Error(ErrorKind::unsupported, "--plot: the step has no allocations to draw");
+  return out;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+}  // namespace
+
+std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const std::optional<Fit>& fit,
+                                const std::string& allocator_conf) {
+  PredictedStream stream = predicted_stream(model, b);
+  const Job& job = stream.job;
+  const bool serving = stream.serving;
+  const std::vector<Sample>& samples = stream.samples;
+  const auto& phase_starts = stream.phase_starts;
   // memory_reserved() after every event, from the same stream replayed through the caching
   // allocator (one value per sample), where the budget has the reserved model
   std::vector<bytes_t> reserved;
@@ -139,11 +160,6 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
   const double pw = W - left - right, ph = H - upper - lower;
   auto X = [&](std::size_t sample) { return left + pw * static_cast<double>(sample) / static_cast<double>(std::max<std::size_t>(1, samples.size() - 1)); };
   auto Y = [&](bytes_t v) { return upper + ph * (1.0 - static_cast<double>(v) / (static_cast<double>(top) * 1.05)); };
-  char buf[64];
-  auto num = [&](double v) {
-    std::snprintf(buf, sizeof buf, "%.1f", v);
-    return std::string(buf);
-  };
 
   std::ostringstream o;
   o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
@@ -251,6 +267,98 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
   }
   if (!b.reserved.empty())
     o << "<text x=\"" << left + pw + 12 << "\" y=\"" << upper + 140 << "\">— reserved (caching allocator)</text>\n";
+  o << "</svg>\n";
+  return o.str();
+}
+
+std::string render_attribution_svg(const ModelSpec& model, const Budget& b, const Attribution& a) {
+  if (b.job.mode != Mode::train)
+    throw Error(ErrorKind::unsupported, "attribute --plot: the prediction beside a snapshot is a training step");
+  if (a.timeline.empty()) throw Error(ErrorKind::unsupported, "attribute --plot: the snapshot has no trace to draw");
+  const PredictedStream stream = predicted_stream(model, b);
+  std::vector<bytes_t> predicted;
+  predicted.reserve(stream.samples.size());
+  for (const Sample& x : stream.samples) predicted.push_back(x.total());
+  const bytes_t predicted_top = *std::max_element(predicted.begin(), predicted.end());
+  const std::array<bytes_t, kMemoryTerms> zero{};
+  const std::array<bytes_t, kMemoryTerms>& pterms = a.predicted ? *a.predicted : zero;
+  bytes_t top = std::max({a.peak_bytes, predicted_top, b.peak});
+  top = std::max<bytes_t>(top, 1);
+  const double W = 1200, H = 600, left = 90, right = 330, upper = 50, lower = 60;
+  const double pw = W - left - right, ph = H - upper - lower;
+  auto X = [&](std::size_t i, std::size_t n) {
+    return left + pw * static_cast<double>(i) / static_cast<double>(std::max<std::size_t>(1, n - 1));
+  };
+  auto Y = [&](bytes_t v) { return upper + ph * (1.0 - static_cast<double>(v) / (static_cast<double>(top) * 1.05)); };
+  const std::string name = model.name.empty() ? std::string("model") : model.name;
+  std::ostringstream o;
+  o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << ' '
+    << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  o << "<title>" << escape(name + ": measured snapshot beside the predicted step, batch " + std::to_string(b.job.batch) +
+                           " × seq " + std::to_string(b.job.seq))
+    << "</title>\n";
+  o << "<text x=\"" << left << "\" y=\"24\" font-size=\"15\">"
+    << escape(name + " · batch " + std::to_string(b.job.batch) + " × seq " + std::to_string(b.job.seq) + " · " +
+              to_string(b.job.precision))
+    << " — allocated memory, measured (snapshot) and predicted</text>\n";
+  o << "<line x1=\"" << left << "\" y1=\"" << upper + ph << "\" x2=\"" << left + pw << "\" y2=\"" << upper + ph
+    << "\" stroke=\"black\"/>\n";
+  o << "<line x1=\"" << left << "\" y1=\"" << upper << "\" x2=\"" << left << "\" y2=\"" << upper + ph << "\" stroke=\"black\"/>\n";
+  for (int g = 0; g <= 4; ++g) {
+    const bytes_t v = static_cast<bytes_t>(static_cast<double>(top) * 1.05 * g / 4);
+    o << "<text x=\"" << left - 6 << "\" y=\"" << num(Y(v) + 4) << "\" text-anchor=\"end\">" << escape(format_bytes(v)) << "</text>\n";
+  }
+  o << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 20
+    << "\" text-anchor=\"middle\">each stream over its own events, start to end (the snapshot's trace; the predicted steady "
+       "step)</text>\n";
+  // the two curves (the predicted one bucketed as the measured one is: each point the highest of its stretch)
+  const std::size_t stride = (predicted.size() + Attribution::kTimelinePoints - 1) / Attribution::kTimelinePoints;
+  std::vector<bytes_t> pred_pts;
+  for (std::size_t i = 0; i < predicted.size(); i += stride)
+    pred_pts.push_back(*std::max_element(predicted.begin() + static_cast<std::ptrdiff_t>(i),
+                                         predicted.begin() + static_cast<std::ptrdiff_t>(std::min(predicted.size(), i + stride))));
+  for (const auto& [cls, pts, colour, peak] :
+       {std::tuple{"measured", &a.timeline, "#d62728", a.peak_bytes}, std::tuple{"predicted", static_cast<const std::vector<bytes_t>*>(&pred_pts), "#1f77b4", predicted_top}}) {
+    std::ostringstream line;
+    std::size_t peak_i = 0;
+    for (std::size_t i = 0; i < pts->size(); ++i) {
+      line << num(X(i, pts->size())) << ',' << num(Y((*pts)[i])) << ' ';
+      if ((*pts)[i] > (*pts)[peak_i]) peak_i = i;
+    }
+    o << "<polyline class=\"" << cls << "\" data-bytes=\"" << peak << "\" fill=\"none\" stroke=\"" << colour
+      << "\" stroke-width=\"1.5\" points=\"" << line.str() << "\"/>\n";
+    o << "<circle class=\"" << cls << "-peak\" data-bytes=\"" << peak << "\" cx=\"" << num(X(peak_i, pts->size())) << "\" cy=\""
+      << num(Y(peak)) << "\" r=\"4\" fill=\"" << colour << "\"/>\n";
+    o << "<text x=\"" << num(X(peak_i, pts->size()) + 6) << "\" y=\"" << num(Y(peak) - 6) << "\" fill=\"" << colour << "\">" << cls
+      << " peak " << escape(format_bytes(peak)) << "</text>\n";
+  }
+  // the bytes live at each peak, by budget term: two stacked bars
+  constexpr std::array<const char*, kMemoryTerms> kTermColours = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#b07aa1", "#9c755f"};
+  const double bar_w = 60, bars_left = left + pw + 40;
+  for (int side = 0; side < 2; ++side) {
+    const std::array<bytes_t, kMemoryTerms>& terms = side == 0 ? a.measured : pterms;
+    if (side == 1 && !a.predicted) break;
+    const double x = bars_left + side * (bar_w + 30);
+    bytes_t cum = 0;
+    for (std::size_t t = 0; t < kMemoryTerms; ++t) {
+      const bytes_t v = terms[t];
+      o << "<rect class=\"term\" data-side=\"" << (side == 0 ? "measured" : "predicted") << "\" data-term=\""
+        << to_string(static_cast<MemoryTerm>(t)) << "\" data-bytes=\"" << v << "\" x=\"" << num(x) << "\" y=\"" << num(Y(cum + v))
+        << "\" width=\"" << bar_w << "\" height=\"" << num(Y(cum) - Y(cum + v)) << "\" fill=\"" << kTermColours[t] << "\"/>\n";
+      cum += v;
+    }
+    o << "<text x=\"" << num(x + bar_w / 2) << "\" y=\"" << upper + ph + 16 << "\" text-anchor=\"middle\">"
+      << (side == 0 ? "measured" : "predicted") << "</text>\n";
+  }
+  for (std::size_t t = 0; t < kMemoryTerms; ++t) {
+    const double y = upper + 16 * static_cast<double>(kMemoryTerms - 1 - t);
+    o << "<rect x=\"" << bars_left + 2 * bar_w + 50 << "\" y=\"" << num(y) << "\" width=\"12\" height=\"12\" fill=\"" << kTermColours[t]
+      << "\"/>\n";
+    o << "<text x=\"" << bars_left + 2 * bar_w + 66 << "\" y=\"" << num(y + 10) << "\">" << to_string(static_cast<MemoryTerm>(t))
+      << "</text>\n";
+  }
+  o << "<text x=\"" << bars_left << "\" y=\"" << upper - 12 << "\" font-weight=\"bold\">live at each peak, by term</text>\n";
   o << "</svg>\n";
   return o.str();
 }

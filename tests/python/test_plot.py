@@ -98,3 +98,31 @@ def test_snapshot_is_an_allocator_trace_the_viewer_reads(tmp_path):
             live -= e["size"]
         peak = max(peak, live)
     assert peak >= budget["peak"]
+
+
+@pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
+def test_attribute_plot_draws_the_snapshot_beside_the_prediction(tmp_path):
+    snap = os.path.join(SRC, "tests/data/snapshots/train_tiny_llama_amp_bf16_ctx_all.pickle")
+    model = os.path.join(SRC, "tests/data/snapshots/train_tiny_llama.config.json")
+    svg = tmp_path / "a.svg"
+    args = [CLI, "attribute", snap, "--model", model, "--batch", "2", "--seq", "128"]
+    out = subprocess.run(args + ["--plot", str(svg), "--format", "json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    root = ET.parse(svg).getroot()
+    lines = {e.get("class"): e for e in root.iter(NS + "polyline")}
+    assert int(lines["measured"].get("data-bytes")) == report["peak_bytes"]
+    # the predicted stream's highest moment is the step's predicted peak (the steady step here)
+    assert int(lines["predicted"].get("data-bytes")) == report["predicted_peak"]
+    assert len(lines["measured"].get("points").split()) > 100
+    bars = {}
+    for e in root.iter(NS + "rect"):
+        if e.get("class") == "term":
+            bars[(e.get("data-side"), e.get("data-term"))] = int(e.get("data-bytes"))
+    for term, row in report["terms"].items():
+        assert bars[("measured", term)] == row["measured"]
+        assert bars[("predicted", term)] == row["predicted"]
+    assert sum(v for (side, _), v in bars.items() if side == "measured") == report["peak_bytes"]
+    # without a model there is no prediction to draw
+    bad = subprocess.run([CLI, "attribute", snap, "--plot", str(tmp_path / "b.svg")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--model" in bad.stderr
