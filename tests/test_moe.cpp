@@ -110,8 +110,9 @@ TEST_CASE("MoE jobs the walks do not cover are refused by name; the rest are pre
       CHECK(predict(ds, j).peak > ds.parameters().total);
     }
   }
-  // vLLM's sizing runs its fused MoE kernels: refused
-  CHECK_THROWS_WITH_AS((void)vllm_profile_activation_peak(m, 8192, 256), doctest::Contains("fused mixture-of-experts"), Error);
+  // vLLM's sizing runs its 16-bit fused MoE kernel (modelled); its quantized MoE kernels are refused
+  CHECK(vllm_profile_activation_peak(m, 8192, 256) > 0);
+  CHECK_THROWS_WITH_AS((void)vllm_profile_activation_peak(m, 8192, 256, DType::int4), doctest::Contains("mixture-of-experts kernels"), Error);
   // routing schemes and MoE families not described are refused at load, naming what is missing
   auto refused = [](const std::string& json, const char* needle) {
     try {
@@ -261,4 +262,71 @@ TEST_CASE("DeepSeek-V2's group-limited routing: the group scores and masks are t
   const bytes_t mask = (j.seq * greedy.moe.experts + 511) / 512 * 512;
   CHECK(b.terms.activations - a.terms.activations == moe_layers * mask);
   CHECK(b.phase(Phase::forward_peak) > a.phase(Phase::forward_peak));
+}
+
+namespace {
+bytes_t r512(bytes_t v) { return (v + 511) / 512 * 512; }
+}  // namespace
+
+TEST_CASE("vLLM's pool for a mixture of experts: the fused MoE kernel's workspace, routing buffers and shared expert") {
+  // Qwen3-30B-A3B: 128 experts, top-8, expert width 768, hidden 2048, no shared expert, every layer MoE
+  const ModelSpec q = load_model(test::source_path("tests/data/hf/moe/qwen3-30b-a3b.json"));
+  REQUIRE(q.moe.top_k == 8);
+  const std::uint64_t T = 8192, h = q.hidden_size, k = q.moe.top_k, N = 2 * q.moe.expert_ff, E = q.moe.experts;
+  // one sampler row: the forward decides; by hand from docs/serving.md §3.2's terms
+  const bytes_t workspace = T * k * std::max(N / 2, h) * 2 + T * k * std::max(N, h) * 2;  // 256-aligned already
+  CHECK(workspace == 512 * MiB);
+  const bytes_t stream = 2 * r512(T * h * 2);
+  const bytes_t attn = r512(T * (q.q_dim() + 2 * q.kv_dim()) * 2) + r512(T * q.q_dim() * 2);
+  const bytes_t padded = T * k + E * 63;
+  const bytes_t routed = r512(T * E * 2) + 2 * r512(T * k * 4) + r512(padded * 4) + r512((padded + 63) / 64 * 4) + 512 + r512(T * h * 2);
+  CHECK(vllm_profile_activation_peak(q, T, 1) == stream + std::max(attn, routed) + workspace);
+  // the workspace is one buffer for every layer: the depth does not change the peak
+  ModelSpec deeper = q;
+  deeper.num_layers *= 2;
+  CHECK(vllm_profile_activation_peak(deeper, T, 1) == vllm_profile_activation_peak(q, T, 1));
+  // the sampler run still holds the workspace
+  const bytes_t sampler = r512(T * h * 2) + 1024 * q.vocab_size * 27 + workspace;
+  CHECK(vllm_profile_activation_peak(q, T, 1024) == std::max(stream + std::max(attn, routed) + workspace, sampler));
+
+  // a shared expert (Qwen1.5-MoE: 5632 wide, sigmoid-gated) runs first; its output stays through the
+  // routed pass and the sum is a third (T, h)
+  const ModelSpec s = load_model(test::source_path("tests/data/hf/moe/qwen1.5-moe-a2.7b.json"));
+  REQUIRE(s.moe.shared_ff > 0);
+  ModelSpec unshared = s;
+  unshared.moe.shared_ff = 0;
+  const bytes_t with = vllm_profile_activation_peak(s, T, 1), without = vllm_profile_activation_peak(unshared, T, 1);
+  const bytes_t th = r512(T * s.hidden_size * 2);
+  const bytes_t shared_mlp = r512(T * 2 * s.moe.shared_ff * 2) + r512(T * s.moe.shared_ff * 2);
+  CHECK(with > without);
+  CHECK(with - without <= std::max<bytes_t>(2 * th, shared_mlp));
+
+  // the serve plan subtracts it: a pool smaller than the dense estimate would give
+  ServeOptions o;
+  o.total_memory = find_device("H200").capacity;
+  o.device_name = "H200";
+  const ServePlan p = plan_serving(q, o);
+  CHECK(p.activation_peak == vllm_profile_activation_peak(q, p.max_num_batched_tokens, p.max_num_seqs));
+  o.weights = DType::fp8;
+  CHECK_THROWS_WITH_AS((void)plan_serving(q, o), doctest::Contains("fp8 mixture-of-experts kernels"), Error);
+}
+
+TEST_CASE("quantized serving weights count every matrix of a packed expert tensor") {
+  const ModelSpec m = load_model(test::source_path("tests/data/hf/mixtral-8x7b.json"));
+  // an expert tensor (E, out, in) is E matrices, each quantized with its own scales
+  bytes_t experts = 0;
+  for (const ParamTensor& t : m.layer_tensors(0))
+    if (t.count > 1) experts += t.elements();
+  REQUIRE(experts > 0);
+  experts *= m.num_layers;
+  const bytes_t int4 = serving_weight_bytes(m, DType::int4), int8 = serving_weight_bytes(m, DType::int8),
+                fp8 = serving_weight_bytes(m, DType::fp8), bf16 = serving_weight_bytes(m, DType::bf16);
+  // int4 (GPTQ, groups of 128 inputs; Mixtral's inputs are multiples of 128): per weight half a
+  // byte of value, 2/128 of fp16 scale and 1/256 of packed zero point: 133/256 bytes, every expert
+  CHECK(int4 >= experts / 256 * 133);
+  CHECK(int4 < experts / 256 * 133 + (bf16 - 2 * experts));  // the rest is at most its 16-bit size
+  CHECK(int8 > experts);
+  CHECK(fp8 > experts);
+  CHECK(int4 < int8);
+  CHECK(int8 < bf16);
 }

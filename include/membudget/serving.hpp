@@ -129,8 +129,11 @@ ServePlan plan_serving(const ModelSpec& m, const ServeOptions& o);
 void require_one_request(const ServePlan& plan);
 
 // vLLM's profiling peak: one forward of max_num_batched_tokens tokens and a sampler run over
-// min(max_num_seqs, max_num_batched_tokens) rows (docs/serving.md §3.2).
-bytes_t vllm_profile_activation_peak(const ModelSpec& m, std::uint64_t tokens, std::uint64_t seqs);
+// min(max_num_seqs, max_num_batched_tokens) rows (docs/serving.md §3.2); a mixture of experts
+// through vLLM's 16-bit fused MoE kernel (§3.2; quantized experts, `weights` other than bf16 or
+// fp16, are Error(unsupported)).
+bytes_t vllm_profile_activation_peak(const ModelSpec& m, std::uint64_t tokens, std::uint64_t seqs,
+                                     DType weights = DType::bf16);
 
 // vLLM's "GiB" figures: round(bytes / 2^30, 2) printed as a Python float ("10.0", "5.62").
 std::string vllm_gib(bytes_t b);

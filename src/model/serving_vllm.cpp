@@ -71,14 +71,55 @@ std::string ServePlan::concurrency_line() const {
   return "Maximum concurrency for " + commas(max_model_len) + " tokens per request: " + buf;
 }
 
-bytes_t vllm_profile_activation_peak(const ModelSpec& m, std::uint64_t T, std::uint64_t seqs) {
-  // the profile run is the serving walk with vLLM's dense kernels; its fused MoE kernels are not modelled
-  if (m.moe.enabled())
-    throw Error(ErrorKind::unsupported, (m.name.empty() ? std::string("the model") : m.name) +
-                                            ": vLLM's fused mixture-of-experts kernels are not modelled (predict --mode infer gives the Hugging Face prefill)");
+// vLLM's fused mixture of experts over T tokens (bf16, one GPU, no expert parallel), as the modular
+// Triton kernel runs it on Hopper (vllm/model_executor/layers/fused_moe: TritonExperts, the
+// UnquantizedFusedMoEMethod's default there; early 2026). Modelled from the source, not measured.
+struct VllmMoe {
+  bytes_t workspace = 0;  // the persistent workspace: one buffer for every layer, kept after the run
+  bytes_t peak = 0;       // the block's own tensors at its highest moment, beyond the stream
+};
+VllmMoe vllm_moe_block(const ModelSpec& m, std::uint64_t T) {
+  const auto& moe = m.moe;
+  const bytes_t e = 2, h = m.hidden_size, k = moe.top_k, N = 2 * moe.expert_ff;
+  auto r256 = [](bytes_t v) { return (v + 255) / 256 * 256; };
+  VllmMoe out;
+  // workspace13 (T, k, max(N/2, h)) and workspace2 (T, k, max(N, h)) from the workspace manager,
+  // each rounded to 256 B; it only grows and serves every layer
+  out.workspace = r256(checked_product("vLLM MoE workspace13", T, k, std::max(N / 2, h), e)) +
+                  r256(checked_product("vLLM MoE workspace2", T, k, std::max(N, h), e));
+  // the router's logits (T, E) in the model's dtype, fused_topk's fp32 weights and int32 ids (T, k),
+  // and moe_align_block_size's sorted ids and expert ids (int32, BLOCK_SIZE_M 64 as the default config)
+  const bytes_t BM = 64;
+  const bytes_t padded = checked_add(checked_mul(T, k, "vLLM MoE tokens"), moe.experts * (BM - 1), "vLLM MoE padded ids");
+  const bytes_t routing = round512(checked_product("vLLM router logits", T, moe.experts, e)) +
+                          2 * round512(checked_product("vLLM top-k", T, k, 4)) + round512(checked_mul(padded, 4, "sorted ids")) +
+                          round512((padded + BM - 1) / BM * 4) + 512;
+  const bytes_t th = round512(checked_product("vLLM MoE output", T, h, e));
+  // the shared expert (Qwen2-MoE, DeepSeek) runs first, a plain MLP (gate_up and its activation),
+  // and its (T, h) output (Qwen2: gated by a sigmoid, a new tensor) stays through the routed pass;
+  // the routed output (T, h), then their sum, a new (T, h) while both are live
+  bytes_t shared_mlp = 0, kept = 0;
+  if (moe.shared_ff) {
+    shared_mlp = round512(checked_product("vLLM shared gate_up", T, 2 * moe.shared_ff, e)) +
+                 round512(checked_product("vLLM shared activation", T, moe.shared_ff, e));
+    kept = th;
+  }
+  const bytes_t routed = routing + th + (moe.shared_ff ? kept + th : 0);
+  out.peak = std::max(routing + shared_mlp, routed);
+  return out;
+}
+
+bytes_t vllm_profile_activation_peak(const ModelSpec& m, std::uint64_t T, std::uint64_t seqs, DType weights) {
+  if (m.moe.enabled() && m.moe_layers() > 0 && weights != DType::bf16 && weights != DType::fp16)
+    throw Error(ErrorKind::unsupported, (m.name.empty() ? std::string("the model") : m.name) + ": vLLM's " +
+                                            to_string(weights) +
+                                            " mixture-of-experts kernels (Marlin, fp8 Triton) are not modelled; the "
+                                            "16-bit fused MoE is (--weights bf16)");
   // A vLLM decoder layer in bf16 with fused kernels: the hidden states and the residual live across
   // layers (fused add-RMSNorm and rotary work in place); attention holds the fused qkv output and
-  // the attention output; the MLP holds the fused gate_up output and the activation.
+  // the attention output; the MLP holds the fused gate_up output and the activation; a mixture of
+  // experts its router, routing buffers and outputs, and (once, for every layer) the kernel's
+  // workspace.
   const bytes_t e = 2, h = m.hidden_size, I = m.intermediate_size;
   bytes_t qkv_width, attn_width;
   if (m.mla.enabled()) {
@@ -93,14 +134,23 @@ bytes_t vllm_profile_activation_peak(const ModelSpec& m, std::uint64_t T, std::u
   const bytes_t attn = round512(checked_product("profile qkv", T, qkv_width, e)) +
                        round512(checked_product("profile attention output", T, attn_width, e));
   const bool gated = m.mlp != MlpKind::plain_gelu;
-  const bytes_t mlp = round512(checked_product("profile gate_up", T, gated ? 2 * I : I, e)) +
-                      round512(checked_product("profile activation", T, I, e));
-  const bytes_t forward = stream + std::max(attn, mlp);
+  const bytes_t dense_mlp = round512(checked_product("profile gate_up", T, gated ? 2 * I : I, e)) +
+                            round512(checked_product("profile activation", T, I, e));
+  const bool any_dense = m.moe_layers() < m.num_layers;
+  bytes_t block = std::max(attn, any_dense ? dense_mlp : 0);
+  bytes_t workspace = 0;
+  if (m.moe.enabled() && m.moe_layers() > 0) {
+    const VllmMoe moe = vllm_moe_block(m, T);
+    block = std::max(block, moe.peak);
+    workspace = moe.workspace;  // allocated at the first MoE layer, live from there on
+  }
+  const bytes_t forward = checked_add(stream + block, workspace, "profile forward");
   // The dummy sampler run: bf16 logits, their fp32 copy, the top-k/top-p sort (fp32 values and
-  // int64 indices), the softmax, the mask and the scattered result: 27 bytes per logit.
+  // int64 indices), the softmax, the mask and the scattered result: 27 bytes per logit. The MoE
+  // workspace is still held.
   const std::uint64_t rows = std::min(seqs, T);
   const bytes_t sampler = round512(checked_product("profile hidden states", T, h, e)) +
-                          checked_product("profile sampler", rows, m.vocab_size, 27);
+                          checked_product("profile sampler", rows, m.vocab_size, 27) + workspace;
   return std::max(forward, sampler);
 }
 
@@ -145,7 +195,7 @@ ServePlan plan_serving(const ModelSpec& m, const ServeOptions& o) {
   const double requested = static_cast<double>(o.total_memory) * o.gpu_memory_utilization;
   p.requested = requested >= 18446744073709551616.0 ? o.total_memory : bytes_from_double(requested, "requested memory");
   p.weights = serving_weight_bytes(m, o.weights, o.group_size);
-  p.activation_peak = vllm_profile_activation_peak(m, p.max_num_batched_tokens, p.max_num_seqs);
+  p.activation_peak = vllm_profile_activation_peak(m, p.max_num_batched_tokens, p.max_num_seqs, o.weights);
   p.non_torch = o.non_torch.value_or(128 * MiB);
   p.cudagraph = o.cudagraph;
   p.non_kv = checked_add(checked_add(p.weights, p.activation_peak, "non-KV memory"),

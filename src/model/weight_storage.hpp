@@ -45,20 +45,21 @@ inline StoredTensor stored_tensor(const ParamTensor& t, bool quantizable, DType 
     else add(bytes(n, 2), "bf16", Stored::value);
     return s;
   }
-  const std::uint64_t K = t.in, N = t.out;
+  // Each of the tensor's `count` matrices (a packed expert tensor holds E) is quantized as one.
+  const std::uint64_t K = t.in, N = t.out, E = t.count;
   switch (weights) {
-    case DType::fp8:  // one fp32 scale per tensor
+    case DType::fp8:  // one fp32 scale per matrix
       add(n, "fp8", Stored::quantized);
-      add(4, "fp32", Stored::scale);
+      add(bytes(E, 4), "fp32", Stored::scale);
       break;
     case DType::int8:  // one fp16 scale per group of K
       add(n, "int8", Stored::quantized);
-      add(bytes(cdiv(K, group), N, 2), "fp16", Stored::scale);
+      add(bytes(cdiv(K, group), N, 2 * E), "fp16", Stored::scale);
       break;
     case DType::int4:  // GPTQ/AWQ: qweight int32[K/8][N], scales fp16[K/g][N], qzeros int32[K/g][N/8]
-      add(bytes(cdiv(K, 8), N, 4), "int32", Stored::quantized);
-      add(bytes(cdiv(K, group), N, 2), "fp16", Stored::scale);
-      add(bytes(cdiv(K, group), cdiv(N, 8), 4), "int32", Stored::scale);
+      add(bytes(cdiv(K, 8), N, 4 * E), "int32", Stored::quantized);
+      add(bytes(cdiv(K, group), N, 2 * E), "fp16", Stored::scale);
+      add(bytes(cdiv(K, group), cdiv(N, 8), 4 * E), "int32", Stored::scale);
       break;
     default: break;
   }
