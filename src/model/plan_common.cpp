@@ -2,6 +2,7 @@
 #include "plan_common.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <array>
 #include <numeric>
 
@@ -115,12 +116,13 @@ void PhaseRows::set(std::vector<Basis> basis, const std::vector<std::vector<std:
   const std::size_t n = rows_.size() / D;
   if (n > kMaxRows) throw Fail{};
   colmax_.assign(D, 0);
-  cols_.assign(rows_.size(), 0.0);
+  const std::size_t blocks = (n + kBlock - 1) / kBlock;
+  cols_.assign(blocks * D * kBlock, 0.0);
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t d = 0; d < D; ++d) {
       const std::uint64_t v = rows_[i * D + d];
       if (v >= (1ull << 58)) throw Fail{};
-      cols_[d * n + i] = static_cast<double>(v);
+      cols_[(i / kBlock) * D * kBlock + d * kBlock + i % kBlock] = static_cast<double>(v);
       colmax_[d] = std::max(colmax_[d], v);
     }
 }
@@ -129,20 +131,44 @@ bool PhaseRows::max_per_phase(std::uint64_t b, std::uint64_t s, std::uint64_t* v
   const std::size_t D = basis_.size(), P = phases();
   if (!basis_values(basis_, b, s, vals)) return false;
   if (dot(colmax_.data(), vals, D) < (u128{1} << 53)) {
-    // Every product and partial sum is an integer below 2^53: exact in doubles; all rows are
-    // summed together column by column (vectorised across rows).
-    const std::size_t n = rows();
-    std::array<double, kMaxRows> acc;
-    std::fill_n(acc.begin(), n, 0.0);
-    for (std::size_t k = 0; k < D; ++k) {
-      const double* col = &cols_[k * n];
-      const double v = static_cast<double>(vals[k]);
-      for (std::size_t i = 0; i < n; ++i) acc[i] += col[i] * v;
+    // Every product and partial sum is an integer below 2^53: exact in doubles, in any order; the
+    // rows are summed a block of eight at a time, component by component.
+    const std::size_t n = rows(), blocks = (n + kBlock - 1) / kBlock;
+    std::array<double, kMaxBasis> v;
+    for (std::size_t k = 0; k < D; ++k) v[k] = static_cast<double>(vals[k]);
+    std::array<double, kMaxRows + kBlock> acc;
+    // a block's eight rows in four pairs of doubles (GCC's and Clang's vector extensions: one SSE2
+    // register each, which every x86-64 has; wider vectors spill where the target lacks them)
+    using Pair = double __attribute__((vector_size(2 * sizeof(double))));
+    static_assert(kBlock == 8);
+    for (std::size_t blk = 0; blk < blocks; ++blk) {
+      const double* col = &cols_[blk * D * kBlock];
+      Pair s0 = {}, s1 = {}, s2 = {}, s3 = {};
+      for (std::size_t k = 0; k < D; ++k, col += kBlock) {
+        const Pair x = {v[k], v[k]};
+        Pair c0, c1, c2, c3;
+        std::memcpy(&c0, col, sizeof c0);
+        std::memcpy(&c1, col + 2, sizeof c1);
+        std::memcpy(&c2, col + 4, sizeof c2);
+        std::memcpy(&c3, col + 6, sizeof c3);
+        s0 += c0 * x;
+        s1 += c1 * x;
+        s2 += c2 * x;
+        s3 += c3 * x;
+      }
+      double* a = &acc[blk * kBlock];
+      std::memcpy(a, &s0, sizeof s0);
+      std::memcpy(a + 2, &s1, sizeof s1);
+      std::memcpy(a + 4, &s2, sizeof s2);
+      std::memcpy(a + 6, &s3, sizeof s3);
     }
     for (std::size_t p = 0; p < P; ++p) {
-      double best = 0;
-      for (std::size_t i = begin_[p]; i < begin_[p + 1]; ++i) best = acc[i] > best ? acc[i] : best;
-      out[p] = static_cast<bytes_t>(best);
+      double best[4] = {};  // four independent maxima, not one chain of comparisons
+      std::size_t i = begin_[p];
+      for (; i + 4 <= begin_[p + 1]; i += 4)
+        for (std::size_t q = 0; q < 4; ++q) best[q] = acc[i + q] > best[q] ? acc[i + q] : best[q];
+      for (; i < begin_[p + 1]; ++i) best[0] = acc[i] > best[0] ? acc[i] : best[0];
+      out[p] = static_cast<bytes_t>(std::max(std::max(best[0], best[1]), std::max(best[2], best[3])));
     }
     return true;
   }

@@ -103,8 +103,11 @@ class PhaseRows {
   std::vector<Basis> basis_;
   std::vector<std::uint64_t> rows_;   // row-major
   std::vector<std::uint32_t> begin_;  // rows of phase p: [begin_[p], begin_[p + 1])
-  // The rows again as doubles, column-major (component k of row i at k · rows() + i): when no sum
-  // can reach 2^53 they are exact, and summing column by column vectorises across rows.
+  // The rows again as doubles in blocks of kBlock rows, each block column-major (component k of row
+  // i at (i / kBlock) · D · kBlock + k · kBlock + i % kBlock; the last block padded with zero rows):
+  // when no sum can reach 2^53 they are exact, and a block's kBlock sums stay in registers while
+  // its components stream past, a fixed-width loop the compiler vectorises.
+  static constexpr std::size_t kBlock = 8;
   std::vector<double> cols_;
   std::vector<std::uint64_t> colmax_;  // the largest entry of each component
 };
