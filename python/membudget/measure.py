@@ -15,6 +15,8 @@ import argparse
 import json
 import sys
 
+from . import torch_step  # imports torch only when a step runs
+
 PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak")
 MIB = 1024.0 * 1024.0
 
@@ -63,16 +65,12 @@ def parse_args(argv):
 
 
 def overrides_of(items):
-    out = {}
+    """--override KEY=JSON items as torch_step reads them (a value that is not JSON is a string)."""
     for it in items:
-        k, eq, v = it.partition("=")
+        k, eq, _ = it.partition("=")
         if not eq or not k:
             raise ValueError("--override %r: expected KEY=JSON, e.g. num_hidden_layers=4" % it)
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
+    return torch_step._overrides_from_args(items)
 
 
 def job_options(a):
@@ -123,8 +121,6 @@ def main(argv=None):
     except MissingDependency as e:
         print("membudget measure: error: %s" % e, file=sys.stderr)
         return 2
-    from . import torch_step
-
     cfgd = torch_step.common.load_config_dict(a.config, cfg_over or None)
     try:
         prediction = predicted(a, cfgd)

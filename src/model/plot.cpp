@@ -112,6 +112,18 @@ std::string num(double v) {
   std::snprintf(buf, sizeof buf, "%.1f", v);
   return buf;
 }
+
+// The plot area's two axes and five byte gridline labels (0 to 105% of `top`), `y` the byte scale.
+template <class Scale>
+void axes(std::ostream& o, double left, double upper, double pw, double ph, bytes_t top, const Scale& y) {
+  o << "<line x1=\"" << left << "\" y1=\"" << upper + ph << "\" x2=\"" << left + pw << "\" y2=\"" << upper + ph
+    << "\" stroke=\"black\"/>\n";
+  o << "<line x1=\"" << left << "\" y1=\"" << upper << "\" x2=\"" << left << "\" y2=\"" << upper + ph << "\" stroke=\"black\"/>\n";
+  for (int g = 0; g <= 4; ++g) {
+    const bytes_t v = static_cast<bytes_t>(static_cast<double>(top) * 1.05 * g / 4);
+    o << "<text x=\"" << left - 6 << "\" y=\"" << num(y(v) + 4) << "\" text-anchor=\"end\">" << escape(format_bytes(v)) << "</text>\n";
+  }
+}
 }  // namespace
 
 std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const std::optional<Fit>& fit,
@@ -192,14 +204,7 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
     o << "<polygon class=\"band\" data-band=\"" << kBands[k] << "\" fill=\"" << kColours[k] << "\" fill-opacity=\"0.85\" points=\""
       << poly.str() << "\"/>\n";
   }
-  // axes and gridlines
-  o << "<line x1=\"" << left << "\" y1=\"" << upper + ph << "\" x2=\"" << left + pw << "\" y2=\"" << upper + ph
-    << "\" stroke=\"black\"/>\n";
-  o << "<line x1=\"" << left << "\" y1=\"" << upper << "\" x2=\"" << left << "\" y2=\"" << upper + ph << "\" stroke=\"black\"/>\n";
-  for (int g = 0; g <= 4; ++g) {
-    const bytes_t v = static_cast<bytes_t>(static_cast<double>(top) * 1.05 * g / 4);
-    o << "<text x=\"" << left - 6 << "\" y=\"" << num(Y(v) + 4) << "\" text-anchor=\"end\">" << escape(format_bytes(v)) << "</text>\n";
-  }
+  axes(o, left, upper, pw, ph, top, Y);
   o << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 20 << "\" text-anchor=\"middle\">allocation events of the step (in order)</text>\n";
   // phases: a line where each begins; its peak (the budget's figure) labelled once
   std::vector<Phase> labelled;
@@ -302,13 +307,7 @@ std::string render_attribution_svg(const ModelSpec& model, const Budget& b, cons
     << escape(name + " · batch " + std::to_string(b.job.batch) + " × seq " + std::to_string(b.job.seq) + " · " +
               to_string(b.job.precision))
     << " — allocated memory, measured (snapshot) and predicted</text>\n";
-  o << "<line x1=\"" << left << "\" y1=\"" << upper + ph << "\" x2=\"" << left + pw << "\" y2=\"" << upper + ph
-    << "\" stroke=\"black\"/>\n";
-  o << "<line x1=\"" << left << "\" y1=\"" << upper << "\" x2=\"" << left << "\" y2=\"" << upper + ph << "\" stroke=\"black\"/>\n";
-  for (int g = 0; g <= 4; ++g) {
-    const bytes_t v = static_cast<bytes_t>(static_cast<double>(top) * 1.05 * g / 4);
-    o << "<text x=\"" << left - 6 << "\" y=\"" << num(Y(v) + 4) << "\" text-anchor=\"end\">" << escape(format_bytes(v)) << "</text>\n";
-  }
+  axes(o, left, upper, pw, ph, top, Y);
   o << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 20
     << "\" text-anchor=\"middle\">each stream over its own events, start to end (the snapshot's trace; the predicted steady "
        "step)</text>\n";
