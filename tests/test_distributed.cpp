@@ -525,6 +525,12 @@ TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any s
         CAPTURE(s);
         for (Phase ph : kTrainPhases) CHECK(fast.phase(ph) == sim.phase(ph));
         CHECK(fast.peak == sim.peak);
+        // estimate() from the plan reports the same terms as predict() (the logits of a vocabulary shard)
+        const Estimate e = estimate(*m, j);
+        CHECK(e.peak == fast.peak);
+        CHECK(e.terms.logits_loss == fast.terms.logits_loss);
+        CHECK(e.terms.activations == fast.terms.activations);
+        CHECK(e.terms.model_states == fast.terms.model_states);
         CHECK(fast.host.total() == sim.host.total());
         CHECK(fast.host.optimizer_state == sim.host.optimizer_state);
         if (p.fsdp_offload) CHECK(fast.host.parameters > 0);

@@ -105,11 +105,7 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
         job.parallel.pipeline > 1 ? detail::pipeline_stage(model, job, *job.parallel.rank).layers : model.num_layers;
     b.activations.layers = layers;
     b.activations.layer_tensors = r.saved;
-    b.logits = detail::logits_breakdown(model, job);  // (one microbatch's, on a pipeline's last stage)
-    if (job.parallel.pipeline > 1 && !detail::pipeline_stage(model, job, *job.parallel.rank).last())
-      b.logits = {};  // only the last stage computes logits
-    if (job.parallel.loss_parallel)  // each rank's logits and loss cover its vocabulary shard
-      for (bytes_t* f : {&b.logits.logits, &b.logits.upcast, &b.logits.loss_saved, &b.logits.logits_grad}) *f /= job.parallel.tensor;
+    b.logits = detail::logits_breakdown(model, job);  // the rank's (its stage, its vocabulary shard)
     b.phases = std::move(r.steady);
     b.step0 = std::move(r.step0);
     if (job.activations == ActivationModel::inventory) {

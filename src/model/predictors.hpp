@@ -26,7 +26,9 @@ void predict_harness(Budget& b, const PredictOptions& options);
 void predict_harness_infer(Budget& b, const PredictOptions& options);
 
 // The logits/loss term of a torch training step: the logits, their fp32 upcast in the loss, the
-// loss's saved log-softmax and the logits' gradient (per chunk with --loss chunked).
+// loss's saved log-softmax and the logits' gradient (per chunk with --loss chunked), for the rank
+// the job is: a vocabulary shard's under --loss-parallel, nothing on a pipeline stage that is not
+// the last (one microbatch's on the last). predict() and the compiled plans' estimate() both read it.
 LogitsLossBreakdown logits_breakdown(const ModelSpec& m, const Job& job);
 
 }  // namespace membudget::detail
