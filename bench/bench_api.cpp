@@ -86,8 +86,8 @@ BENCHMARK(BM_estimate_new_shape)->Arg(8)->Arg(70);
 
 // The same for one rank of a parallel job (arg: 0 FSDP2 over 8, 1 HSDP 2 × 8, 2 DDP + ZeRO-1 over 8,
 // 3 tensor parallel over 4, 4 tensor + sequence parallel over 4 with the vocabulary-parallel loss,
-// 5 FSDP2 × TP 2 × 4 with SP): the layout is part of the compiled plan, so a new shape costs what
-// one GPU's does.
+// 5 FSDP2 × TP 2 × 4 with SP, 6 a 4-stage 1F1B pipeline): the layout is part of the compiled plan, so
+// a new shape costs what one GPU's does (a pipeline: one evaluation per stage).
 void BM_estimate_new_shape_parallel(benchmark::State& state) {
   Job j;
   switch (state.range(1)) {
@@ -96,12 +96,17 @@ void BM_estimate_new_shape_parallel(benchmark::State& state) {
     case 2: j.parallel.data = 8; j.parallel.zero_stage = 1; break;
     case 3: j.parallel.tensor = 4; break;
     case 4: j.parallel.tensor = 4; j.parallel.sequence_parallel = j.parallel.loss_parallel = true; break;
-    default: j.parallel.fsdp = 2; j.parallel.tensor = 4; j.parallel.sequence_parallel = true; break;
+    case 5: j.parallel.fsdp = 2; j.parallel.tensor = 4; j.parallel.sequence_parallel = true; break;
+    default:  // 1F1B over 4 stages, 8 microbatches: the most loaded of four stage plans
+      j.parallel.pipeline = 4;
+      j.parallel.microbatches = 8;
+      j.precision = Precision::bf16;
+      break;
   }
   new_shapes(state, j, j.parallel.sequence_parallel ? j.parallel.tensor : 1);
 }
 BENCHMARK(BM_estimate_new_shape_parallel)
-    ->Args({8, 0})->Args({8, 1})->Args({8, 2})->Args({8, 3})->Args({8, 4})->Args({8, 5})->Args({70, 0});
+    ->Args({8, 0})->Args({8, 1})->Args({8, 2})->Args({8, 3})->Args({8, 4})->Args({8, 5})->Args({8, 6})->Args({70, 0});
 
 // The same for a mixture of experts (grouped_mm experts, transformers' default): every layer after
 // the first is an MoE layer, so the plan compiles like a dense model's.
@@ -239,6 +244,25 @@ void BM_sweep_layouts_100000(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_sweep_layouts_100000)->Unit(benchmark::kMillisecond)->Iterations(3);
+
+// The same with pipelines: tensor parallel over 1, 2, 4, 8 × pipeline stages 1, 2, 4 (1F1B, 8
+// microbatches; each stage compiled, the most loaded chosen per point) × 8,333 micro-batches =
+// 99,996 points of Llama 3.1 8B bf16 at 4,096 tokens, from a cold start.
+void BM_sweep_layouts_pipeline_100000(benchmark::State& state) {
+  SweepGrid g;
+  g.tps = {1, 2, 4, 8};
+  g.pps = {1, 2, 4};
+  for (std::uint64_t b = 1; b <= 8333; ++b) g.batches.push_back(b);
+  const Device d = find_device("H200");
+  Job j;
+  j.precision = Precision::bf16;
+  j.parallel.microbatches = 8;
+  for (auto _ : state) {
+    clear_estimate_cache();
+    benchmark::DoNotOptimize(sweep(model8b(), j, g, d).size());
+  }
+}
+BENCHMARK(BM_sweep_layouts_pipeline_100000)->Unit(benchmark::kMillisecond)->Iterations(3);
 
 // sweep(): 100 micro-batches × 100 sequence lengths = 10,000 points, from a cold start (one plan
 // compiled inside each run).

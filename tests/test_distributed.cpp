@@ -490,7 +490,7 @@ TEST_CASE("tensor parallelism: the projections are sharded, the embedding and no
 TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any shape") {
   const ModelSpec qwen = load_model(test::source_path("configs/hf/qwen2.5-1.5b.json"));
   for (const ModelSpec* m : {&llama1b(), &qwen})
-    for (int layout = 0; layout < 11; ++layout) {
+    for (int layout = 0; layout < 14; ++layout) {
       Job j = small_job();
       Parallelism& p = j.parallel;
       switch (layout) {
@@ -507,11 +507,19 @@ TEST_CASE("the compiled plan gives a parallel job's simulation exactly, at any s
         // FSDP2's CPU offload: the GPU copies and staging buffers compiled, the host memory constant
         case 9: p.fsdp = 4; p.fsdp_offload = true; break;
         case 10: p.fsdp = 8; p.fsdp_offload = true; p.reshard_after_forward = false; j.precision = Precision::bf16; break;
+        // pipeline stages: one plan per stage, the most loaded chosen as predict() chooses it
+        case 11: p.pipeline = 2; p.microbatches = 4; j.precision = Precision::bf16; break;
+        case 12: p.pipeline = 2; p.microbatches = 3; p.pp_schedule = PipelineSchedule::gpipe; j.precision = Precision::bf16; break;
+        case 13: p.pipeline = 4; p.microbatches = 4; j.precision = Precision::bf16; j.recompute = Recompute::full; break;
       }
       j.batch = 1;
       j.seq = 1024;
       CAPTURE(layout);
-      CHECK(detail::StepPlan::cached(*m, j) != nullptr);  // compiled, not simulated
+      for (std::uint64_t stage = 0; stage < p.pipeline; ++stage) {  // compiled, not simulated
+        Job at = j;
+        if (p.pipeline > 1) at.parallel.rank = stage;
+        CHECK(detail::StepPlan::cached(*m, at) != nullptr);
+      }
       for (const auto& shape : {std::pair<std::uint64_t, std::uint64_t>{1, 776}, {3, 2048}, {2, 5000}}) {
         // (no structured binding: clang 14 cannot capture one in a doctest CAPTURE)
         const std::uint64_t b = shape.first, s = shape.second;

@@ -35,7 +35,11 @@ using detail::key_of;
 constexpr std::size_t kCacheLimit = 65536;
 
 // (Job::validate refuses every parallel setting but one rank before a plan is compiled.)
-bool plan_applies(const Job& j) { return j.mode == Mode::train && j.profile == Profile::torch && detail::StepPlan::covers(j); }
+// (A pipeline's Korthikanti figure counts the microbatches in flight, which from_plan does not.)
+bool plan_applies(const Job& j) {
+  return j.mode == Mode::train && j.profile == Profile::torch && detail::StepPlan::covers(j) &&
+         !(j.parallel.pipeline > 1 && j.activations == ActivationModel::korthikanti);
+}
 bool serve_plan_applies(const Job& j) { return j.mode == Mode::infer && j.profile == Profile::torch; }
 
 // The Estimate that summarize(predict(m, j)) gives for a serving job, from its plan.
@@ -131,9 +135,32 @@ Estimate summarize(const Budget& b) {
   return e;
 }
 
+// A pipeline without a stage asked for: the most loaded stage from the stages' plans, the lowest on
+// a tie, as predict() chooses it; nullopt where a stage does not compile.
+std::optional<Estimate> most_loaded_stage(const ModelSpec& model, const Job& job) {
+  Job at = job;
+  std::optional<Estimate> best;
+  for (std::uint64_t s = 0; s < job.parallel.pipeline; ++s) {
+    at.parallel.rank = s;
+    const detail::StepPlan* plan = detail::StepPlan::cached(model, at);
+    if (!plan) return std::nullopt;
+    Estimate e = from_plan(*plan, model, at);
+    if (!best || e.peak > best->peak) best = e;
+  }
+  return best;
+}
+
 Estimate estimate(const ModelSpec& model, const Job& job) {
   detail::check_simulated(model, job);  // before a plan would simulate it
-  if (plan_applies(job)) {
+  if (job.parallel.pipeline > 1 && !job.parallel.rank) {
+    Job at = job;
+    at.parallel.rank = 0;
+    if (plan_applies(at)) {
+      job.validate();
+      detail::check_layout(model, job);
+      if (auto e = most_loaded_stage(model, job)) return *e;
+    }
+  } else if (plan_applies(job)) {
     job.validate();
     detail::check_layout(model, job);  // what predict() checks beyond the job alone
     if (const detail::StepPlan* plan = detail::StepPlan::cached(model, job)) return from_plan(*plan, model, job);

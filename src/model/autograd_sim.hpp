@@ -66,6 +66,10 @@ struct SimTrace {
   std::vector<Event> events;
   std::vector<Phase> phases;        // which phase each kPhase event begins (a pipeline schedule repeats them)
   std::vector<TensorInfo> tensors;  // by tensor id
+  // How many events were recorded when the step noted what its forward leaves for backward
+  // (TorchStepResult's after_forward figures; a pipeline stage notes the moment with the most
+  // microbatches in flight): the compiled plans take their activation groups at the same place.
+  std::size_t after_forward = std::numeric_limits<std::size_t>::max();
 };
 
 // Whether autograd records the graph: `record` (a training forward) or `off` (inference_mode).
@@ -123,6 +127,10 @@ class AutogradSim {
   int section() const { return section_; }
   // Records the allocation stream into `trace` (nullptr: stop); finish_trace() adds the tensors.
   void record_to(SimTrace* trace) { trace_ = trace; }
+  // The recorded stream reaches the moment the after-forward figures are taken (SimTrace::after_forward).
+  void mark_after_forward() {
+    if (trace_) trace_->after_forward = trace_->events.size();
+  }
   void finish_trace();
   std::size_t node_count() const { return nodes_.size(); }
 

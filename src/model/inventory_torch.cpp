@@ -1646,6 +1646,7 @@ class TrainPass {
 
   // What the forward leaves for backward, by term (the report's activation figures).
   void note_after_forward() {
+    sim_.mark_after_forward();
     const auto by_term = sim_.live_by_term();
     res_.after_forward_activations = by_term[static_cast<int>(Term::activations)];
     res_.after_forward_logits = by_term[static_cast<int>(Term::logits_loss)];

@@ -89,7 +89,8 @@ void classify_set(SimSet& ss, const std::array<Probe, 3>& probes, std::vector<Ba
   for (int pass = 0; pass < 2; ++pass) {
     const SimTrace& t0 = ss.traces[0][pass];
     for (int k = 1; k < 3; ++k)
-      if (!(ss.traces[k][pass].events == t0.events) || ss.traces[k][pass].tensors.size() != t0.tensors.size())
+      if (!(ss.traces[k][pass].events == t0.events) || ss.traces[k][pass].phases != t0.phases ||
+          ss.traces[k][pass].after_forward != t0.after_forward || ss.traces[k][pass].tensors.size() != t0.tensors.size())
         throw Fail{};
     auto& con = ss.contrib[pass];
     con.resize(t0.tensors.size());
@@ -134,18 +135,28 @@ void replay(SimSet& ss, std::size_t D) {
         if (total) con[t].apply(total->data(), true);
       }
     };
-    for (const auto& ev : tr.events) {
+    // Each phase start names its phase (a pipeline schedule enters forward and backward many
+    // times); the steady pass's activation groups are taken where the simulation noted them.
+    std::size_t phase_events = 0;
+    std::array<bool, StepPlan::kPhases> seen{};
+    for (std::size_t e = 0; e < tr.events.size(); ++e) {
+      if (pass == 1 && e == tr.after_forward) end_of_forward();
+      const auto& ev = tr.events[e];
       if (ev.t == SimTrace::kPhase) {
-        if (++phase >= static_cast<int>(StepPlan::kPhases)) throw Fail{};
+        if (phase_events >= tr.phases.size()) throw Fail{};
+        const Phase ph = tr.phases[phase_events++];
+        phase = static_cast<int>(std::find(std::begin(kTrainPhases), std::end(kTrainPhases), ph) - std::begin(kTrainPhases));
+        if (phase >= static_cast<int>(StepPlan::kPhases)) throw Fail{};
+        seen[static_cast<std::size_t>(phase)] = true;
         candidate(ev.section);
-        if (pass == 1 && phase == 2) end_of_forward();
         continue;
       }
       const bool alloc = ev.t >= 0;
       live.apply(static_cast<std::size_t>(alloc ? ev.t : ~ev.t), alloc, con);
       if (alloc) candidate(ev.section);
     }
-    if (phase != static_cast<int>(StepPlan::kPhases) - 1) throw Fail{};
+    if (pass == 1 && tr.after_forward == tr.events.size()) end_of_forward();
+    if (std::find(seen.begin(), seen.end(), false) != seen.end()) throw Fail{};
   }
   if (ss.act.size() != D) throw Fail{};
 }
@@ -238,7 +249,8 @@ struct PlanBuilder {
     const std::uint64_t P = (regime & 2) && m.sliding.every_nth > 1 ? m.sliding.every_nth : 1;
     const std::uint64_t base = std::max<std::uint64_t>(kL0, P + 2);  // the last P interior layers are interior
     const std::uint64_t L0 = base + (L > base ? (L - base) % P : 0);
-    const bool direct = L <= L0 + 2 * P;
+    // A pipeline stage is simulated at its full depth: its share of a smaller copy is another split.
+    const bool direct = L <= L0 + 2 * P || job.parallel.pipeline > 1;
     // The copies are the model with fewer layers, so the layers they leave out must be like the
     // interior ones: a mixture of experts qualifies when every layer from 1 on is an MoE layer (a
     // dense layer 0 is a section of its own). Other patterns (decoder_sparse_step, mlp_only_layers,

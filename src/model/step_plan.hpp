@@ -42,9 +42,9 @@ class StepPlan {
   // This thread's plan for (m, job), compiled on first use (validating m); nullptr when the step
   // does not compile. The job must be valid. At most 256 plans per thread, cleared when full.
   static const StepPlan* cached(const ModelSpec& m, const Job& job);
-  // Whether plans cover the job at all. Not compiled yet (simulated instead): a pipeline stage's
-  // schedule (one graph per microbatch, and its most loaded stage found by predict()).
-  static bool covers(const Job& job) noexcept { return job.parallel.pipeline <= 1; }
+  // Whether plans cover the job at all: a pipeline's plan is one stage's (the job's rank; predict()
+  // and estimate() choose the most loaded stage from the stages' plans).
+  static bool covers(const Job& job) noexcept { return job.parallel.pipeline <= 1 || job.parallel.rank.has_value(); }
   // The unit the plan's sequence variable counts in: the tensor-parallel degree under sequence
   // parallelism (the plan is in the local sequence s / t), else 1.
   static std::uint64_t seq_unit(const Job& job) noexcept {
