@@ -241,32 +241,37 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "fits",
       [](const py::object& model, const py::object& device, const py::object& capacity, const py::object& headroom,
-         const py::kwargs& kw) {
+         bool reserved, const std::string& allocator_conf, const py::kwargs& kw) {
         ModelArg a = model_arg(model);
         const Device dev = required_device(device, capacity);
         const double h = float_arg(headroom, "headroom");
         const Job j = job_of(kw);
-        const FitResult f = nogil([&] { return fits(resolve(std::move(a)), j, dev, h); });
+        const FitResult f = nogil([&] { return fits(resolve(std::move(a)), j, dev, h, reserved, allocator_conf); });
         py::dict d;
         d["fits"] = f.fits;
         d["required"] = f.required;
+        d["basis"] = f.on_reserved ? "reserved" : "allocated";
         d["limit"] = f.limit;
         d["capacity"] = f.capacity;
         d["estimate"] = estimate_dict(f.estimate);
         return d;
       },
-      py::arg("model"), py::arg("device") = py::none(), py::arg("capacity") = 0, py::arg("headroom") = 0.05);
+      py::arg("model"), py::arg("device") = py::none(), py::arg("capacity") = 0, py::arg("headroom") = 0.05,
+      py::arg("reserved") = false, py::arg("allocator_conf") = "");
 
   m.def(
       "max_micro_batch",
       [](const py::object& model, const py::object& device, const py::object& capacity, const py::object& headroom,
-         const py::object& global_batch, const py::object& data_parallel, const py::kwargs& kw) {
+         const py::object& global_batch, const py::object& data_parallel, bool reserved,
+         const std::string& allocator_conf, const py::kwargs& kw) {
         ModelArg a = model_arg(model);
         const Device dev = required_device(device, capacity);
         SearchOptions o;
         o.headroom = float_arg(headroom, "headroom");
         o.global_batch = u64_arg(global_batch, "global_batch");
         o.data_parallel = u64_arg(data_parallel, "data_parallel");
+        o.reserved = reserved;
+        o.allocator_conf = allocator_conf;
         const Job j = job_of(kw);
         const MaxBatchResult r = nogil([&] { return max_micro_batch(resolve(std::move(a)), j, dev, o); });
         py::dict d = search_dict("max_micro_batch", r.max_micro_batch, r);
@@ -276,11 +281,15 @@ PYBIND11_MODULE(_core, m) {
           d["grad_accum_steps"] = r.grad_accum_steps;
         }
         d["evaluations"] = r.evaluations;
+        if (r.reserved_required) d["reserved_required"] = r.reserved_required;
+        d["basis"] = r.reserved_required ? "reserved" : "allocated";
         return d;
       },
       py::arg("model"), py::arg("device") = py::none(), py::arg("capacity") = 0, py::arg("headroom") = 0.05,
-      py::arg("global_batch") = 0, py::arg("data_parallel") = 1,
-      "The largest micro-batch that fits (0: none) and the estimate there.");
+      py::arg("global_batch") = 0, py::arg("data_parallel") = 1, py::arg("reserved") = false,
+      py::arg("allocator_conf") = "",
+      "The largest micro-batch that fits (0: none) and the estimate there; reserved=True decides on the reserved "
+      "memory + overhead (what nvidia-smi shows), as `membudget max-batch` does.");
 
   m.def(
       "max_sequence_length",

@@ -219,6 +219,18 @@ TEST_CASE("fit and max-batch decide on the reserved memory where the budget has 
   CHECK(!on_reserved.fits);
   CHECK(!on_allocated.on_reserved);
   CHECK(on_allocated.fits);
+  // the API's fits() decides on allocated bytes (microseconds) unless asked for the reserved memory
+  const FitResult quick = fits(m, j, card), strict = fits(m, j, card, 0.05, true);
+  CHECK(quick.fits);
+  CHECK(!quick.on_reserved);
+  CHECK(!strict.fits);
+  CHECK(strict.on_reserved);
+  CHECK(strict.required == with.nvidia_smi());
+  Job fsdp = j;  // no reserved model: the allocated decision stands, and says so
+  fsdp.parallel.fsdp = 2;
+  const FitResult sharded = fits(m, fsdp, card, 0.05, true);
+  CHECK(!sharded.on_reserved);
+  CHECK(sharded.required == estimate(m, fsdp).required);
   // max-batch: the allocated search says 4 fits; the reserved one stops below it
   SearchOptions o;
   const MaxBatchResult a = max_micro_batch(m, j, card, o);

@@ -65,12 +65,17 @@ bytes_t usable_bytes(const Device& device, double headroom = 0.05);
 
 struct FitResult {
   bool fits = false;      // required ≤ limit
-  bytes_t required = 0;   // peak + overhead
+  bytes_t required = 0;   // peak + overhead; reserved_peak + overhead (what nvidia-smi shows) where on_reserved
+  bool on_reserved = false;
   bytes_t limit = 0;      // capacity · (1 − headroom)
   bytes_t capacity = 0;
   Estimate estimate;
 };
-FitResult fits(const ModelSpec& model, const Job& job, const Device& device, double headroom = 0.05);
+// With `reserved`, the fit is decided on the reserved memory (PredictOptions::reserved: the step
+// replayed through the caching allocator, a few milliseconds; `allocator_conf` its
+// PYTORCH_CUDA_ALLOC_CONF) where the job has that model, as `membudget predict --device` decides.
+FitResult fits(const ModelSpec& model, const Job& job, const Device& device, double headroom = 0.05,
+               bool reserved = false, const std::string& allocator_conf = "");
 
 struct SearchOptions {
   double headroom = 0.05;

@@ -264,12 +264,29 @@ std::uint64_t largest_that_fits(const ModelSpec& model, Job& job, std::uint64_t 
   return lo;
 }
 
-FitResult fits(const ModelSpec& model, const Job& job, const Device& device, double headroom) {
+namespace {
+// reserved_peak + overhead of `job`, or 0 where the job has no reserved model (serving, FSDP2).
+bytes_t reserved_required(const ModelSpec& model, const Job& job, const std::string& allocator_conf) {
+  PredictOptions po;
+  po.reserved = true;
+  po.allocator_conf = allocator_conf;
+  const Budget b = predict(model, job, po);
+  return b.nvidia_smi();
+}
+}  // namespace
+
+FitResult fits(const ModelSpec& model, const Job& job, const Device& device, double headroom, bool reserved,
+               const std::string& allocator_conf) {
   FitResult f;
   f.capacity = device.capacity;
   f.limit = usable_bytes(device, headroom);
   f.estimate = estimate(model, job);
   f.required = f.estimate.required;
+  if (reserved)
+    if (const bytes_t r = reserved_required(model, job, allocator_conf)) {
+      f.required = r;
+      f.on_reserved = true;
+    }
   f.fits = f.required <= f.limit;
   return f;
 }
@@ -291,12 +308,9 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
     auto required = [&](std::uint64_t b) {
       Job j = job;
       j.batch = b;
-      PredictOptions po;
-      po.reserved = true;
-      po.allocator_conf = o.allocator_conf;
       ++r.reserved_evaluations;
-      const Budget bud = predict(model, j, po);
-      return bud.reserved_peak ? bud.nvidia_smi() : checked_add(bud.peak, bud.terms.overhead, "peak + overhead");
+      if (const bytes_t need = reserved_required(model, j, o.allocator_conf)) return need;
+      return estimate(model, j).required;  // no reserved model: the allocated figure
     };
     bytes_t at = required(lo);
     if (at > r.limit) {
@@ -350,14 +364,6 @@ MaxSeqResult max_sequence_length(const ModelSpec& model, Job job, const Device& 
 }
 
 namespace {
-// reserved_peak + overhead of `job`, or 0 where the job has no reserved model (serving, FSDP2).
-bytes_t reserved_required(const ModelSpec& model, const Job& job, const std::string& allocator_conf) {
-  PredictOptions po;
-  po.reserved = true;
-  po.allocator_conf = allocator_conf;
-  const Budget b = predict(model, job, po);
-  return b.nvidia_smi();
-}
 
 // sweep(..., reserved): one run of points that differ only in the batch, decided on reserved memory.
 void decide_on_reserved(const ModelSpec& model, Job job, bytes_t limit, const std::string& allocator_conf,

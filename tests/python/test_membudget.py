@@ -82,6 +82,20 @@ def test_max_sequence_length_and_sweep():
     assert all(p["basis"] == "allocated" for p in pts[:4])
 
 
+def test_fits_and_max_micro_batch_on_reserved_memory():
+    at2 = membudget.predict(LLAMA_1B, batch=2, seq=2048, precision="bf16")
+    between = (at2["peak"] + at2["reserved_peak"]) // 2 + at2["terms"]["overhead"]
+    capacity = int(between / 0.95) + 1
+    on_allocated = membudget.fits(LLAMA_1B, capacity=capacity, batch=2, seq=2048, precision="bf16")
+    on_reserved = membudget.fits(LLAMA_1B, capacity=capacity, batch=2, seq=2048, precision="bf16", reserved=True)
+    assert on_allocated["fits"] and on_allocated["basis"] == "allocated"
+    assert not on_reserved["fits"] and on_reserved["basis"] == "reserved"
+    assert on_reserved["required"] == at2["nvidia_smi"]
+    a = membudget.max_micro_batch(LLAMA_1B, capacity=capacity, seq=2048, precision="bf16")
+    r = membudget.max_micro_batch(LLAMA_1B, capacity=capacity, seq=2048, precision="bf16", reserved=True)
+    assert a["max_micro_batch"] >= 2 > r["max_micro_batch"] and r["basis"] == "reserved"
+
+
 def test_sweep_on_reserved_memory():
     # a card between batch 2's allocated and reserved figures: the reserved decision is stricter
     at2 = membudget.predict(LLAMA_1B, batch=2, seq=2048, precision="bf16")
