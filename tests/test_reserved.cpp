@@ -339,7 +339,8 @@ TEST_CASE("CLI sweep: fits on reserved by default with a device, --fit-on alloca
   CHECK(on_reserved["points"][1].contains("reserved_required"));
   const auto a = test::run_cli(base + " --fit-on allocated 2>/dev/null");
   REQUIRE(a.exit_code == 0);
-  for (const auto& p : nlohmann::json::parse(a.out)["points"]) {
+  const auto on_allocated = nlohmann::json::parse(a.out);  // (kept: a loop over a temporary's member dangles)
+  for (const auto& p : on_allocated["points"]) {
     CHECK(p["basis"] == "allocated");
     CHECK(!p.contains("reserved_required"));
   }
