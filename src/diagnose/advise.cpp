@@ -120,10 +120,13 @@ struct Context {
   std::deque<std::pair<Job, Budget>> predictions;  // a deque keeps references to its budgets valid
   const Budget& base;
   const bytes_t base_peak;
+  bytes_t base_required = 0;  // what the job as it is requires (requirement(), set once)
 
   Context(const ModelSpec& m, const Job& j, const Device& d, double h, std::string conf)
       : model(m), job(j), device(d), headroom(h), allocator_conf(std::move(conf)), base(predicted(j)),
-        base_peak(peak(Plan{j})) {}
+        base_peak(peak(Plan{j})) {
+    base_required = requirement(Plan{j}).required;
+  }
 
   const Budget& predicted(const Job& j) {
     for (const auto& [k, b] : predictions)
@@ -218,7 +221,7 @@ Fix evaluate(Context& c, const FixRow& row) {
     if (row.sizes) return best_size(c, row);  // reported at its best size, saving or not
     f = measure_row(c, row);
     // a saving on either basis counts; a fix decided on allocated bytes is compared on those
-    if (f.peak >= c.base_peak && (!f.on_reserved || f.required >= c.requirement(Plan{c.job}).required)) {
+    if (f.peak >= c.base_peak && (!f.on_reserved || f.required >= c.base_required)) {
       f.skipped = true;
       f.note = "no saving predicted: neither the peak (" + c.base.peak_phase + ") nor the memory it requires " +
                "changes (" + f.note + ")";
@@ -237,7 +240,7 @@ Fix evaluate(Context& c, const FixRow& row) {
 std::optional<Fix> combined(Context& c, const std::vector<FixRow>& rows, const std::vector<Fix>& fixes) {
   for (const Fix& f : fixes)
     if (!f.skipped && f.fits && f.cost_class <= CostClass::numerics) return std::nullopt;
-  if (fits(c.requirement(Plan{c.job}).required, c.device, c.headroom)) return std::nullopt;
+  if (fits(c.base_required, c.device, c.headroom)) return std::nullopt;
   std::vector<const FixRow*> stack;
   for (std::size_t i = 0; i < rows.size(); ++i)
     if (rows[i].stackable && !fixes[i].skipped) stack.push_back(&rows[i]);

@@ -76,6 +76,7 @@ struct Sample {
 struct PredictedStream {
   Job job;  // the budget's job, at the rank it is for
   bool serving = false;
+  std::array<detail::SimTrace, 2> traces;  // step 0 (training only) and the drawn step
   std::vector<Sample> samples;
   std::vector<std::pair<std::size_t, Phase>> phase_starts;
 };
@@ -86,10 +87,9 @@ PredictedStream predicted_stream(const ModelSpec& model, const Budget& b) {
   out.job = b.job;
   if (!out.job.parallel.single()) out.job.parallel.rank = b.rank;  // the rank the budget is for
   out.serving = out.job.mode == Mode::infer;
-  std::array<detail::SimTrace, 2> traces;
-  if (out.serving) detail::simulate_serving(model, out.job, false, &traces[1]);  // the prefill and a decode step
-  else detail::simulate_torch_train(model, out.job, false, nullptr, &traces);
-  const detail::SimTrace& tr = traces[1];  // the steady step
+  if (out.serving) detail::simulate_serving(model, out.job, false, &out.traces[1]);  // the prefill and a decode step
+  else detail::simulate_torch_train(model, out.job, false, nullptr, &out.traces);
+  const detail::SimTrace& tr = out.traces[1];  // the steady step
   Sample live;
   std::size_t phase_events = 0;
   for (const detail::SimTrace::Event& ev : tr.events) {
@@ -138,7 +138,7 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
   std::vector<bytes_t> reserved;
   if (!b.reserved.empty()) {
     const detail::AllocatorConf conf = allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(allocator_conf);
-    reserved = detail::reserved_timeline(model, job, conf.policy);
+    reserved = detail::reserved_timeline(stream.traces, job, conf.policy);  // the stream drawn, not simulated again
     if (reserved.size() != samples.size())  // the same stream, event for event
       throw std::logic_error("--plot: the reserved replay saw " + std::to_string(reserved.size()) +
                              " events, the timeline " + std::to_string(samples.size()));

@@ -191,9 +191,7 @@ std::string predicted_snapshot_pickle(const ModelSpec& m, const Job& job, const 
   return measure::snapshot_pickle(replay.allocator());
 }
 
-std::vector<bytes_t> reserved_timeline(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
-  std::array<SimTrace, 2> traces;
-  simulate_torch_train(m, job, false, nullptr, &traces);
+std::vector<bytes_t> reserved_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy) {
   Replay replay(job, policy);
   std::array<bytes_t, 4> phases{};
   std::vector<bytes_t> timeline;

@@ -28,9 +28,11 @@ struct ReservedResult {
 // CachingAllocator on fake device memory (addresses only) with `policy`.
 ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
 
-// The same replay's memory_reserved() after each allocation or free of the steady step, from its
-// first phase start on: one value per event, as predict --plot samples the stream.
-std::vector<bytes_t> reserved_timeline(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
+// The same replay of step 0 and the steady step as simulate_torch_train recorded them (`traces`),
+// giving memory_reserved() after each allocation or free of the steady step from its first phase
+// start on: one value per event, as predict --plot samples the stream it drew from those traces.
+struct SimTrace;
+std::vector<bytes_t> reserved_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy);
 
 // PYTORCH_CUDA_ALLOC_CONF ("expandable_segments:True,max_split_size_mb:128") into a policy.
 // garbage_collection_threshold is accepted and kept (it only acts near the memory fraction's limit,
