@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "membudget/budget.hpp"
 #include "membudget/spec.hpp"
 
 namespace test {
@@ -69,6 +70,14 @@ inline membudget::ModelSpec toy_llama_variant(std::uint64_t L) {
   m.norms_per_layer = L >= 10 ? 4 : 2;
   m.tied_embeddings = L % 2 == 1;
   return m;
+}
+
+// A card whose usable bytes (capacity · 0.95) lie halfway between `b`'s allocated requirement
+// (peak + overhead) and its reserved one (reserved_peak + overhead): the step fits by allocated
+// bytes and not by what nvidia-smi will show. `b` must carry the reserved memory.
+inline membudget::Device card_between_allocated_and_reserved(const membudget::Budget& b, std::string name = "between") {
+  const membudget::bytes_t between = (b.peak + b.reserved_peak) / 2 + b.terms.overhead;
+  return {std::move(name), static_cast<membudget::bytes_t>(static_cast<double>(between) / 0.95) + 1};
 }
 
 struct RunResult {

@@ -383,8 +383,7 @@ TEST_CASE("advise decides on the reserved memory where the fix is a job with a r
   const Budget base = predict(spec, job, po);
   REQUIRE(base.reserved_peak > base.peak);
   // a card the step fits by allocated bytes and not by what nvidia-smi will show
-  const bytes_t between = (base.peak + base.reserved_peak) / 2 + base.terms.overhead;
-  const Device card{"between", static_cast<bytes_t>(static_cast<double>(between) / 0.95) + 1};
+  const Device card = test::card_between_allocated_and_reserved(base);
   REQUIRE(fits_by_hand(base.peak + base.terms.overhead, card, 0.05));
   const auto fixes = advise(spec, job, card, 0.05);
   int on_reserved = 0;

@@ -210,8 +210,7 @@ TEST_CASE("fit and max-batch decide on the reserved memory where the budget has 
   const Budget with = predict(m, j, po), without = predict(m, j);
   REQUIRE(with.reserved_peak > with.peak);
   // a card between the two: the allocated figure fits, what nvidia-smi will show does not
-  const bytes_t between = (with.peak + with.reserved_peak) / 2 + with.terms.overhead;
-  const Device card{"between", static_cast<bytes_t>(static_cast<double>(between) / 0.95) + 1};
+  const Device card = test::card_between_allocated_and_reserved(with);
   const Fit on_reserved = check_fit(with, card), on_allocated = check_fit(without, card);
   CHECK(on_reserved.on_reserved);
   CHECK(on_reserved.required == with.nvidia_smi());
@@ -251,8 +250,7 @@ TEST_CASE("fit and max-batch decide on the reserved memory where the budget has 
   one.batch = 1;
   one.seq = 128;
   const Budget at1 = predict(m, one, po);
-  const bytes_t between1 = (at1.peak + at1.reserved_peak) / 2 + at1.terms.overhead;
-  const Device small{"small", static_cast<bytes_t>(static_cast<double>(between1) / 0.95) + 1};
+  const Device small = test::card_between_allocated_and_reserved(at1, "small");
   SearchOptions allocated_only;
   REQUIRE(max_micro_batch(m, one, small, allocated_only).max_micro_batch > 1);
   const MaxBatchResult none = max_micro_batch(m, one, small, o);
@@ -272,8 +270,7 @@ TEST_CASE("sweep decides on the reserved memory: the boundary max-batch finds, a
   four.seq = 2048;
   const Budget at4 = predict(m, four, po);
   REQUIRE(at4.reserved_peak > at4.peak);
-  const bytes_t between = (at4.peak + at4.reserved_peak) / 2 + at4.terms.overhead;
-  const Device card{"between", static_cast<bytes_t>(static_cast<double>(between) / 0.95) + 1};
+  const Device card = test::card_between_allocated_and_reserved(at4);
   SweepGrid g;
   g.batches = {8, 1, 2, 3, 4, 5, 6};  // not sorted: runs are searched by batch, not by position
   g.seqs = {1024, 2048};
