@@ -28,6 +28,9 @@ Strategies (a case's "strategy"), with the mapping membudget's flags make onto t
     hsdp    FSDP2 over a 2-D mesh (replicate R × shard W/R); --dp R --fsdp W/R.
     fsdp_tp torchtitan's 2-D layout: the "tp" plan over "tp" ranks within, FSDP2 over W / tp
             across (a ("dp", "tp") mesh; the model sharded on the meta device); --fsdp W/tp --tp tp.
+            With "replicate" R > 1 the mesh is ("replicate", "shard", "tp") of R × W/(R·tp) × tp
+            and FSDP2 runs over the ("replicate", "shard") sub-mesh: HSDP with TP,
+            --dp R --fsdp W/(R·tp) --tp tp.
     tp      DTensor tensor parallel over W ranks (q/k/v/gate/up ColwiseParallel, o/down
             RowwiseParallel, the rest replicated); --tp W. "sp": true adds sequence parallel;
             "loss_parallel": true keeps lm_head's output sharded on the vocabulary
@@ -190,11 +193,17 @@ def build(case, cfgd):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         T = int(case["tp"])
-        mesh = init_device_mesh("cuda", (W // T, T), mesh_dim_names=("dp", "tp"))
+        R = int(case.get("replicate") or 1)
+        if R > 1:  # HSDP within the data-parallel ranks: replicate × shard, TP innermost
+            mesh = init_device_mesh("cuda", (R, W // (R * T), T), mesh_dim_names=("replicate", "shard", "tp"))
+            dp_mesh = mesh["replicate", "shard"]
+        else:
+            mesh = init_device_mesh("cuda", (W // T, T), mesh_dim_names=("dp", "tp"))
+            dp_mesh = mesh["dp"]
         apply_tp(model, mesh["tp"], case)
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if amp else MixedPrecisionPolicy())
-        kw = {"mesh": mesh["dp"], "reshard_after_forward": bool(case["reshard"]), "mp_policy": mp}
+        kw = {"mesh": dp_mesh, "reshard_after_forward": bool(case["reshard"]), "mp_policy": mp}
         for layer in model.model.layers:
             fully_shard(layer, **kw)
         fully_shard(model, **kw)

@@ -28,9 +28,16 @@ tools/torch_profile_step.py. `actions` lists every action of the steady step in 
 [kind, microbatch, peak during it, allocated after it].
 
 Matrix file: {"defaults": {...}, "cases": [{"name", "config", "overrides", "batch", "seq",
-"precision", "recompute", "stages", "stage", "microbatches", "schedule" (gpipe | 1f1b),
-"layers" (per-stage layer counts; default an even split, the first stages taking the
-remainder), "snapshot": {"step": N}}]}.
+"precision", "recompute", "stages", "stage", "microbatches", "schedule" (gpipe | 1f1b |
+interleaved), "virtual_stages" (interleaved: V stage modules per rank), "layers" (per-stage layer
+counts over all stages; default an even split, the first stages taking the remainder),
+"snapshot": {"step": N}}]}.
+
+Interleaved 1F1B (ScheduleInterleaved1F1B): rank r holds the V stage modules r, r + N, …,
+r + (V−1)·N of an N·V-stage pipeline (the layers split over all N·V stages), each its own
+PipelineStage, with one AdamW per stage module as torchtitan's OptimizersContainer keeps one per
+model part. `pipeline_order` records the schedule's own action list for the rank, and each action
+in `actions` names its stage: [kind, microbatch, peak, allocated after, stage].
 """
 from __future__ import annotations
 
@@ -47,6 +54,7 @@ import torch_profile_dist as dist_tool  # noqa: E402
 
 DEFAULTS = {"precision": "bf16", "recompute": "none", "attention": "flash", "steps": 4, "warmup": 2,
             "overrides": None, "stages": 2, "stage": 0, "microbatches": 4, "schedule": "1f1b", "layers": None,
+            "virtual_stages": 1,
             "batch": 1, "seq": 2048}
 
 
@@ -97,44 +105,52 @@ def loss_fn(pred, labels):
 def build(case, cfgd):
     import torch
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     from transformers import AutoModelForCausalLM
 
     S, si, M = int(case["stages"]), int(case["stage"]), int(case["microbatches"])
-    layers = split_layers(int(cfgd["num_hidden_layers"]), S, case.get("layers"))
-    first, last = si == 0, si == S - 1
+    V = int(case.get("virtual_stages") or 1) if case["schedule"] == "interleaved" else 1
+    layers = split_layers(int(cfgd["num_hidden_layers"]), S * V, case.get("layers"))
     dist_tool.init_pg(si, S)
     dist.batch_isend_irecv = lambda ops: []  # the fake group moves nothing; see the docstring
-    d = dict(cfgd)
-    d["num_hidden_layers"] = layers[si]
-    cfg = common.make_config(d)
     dtype = common.torch_dtype("bf16" if case["precision"] == "bf16" else "fp32")
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        lm = AutoModelForCausalLM.from_config(cfg, attn_implementation=common.ATTENTION_IMPL[case["attention"]],
-                                              dtype=dtype)
-    if case["recompute"] == "full":
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mod = stage_module_class()(lm, first, last)
-    del lm
-    mod.to_empty(device="cuda")
-    with torch.no_grad():
-        for p in mod.parameters():
-            p.normal_(0.0, 0.02)
-        for _, b in mod.named_buffers():
-            if b.is_floating_point():
-                b.uniform_(1e-4, 1e-2)  # rotary inv_freq
-    mod.train()
-    b, s, h, V = int(case["batch"]), int(case["seq"]), int(cfgd["hidden_size"]), int(cfgd["vocab_size"])
+    b, s, h, V_ = int(case["batch"]), int(case["seq"]), int(cfgd["hidden_size"]), int(cfgd["vocab_size"])
     meta = torch.device("meta")
-    x_meta = torch.empty(b, s, dtype=torch.long, device=meta) if first else torch.empty(b, s, h, dtype=dtype, device=meta)
-    y_meta = torch.empty(b, s, V, dtype=dtype, device=meta) if last else torch.empty(b, s, h, dtype=dtype, device=meta)
-    stage = PipelineStage(mod, si, S, torch.device("cuda", torch.cuda.current_device()), input_args=(x_meta,),
-                          output_args=(y_meta,))
-    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[case["schedule"]]
-    sched = cls(stage, n_microbatches=M, loss_fn=loss_fn)
-    opt = torch.optim.AdamW(mod.parameters(), lr=1e-5)
-    return mod, stage, sched, opt, layers
+    torch.manual_seed(0)
+    mods, stages = [], []
+    for v in range(V):  # this rank's stage modules: stages si, si + S, …
+        idx = si + v * S
+        first, last = idx == 0, idx == S * V - 1
+        d = dict(cfgd)
+        d["num_hidden_layers"] = layers[idx]
+        cfg = common.make_config(d)
+        with torch.device("meta"):
+            lm = AutoModelForCausalLM.from_config(cfg, attn_implementation=common.ATTENTION_IMPL[case["attention"]],
+                                                  dtype=dtype)
+        if case["recompute"] == "full":
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        mod = stage_module_class()(lm, first, last)
+        del lm
+        mod.to_empty(device="cuda")
+        with torch.no_grad():
+            for p in mod.parameters():
+                p.normal_(0.0, 0.02)
+            for _, buf in mod.named_buffers():
+                if buf.is_floating_point():
+                    buf.uniform_(1e-4, 1e-2)  # rotary inv_freq
+        mod.train()
+        x_meta = torch.empty(b, s, dtype=torch.long, device=meta) if first else torch.empty(b, s, h, dtype=dtype, device=meta)
+        y_meta = torch.empty(b, s, V_, dtype=dtype, device=meta) if last else torch.empty(b, s, h, dtype=dtype, device=meta)
+        stages.append(PipelineStage(mod, idx, S * V, torch.device("cuda", torch.cuda.current_device()),
+                                    input_args=(x_meta,), output_args=(y_meta,)))
+        mods.append(mod)
+    if case["schedule"] == "interleaved":
+        sched = ScheduleInterleaved1F1B(stages, n_microbatches=M, loss_fn=loss_fn)
+    else:
+        cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[case["schedule"]]
+        sched = cls(stages[0], n_microbatches=M, loss_fn=loss_fn)
+    opt = dist_tool.Opts([torch.optim.AdamW(m.parameters(), lr=1e-5) for m in mods])
+    return torch.nn.ModuleList(mods), stages, sched, opt, layers
 
 
 class ActionTracker:
@@ -159,12 +175,12 @@ class ActionTracker:
         self.peaks[k] = max(self.peaks[k], p)
         self.kind = kind
 
-    def leave(self, kind, mb):
+    def leave(self, kind, mb, stage_index):
         import torch
 
         p = self._read()
         self.peaks[kind] = max(self.peaks[kind], p)
-        self.actions.append([kind, int(mb), p, torch.cuda.memory_allocated()])
+        self.actions.append([kind, int(mb), p, torch.cuda.memory_allocated(), int(stage_index)])
 
     def wrap(self, obj, name, kind):
         fn = getattr(obj, name)
@@ -172,14 +188,14 @@ class ActionTracker:
         def wrapped(mb, *a, **k):
             self.enter(kind)
             out = fn(mb, *a, **k)
-            self.leave(kind, mb)
+            self.leave(kind, mb, obj.stage_index)
             return out
 
         setattr(obj, name, wrapped)
         return fn
 
 
-def run_step(mod, stage, sched, opt, x, rec, case, snap_path):
+def run_step(mod, stages, sched, opt, x, rec, case, snap_path):
     import torch
 
     cuda = torch.cuda
@@ -192,8 +208,8 @@ def run_step(mod, stage, sched, opt, x, rec, case, snap_path):
     rec["reserved_at_start"] = cuda.memory_reserved()
     cuda.reset_peak_memory_stats()
     tr = ActionTracker()
-    fwd = tr.wrap(stage, "forward_one_chunk", "forward")
-    bwd = tr.wrap(stage, "backward_one_chunk", "backward")
+    originals = [(st, tr.wrap(st, "forward_one_chunk", "forward"), tr.wrap(st, "backward_one_chunk", "backward"))
+                 for st in stages]
     t0 = time.perf_counter()
     rec["phase"] = "schedule"
     if si == 0:
@@ -206,7 +222,8 @@ def run_step(mod, stage, sched, opt, x, rec, case, snap_path):
     else:
         sched.step()
     tr.enter("backward")  # the tail after the last action
-    stage.forward_one_chunk, stage.backward_one_chunk = fwd, bwd
+    for st, fwd, bwd in originals:
+        st.forward_one_chunk, st.backward_one_chunk = fwd, bwd
     cuda.synchronize()
     t1 = time.perf_counter()
     rec["forward_peak"] = tr.peaks["forward"]
@@ -242,12 +259,15 @@ def run_case(case, snapshot_dir):
 
     res = {"name": case["name"], "status": "running", "job": {k: v for k, v in case.items() if k != "snapshot"}}
     cfgd = common.load_config_dict(case["config"], case.get("overrides"))
-    steps, mod, stage, sched, opt, x = [], None, None, None, None, None
+    steps, mod, stages, sched, opt, x = [], None, None, None, None, None
     res["steps"] = steps
     t0 = time.perf_counter()
     try:
         common.clean_cuda()
-        mod, stage, sched, opt, layers = build(case, cfgd)
+        mod, stages, sched, opt, layers = build(case, cfgd)
+        order = getattr(sched, "pipeline_order", None)
+        if order is not None:  # the schedule's own plan for this rank (None: an idle slot)
+            res["pipeline_order"] = [str(a) if a is not None else None for a in order[int(case["stage"])]]
         res["model"] = {"num_hidden_layers": cfgd["num_hidden_layers"], "stage_layers": layers,
                         "vocab_size": cfgd["vocab_size"]}
         res["model"].update(dist_tool.local_param_stats(mod))
@@ -262,9 +282,9 @@ def run_case(case, snapshot_dir):
             path = None
             if snap and snapshot_dir and snap.get("step") == i:
                 path = os.path.join(snapshot_dir, case["name"].replace("/", "_") + ".pickle")
-            run_step(mod, stage, sched, opt, x, rec, case, path)
+            run_step(mod, stages, sched, opt, x, rec, case, path)
             if i == 0:
-                res["optimizer_state_bytes"] = dist_tool.state_bytes([opt])
+                res["optimizer_state_bytes"] = dist_tool.state_bytes(opt.opts)
         res["status"] = "ok"
     except torch.cuda.OutOfMemoryError as e:
         res["status"] = "oom"
@@ -274,7 +294,7 @@ def run_case(case, snapshot_dir):
         res["error"] = "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc()[-4000:])
     finally:
         res["wall_s"] = time.perf_counter() - t0
-        del mod, stage, sched, opt, x
+        del mod, stages, sched, opt, x
         gc.collect()
         torch.cuda.synchronize()
         if dist.is_initialized():
