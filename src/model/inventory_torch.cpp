@@ -10,6 +10,7 @@
 // optimizer. Each op below says which framework behaviour it models. Phase names follow
 // tools/torch_profile_step.py.
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -78,15 +79,18 @@ struct Step {
   TensorId cos = kNone, sin = kNone;
   // autocast's cache of bf16 weight copies: parameter → copy (valid while autocast is active)
   std::vector<std::pair<TensorId, TensorId>> cast_cache{};
-  // The decoder layers this step runs are the model's [first_layer, first_layer + d.L): all of
-  // them, or a pipeline stage's (pipeline.hpp). layers[i] is layer first_layer + i.
-  std::size_t first_layer = 0;
+  // The decoder layers this step runs: all of the model's (layers[i] is model layer i), or a
+  // pipeline rank's, chunk after chunk (pipeline.hpp): layers[i] is model layer model_layers[i].
+  std::vector<std::size_t> model_layers{};
+  std::size_t model_layer(std::size_t i) const { return model_layers.empty() ? i : model_layers[i]; }
   // transformers' DynamicCache while training (use_cache); a pipeline stage runs without one
   bool dynamic_cache = true;
   std::vector<TensorId> layer_inputs{};  // checkpoint keeps each layer's input (by recompute region)
-  // Each recorded graph's rotary cos/sin (a pipeline stage records one graph per microbatch; the
-  // recompute of region r runs in graph r / d.L)
+  // Each recorded graph's rotary cos/sin (a pipeline stage records one graph per microbatch and
+  // chunk), and each checkpointed layer's (graph, layer): the recompute of region r runs layer
+  // recompute_sites[r].second on graph recompute_sites[r].first's cos/sin.
   std::vector<std::pair<TensorId, TensorId>> graph_rotary{};
+  std::vector<std::pair<std::size_t, std::size_t>> recompute_sites{};
   const PipelineStage* stage = nullptr;  // a pipeline stage's step (pipeline.hpp), else the whole model
   std::vector<TensorId> kv_cache{};     // DynamicCache entries (use_cache=True while training)
   std::vector<TensorId> router_logits{};  // output_router_logits: every MoE layer's logits, for the aux loss
@@ -369,7 +373,7 @@ struct Step {
     // causal_mask_mapping[layer.attention_type]. The full layers' create_causal_mask is skipped for
     // SDPA (no padding, no local window: _ignore_causal_mask_sdpa), so only the sliding layers see
     // the mask, repeat their keys and values and save the additive mask.
-    layer_masked = masked && m.sliding_layer(first_layer + i);
+    layer_masked = masked && m.sliding_layer(model_layer(i));
     // residual = hidden_states; hidden_states = input_layernorm(hidden_states)
     TensorId n1 = stream_norm(x, p.norm1, "input_layernorm output");
     TensorId n1_local = kNone;  // SP: the local norm output, held until self_attn returns
@@ -384,7 +388,7 @@ struct Step {
     if (sp()) n2 = sp_all_gather(n2_local = n2, "SP all-gather of post_attention_layernorm output (saved by gate/up)");
     // MLP (TorchOps::mlp, or TorchOps::moe on a mixture-of-experts layer) through this step's
     // linear: autocast casts and LoRA adapters
-    TensorId dn = m.moe_layer(first_layer + i) ? moe(p, n2) : ops().mlp(n2, r.compute, r.compute_name,
+    TensorId dn = m.moe_layer(model_layer(i)) ? moe(p, n2) : ops().mlp(n2, r.compute, r.compute_name,
                             [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
                               switch (mod) {
                                 case Module::gate_up: return linear(in_x, in, out, p.gate, kNone, name, shape);
@@ -864,12 +868,13 @@ void rotary_embeddings(Step& st) {
   st.graph_rotary.push_back({st.cos, st.sin});
 }
 
-// The decoder layers on x (which they consume): each layer's output replaces its input. Under
-// torch.utils.checkpoint(use_reentrant=False) the saved tensors are dropped and the layer input
-// (held by the checkpoint frame) is kept; backward re-runs the layer first (recompute_layer).
-TensorId decoder_layers(Step& st, TensorId x, bool checkpoint) {
+// The decoder layers [begin, end) on x (which they consume; default all): each layer's output
+// replaces its input. Under torch.utils.checkpoint(use_reentrant=False) the saved tensors are
+// dropped and the layer input (held by the checkpoint frame) is kept; backward re-runs the layer
+// first (recompute_layer).
+TensorId decoder_layers(Step& st, TensorId x, bool checkpoint, std::size_t begin = 0, std::size_t end = SIZE_MAX) {
   auto& sim = st.sim;
-  for (std::size_t i = 0; i < st.d.L; ++i) {
+  for (std::size_t i = begin; i < std::min<std::size_t>(end, st.d.L); ++i) {
     TensorId out = kNone;
     sim.set_section(static_cast<int>(i) + 1);  // plans: layer i's section
     st.dp->pre_forward(i + 1);
@@ -880,6 +885,7 @@ TensorId decoder_layers(Step& st, TensorId x, bool checkpoint) {
       sim.set_discard_saves(false);
       sim.add_recompute_region(first, sim.node_count(), static_cast<int>(st.layer_inputs.size()));
       st.layer_inputs.push_back(x);  // keep holding x
+      st.recompute_sites.push_back({st.graph_rotary.size() - 1, i});
     } else {
       st.layer(i, x, &out);
       sim.drop(x);
@@ -1018,22 +1024,24 @@ constexpr const char* kOutputChunk = "pipeline: the stage's output chunks (logit
 // sin; the stage's decoder layers, with no attention mask and no KV cache; on the last stage the
 // final norm and lm_head. Returns the stage's output: the logits on the last stage, else the hidden
 // states sent on.
-TensorId stage_forward(Step& st, const PipelineStage& stage, TensorId input, bool checkpoint) {
+TensorId stage_forward(Step& st, const PipelineStage& stage, std::size_t chunk, TensorId input, bool checkpoint) {
   auto& sim = st.sim;
   TensorId x = input;
-  if (stage.first()) {
+  std::size_t begin = 0;  // the chunk's layers in st.layers
+  for (std::size_t c = 0; c < chunk; ++c) begin += static_cast<std::size_t>(stage.chunks[c].layers);
+  if (stage.chunk_first(chunk)) {
     TensorId unscaled = kNone;  // (Gemma's scale is refused under --pp: check_pipeline)
     x = embed_tokens(st, &unscaled);
   } else {
     sim.hold(x);  // the layers consume their input; the buffer stays the stage's
   }
   rotary_embeddings(st);
-  x = decoder_layers(st, x, checkpoint);
+  x = decoder_layers(st, x, checkpoint, begin, begin + static_cast<std::size_t>(stage.chunks[chunk].layers));
   if (!checkpoint) {  // the stage's forward returns; checkpointed layers keep cos/sin until their recompute
     sim.drop(st.cos);
     sim.drop(st.sin);
   }
-  if (!stage.last()) return x;
+  if (!stage.chunk_last(chunk)) return x;
   TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
   sim.drop(x);
   TensorId logits = st.linear(hn, st.d.h, st.d.V, st.lm_head, kNone, kOutputChunk, "b·s·V");
@@ -1066,10 +1074,10 @@ TensorId pipeline_loss(Step& st, TensorId logits) {
 void recompute_layer(AutogradSim& sim, void* ctx, int region) {
   Step& st = *static_cast<Step*>(ctx);
   TensorId out = kNone;
-  const std::size_t graph = static_cast<std::size_t>(region) / st.d.L;
+  const auto [graph, layer] = st.recompute_sites.at(static_cast<std::size_t>(region));
   std::tie(st.cos, st.sin) = st.graph_rotary.at(graph);
   // checkpoint restores the autocast state: weights are cast again into a fresh cache
-  st.layer(static_cast<std::size_t>(region) % st.d.L, st.layer_inputs[region], &out);
+  st.layer(layer, st.layer_inputs[region], &out);
   st.clear_cast_cache();
   sim.drop(out);
   sim.drop(st.layer_inputs[region]);  // the checkpoint frame releases its input
@@ -1281,7 +1289,7 @@ void build_parameters(Step& st) {
   if (!stage || stage->first()) st.emb = P(outer.front(), 0);
   st.layers.resize(st.d.L);
   for (std::size_t il = 0; il < st.layers.size(); ++il)
-    for (const ParamTensor& t : m.layer_tensors(st.first_layer + il)) {
+    for (const ParamTensor& t : m.layer_tensors(st.model_layer(il))) {
       TensorId* slot = slot_of(st.layers[il], t);
       if (!slot) throw Error(ErrorKind::unsupported, std::string("internal: no inventory slot for ") + to_string(t.module));
       *slot = P(t, il + 1);
@@ -1289,7 +1297,7 @@ void build_parameters(Step& st) {
     }
   if (rank)  // peft adds the adapters after the model is built, on every decoder projection
     for (std::size_t il = 0; il < st.layers.size(); ++il)
-      for (const ParamTensor& t : m.layer_tensors(st.first_layer + il))
+      for (const ParamTensor& t : m.layer_tensors(st.model_layer(il)))
         if (Adapter* a = t.projection() ? adapter_of(st.layers[il], t.module) : nullptr) {
           a->a = sim.param("LoRA adapters (fp32)", mul(rank, t.in, 4), Term::model_states, "fp32", true, Role::adapter);
           a->b = sim.param("LoRA adapters (fp32)", mul(t.out, rank, 4), Term::model_states, "fp32", true, Role::adapter);
@@ -1390,13 +1398,18 @@ struct Trainable {
   std::uint64_t elements = 0, largest = 0, per_step_call = 0;
 };
 Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l, const PipelineStage* stage) {
-  if (stage) {  // the stage's own parameters
-    std::uint64_t n = 0, largest = 0;
-    for (const ParamTensor& t : stage_tensors(sizing, *stage)) {
-      n = checked_add(n, t.elements(), "pipeline stage parameters");
-      largest = std::max(largest, t.elements());
+  if (stage) {  // the stage modules' own parameters, each module stepped by its own optimizer
+    std::uint64_t n = 0, largest = 0, per_call = 0;
+    for (std::size_t c = 0; c < stage->chunks.size(); ++c) {
+      std::uint64_t module = 0;
+      for (const ParamTensor& t : stage_tensors(sizing, *stage, c)) {
+        module = checked_add(module, t.elements(), "pipeline stage parameters");
+        largest = std::max(largest, t.elements());
+      }
+      n = checked_add(n, module, "pipeline stage parameters");
+      per_call = std::max(per_call, module);
     }
-    return {n, largest, n};
+    return {n, largest, per_call};
   }
   if (job.lora_rank) {
     const std::uint64_t n = lora_parameters(sizing, job.lora_rank);
@@ -1478,7 +1491,9 @@ class TrainPass {
     d.hd = m.head_dim; d.L = m.num_layers;
     if (stage_) {  // a pipeline stage: its layers, no DynamicCache (stage_forward)
       st_.stage = &*stage_;
-      st_.first_layer = stage_->first_layer;
+      for (const PipelineStage::Chunk& c : stage_->chunks)
+        for (std::uint64_t il = c.first_layer; il < c.first_layer + c.layers; ++il)
+          st_.model_layers.push_back(static_cast<std::size_t>(il));
       st_.dynamic_cache = false;
       d.L = stage_->layers;
     }
@@ -1553,23 +1568,29 @@ class TrainPass {
     for (TensorId t : previous_chunks_) sim_.drop(t);  // clear_runtime_states
     previous_chunks_.clear();
     struct Graph {
-      std::size_t first = 0, end = 0;
+      std::size_t first = 0, end = 0, rotary = 0;  // its nodes, its cos/sin (graph_rotary)
       TensorId root = kNone;  // the loss (last stage) or the output sent on
     };
-    std::vector<Graph> graphs(static_cast<std::size_t>(ps.microbatches));
+    const std::size_t M = static_cast<std::size_t>(ps.microbatches);
+    std::vector<Graph> graphs(ps.chunks.size() * M);  // [chunk · M + microbatch]
     std::vector<TensorId> chunks, losses;
-    TensorId pending_input_grad = kNone;  // a non-first stage's input gradient still referenced by the schedule
+    // each stage module's last input gradient (PipelineStage.grads_input), still referenced until
+    // the module's next backward replaces it
+    std::vector<TensorId> pending_input_grad(ps.chunks.size(), kNone);
     bool autograd_workspace = steady_;
     bytes_t most_in_flight = 0;
     for (const PipelineAction& a : schedule_actions(ps)) {
       const Phase phase = a.forward ? Phase::forward_peak : Phase::backward_peak;
       if (phase != current) sim_.begin_phase(current = phase);
-      Graph& g = graphs[static_cast<std::size_t>(a.microbatch)];
-      const TensorId recv = ps.first() ? kNone : recv_[static_cast<std::size_t>(a.microbatch)];
+      const std::size_t mb = static_cast<std::size_t>(a.microbatch);
+      Graph& g = graphs[a.chunk * M + mb];
+      const bool first = ps.chunk_first(a.chunk), last = ps.chunk_last(a.chunk);
+      const TensorId recv = first ? kNone : recv_[a.chunk][mb];
       if (a.forward) {
         g.first = sim_.node_count();
-        const TensorId out = stage_forward(st_, ps, recv, checkpointed());
-        if (ps.last()) {
+        const TensorId out = stage_forward(st_, ps, a.chunk, recv, checkpointed());
+        g.rotary = st_.graph_rotary.size() - 1;
+        if (last) {
           chunks.push_back(out);  // output_chunks holds the logits (their one reference)
           g.root = pipeline_loss(st_, out);
         } else {
@@ -1585,21 +1606,23 @@ class TrainPass {
       if (!autograd_workspace) cublas_workspace();  // the autograd thread's handle, at step 0's first backward
       autograd_workspace = true;
       // ScheduleGPipe releases the previous microbatch's gradient send before the next backward;
-      // Schedule1F1B keeps it until that backward has run.
+      // Schedule1F1B and interleaved 1F1B keep it until the module's next backward has run.
+      TensorId& pending = pending_input_grad[a.chunk];
       const bool release_first = ps.schedule == PipelineSchedule::gpipe;
-      if (release_first && pending_input_grad != kNone) sim_.drop_grad(std::exchange(pending_input_grad, kNone));
-      const TensorId seed = ps.last() ? kNone : grad_recv_[static_cast<std::size_t>(a.microbatch)];
+      if (release_first && pending != kNone) sim_.drop_grad(std::exchange(pending, kNone));
+      const TensorId seed = last ? kNone : grad_recv_[a.chunk][mb];
       sim_.backward(g.root, {g.first, g.end, seed, recv}, checkpointed() ? recompute_layer : nullptr, &st_);
-      if (ps.last()) losses.push_back(g.root);  // the schedule's list of losses
+      if (last) losses.push_back(g.root);  // the schedule's list of losses
       else sim_.drop(g.root);
       if (checkpointed()) {  // the checkpoint frames held this microbatch's cos and sin
-        sim_.drop(st_.graph_rotary[static_cast<std::size_t>(a.microbatch)].first);
-        sim_.drop(st_.graph_rotary[static_cast<std::size_t>(a.microbatch)].second);
+        sim_.drop(st_.graph_rotary[g.rotary].first);
+        sim_.drop(st_.graph_rotary[g.rotary].second);
       }
-      if (pending_input_grad != kNone) sim_.drop_grad(pending_input_grad);
-      pending_input_grad = recv;
+      if (pending != kNone) sim_.drop_grad(pending);
+      pending = recv;
     }
-    if (pending_input_grad != kNone) sim_.drop_grad(pending_input_grad);
+    for (TensorId pending : pending_input_grad)
+      if (pending != kNone) sim_.drop_grad(pending);
     if (ps.last())  // step() returns merge_chunks(output_chunks): the caller drops it
       sim_.transient("pipeline: step()'s merged output (torch.cat of the chunks, dropped by the caller)",
                      mul(st_.d.T, st_.d.V, st_.r.compute, ps.microbatches), Term::logits_loss, Role::logits_loss);
@@ -1696,17 +1719,23 @@ class TrainPass {
   // PipelineStage's receive buffers, one per microbatch, made in the first step() and kept: the
   // activations from the previous stage (a leaf that requires grad: backward gives it the gradient
   // sent back) on every stage but the first, the gradients from the next on every stage but the last.
+  // Each stage module (chunk) has its own.
   void allocate_pipeline_buffers() {
     const bytes_t hidden = mul(st_.d.T, st_.d.h, st_.r.compute);
-    for (std::uint64_t i = 0; i < stage_->microbatches; ++i) {
-      if (!stage_->first())
-        recv_.push_back(sim_.make("pipeline: activation receive buffers (one per microbatch)", hidden, Term::other,
-                                  Role::communication, "PipelineStage._prepare_forward_infra", st_.r.compute_name, "b·s·h", true));
-      if (!stage_->last())
-        grad_recv_.push_back(sim_.make("pipeline: gradient receive buffers (one per microbatch)", hidden, Term::other,
-                                       Role::communication, "PipelineStage._prepare_backward_infra", st_.r.compute_name, "b·s·h",
-                                       false));
-    }
+    const std::size_t chunks = stage_->chunks.size();
+    recv_.assign(chunks, {});
+    grad_recv_.assign(chunks, {});
+    for (std::size_t c = 0; c < chunks; ++c)
+      for (std::uint64_t i = 0; i < stage_->microbatches; ++i) {
+        if (!stage_->chunk_first(c))
+          recv_[c].push_back(sim_.make("pipeline: activation receive buffers (one per microbatch)", hidden, Term::other,
+                                       Role::communication, "PipelineStage._prepare_forward_infra", st_.r.compute_name, "b·s·h",
+                                       true));
+        if (!stage_->chunk_last(c))
+          grad_recv_[c].push_back(sim_.make("pipeline: gradient receive buffers (one per microbatch)", hidden, Term::other,
+                                            Role::communication, "PipelineStage._prepare_backward_infra", st_.r.compute_name,
+                                            "b·s·h", false));
+      }
   }
   void allocate_optimizer_state() {
     sim_.alloc_raw("optimizer state", oc_.state, Term::model_states, Role::optimizer_state, "optimizer", "", "");
@@ -1734,7 +1763,8 @@ class TrainPass {
   bytes_t weights_ = 0, floor_ = 0, grads_ = 0, buckets_ = 0, host_state_ = 0;
   TensorId loss_ = kNone;
   std::vector<TensorId> grad_ids_;
-  std::vector<TensorId> recv_, grad_recv_, previous_chunks_;  // a pipeline stage's buffers
+  std::vector<std::vector<TensorId>> recv_, grad_recv_;  // a pipeline rank's buffers, [chunk][microbatch]
+  std::vector<TensorId> previous_chunks_;
 };
 
 }  // namespace

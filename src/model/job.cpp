@@ -174,10 +174,13 @@ void validate_parallel(const Job& j) {
     throw bad("--dp × --fsdp × --tp × --pp", std::to_string(p.world()) + " ranks is absurdly large (limit 2^20)");
   if (p.zero_stage < 0 || p.zero_stage > 3) throw bad("--zero", "the ZeRO stage must be 0, 1, 2 or 3");
   // Not modelled yet: refused by name, never answered as if unsharded.
-  // torchtitan's 2-D layout (TP within, FSDP2 across) is modelled; DDP, ZeRO-1 or HSDP with TP not yet
-  if (p.tensor != 1 && (p.data != 1 || p.zero_stage != 0))
-    throw unsupported("--tp " + std::to_string(p.tensor) + " with --dp or --zero: 2-D layouts other than --fsdp with --tp "
-                      "are not modelled yet");
+  // torchtitan's layouts with TP: FSDP2 (or HSDP) across, TP within. PyTorch's DDP does not take
+  // DTensor parameters (torchtitan: "DDP has not supported > 1D parallelism"), and ZeRO-2/3 with
+  // TP is the --fsdp layout.
+  if (p.tensor != 1 && p.fsdp <= 1 && (p.data != 1 || p.zero_stage != 0))
+    throw unsupported("--tp " + std::to_string(p.tensor) + " with --dp or --zero: data parallelism beside tensor parallelism "
+                      "is FSDP2 (--fsdp N --tp T) or HSDP (--dp R --fsdp S --tp T); DDP and ZeroRedundancyOptimizer do "
+                      "not shard DTensor parameters");
   if (p.tensor != 1 && p.fsdp_offload)
     throw unsupported("--tp with --fsdp-offload: not modelled yet");
   if (p.pipeline > 1 && (p.data != 1 || p.fsdp != 1 || p.zero_stage != 0 || p.tensor != 1))
@@ -189,16 +192,28 @@ void validate_parallel(const Job& j) {
               "applies to pipeline parallelism (--pp N, N ≥ 2)");
   if (p.pipeline > 1) {
     if (p.virtual_stages == 0) throw bad("--virtual-stages", "must be at least 1");
-    if (p.pp_schedule == PipelineSchedule::interleaved || p.virtual_stages > 1)
-      throw unsupported("--pp-schedule interleaved / --virtual-stages: interleaved schedules are not modelled yet (gpipe and 1f1b are)");
+    const bool interleaved = p.pp_schedule == PipelineSchedule::interleaved;
+    if (interleaved && p.virtual_stages < 2)
+      throw bad("--virtual-stages", "interleaved 1F1B runs V ≥ 2 stage modules per rank: give --virtual-stages V");
+    if (!interleaved && p.virtual_stages > 1)
+      throw bad("--virtual-stages", "applies to --pp-schedule interleaved (GPipe and 1F1B run one stage per rank)");
+    const std::uint64_t stages = p.pipeline * p.virtual_stages;  // each ≤ 2^20 (set_parallel_option)
+    if (stages > (1ull << 20))
+      throw bad("--pp × --virtual-stages", std::to_string(stages) + " stages is absurdly large (limit 2^20)");
     if (p.microbatches > (1ull << 20)) throw bad("--microbatches", std::to_string(p.microbatches) + " is absurdly large (limit 2^20)");
     const std::uint64_t m = p.microbatches ? p.microbatches : p.pipeline;
     if (p.pp_schedule == PipelineSchedule::one_f_one_b && m < p.pipeline)
       throw bad("--microbatches", std::to_string(m) + " is fewer than the " + std::to_string(p.pipeline) +
                                       " stages: 1F1B needs at least one microbatch per stage to fill the pipeline");
-    if (!p.pp_layers.empty() && p.pp_layers.size() != p.pipeline)
-      throw bad("--pp-layers", "gives " + std::to_string(p.pp_layers.size()) + " stages' layer counts for --pp " +
-                                   std::to_string(p.pipeline));
+    // ScheduleInterleaved1F1B runs max(1, M / N) rounds of equally many microbatches
+    const std::uint64_t rounds = std::max<std::uint64_t>(1, m / p.pipeline);
+    if (interleaved && m % rounds)
+      throw bad("--microbatches", std::to_string(m) + " is not a multiple of the " + std::to_string(rounds) +
+                                      " rounds interleaved 1F1B runs (max(1, microbatches / --pp))");
+    if (!p.pp_layers.empty() && p.pp_layers.size() != stages)
+      throw bad("--pp-layers", "gives " + std::to_string(p.pp_layers.size()) + " stages' layer counts for " +
+                                   std::to_string(stages) + " stages (--pp " + std::to_string(p.pipeline) +
+                                   (interleaved ? " × --virtual-stages " + std::to_string(p.virtual_stages) : std::string()) + ")");
     for (std::uint64_t n : p.pp_layers)
       if (n == 0) throw bad("--pp-layers", "a stage with no decoder layers is not modelled (every stage needs one)");
   }

@@ -1,5 +1,6 @@
 #include "pipeline.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "membudget/error.hpp"
@@ -7,7 +8,7 @@
 namespace membudget::detail {
 
 std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallelism& p) {
-  const std::uint64_t n = p.pipeline, L = m.num_layers;
+  const std::uint64_t n = p.pipeline * p.virtual_stages, L = m.num_layers;  // every stage module (validated: ≤ 2^40)
   if (!p.pp_layers.empty()) {
     std::uint64_t sum = 0;
     for (std::uint64_t c : p.pp_layers) sum += c;  // each ≤ 2^20 (set_parallel_option), at most 2^20 of them
@@ -19,7 +20,8 @@ std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallel
   }
   if (L < n)
     throw Error(ErrorKind::invalid_job, "--pp " + std::to_string(n) + ": " + (m.name.empty() ? std::string("the model") : m.name) +
-                                            " has only " + std::to_string(L) + " decoder layers, fewer than the stages");
+                                            " has only " + std::to_string(L) + " decoder layers, fewer than the " +
+                                            std::to_string(n) + " stages");
   std::vector<std::uint64_t> counts(static_cast<std::size_t>(n), L / n);
   for (std::uint64_t s = 0; s < L % n; ++s) ++counts[static_cast<std::size_t>(s)];
   return counts;
@@ -33,18 +35,23 @@ PipelineStage pipeline_stage(const ModelSpec& m, const Job& job, std::uint64_t s
   s.stage = stage;
   s.microbatches = p.microbatches ? p.microbatches : p.pipeline;
   s.schedule = p.pp_schedule;
-  for (std::uint64_t i = 0; i < stage; ++i) s.first_layer += counts[static_cast<std::size_t>(i)];
-  s.layers = counts[static_cast<std::size_t>(stage)];
+  std::vector<std::uint64_t> first(counts.size(), 0);  // each stage's first layer
+  for (std::size_t i = 1; i < counts.size(); ++i) first[i] = first[i - 1] + counts[i - 1];
+  for (std::uint64_t index = stage; index < counts.size(); index += p.pipeline) {  // stages r, r + N, …
+    s.chunks.push_back({index, first[static_cast<std::size_t>(index)], counts[static_cast<std::size_t>(index)]});
+    s.layers += counts[static_cast<std::size_t>(index)];
+  }
   return s;
 }
 
-std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s) {
+std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s, std::size_t chunk) {
   std::vector<ParamTensor> out;
   const std::vector<ParamTensor> outer = m.outer_tensors();
-  if (s.first()) out.push_back(outer.front());
-  for (std::uint64_t il = s.first_layer; il < s.first_layer + s.layers; ++il)
+  const PipelineStage::Chunk& c = s.chunks[chunk];
+  if (s.chunk_first(chunk)) out.push_back(outer.front());
+  for (std::uint64_t il = c.first_layer; il < c.first_layer + c.layers; ++il)
     for (const ParamTensor& t : m.layer_tensors(static_cast<std::size_t>(il))) out.push_back(t);
-  if (s.last()) {
+  if (s.chunk_last(chunk)) {
     for (const ParamTensor& t : outer)
       if (t.module != Module::embedding) out.push_back(t);
     if (m.tied_embeddings) out.push_back(outer.front());
@@ -52,7 +59,35 @@ std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& 
   return out;
 }
 
+namespace {
+std::vector<PipelineAction> interleaved_actions(const PipelineStage& s) {
+  const std::uint64_t M = s.microbatches, N = s.stages, V = s.chunks.size();
+  const std::uint64_t rounds = std::max<std::uint64_t>(1, M / N), per_round = M / rounds;
+  const std::uint64_t ops = M * V;
+  const std::uint64_t warmup = std::min(ops, (V - 1) * per_round + 2 * (N - 1 - s.stage));
+  std::vector<std::uint64_t> next_forward(static_cast<std::size_t>(V), 0), next_backward(static_cast<std::size_t>(V), 0);
+  std::vector<PipelineAction> out;
+  out.reserve(static_cast<std::size_t>(2 * ops));
+  auto forward = [&](std::uint64_t op) {
+    const std::size_t c = static_cast<std::size_t>((op / per_round) % V);
+    out.push_back({true, next_forward[c]++, c});
+  };
+  auto backward = [&](std::uint64_t op) {
+    const std::size_t c = static_cast<std::size_t>(V - 1 - ((op - warmup) / per_round) % V);
+    out.push_back({false, next_backward[c]++, c});
+  };
+  for (std::uint64_t op = 0; op < warmup; ++op) forward(op);
+  for (std::uint64_t op = warmup; op < ops; ++op) {
+    forward(op);
+    backward(op);
+  }
+  for (std::uint64_t op = ops; op < ops + warmup; ++op) backward(op);
+  return out;
+}
+}  // namespace
+
 std::vector<PipelineAction> schedule_actions(const PipelineStage& s) {
+  if (s.schedule == PipelineSchedule::interleaved) return interleaved_actions(s);
   const std::uint64_t M = s.microbatches;
   std::vector<PipelineAction> out;
   out.reserve(static_cast<std::size_t>(2 * M));
@@ -71,6 +106,16 @@ std::vector<PipelineAction> schedule_actions(const PipelineStage& s) {
   }
   while (b < M) out.push_back({false, b++});
   return out;
+}
+
+std::uint64_t most_layers_in_flight(const PipelineStage& s) {
+  std::uint64_t now = 0, most = 0;
+  for (const PipelineAction& a : schedule_actions(s)) {
+    const std::uint64_t layers = s.chunks[a.chunk].layers;
+    now = a.forward ? now + layers : now - layers;
+    most = std::max(most, now);
+  }
+  return most;
 }
 
 void check_pipeline(const ModelSpec& m, const Job& job) {

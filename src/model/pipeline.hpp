@@ -15,35 +15,57 @@
 
 namespace membudget::detail {
 
+// One rank of the pipeline. Under GPipe and 1F1B a rank is one stage; under interleaved 1F1B
+// (ScheduleInterleaved1F1B, --virtual-stages V) rank r holds the V stage modules r, r + N, …,
+// r + (V−1)·N of an N·V-stage pipeline: its `chunks`, in that order.
 struct PipelineStage {
-  std::uint64_t stages = 1, stage = 0, microbatches = 1;
+  struct Chunk {
+    std::uint64_t index = 0;                    // the stage's index in the whole pipeline
+    std::uint64_t first_layer = 0, layers = 0;  // its decoder layers [first_layer, first_layer + layers)
+  };
+  std::uint64_t stages = 1, stage = 0, microbatches = 1;  // ranks, this rank, microbatches per step
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
-  std::uint64_t first_layer = 0, layers = 0;  // decoder layers [first_layer, first_layer + layers)
-  bool first() const { return stage == 0; }
-  bool last() const { return stage + 1 == stages; }
+  std::vector<Chunk> chunks;  // one, or V under interleaved 1F1B
+  std::uint64_t layers = 0;   // decoder layers over all chunks
+  std::uint64_t total_stages() const { return stages * chunks.size(); }
+  bool chunk_first(std::size_t c) const { return chunks[c].index == 0; }                   // holds the embedding
+  bool chunk_last(std::size_t c) const { return chunks[c].index + 1 == total_stages(); }  // the final norm, lm_head, loss
+  bool first() const { return chunk_first(0); }
+  bool last() const { return chunk_last(chunks.size() - 1); }
 };
 
-// Decoder layers per stage: --pp-layers, else an even split with the first L mod N stages taking
-// one more. Error(invalid_job) when the counts do not add up to the model's layers or a stage
-// would get none.
+// Decoder layers per stage, over all N·V stages: --pp-layers, else an even split with the first
+// stages taking one more. Error(invalid_job) when the counts do not add up to the model's layers or
+// a stage would get none.
 std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallelism& p);
 // Stage `stage` of a validated pipeline job.
 PipelineStage pipeline_stage(const ModelSpec& m, const Job& job, std::uint64_t stage);
 
-// The parameter tensors the stage holds, in module order: the embedding (first stage), its
+// The parameter tensors one stage module holds, in module order: the embedding (first stage), its
 // decoder layers, the final norm and lm_head (last stage; a tied model's last stage holds lm_head
-// as a tensor of its own, the embedding's shape).
-std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s);
+// as a tensor of its own, the embedding's shape). Each module has its own optimizer under
+// interleaved 1F1B (torchtitan's OptimizersContainer: one per model part).
+std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s, std::size_t chunk);
 
-// What the stage does, in order: a microbatch's forward or its backward.
+// What the rank does, in order: a microbatch's forward or its backward through one of its chunks.
 struct PipelineAction {
   bool forward;
   std::uint64_t microbatch;
+  std::size_t chunk = 0;  // index into PipelineStage::chunks
 };
 // ScheduleGPipe: F0 … F(M−1), then B0 … B(M−1). Schedule1F1B (schedules.py, _step_microbatches): a
 // warm-up of min(M, N − stage) forwards, then one backward and one forward alternately while
-// forwards remain, then the remaining backwards.
+// forwards remain, then the remaining backwards. ScheduleInterleaved1F1B (its
+// _calculate_single_rank_operations and _get_1f1b_rank_ops): rounds = max(1, M / N) of M / rounds
+// microbatches; a warm-up of min(M·V, (V − 1)·M/rounds + 2·(N − 1 − rank)) forwards, then forward
+// and backward alternately, then the backwards; op k's forward runs chunk (k / (M/rounds)) mod V
+// and its backward chunk V − 1 − ((k − warm-up) / (M/rounds)) mod V, each chunk taking its
+// microbatches in order.
 std::vector<PipelineAction> schedule_actions(const PipelineStage& s);
+
+// The most decoder layers whose activations the schedule keeps at once: a microbatch's forward
+// through a chunk adds the chunk's layers until its backward (the textbook's per-stage figure).
+std::uint64_t most_layers_in_flight(const PipelineStage& s);
 
 // The pipeline layout's checks that need the model (check_layout calls it): the layer split, and
 // the model features the stage module does not reproduce (refused by name).

@@ -116,12 +116,9 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
       b.activations = detail::korthikanti(detail::tp_local_spec(model, job.parallel.tensor, job.parallel.sequence_parallel), job);
       if (job.parallel.pipeline > 1) {
         // §4.2.3: a stage holds its layers' activations for each microbatch in flight — M under
-        // GPipe, min(M, stages − stage) under 1F1B (the first stage's factor: p microbatches of L/p layers)
-        const detail::PipelineStage st = detail::pipeline_stage(model, job, *job.parallel.rank);
-        const std::uint64_t in_flight = st.schedule == PipelineSchedule::gpipe
-                                            ? st.microbatches
-                                            : std::min(st.microbatches, st.stages - st.stage);
-        b.activations.layers = checked_mul(layers, in_flight, "Korthikanti: layers × microbatches in flight");
+        // GPipe, min(M, stages − stage) under 1F1B (the first stage's factor: p microbatches of L/p
+        // layers), and under interleaved 1F1B each chunk's layers for its microbatches in flight
+        b.activations.layers = detail::most_layers_in_flight(detail::pipeline_stage(model, job, *job.parallel.rank));
       }
     }
   }

@@ -96,12 +96,22 @@ std::string rpad(std::string s, std::size_t w) {
 
 std::string layout_label(const Parallelism& p) {
   const std::string n = std::to_string(p.world());
-  if (p.tensor > 1)
-    return "tensor parallel over " + n + " ranks (DTensor" + (p.sequence_parallel ? ", sequence parallel" : "") +
-           (p.loss_parallel ? ", vocabulary-parallel loss" : "") + ")";
-  if (p.pipeline > 1)
-    return "pipeline of " + n + " stages (" + std::string(p.pp_schedule == PipelineSchedule::gpipe ? "GPipe" : "1F1B") + ", " +
-           std::to_string(p.microbatches ? p.microbatches : p.pipeline) + " microbatches)";
+  if (p.tensor > 1) {
+    // the data-parallel dimension across the TP groups: FSDP2, or HSDP
+    const std::string across = p.fsdp <= 1 ? ""
+                               : p.data > 1 ? ", HSDP across: " + std::to_string(p.data) + " replicas × FSDP2 over " + std::to_string(p.fsdp)
+                                            : ", FSDP2 across over " + std::to_string(p.fsdp);
+    return "tensor parallel over " + n + " ranks (DTensor over " + std::to_string(p.tensor) +
+           (p.sequence_parallel ? ", sequence parallel" : "") + (p.loss_parallel ? ", vocabulary-parallel loss" : "") + across + ")";
+  }
+  if (p.pipeline > 1) {
+    const std::string schedule = p.pp_schedule == PipelineSchedule::gpipe ? "GPipe"
+                                 : p.pp_schedule == PipelineSchedule::interleaved
+                                     ? "interleaved 1F1B, " + std::to_string(p.virtual_stages) + " stage modules per rank"
+                                     : "1F1B";
+    return "pipeline of " + n + " stages (" + schedule + ", " + std::to_string(p.microbatches ? p.microbatches : p.pipeline) +
+           " microbatches)";
+  }
   if (p.fsdp > 1 && p.data > 1)
     return "HSDP: FSDP2 over " + std::to_string(p.fsdp) + " ranks × " + std::to_string(p.data) + " replicas" +
            (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
@@ -170,7 +180,12 @@ std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool 
     j["rank"] = b.rank;  // the rank these figures are for (the most loaded unless --rank)
     if (b.job.parallel.pipeline > 1) {  // that rank's stage
       const detail::PipelineStage st = detail::pipeline_stage(b.model, b.job, b.rank);
-      j["stage"] = {{"first_layer", st.first_layer}, {"layers", st.layers}, {"embedding", st.first()}, {"lm_head", st.last()}};
+      j["stage"] = {{"first_layer", st.chunks.front().first_layer}, {"layers", st.layers}, {"embedding", st.first()}, {"lm_head", st.last()}};
+      if (st.chunks.size() > 1) {  // interleaved 1F1B: the rank's stage modules
+        ordered_json chunks = ordered_json::array();
+        for (const auto& c : st.chunks) chunks.push_back({{"stage", c.index}, {"first_layer", c.first_layer}, {"layers", c.layers}});
+        j["stage"]["chunks"] = chunks;
+      }
     }
     if (!b.ranks.empty()) {
       ordered_json groups = ordered_json::array();
