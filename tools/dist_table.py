@@ -22,7 +22,9 @@ ROOT = os.path.dirname(HERE)
 FILES = ["tests/data/torch_train_dist_fakepg_h200.json", "tests/data/torch_train_dist_tied_fakepg_h200.json",
          "tests/data/torch_train_sp_fakepg_h200.json", "tests/data/torch_train_fsdp_tp_fakepg_h200.json",
          "tests/data/torch_train_fsdp_tp_rerun_fakepg_h200.json",
-         "tests/data/torch_train_offload_fakepg_h200.json", "tests/data/torch_train_pp_fakepg_h200.json"]
+         "tests/data/torch_train_hsdp_tp_fakepg_h200.json",
+         "tests/data/torch_train_offload_fakepg_h200.json", "tests/data/torch_train_pp_fakepg_h200.json",
+         "tests/data/torch_train_pp_interleaved_fakepg_h200.json"]
 PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak")
 
 
@@ -31,14 +33,17 @@ def flags_of(j):
     if "stages" in j:  # tools/torch_profile_pp.py: one pipeline stage
         f += ["--pp", str(j["stages"]), "--rank", str(j["stage"]), "--microbatches", str(j["microbatches"]),
               "--pp-schedule", j["schedule"]]
+        f += ["--virtual-stages", str(j["virtual_stages"])] if j["schedule"] == "interleaved" else []
         return f + (["--pp-layers", ",".join(map(str, j["layers"]))] if j.get("layers") else [])
     W, st = j["world"], j["strategy"]
     f += ["--rank", str(j.get("rank", 0))]
     if st == "fsdp":
         f += ["--fsdp", str(W), "--reshard-after-forward", "true" if j.get("reshard", True) else "false"]
         f += ["--fsdp-offload"] if j.get("offload") else []
-    elif st == "fsdp_tp":
-        f += ["--fsdp", str(W // j["tp"]), "--tp", str(j["tp"]), "--reshard-after-forward",
+    elif st == "fsdp_tp":  # with replicate R > 1: HSDP across the TP groups
+        R = j.get("replicate", 1)
+        f += ["--dp", str(R)] if R > 1 else []
+        f += ["--fsdp", str(W // (R * j["tp"])), "--tp", str(j["tp"]), "--reshard-after-forward",
               "true" if j.get("reshard", True) else "false"] + (["--sp"] if j.get("sp") else [])
     elif st == "hsdp":
         f += ["--dp", str(j["replicate"]), "--fsdp", str(W // j["replicate"])]

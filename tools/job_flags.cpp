@@ -64,9 +64,9 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--rank", rank, "the rank predicted (default: the most loaded one)");
   cmd->add_option("--tp", tp, "tensor-parallel ranks: DTensor's Llama plan (docs/distributed.md)");
   cmd->add_option("--pp", pp, "pipeline stages: torch.distributed.pipelining (docs/distributed.md)");
-  cmd->add_option("--pp-schedule", pp_schedule, "the pipeline schedule: 1f1b (default) | gpipe | interleaved (not modelled: refused)");
+  cmd->add_option("--pp-schedule", pp_schedule, "the pipeline schedule: 1f1b (default) | gpipe | interleaved (ScheduleInterleaved1F1B; give --virtual-stages)");
   cmd->add_option("--microbatches", microbatches, "micro-batches of --batch sequences per step and stage (default: as many as stages)");
-  cmd->add_option("--virtual-stages", virtual_stages, "stages per rank of an interleaved schedule (not modelled: refused above 1)");
+  cmd->add_option("--virtual-stages", virtual_stages, "stage modules per rank of --pp-schedule interleaved (V ≥ 2; the layers split over --pp × V stages)");
   cmd->add_option("--pp-layers", pp_layers, "decoder layers per stage, e.g. 4,4,4,4 (default: an even split, the first stages taking the remainder)");
   cmd->add_flag("--sp", sp, "sequence parallelism with --tp (torchtitan's layouts: docs/distributed.md)");
   cmd->add_flag("--loss-parallel", loss_parallel, "the vocabulary-parallel loss (loss_parallel()) with --tp --sp");

@@ -115,7 +115,7 @@ struct Parallelism {
   std::uint64_t pipeline = 1;   // --pp: pipeline stages
   PipelineSchedule pp_schedule = PipelineSchedule::one_f_one_b;  // --pp-schedule (torchtitan's default)
   std::uint64_t microbatches = 0;   // --microbatches: per step and stage; 0: as many as stages
-  std::uint64_t virtual_stages = 1; // --virtual-stages: stages per rank (interleaved; refused)
+  std::uint64_t virtual_stages = 1; // --virtual-stages: stage modules per rank (interleaved 1F1B: ≥ 2)
   std::vector<std::uint64_t> pp_layers;  // --pp-layers: decoder layers per stage; empty: even split
   std::uint64_t data = 1;       // --dp: DDP replicas, or HSDP's replicate dimension with --fsdp
   std::uint64_t fsdp = 1;       // --fsdp: FSDP2 shard ranks
