@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -20,13 +21,35 @@ bool RawMemory::map_range(void*, std::size_t) { return false; }
 void RawMemory::unmap_range(void*, std::size_t) {}
 
 namespace {
+void* as_ptr(DeviceAddr a) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(a)); }
+DeviceAddr as_addr(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+// A size the pointer forms can take: on a 32-bit target, none past 4 GiB.
+bool fits_size_t(bytes_t b) { return b <= std::numeric_limits<std::size_t>::max(); }
+}  // namespace
+
+DeviceAddr RawMemory::raw_alloc_at(bytes_t bytes) {
+  return fits_size_t(bytes) ? as_addr(raw_alloc(static_cast<std::size_t>(bytes))) : 0;
+}
+void RawMemory::raw_free_at(DeviceAddr addr, bytes_t bytes) { raw_free(as_ptr(addr), static_cast<std::size_t>(bytes)); }
+DeviceAddr RawMemory::reserve_range_at(bytes_t bytes) {
+  return fits_size_t(bytes) ? as_addr(reserve_range(static_cast<std::size_t>(bytes))) : 0;
+}
+void RawMemory::release_range_at(DeviceAddr base, bytes_t bytes) {
+  release_range(as_ptr(base), static_cast<std::size_t>(bytes));
+}
+bool RawMemory::map_range_at(DeviceAddr addr, bytes_t bytes) {
+  return fits_size_t(bytes) && map_range(as_ptr(addr), static_cast<std::size_t>(bytes));
+}
+void RawMemory::unmap_range_at(DeviceAddr addr, bytes_t bytes) { unmap_range(as_ptr(addr), static_cast<std::size_t>(bytes)); }
+
+namespace {
 
 struct Segment;
 
 struct Block {
-  std::uintptr_t addr = 0;
-  std::size_t size = 0;
-  std::size_t requested = 0;  // the caller's size while allocated
+  DeviceAddr addr = 0;
+  bytes_t size = 0;
+  bytes_t requested = 0;  // the caller's size while allocated
   bool allocated = false;
   Block* prev = nullptr;  // neighbours inside the same segment
   Block* next = nullptr;
@@ -37,9 +60,9 @@ struct Block {
 };
 
 struct Segment {
-  std::uintptr_t base = 0;
-  std::size_t size = 0;          // bytes held from the raw memory (mapped bytes if expandable)
-  std::size_t virtual_size = 0;  // reserved address range (expandable only)
+  DeviceAddr base = 0;
+  bytes_t size = 0;          // bytes held from the raw memory (mapped bytes if expandable)
+  bytes_t virtual_size = 0;  // reserved address range (expandable only)
   bool small = false;
   bool expandable = false;
   Block* head = nullptr;
@@ -70,9 +93,9 @@ void update(Stat& s, std::int64_t delta) {
   s.peak = std::max(s.peak, s.current);
 }
 
-std::int64_t as_i64(std::size_t v) { return static_cast<std::int64_t>(v); }
+std::int64_t as_i64(bytes_t v) { return static_cast<std::int64_t>(v); }
 
-std::size_t round_up(std::size_t v, std::size_t unit) { return (v + unit - 1) / unit * unit; }
+bytes_t round_up(bytes_t v, bytes_t unit) { return (v + unit - 1) / unit * unit; }
 
 std::string describe(const AllocTag& tag) {
   if (tag.tensor.empty() && tag.op.empty() && tag.phase.empty()) return "an untagged tensor";
@@ -96,8 +119,8 @@ struct CachingAllocator::Impl {
   AllocatorStats stats;
   Pool small_pool{true, {}, nullptr};
   Pool large_pool{false, {}, nullptr};
-  std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by base address
-  std::unordered_map<std::uintptr_t, Block*> active;             // live blocks by address
+  std::map<DeviceAddr, std::unique_ptr<Segment>> segments;  // by base address
+  std::unordered_map<DeviceAddr, Block*> active;             // live blocks by address
   std::vector<TraceEvent> history;
   std::uint64_t last_time_us = 0;
 
@@ -112,18 +135,18 @@ struct CachingAllocator::Impl {
         b = next;
       }
       if (seg->expandable) {
-        if (seg->size) raw.unmap_range(reinterpret_cast<void*>(seg->base), seg->size);
-        raw.release_range(reinterpret_cast<void*>(seg->base), seg->virtual_size);
+        if (seg->size) raw.unmap_range_at(seg->base, seg->size);
+        raw.release_range_at(seg->base, seg->virtual_size);
       } else {
-        raw.raw_free(reinterpret_cast<void*>(seg->base), seg->size);
+        raw.raw_free_at(seg->base, seg->size);
       }
     }
   }
 
-  Pool& pool_for(std::size_t rounded) { return policy.is_small(rounded) ? small_pool : large_pool; }
+  Pool& pool_for(bytes_t rounded) { return policy.is_small(rounded) ? small_pool : large_pool; }
   Pool& pool_of(const Segment& seg) { return seg.small ? small_pool : large_pool; }
 
-  std::size_t page_size(const Pool& pool) const { return policy.page_size(pool.small); }
+  bytes_t page_size(const Pool& pool) const { return policy.page_size(pool.small); }
 
   std::uint64_t now_us() {
     auto t = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -140,7 +163,7 @@ struct CachingAllocator::Impl {
 
   // c10 get_free_block: the smallest cached block >= size in the pool, unless the policy's
   // oversize rules (max_split_size; unlimited by default) keep it for other requests.
-  Block* get_free_block(Pool& pool, std::size_t size) {
+  Block* get_free_block(Pool& pool, bytes_t size) {
     Block key;
     key.size = size;
     key.addr = 0;
@@ -153,15 +176,15 @@ struct CachingAllocator::Impl {
 
   // c10 alloc_block: a new segment from the raw memory (or more pages in expandable mode).
   // `asked` receives the bytes requested from the raw memory, for the OOM message.
-  Block* alloc_block(Pool& pool, std::size_t size, bool is_retry, std::size_t& asked) {
+  Block* alloc_block(Pool& pool, bytes_t size, bool is_retry, bytes_t& asked) {
     if (is_retry) stats.num_alloc_retries += 1;
     if (policy.expandable_segments) return grow_expandable(pool, size, asked);
-    std::size_t bytes = policy.segment_size(size);
+    bytes_t bytes = policy.segment_size(size);
     asked = bytes;
-    void* p = raw.raw_alloc(bytes);
+    const DeviceAddr p = raw.raw_alloc_at(bytes);
     if (!p) return nullptr;
     auto seg = std::make_unique<Segment>();
-    seg->base = reinterpret_cast<std::uintptr_t>(p);
+    seg->base = p;
     seg->size = bytes;
     seg->small = pool.small;
     auto* b = new Block;
@@ -178,18 +201,18 @@ struct CachingAllocator::Impl {
 
   // Maps just enough whole pages after the segment's last block; a free last block is extended
   // rather than left as a separate piece. The returned block is out of the free set.
-  Block* grow_expandable(Pool& pool, std::size_t size, std::size_t& asked) {
-    const std::size_t page = page_size(pool);
+  Block* grow_expandable(Pool& pool, bytes_t size, bytes_t& asked) {
+    const bytes_t page = page_size(pool);
     Segment* seg = pool.expandable;
     if (!seg) {
-      std::size_t virtual_size = round_up(std::max<std::size_t>(raw.capacity(), page), page);
-      void* base = raw.reserve_range(virtual_size);
+      bytes_t virtual_size = round_up(std::max<bytes_t>(raw.capacity(), page), page);
+      const DeviceAddr base = raw.reserve_range_at(virtual_size);
       if (!base)
         throw Error(ErrorKind::unsupported,
                     "expandable segments: the raw memory '" + raw.name() +
                         "' cannot reserve and map address ranges; run without expandable segments");
       auto owned = std::make_unique<Segment>();
-      owned->base = reinterpret_cast<std::uintptr_t>(base);
+      owned->base = base;
       owned->virtual_size = virtual_size;
       owned->small = pool.small;
       owned->expandable = true;
@@ -198,12 +221,12 @@ struct CachingAllocator::Impl {
       pool.expandable = seg;
     }
     Block* last = seg->tail();
-    std::size_t have = (last && !last->allocated) ? last->size : 0;
-    std::size_t bytes = round_up(size - have, page);
+    bytes_t have = (last && !last->allocated) ? last->size : 0;
+    bytes_t bytes = round_up(size - have, page);
     asked = bytes;
     if (bytes > seg->virtual_size - seg->size) return nullptr;
-    std::uintptr_t at = seg->base + seg->size;
-    if (!raw.map_range(reinterpret_cast<void*>(at), bytes)) return nullptr;
+    DeviceAddr at = seg->base + seg->size;
+    if (!raw.map_range_at(at, bytes)) return nullptr;
     record(TraceEvent::Action::segment_map, at, bytes);
     update(stats.reserved, as_i64(bytes));
     if (seg->size == 0) stats.num_segments += 1;
@@ -241,7 +264,7 @@ struct CachingAllocator::Impl {
     pool.free_blocks.erase(b);
     Segment* seg = b->seg;
     record(TraceEvent::Action::segment_free, seg->base, seg->size);
-    raw.raw_free(reinterpret_cast<void*>(seg->base), seg->size);
+    raw.raw_free_at(seg->base, seg->size);
     update(stats.reserved, -as_i64(seg->size));
     stats.num_segments -= 1;
     delete b;
@@ -251,11 +274,11 @@ struct CachingAllocator::Impl {
   void unmap_free_tail(Pool& pool, Segment& seg) {
     Block* last = seg.tail();
     if (!last || last->allocated) return;
-    const std::size_t page = page_size(pool);
-    std::uintptr_t cut = seg.base + round_up(last->addr - seg.base, page);
-    std::uintptr_t end = seg.base + seg.size;
+    const bytes_t page = page_size(pool);
+    DeviceAddr cut = seg.base + round_up(last->addr - seg.base, page);
+    DeviceAddr end = seg.base + seg.size;
     if (cut >= end) return;
-    std::size_t bytes = end - cut;
+    bytes_t bytes = end - cut;
     pool.free_blocks.erase(last);
     if (cut == last->addr) {
       if (last->prev)
@@ -267,14 +290,14 @@ struct CachingAllocator::Impl {
       last->size = cut - last->addr;
       pool.free_blocks.insert(last);
     }
-    raw.unmap_range(reinterpret_cast<void*>(cut), bytes);
+    raw.unmap_range_at(cut, bytes);
     record(TraceEvent::Action::segment_unmap, cut, bytes);
     update(stats.reserved, -as_i64(bytes));
     seg.size -= bytes;
     if (seg.size == 0) stats.num_segments -= 1;
   }
 
-  [[noreturn]] void out_of_memory(std::size_t requested, std::size_t rounded, std::size_t asked,
+  [[noreturn]] void out_of_memory(bytes_t requested, bytes_t rounded, bytes_t asked,
                                   const AllocTag& tag) {
     stats.num_ooms += 1;
     bytes_t device_free = raw.free_bytes();
@@ -292,17 +315,17 @@ struct CachingAllocator::Impl {
     throw Error(ErrorKind::out_of_memory, msg);
   }
 
-  void* allocate(std::size_t bytes, const AllocTag& tag) {
-    if (bytes == 0) return nullptr;  // as c10: a zero-byte allocation has no block
-    if (bytes > (std::size_t{1} << 62))
+  DeviceAddr allocate(bytes_t bytes, const AllocTag& tag) {
+    if (bytes == 0) return 0;  // as c10: a zero-byte allocation has no block
+    if (bytes > (bytes_t{1} << 62))
       throw Error(ErrorKind::invalid_argument,
                   "allocate: " + std::to_string(bytes) + " bytes for " + describe(tag) + " is absurd");
-    const std::size_t size = policy.round_size(bytes);
+    const bytes_t size = policy.round_size(bytes);
     Pool& pool = pool_for(size);
 
     Block* b = get_free_block(pool, size);
     if (!b) {
-      std::size_t asked = 0;
+      bytes_t asked = 0;
       b = alloc_block(pool, size, false, asked);
       if (!b) {
         // The OOM path in full: give every cached whole segment back, then try once more.
@@ -314,7 +337,7 @@ struct CachingAllocator::Impl {
 
     const bool expandable = b->seg->expandable;
     const bool already_split = b->is_split();
-    const std::size_t remaining = b->size - size;
+    const bytes_t remaining = b->size - size;
     const bool split = policy.should_split(pool.small || expandable, size, remaining);
     if (split) {
       auto* rest = new Block;
@@ -345,12 +368,12 @@ struct CachingAllocator::Impl {
     update(stats.active, as_i64(b->size));
     update(stats.requested, as_i64(bytes));
     record(TraceEvent::Action::alloc, b->addr, bytes, tag);
-    return reinterpret_cast<void*>(b->addr);
+    return b->addr;
   }
 
-  void deallocate(void* ptr) {
+  void deallocate(DeviceAddr ptr) {
     if (!ptr) return;
-    auto it = active.find(reinterpret_cast<std::uintptr_t>(ptr));
+    auto it = active.find(ptr);
     if (it == active.end())
       throw Error(ErrorKind::invalid_argument,
                   "deallocate: the pointer was not returned by this allocator or is already free");
@@ -366,8 +389,8 @@ struct CachingAllocator::Impl {
   // c10 free_block: merge with free neighbours, then account the inactive split bytes.
   void free_block(Block* b) {
     Pool& pool = pool_of(*b->seg);
-    const std::size_t original_size = b->size;
-    const std::size_t requested = b->requested;
+    const bytes_t original_size = b->size;
+    const bytes_t requested = b->requested;
     std::int64_t split_change = 0;
     for (Block* candidate : {b->prev, b->next}) {
       if (!candidate || candidate->allocated) continue;
@@ -429,9 +452,9 @@ CachingAllocator::CachingAllocator(RawMemory& raw, AllocatorOptions options)
 
 CachingAllocator::~CachingAllocator() = default;
 
-void* CachingAllocator::allocate(std::size_t bytes, const AllocTag& tag) { return impl_->allocate(bytes, tag); }
+DeviceAddr CachingAllocator::allocate_at(bytes_t bytes, const AllocTag& tag) { return impl_->allocate(bytes, tag); }
 
-void CachingAllocator::deallocate(void* ptr) { impl_->deallocate(ptr); }
+void CachingAllocator::deallocate_at(DeviceAddr addr) { impl_->deallocate(addr); }
 
 AllocatorStats CachingAllocator::stats() const { return impl_->stats; }
 

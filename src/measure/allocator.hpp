@@ -39,6 +39,15 @@
 namespace membudget::measure {
 
 // Where the bytes under the allocator come from: cudaMalloc on a GPU, host memory on the CPU.
+//
+// Device addresses are a DeviceAddr (64 bits) and sizes a bytes_t on every target. The pointer
+// forms (raw_alloc, ...) are what real memory implements; the allocator calls the 64-bit forms
+// (raw_alloc_at, ...), which by default forward to them. Memory without real addresses (the
+// reserved-memory replay's fake device memory, src/model/reserved.cpp, up to 2^50 bytes)
+// overrides the 64-bit forms instead: on a 32-bit target (the web page's wasm32) a pointer and a
+// size_t hold only 4 GiB, and a replayed 80 GiB step would wrap.
+using DeviceAddr = std::uint64_t;  // 0: none
+
 class RawMemory {
  public:
   virtual ~RawMemory() = default;
@@ -49,7 +58,6 @@ class RawMemory {
   virtual bytes_t capacity() const = 0;
   virtual bytes_t free_bytes() const = 0;
   virtual std::string name() const = 0;
-
   // Virtual-memory mapping for expandable segments (cuMemAddressReserve / cuMemMap on a GPU,
   // mmap / mprotect on the host). Defaults say "not supported": reserve_range returns nullptr.
   // reserve_range only reserves addresses; map_range makes [ptr, ptr+bytes) usable and counts it
@@ -58,6 +66,15 @@ class RawMemory {
   virtual void release_range(void* base, std::size_t bytes);
   virtual bool map_range(void* ptr, std::size_t bytes);
   virtual void unmap_range(void* ptr, std::size_t bytes);
+
+  // The same in 64 bits, as the allocator calls them (0 for nullptr). The defaults forward to the
+  // pointer forms and return 0 (exhausted) for a size the target's size_t cannot hold.
+  virtual DeviceAddr raw_alloc_at(bytes_t bytes);
+  virtual void raw_free_at(DeviceAddr addr, bytes_t bytes);
+  virtual DeviceAddr reserve_range_at(bytes_t bytes);
+  virtual void release_range_at(DeviceAddr base, bytes_t bytes);
+  virtual bool map_range_at(DeviceAddr addr, bytes_t bytes);
+  virtual void unmap_range_at(DeviceAddr addr, bytes_t bytes);
 };
 
 // Host memory with an optional simulated capacity, so tests can drive retries and OOM.
@@ -132,8 +149,13 @@ class CachingAllocator {
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   // Throws Error(out_of_memory) with PyTorch's figures after the flush-and-retry fails.
-  void* allocate(std::size_t bytes, const AllocTag& tag = {});
-  void deallocate(void* ptr);
+  DeviceAddr allocate_at(bytes_t bytes, const AllocTag& tag = {});
+  void deallocate_at(DeviceAddr addr);
+  // The same as pointers, for the harness, whose memory is real and pointer-sized.
+  void* allocate(std::size_t bytes, const AllocTag& tag = {}) {
+    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(allocate_at(bytes, tag)));
+  }
+  void deallocate(void* ptr) { deallocate_at(reinterpret_cast<std::uintptr_t>(ptr)); }
 
   AllocatorStats stats() const;
   void reset_peak_stats();

@@ -33,26 +33,30 @@
 namespace membudget::detail {
 namespace {
 
-// Addresses without memory: raw segments and expandable ranges come from a bump pointer.
+// Addresses without memory: raw segments and expandable ranges come from a bump pointer. The
+// 64-bit forms are the ones implemented: the replay's segments and addresses pass 4 GiB, which a
+// 32-bit target's pointers cannot hold (the web page's wasm32); the pointer forms are never called.
 class FakeMemory final : public measure::RawMemory {
  public:
-  void* raw_alloc(std::size_t bytes) override { return bump(bytes); }
+  void* raw_alloc(std::size_t) override { return nullptr; }
   void raw_free(void*, std::size_t) override {}
+  measure::DeviceAddr raw_alloc_at(bytes_t bytes) override { return bump(bytes); }
+  void raw_free_at(measure::DeviceAddr, bytes_t) override {}
   bytes_t capacity() const override { return bytes_t{1} << 50; }
   bytes_t free_bytes() const override { return capacity(); }
   std::string name() const override { return "fake device memory (reserved-memory replay)"; }
-  void* reserve_range(std::size_t bytes) override { return bump(bytes); }
-  void release_range(void*, std::size_t) override {}
-  bool map_range(void*, std::size_t) override { return true; }
-  void unmap_range(void*, std::size_t) override {}
+  measure::DeviceAddr reserve_range_at(bytes_t bytes) override { return bump(bytes); }
+  void release_range_at(measure::DeviceAddr, bytes_t) override {}
+  bool map_range_at(measure::DeviceAddr, bytes_t) override { return true; }
+  void unmap_range_at(measure::DeviceAddr, bytes_t) override {}
 
  private:
-  void* bump(std::size_t bytes) {
-    const std::uintptr_t at = next_;
+  measure::DeviceAddr bump(bytes_t bytes) {
+    const measure::DeviceAddr at = next_;
     next_ += (bytes + (bytes_t{2} << 20) - 1) / (bytes_t{2} << 20) * (bytes_t{2} << 20) + (bytes_t{2} << 20);
-    return reinterpret_cast<void*>(at);
+    return at;
   }
-  std::uintptr_t next_ = std::uintptr_t{1} << 40;
+  measure::DeviceAddr next_ = measure::DeviceAddr{1} << 40;
 };
 
 bool is(const char* a, const char* b) { return std::strcmp(a, b) == 0; }
@@ -108,7 +112,7 @@ class Replay {
   void apply(const SimTrace& trace, const SimTrace::Event& ev, bool steady, int phase) {
     if (ev.t < 0) {
       auto& blocks = live_[static_cast<std::size_t>(~ev.t)];
-      for (void* p : blocks) alloc_.deallocate(p);
+      for (measure::DeviceAddr p : blocks) alloc_.deallocate_at(p);
       blocks.clear();
       return;
     }
@@ -125,9 +129,9 @@ class Replay {
     }
     if (record_) {  // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
       const measure::AllocTag tag{info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
-      for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate(piece, tag));
+      for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate_at(piece, tag));
     } else {
-      for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate(piece));
+      for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate_at(piece));
     }
     if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
   }
@@ -174,8 +178,8 @@ class Replay {
   measure::CachingAllocator alloc_;
   std::vector<bytes_t> trainable_;
   bytes_t trainable_bytes_ = 0;
-  std::vector<std::vector<void*>> live_;                          // by tensor id: its blocks
-  std::map<std::string, std::vector<std::vector<void*>>> carried_;  // live after a step, by name and size
+  std::vector<std::vector<measure::DeviceAddr>> live_;                          // by tensor id: its blocks
+  std::map<std::string, std::vector<std::vector<measure::DeviceAddr>>> carried_;  // live after a step, by name and size
   bytes_t allocated_peak_ = 0;
 };
 
