@@ -55,6 +55,7 @@ void check_same_architecture(const ModelSpec& a, const ModelSpec& b) {
   CHECK(a.norms_per_layer == b.norms_per_layer);
   CHECK(a.qk_norm == b.qk_norm);
   CHECK(a.final_logit_softcap == b.final_logit_softcap);
+  CHECK(a.attn_logit_softcap == b.attn_logit_softcap);
   CHECK(a.sliding.window == b.sliding.window);
   CHECK(a.sliding.windowed_layers(a.num_layers) == b.sliding.windowed_layers(b.num_layers));
   CHECK(a.mla.kv_lora_rank == b.mla.kv_lora_rank);
@@ -274,6 +275,7 @@ TEST_CASE("derived dimensions and feature fields of the shipped configs") {
   CHECK(g.kv_groups() == 2);
   CHECK(g.norms_per_layer == 4);
   CHECK(g.final_logit_softcap == 30.0);
+  CHECK(g.attn_logit_softcap == 50.0);
   CHECK(g.mlp == MlpKind::gated_gelu);
   CHECK(g.sliding.window == 4096);
   CHECK(g.sliding.windowed_layers(g.num_layers) == 21);
@@ -416,6 +418,9 @@ TEST_CASE("YAML defaults") {
   s = parse_model_yaml(std::string(kTinyYaml) + "sliding_window: null\nfinal_logit_softcap: 30\n");
   CHECK(!s.sliding.enabled());
   CHECK(s.final_logit_softcap == 30.0);
+  s = parse_model_yaml(std::string(kTinyYaml) + "attn_logit_softcap: 50\n");
+  CHECK(s.attn_logit_softcap == 50.0);
+  CHECK_THROWS_AS(parse_model_yaml(std::string(kTinyYaml) + "attn_logit_softcap: -1\n"), Error);
   // MLA head_dim defaults to nope + rope.
   s = parse_model_yaml(
       replace(replace(kTinyYaml, "head_dim: 16\n", ""), "num_kv_heads: 2", "num_kv_heads: 4") +

@@ -165,6 +165,7 @@ struct ModelSpec {
   std::uint64_t norms_per_layer = 2;  // Gemma 2: 4 (pre/post attention and feed-forward)
   bool qk_norm = false;               // Qwen3: RMSNorm over head_dim on q and k
   double final_logit_softcap = 0;     // Gemma 2: 30 (adds elementwise ops over the logits)
+  double attn_logit_softcap = 0;      // Gemma 2: 50 (tanh-capped attention scores; eager attention only)
   SlidingWindow sliding;
   LatentAttention mla;
   ArchQuirks quirks;

@@ -28,7 +28,7 @@ void check_model_supported(const ModelSpec& m) {
   if (m.mlp != MlpKind::gated_silu) reject("the harness step has a SwiGLU MLP (mlp: gated_silu)");
   if (m.moe.enabled()) reject("the harness step has a dense MLP, not a mixture of experts");
   if (m.norm != NormKind::rmsnorm || m.norms_per_layer != 2) reject("the harness step has two RMSNorms per layer");
-  if (m.qk_norm || m.final_logit_softcap != 0 || m.sliding.enabled() || m.mla.enabled())
+  if (m.qk_norm || m.final_logit_softcap != 0 || m.attn_logit_softcap != 0 || m.sliding.enabled() || m.mla.enabled())
     reject("qk_norm, logit soft-capping, sliding windows and MLA are not in the harness step");
   const ArchQuirks& q = m.quirks;
   if (q.fused_qkv || q.fused_gate_up || q.norm_weight_offset || q.embedding_scale || q.partial_rotary)

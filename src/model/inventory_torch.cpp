@@ -762,9 +762,10 @@ struct Step {
     return oc;
   }
 
-  // transformers' eager_attention_forward: repeat_kv, q @ kᵀ, · scaling (a copy), + causal mask (in
-  // the residual dtype, so fp32 under autocast), softmax in fp32 (saves its result), .to(dtype)
-  // (saved by the second matmul), @ v, then transpose(1, 2).contiguous() (a copy).
+  // transformers' eager_attention_forward: repeat_kv, q @ kᵀ, · scaling (a copy), Gemma 2's
+  // soft-capping (/ cap, tanh — which saves its output —, · cap: three score-sized copies), + causal
+  // mask (in the residual dtype, so fp32 under autocast), softmax in fp32 (saves its result),
+  // .to(dtype) (saved by the second matmul), @ v, then transpose(1, 2).contiguous() (a copy).
   TensorId eager(TensorId q, TensorId k, TensorId v) {
     const bytes_t e = r.compute;
     const bytes_t bas2 = mul(d.b, d.a, d.s, d.s);
@@ -785,6 +786,18 @@ struct Step {
     TensorId scl = sim.make("attention scores × scaling", mul(bas2, e), Term::activations, "mul", r.compute_name, "b·a·s·s", true);
     sim.node("MulBackward1", {sc}, {scl}, {});
     sim.drop(sc);
+    if (m.attn_logit_softcap > 0) {  // attn_weights = tanh(attn_weights / softcap) * softcap
+      TensorId dv = sim.make("attention scores / softcap", mul(bas2, e), Term::activations, "div", r.compute_name, "b·a·s·s", true);
+      sim.node("DivBackward1", {scl}, {dv}, {});
+      sim.drop(scl);
+      TensorId th = sim.make("tanh(scores / softcap) (saved)", mul(bas2, e), Term::activations, "tanh", r.compute_name,
+                             "b·a·s·s", true);
+      sim.node("TanhBackward0", {dv}, {th}, {th});
+      sim.drop(dv);
+      scl = sim.make("attention scores (soft-capped)", mul(bas2, e), Term::activations, "mul", r.compute_name, "b·a·s·s", true);
+      sim.node("MulBackward1", {th}, {scl}, {});
+      sim.drop(th);
+    }
     const bytes_t mb = std::max(e, r.resid);
     TensorId msk = sim.make("attention scores + mask", mul(bas2, mb), Term::activations, "add", "", "b·a·s·s", true);
     sim.node("AddBackward0", {scl}, {msk}, {});

@@ -99,6 +99,8 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
                                           "); 2 for Llama-style layers, 4 for Gemma 2");
   if (!std::isfinite(s.final_logit_softcap) || s.final_logit_softcap < 0)
     return invalid("final_logit_softcap", "must be a finite number >= 0 (0 = no soft-capping)");
+  if (!std::isfinite(s.attn_logit_softcap) || s.attn_logit_softcap < 0)
+    return invalid("attn_logit_softcap", "must be a finite number >= 0 (0 = no soft-capping)");
 
   if (s.sliding.enabled()) {
     if (s.sliding.window > kMaxPositions)
@@ -565,6 +567,7 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
   if (gemma2) {
     s.norms_per_layer = 4;
     s.final_logit_softcap = r.opt_double("final_logit_softcapping").value_or(0);
+    s.attn_logit_softcap = r.opt_double("attn_logit_softcapping").value_or(0);
     if (auto w = window()) {
       s.sliding.window = *w;
       s.sliding.every_nth = 2;

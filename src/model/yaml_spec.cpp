@@ -248,7 +248,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
       root, "",
       {"name", "family", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
        "num_heads", "num_kv_heads", "head_dim", "tied_embeddings", "mlp", "norm", "bias",
-       "max_positions", "norms_per_layer", "qk_norm", "final_logit_softcap", "sliding_window",
+       "max_positions", "norms_per_layer", "qk_norm", "final_logit_softcap", "attn_logit_softcap", "sliding_window",
        "mla", "moe", "quirks"},
       {"job"});
 
@@ -280,6 +280,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
   s.norms_per_layer = r.opt_uint(top, "norms_per_layer", "norms_per_layer").value_or(2);
   s.qk_norm = r.opt_bool(top, "qk_norm", "qk_norm").value_or(false);
   s.final_logit_softcap = r.opt_double(top, "final_logit_softcap", "final_logit_softcap").value_or(0);
+  s.attn_logit_softcap = r.opt_double(top, "attn_logit_softcap", "attn_logit_softcap").value_or(0);
   if (auto w = r.opt_map(top, "sliding_window", "sliding_window")) {
     const auto e = r.mapping(*w, "sliding_window.", {"window", "every_nth"});
     auto window = r.opt_uint(e, "window", "sliding_window.window");
