@@ -31,6 +31,11 @@ Strategies (a case's "strategy"), with the mapping membudget's flags make onto t
             With "replicate" R > 1 the mesh is ("replicate", "shard", "tp") of R × W/(R·tp) × tp
             and FSDP2 runs over the ("replicate", "shard") sub-mesh: HSDP with TP,
             --dp R --fsdp W/(R·tp) --tp tp.
+    cp      context parallel over W ranks: each step runs inside
+            torch.distributed.tensor.experimental.context_parallel (the batch sharded along the
+            sequence, load-balanced; SDPA as ring attention, "cp_rotate": allgather | alltoall);
+            "fsdp_over_cp": true adds FSDP2 over the same ranks (torchtitan's dp_shard_cp mesh).
+            Measured to model it next; membudget has no --cp yet.
     tp      DTensor tensor parallel over W ranks (q/k/v/gate/up ColwiseParallel, o/down
             RowwiseParallel, the rest replicated); --tp W. "sp": true adds sequence parallel;
             "loss_parallel": true keeps lm_head's output sharded on the vocabulary
@@ -63,6 +68,9 @@ DEFAULTS = {"precision": "amp-bf16", "recompute": "none", "attention": "flash", 
 # Under torchrun (--torchrun) the ranks are real processes on real GPUs and NCCL moves the data;
 # the process group is made once, from torchrun's environment, and kept for every case.
 TORCHRUN = [False]
+# The context-parallel mesh of a "cp" case (run_step shards the batch along the sequence under
+# torch.distributed.tensor.experimental.context_parallel, as torchtitan's train step does).
+CP_MESH = [None]
 
 
 def init_pg(rank, world):
@@ -210,6 +218,20 @@ def build(case, cfgd):
         amp = False
         # sequence parallelism untied a tied model's lm_head and embedding (each its own shard): keep them so
         materialise(model, retie=not case.get("sp"))
+    elif strategy == "cp":  # context parallel: the sequence sharded per step (run_step)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        CP_MESH[0] = init_device_mesh("cuda", (W,), mesh_dim_names=("cp",))
+        if case.get("fsdp_over_cp"):  # torchtitan's layout: FSDP2 over the dp_shard × cp ranks (here cp alone)
+            mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if amp else MixedPrecisionPolicy())
+            kw = {"mesh": CP_MESH[0], "reshard_after_forward": bool(case["reshard"]), "mp_policy": mp}
+            for layer in model.model.layers:
+                fully_shard(layer, **kw)
+            fully_shard(model, **kw)
+            amp = False
+        materialise(model)  # (without FSDP2: replicated parameters, the gradients not synchronised)
     elif strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -343,7 +365,8 @@ def run_case(case, snapshot_dir):
             rec = {"step": i}
             steps.append(rec)
             step.SNAPSHOT["phase"] = None  # the whole step is recorded here, not one phase
-            run_step(model, opts, x, amp, rec, snap, bool(case.get("loss_parallel")))
+            run_step(model, opts, x, amp, rec, snap, bool(case.get("loss_parallel")),
+                     case.get("cp_rotate") if case["strategy"] == "cp" else None)
             if i == 0:
                 res["optimizer_state_bytes"] = state_bytes(opt_list)
             if case.get("offload"):  # after zero_grad: the gradients' host blocks show in the pinned allocator only
@@ -373,14 +396,23 @@ def run_case(case, snapshot_dir):
     return res
 
 
-def run_step(model, opts, x, amp, rec, snap, loss_parallel=False):
-    """tools/torch_profile_step.py's step, with a snapshot of the whole step when asked."""
+def run_step(model, opts, x, amp, rec, snap, loss_parallel=False, cp_rotate=None):
+    """tools/torch_profile_step.py's step, with a snapshot of the whole step when asked. Under
+    context parallelism (cp_rotate: "allgather" or "alltoall") the step runs inside
+    context_parallel(mesh, buffers=[x], buffer_seq_dims=[1]): x (input_ids and labels) is this
+    rank's load-balanced share of the sequence, and SDPA is ring attention."""
     import contextlib
 
     import torch
     if loss_parallel:
         from torch.distributed.tensor.parallel import loss_parallel as lp_context
     ctx = lp_context() if loss_parallel else contextlib.nullcontext()
+    if cp_rotate:
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        set_rotate_method(cp_rotate)
+        ctx = context_parallel(CP_MESH[0], buffers=[x], buffer_seq_dims=[1])
 
     whole = snap and snap.get("phase") == "step" and rec["step"] == snap.get("step") and step.SNAPSHOT["path"]
     if whole:
