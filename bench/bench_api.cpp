@@ -86,8 +86,9 @@ BENCHMARK(BM_estimate_new_shape)->Arg(8)->Arg(70);
 
 // The same for one rank of a parallel job (arg: 0 FSDP2 over 8, 1 HSDP 2 × 8, 2 DDP + ZeRO-1 over 8,
 // 3 tensor parallel over 4, 4 tensor + sequence parallel over 4 with the vocabulary-parallel loss,
-// 5 FSDP2 × TP 2 × 4 with SP, 6 a 4-stage 1F1B pipeline): the layout is part of the compiled plan, so
-// a new shape costs what one GPU's does (a pipeline: one evaluation per stage).
+// 5 FSDP2 × TP 2 × 4 with SP, 6 a 4-stage 1F1B pipeline, 7 context parallel over 4 with FSDP2 over
+// 2 × 4, 8 HSDP 2 × 2 × TP 2): the layout is part of the compiled plan, so a new shape costs what one
+// GPU's does (a pipeline: one evaluation per stage).
 void BM_estimate_new_shape_parallel(benchmark::State& state) {
   Job j;
   switch (state.range(1)) {
@@ -97,16 +98,20 @@ void BM_estimate_new_shape_parallel(benchmark::State& state) {
     case 3: j.parallel.tensor = 4; break;
     case 4: j.parallel.tensor = 4; j.parallel.sequence_parallel = j.parallel.loss_parallel = true; break;
     case 5: j.parallel.fsdp = 2; j.parallel.tensor = 4; j.parallel.sequence_parallel = true; break;
+    case 7: j.parallel.context = 4; j.parallel.fsdp = 2; break;
+    case 8: j.parallel.data = 2; j.parallel.fsdp = 2; j.parallel.tensor = 2; break;
     default:  // 1F1B over 4 stages, 8 microbatches: the most loaded of four stage plans
       j.parallel.pipeline = 4;
       j.parallel.microbatches = 8;
       j.precision = Precision::bf16;
       break;
   }
-  new_shapes(state, j, j.parallel.sequence_parallel ? j.parallel.tensor : 1);
+  // (the sequences a new shape takes: multiples of SP's t and of context parallelism's 2 · cp)
+  new_shapes(state, j, (j.parallel.sequence_parallel ? j.parallel.tensor : 1) * (j.parallel.context > 1 ? 2 * j.parallel.context : 1));
 }
 BENCHMARK(BM_estimate_new_shape_parallel)
-    ->Args({8, 0})->Args({8, 1})->Args({8, 2})->Args({8, 3})->Args({8, 4})->Args({8, 5})->Args({8, 6})->Args({70, 0});
+    ->Args({8, 0})->Args({8, 1})->Args({8, 2})->Args({8, 3})->Args({8, 4})->Args({8, 5})->Args({8, 6})->Args({8, 7})->Args({8, 8})
+    ->Args({70, 0});
 
 // The same for a mixture of experts (grouped_mm experts, transformers' default): every layer after
 // the first is an MoE layer, so the plan compiles like a dense model's.

@@ -24,7 +24,7 @@ FILES = ["tests/data/torch_train_dist_fakepg_h200.json", "tests/data/torch_train
          "tests/data/torch_train_fsdp_tp_rerun_fakepg_h200.json",
          "tests/data/torch_train_hsdp_tp_fakepg_h200.json",
          "tests/data/torch_train_offload_fakepg_h200.json", "tests/data/torch_train_pp_fakepg_h200.json",
-         "tests/data/torch_train_pp_interleaved_fakepg_h200.json"]
+         "tests/data/torch_train_pp_interleaved_fakepg_h200.json", "tests/data/torch_train_cp_fakepg_h200.json"]
 PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak")
 
 
@@ -45,6 +45,8 @@ def flags_of(j):
         f += ["--dp", str(R)] if R > 1 else []
         f += ["--fsdp", str(W // (R * j["tp"])), "--tp", str(j["tp"]), "--reshard-after-forward",
               "true" if j.get("reshard", True) else "false"] + (["--sp"] if j.get("sp") else [])
+    elif st == "cp" and j.get("fsdp_over_cp"):  # FSDP2 over the cp ranks (the cases without it are no layout)
+        f += ["--cp", str(W), "--reshard-after-forward", "true" if j.get("reshard", True) else "false"]
     elif st == "hsdp":
         f += ["--dp", str(j["replicate"]), "--fsdp", str(W // j["replicate"])]
     elif st == "ddp":

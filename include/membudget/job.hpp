@@ -107,9 +107,11 @@ inline std::uint64_t element_size(DType d) noexcept { return static_cast<std::ui
 //                           ZeRO-3: gradients and optimizer state sharded, plus parameters between
 //                           forward and backward for 3)
 //   --tp N                  DTensor tensor parallelism (Llama plan: q, k, v, gate, up column-, o, down
-//                           row-parallel; embedding, norms, lm_head replicated), alone
-// Pipeline and sequence parallelism, and --tp with data parallelism, are not modelled yet:
-// validate() refuses them by name.
+//                           row-parallel; embedding, norms, lm_head replicated)
+//   --cp N [--fsdp D]       context parallelism: each rank runs its 1/N of the sequence
+//                           (context_parallel, ring attention); FSDP2 over the D·N ranks
+//                           (torchtitan's dp_shard_cp mesh)
+// docs/distributed.md lists the combinations modelled; validate() refuses the others by name.
 struct Parallelism {
   std::uint64_t tensor = 1;     // --tp
   std::uint64_t pipeline = 1;   // --pp: pipeline stages
@@ -119,6 +121,7 @@ struct Parallelism {
   std::vector<std::uint64_t> pp_layers;  // --pp-layers: decoder layers per stage; empty: even split
   std::uint64_t data = 1;       // --dp: DDP replicas, or HSDP's replicate dimension with --fsdp
   std::uint64_t fsdp = 1;       // --fsdp: FSDP2 shard ranks
+  std::uint64_t context = 1;    // --cp: context-parallel ranks (the sequence split N ways)
   int zero_stage = 0;           // --zero: 0 none; 1, 2, 3 over --dp as above
   bool sequence_parallel = false;      // --sp (with --tp)
   bool loss_parallel = false;          // --loss-parallel: lm_head's output kept sharded, loss_parallel() (with --sp)

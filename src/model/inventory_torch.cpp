@@ -133,6 +133,10 @@ struct Step {
   // row-parallel outputs are reduce-scattered back (RowwiseParallel(output_layouts=Shard(1))).
   // Read off tests/data/dist_snapshots/llama-3.2-1b_tp-sp_w4r0_bf16_none_b1s2048_L2.pickle.gz.
   bool sp() const { return job.parallel.sequence_parallel; }
+  // Context parallelism (--cp): SDPA runs as context_parallel's ring attention (torch's
+  // tensor/experimental/_attention.py, allgather rotation) over this rank's queries and every
+  // rank's keys and values. Read off tests/data/dist_snapshots/llama-3.2-1b_fsdp-cp2-*.pickle.gz.
+  bool cp() const { return job.parallel.context > 1; }
   bytes_t stream_rows() const { return sp() ? d.T / job.parallel.tensor : d.T; }
   TorchOps stream_ops() { return {sim, m, stream_rows(), r.param}; }
   TensorId stream_norm(TensorId x, TensorId w, const char* tag) { return stream_ops().rmsnorm(x, w, tag, d.h, 1); }
@@ -700,6 +704,15 @@ struct Step {
       // backward: dq accumulator in fp32, and k/v gradients expanded to all query heads under GQA
       bytes_t ws = mul(d.T, d.qd, 4) + mul(d.b, d.a, d.s, 4);
       if (d.a != d.kva && !repeat) ws += mul(d.T, d.qd, r.compute, 2);
+      if (cp()) {
+        // ring attention: the whole sequence's keys and values all-gathered, and the merge's fp32
+        // output and log-sum-exp accumulators, while the output is made; in backward the gathered
+        // keys and values again with their fp32 gradient accumulators (reduce-scattered after)
+        const bytes_t kv_all = mul(d.T, job.parallel.context, 2 * d.kvd);
+        sim.transient("ring attention: all-gathered keys and values, fp32 output accumulator",
+                      mul(kv_all, r.compute) + mul(d.T, d.qd, 4) + mul(d.b, d.a, d.s, 4), Term::activations, Role::temporary);
+        ws += mul(kv_all, r.compute) + mul(kv_all, 4);
+      }
       if (bias != kNone) {
         sim.node("CudnnAttentionBackward (attn_bias)", {q, k, v}, {out}, {q, k, v, out, lse, bias}, ws);
       } else {
@@ -707,6 +720,15 @@ struct Step {
       }
       sim.drop(lse);
       sim.drop(bias);
+      if (cp()) {
+        // the merged result is b·a·s·hd: transformers' transpose(1, 2).contiguous() copies it (a
+        // fused kernel's output is already b·s·a·hd), and o_proj saves the copy
+        TensorId oc = sim.make("attention output (contiguous copy of ring attention's result, saved by o_proj)",
+                               mul(d.T, d.qd, r.compute), Term::activations, "contiguous", r.compute_name, "b·s·a·hd", true);
+        sim.node("CloneBackward", {out}, {oc}, {});
+        sim.drop(out);
+        out = oc;
+      }
     } else if (job.attention == Attention::flash) {
       out = sdpa_math(q, k, v);
     } else {
@@ -1498,7 +1520,8 @@ class TrainPass {
     st_.dp = &dp_;
     st_.masked = sliding_window_mask(m, job);
     auto& d = st_.d;
-    d.b = job.batch; d.s = job.seq; d.T = mul(job.batch, job.seq);
+    // a context-parallel rank runs its share of the sequence (context_parallel shards the batch)
+    d.b = job.batch; d.s = job.seq / job.parallel.context; d.T = mul(job.batch, d.s);
     d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.vocab_size;
     d.qd = m.q_dim(); d.kvd = m.kv_dim(); d.a = m.num_heads; d.kva = m.num_kv_heads;
     d.hd = m.head_dim; d.L = m.num_layers;

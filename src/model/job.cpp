@@ -154,7 +154,7 @@ double dtype_bytes(DType d) noexcept {
 
 std::uint64_t Parallelism::world() const noexcept {
   using u128 = unsigned __int128;
-  const u128 w = static_cast<u128>(data) * fsdp * tensor * pipeline;
+  const u128 w = static_cast<u128>(data) * fsdp * tensor * pipeline * context;
   return w > ~std::uint64_t{0} ? ~std::uint64_t{0} : static_cast<std::uint64_t>(w);
 }
 
@@ -170,8 +170,29 @@ void validate_parallel(const Job& j) {
   if (p.pipeline == 0) throw bad("--pp", "must be at least 1");
   if (p.data == 0) throw bad("--dp", "must be at least 1");
   if (p.fsdp == 0) throw bad("--fsdp", "must be at least 1");
+  if (p.context == 0) throw bad("--cp", "must be at least 1");
   if (p.world() > kMaxRanks)
-    throw bad("--dp × --fsdp × --tp × --pp", std::to_string(p.world()) + " ranks is absurdly large (limit 2^20)");
+    throw bad("--dp × --fsdp × --tp × --pp × --cp", std::to_string(p.world()) + " ranks is absurdly large (limit 2^20)");
+  if (p.context > 1) {
+    // torchtitan's context parallelism: FSDP2 over the dp_shard × cp ranks, each rank's share of
+    // the sequence through context_parallel's ring attention (docs/distributed.md). Measured
+    // alone and with FSDP2; the other layouts beside it are not modelled yet.
+    const std::string cp = "--cp " + std::to_string(p.context);
+    if (p.tensor > 1 || p.pipeline > 1 || p.data > 1 || p.zero_stage != 0 || p.fsdp_offload)
+      throw unsupported(cp + " with --tp, --pp, --dp, --zero or --fsdp-offload: context parallelism is modelled with "
+                        "FSDP2 (--cp N [--fsdp D]) only");
+    // the load balancer cuts the sequence into 2·N chunks, each rank taking one from either end
+    if (j.seq % (2 * p.context))
+      throw bad("--cp", "--seq " + std::to_string(j.seq) + " is not divisible by 2 × " + std::to_string(p.context) +
+                            " (context_parallel's load balancing gives each rank two equal chunks)");
+    if (j.attention != Attention::flash)
+      throw unsupported(cp + " with --attention math: ring attention replaces SDPA's fused kernels only");
+    if (j.precision != Precision::bf16 && j.precision != Precision::amp_bf16)
+      throw unsupported(cp + " with --precision " + std::string(to_string(j.precision)) +
+                        ": measured in bf16 and amp-bf16 (the fused kernels ring attention runs)");
+    if (j.recompute == Recompute::selective) throw unsupported(cp + " with --recompute selective: not modelled (none and full are)");
+    if (j.loss == Loss::chunked) throw unsupported(cp + " with --loss chunked: not modelled");
+  }
   if (p.zero_stage < 0 || p.zero_stage > 3) throw bad("--zero", "the ZeRO stage must be 0, 1, 2 or 3");
   // Not modelled yet: refused by name, never answered as if unsharded.
   // torchtitan's layouts with TP: FSDP2 (or HSDP) across, TP within. PyTorch's DDP does not take
@@ -230,7 +251,7 @@ void validate_parallel(const Job& j) {
     throw bad("--zero", "stage " + std::to_string(p.zero_stage) + " shards over the data-parallel ranks: give --dp N (N ≥ 2)");
   if (p.zero_stage == 3 && !p.reshard_after_forward)
     throw bad("--reshard-after-forward", "false contradicts --zero 3 (ZeRO-3 reshards after forward; --zero 2 does not)");
-  const bool fsdp = p.fsdp > 1 || p.zero_stage >= 2;
+  const bool fsdp = p.fsdp > 1 || p.zero_stage >= 2 || p.context > 1;
   const bool ddp = p.data > 1 && !fsdp;
   if (p.fsdp_offload && !fsdp) throw bad("--fsdp-offload", "applies to FSDP2 (--fsdp N, or --dp N --zero 2 / 3)");
   if (p.ddp_bucket_view && !ddp) throw bad("--ddp-bucket-view", "applies to DistributedDataParallel (--dp N without --fsdp or --zero 2/3)");
@@ -240,7 +261,12 @@ void validate_parallel(const Job& j) {
     throw bad("--rank", std::to_string(*p.rank) + " is not a rank of a job of " + std::to_string(p.world()) + " ranks (0 to " +
                            std::to_string(p.world() - 1) + ")");
   if (p.single()) return;
-  const std::string layout = p.tensor > 1 ? "--tp" : p.pipeline > 1 ? "--pp" : fsdp ? "--fsdp" : p.zero_stage == 1 ? "--zero 1" : "--dp";
+  const std::string layout = p.tensor > 1     ? "--tp"
+                             : p.pipeline > 1 ? "--pp"
+                             : p.context > 1  ? "--cp"
+                             : fsdp           ? "--fsdp"
+                             : p.zero_stage == 1 ? "--zero 1"
+                                                 : "--dp";
   if (j.mode == Mode::infer) throw unsupported(layout + ": serving is predicted on one GPU (tensor-parallel serving is not modelled yet)");
   if (j.profile == Profile::harness) throw unsupported(layout + ": the harness step runs on one device; use --profile torch");
   if (j.lora_rank) throw unsupported(layout + " with --lora: a sharded LoRA fine-tune is not modelled yet");
@@ -283,6 +309,7 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
   Parallelism& p = job.parallel;
   if (k == "dp" || k == "data-parallel") p.data = count(kRanks);
   else if (k == "fsdp") p.fsdp = count(kRanks);
+  else if (k == "cp" || k == "context-parallel") p.context = count(kRanks);
   else if (k == "tp" || k == "tensor-parallel") p.tensor = count(kRanks);
   else if (k == "pp" || k == "pipeline-parallel") p.pipeline = count(kRanks);
   else if (k == "zero" || k == "zero-stage") p.zero_stage = static_cast<int>(count(3));
@@ -392,7 +419,7 @@ void check_options_apply(const Job& job, const std::vector<std::string>& given) 
     auto refuse = [&](const std::string& why) { throw Error(ErrorKind::invalid_job, flag + ": " + why); };
     static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention", "trainer-args",
                                              "loss",      "loss-chunk", "activations",    "lora",  "dp", "fsdp", "zero",
-                                             "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "sp", "pp-schedule",
+                                             "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "cp", "sp", "pp-schedule",
                                              "microbatches", "virtual-stages", "pp-layers", "loss-parallel", "fsdp-offload",
                                              "router-aux-loss"};
     static const char* const kServeOnly[] = {"kv-dtype", "weights", "group-size"};

@@ -20,7 +20,8 @@ bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) {
 // shared expert as a dense MLP of its width.
 template <class Add>
 void korthikanti_layer(const ModelSpec& m, const Job& job, bool moe, Add&& add) {
-  const bytes_t s = job.seq, b = job.batch, h = m.hidden_size, I = m.intermediate_size, a = m.num_heads;
+  // (a context-parallel rank keeps its share of the sequence)
+  const bytes_t s = job.seq / job.parallel.context, b = job.batch, h = m.hidden_size, I = m.intermediate_size, a = m.num_heads;
   const bytes_t sb = mul(s, b);
   const bytes_t qd = m.q_dim(), kvd = m.kv_dim();
   const bytes_t sp = job.parallel.sequence_parallel ? job.parallel.tensor : 1;  // the sequence-sharded terms' divisor

@@ -10,7 +10,8 @@ namespace {
 LogitsLossBreakdown whole_logits(const ModelSpec& m, const Job& job) {
   auto mul = [](bytes_t a, bytes_t b, bytes_t c) { return checked_product("logits/loss size", a, b, c); };
   LogitsLossBreakdown l;
-  const bytes_t T = checked_product("tokens", job.batch, job.seq), V = m.vocab_size;
+  // (a context-parallel rank's tokens are its share of the sequence)
+  const bytes_t T = checked_product("tokens", job.batch, job.seq / job.parallel.context), V = m.vocab_size;
   const bytes_t compute = job.precision == Precision::fp32 ? 4 : 2;
   if (job.loss == Loss::chunked) {
     const bytes_t c = std::min<bytes_t>(job.loss_chunk, T);

@@ -13,6 +13,19 @@ namespace membudget::detail {
 
 void check_layout(const ModelSpec& m, const Job& job) {
   check_pipeline(m, job);
+  if (job.parallel.context > 1) {
+    // ring attention takes SDPA's causal path: no mask, the attention transformers' Llama-style
+    // layers run (measured on Llama and Qwen2)
+    const std::string model = m.name.empty() ? std::string("the model") : m.name;
+    auto refuse = [&](const std::string& what) {
+      throw Error(ErrorKind::unsupported, "--cp: " + model + ": " + what + " is not modelled with context parallelism");
+    };
+    if (m.sliding.enabled()) refuse("sliding-window attention (a mask)");
+    if (m.mla.enabled()) refuse("multi-head latent attention");
+    if (m.moe.enabled()) refuse("a mixture of experts");
+    if (m.quirks.fused_qkv || m.quirks.embedding_scale || m.final_logit_softcap > 0 || m.attn_logit_softcap > 0)
+      refuse("Phi-3's fused projections and Gemma's scales and soft-capping");
+  }
   const std::uint64_t t = job.parallel.tensor;
   if (t <= 1) return;
   auto even = [&](const char* field, std::uint64_t n) {
@@ -176,9 +189,9 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
     l.rank = p.rank.value_or(0);
     return l;
   }
-  if (p.fsdp > 1) {
+  if (p.fsdp > 1 || p.context > 1) {
     l.strategy = DataStrategy::fsdp;
-    l.shard = p.fsdp;
+    l.shard = p.fsdp * p.context;  // context parallelism: torchtitan's dp_shard_cp mesh
     l.replicate = p.data;  // HSDP when > 1
   } else if (p.zero_stage >= 2) {
     l.strategy = DataStrategy::fsdp;  // PyTorch's ZeRO-2 / ZeRO-3: FSDP2 over the data-parallel ranks

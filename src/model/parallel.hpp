@@ -20,7 +20,7 @@ enum class DataStrategy : std::uint8_t { single, ddp, zero1, fsdp };
 struct RankLayout {
   DataStrategy strategy = DataStrategy::single;
   std::uint64_t world = 1;      // ranks in the job
-  std::uint64_t shard = 1;      // FSDP2: ranks a parameter is sharded over; ZeRO-1: ranks the state is
+  std::uint64_t shard = 1;      // FSDP2: ranks a parameter is sharded over (--fsdp × --cp); ZeRO-1: ranks the state is
   std::uint64_t replicate = 1;  // HSDP: replicas of each shard (FSDP2 all-reduces in place: no memory)
   bool reshard = true;          // FSDP2 reshard_after_forward
   bool offload = false;         // FSDP2 CPUOffloadPolicy: shards, gradients, optimizer state on the host

@@ -48,13 +48,13 @@ ordered_json job_json(const Job& j) {
   if (!j.parallel.single()) {
     const Parallelism& p = j.parallel;
     ordered_json par = {{"dp", p.data}, {"fsdp", p.fsdp}, {"zero", p.zero_stage}, {"tp", p.tensor}, {"pp", p.pipeline},
-                        {"world", p.world()}};
+                        {"cp", p.context}, {"world", p.world()}};
     if (p.pipeline > 1) {
       par["pp_schedule"] = to_string(p.pp_schedule);
       par["microbatches"] = p.microbatches ? p.microbatches : p.pipeline;
       if (!p.pp_layers.empty()) par["pp_layers"] = p.pp_layers;
     }
-    if (p.fsdp > 1 || p.zero_stage >= 2) par["reshard_after_forward"] = p.zero_stage >= 2 ? p.zero_stage == 3 : p.reshard_after_forward;
+    if (p.fsdp > 1 || p.zero_stage >= 2 || p.context > 1) par["reshard_after_forward"] = p.zero_stage >= 2 ? p.zero_stage == 3 : p.reshard_after_forward;
     if (p.ddp_bucket_view) par["ddp_bucket_view"] = true;
     if (p.sequence_parallel) par["sp"] = true;
     if (p.fsdp_offload) par["fsdp_offload"] = true;
@@ -112,6 +112,9 @@ std::string layout_label(const Parallelism& p) {
     return "pipeline of " + n + " stages (" + schedule + ", " + std::to_string(p.microbatches ? p.microbatches : p.pipeline) +
            " microbatches)";
   }
+  if (p.context > 1)
+    return "context parallel over " + std::to_string(p.context) + " ranks (ring attention), FSDP2 over " + n + " ranks" +
+           (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");
   if (p.fsdp > 1 && p.data > 1)
     return "HSDP: FSDP2 over " + std::to_string(p.fsdp) + " ranks × " + std::to_string(p.data) + " replicas" +
            (p.reshard_after_forward ? " (reshard after forward)" : " (no reshard after forward)");

@@ -386,8 +386,8 @@ Error overflow_at(std::uint64_t b, std::uint64_t s) {
 }  // namespace
 
 std::uint64_t StepPlan::local_seq(std::uint64_t s) const {
-  if (s % seq_unit_)  // the job's validation refuses such a sequence under sequence parallelism
-    throw Error(ErrorKind::invalid_job, "seq " + std::to_string(s) + ": not a multiple of the sequence-parallel degree " +
+  if (s % seq_unit_)  // the job's validation refuses such a sequence under sequence or context parallelism
+    throw Error(ErrorKind::invalid_job, "seq " + std::to_string(s) + ": not a multiple of the sequence- and context-parallel degree " +
                                             std::to_string(seq_unit_));
   return s / seq_unit_;
 }

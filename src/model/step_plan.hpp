@@ -46,9 +46,10 @@ class StepPlan {
   // and estimate() choose the most loaded stage from the stages' plans).
   static bool covers(const Job& job) noexcept { return job.parallel.pipeline <= 1 || job.parallel.rank.has_value(); }
   // The unit the plan's sequence variable counts in: the tensor-parallel degree under sequence
-  // parallelism (the plan is in the local sequence s / t), else 1.
+  // parallelism (the plan is in the local sequence s / t), times the context-parallel degree (a
+  // rank's share of the sequence), else 1.
   static std::uint64_t seq_unit(const Job& job) noexcept {
-    return job.parallel.sequence_parallel ? job.parallel.tensor : 1;
+    return (job.parallel.sequence_parallel ? job.parallel.tensor : 1) * job.parallel.context;
   }
   static void clear_cache() noexcept;
 
