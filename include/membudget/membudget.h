@@ -64,9 +64,11 @@ void mb_job_free(mb_job* job);
  * foreach=False; unset: torch.optim's default), "recompute", "attention", "loss", "loss-chunk", "activations", "profile",
  * "overhead" ("800MiB"), "kv-dtype", "weights", "group-size", "lora" (LoRA rank, 0: full fine-tune),
  * the parallel layout (docs/distributed.md): "dp", "fsdp", "zero", "reshard-after-forward",
- * "ddp-bucket-view", "rank" (the rank predicted; unset: the most loaded), and "tp", "pp", "sp" (not
- * modelled yet: mb_predict and the searches return MB_UNSUPPORTED); "data-parallel",
- * "tensor-parallel", "pipeline-parallel", "zero-stage", "sequence-parallel" are the same keys. */
+ * "ddp-bucket-view", "fsdp-offload", "rank" (the rank predicted; unset: the most loaded), "tp", "sp",
+ * "loss-parallel", "pp", "pp-schedule", "microbatches", "virtual-stages", "pp-layers" ("4,4,4,4"),
+ * "cp"; "data-parallel", "tensor-parallel", "pipeline-parallel", "context-parallel", "zero-stage",
+ * "sequence-parallel" are the same keys. A layout not modelled makes mb_predict and the searches
+ * return MB_UNSUPPORTED. */
 
 mb_status mb_job_set(mb_job* job, const char* key, const char* value);
 mb_status mb_job_set_batch(mb_job* job, uint64_t batch);
