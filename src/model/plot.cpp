@@ -168,8 +168,10 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
   for (const auto& p : b.reserved) top = std::max(top, p.bytes);
   if (fit) top = std::max(top, fit->capacity);
   top = std::max<bytes_t>(top, 1);
-  const double W = 1200, H = 640, left = 90, right = 250, upper = 50, lower = 60;
-  const double pw = W - left - right, ph = H - upper - lower;
+  // the legend and the peak's tensor names sit right of the plot, clear of the phase labels that
+  // end near its right edge (legend_x), with room for a tensor's name
+  const double W = 1380, H = 640, left = 90, right = 430, upper = 50, lower = 60;
+  const double pw = W - left - right, ph = H - upper - lower, legend_x = left + pw + 70;
   auto X = [&](std::size_t sample) { return left + pw * static_cast<double>(sample) / static_cast<double>(std::max<std::size_t>(1, samples.size() - 1)); };
   auto Y = [&](bytes_t v) { return upper + ph * (1.0 - static_cast<double>(v) / (static_cast<double>(top) * 1.05)); };
 
@@ -216,9 +218,11 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
     if (std::find(labelled.begin(), labelled.end(), phase) != labelled.end()) continue;
     labelled.push_back(phase);
     const bytes_t bytes = b.phase(phase);
-    o << "<text class=\"phase-peak\" data-phase=\"" << to_string(phase) << "\" data-bytes=\"" << bytes << "\" x=\"" << num(x + 4)
-      << "\" y=\"" << num(upper + 14 + 14 * static_cast<double>(labelled.size() - 1)) << "\">" << to_string(phase) << ' '
-      << escape(format_bytes(bytes)) << "</text>\n";
+    // a phase starting in the plot's last quarter is labelled to the left of its line, inside the plot
+    const bool near_end = x > left + 0.75 * pw;
+    o << "<text class=\"phase-peak\" data-phase=\"" << to_string(phase) << "\" data-bytes=\"" << bytes << "\" x=\""
+      << num(near_end ? x - 4 : x + 4) << "\" y=\"" << num(upper + 14 + 14 * static_cast<double>(labelled.size() - 1)) << '"'
+      << (near_end ? " text-anchor=\"end\"" : "") << '>' << to_string(phase) << ' ' << escape(format_bytes(bytes)) << "</text>\n";
   }
   // phases the stream does not mark (the serving walk's floor): a dotted level with its figure
   for (const PhasePeak& p : b.phases) {
@@ -259,19 +263,19 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
     std::vector<TensorBytes> live_at_peak = peak_phase->live;
     std::sort(live_at_peak.begin(), live_at_peak.end(), [](const TensorBytes& x, const TensorBytes& y) { return x.bytes > y.bytes; });
     for (std::size_t i = 0; i < std::min<std::size_t>(4, live_at_peak.size()); ++i)
-      o << "<text class=\"peak-tensor\" x=\"" << left + pw + 12 << "\" y=\"" << num(upper + 200 + 16 * static_cast<double>(i))
+      o << "<text class=\"peak-tensor\" x=\"" << legend_x << "\" y=\"" << num(upper + 200 + 16 * static_cast<double>(i))
         << "\">" << escape(format_bytes(live_at_peak[i].bytes) + "  " + live_at_peak[i].name) << "</text>\n";
-    o << "<text x=\"" << left + pw + 12 << "\" y=\"" << upper + 184 << "\" font-weight=\"bold\">largest at the peak ("
+    o << "<text x=\"" << legend_x << "\" y=\"" << upper + 184 << "\" font-weight=\"bold\">largest at the peak ("
       << to_string(peak_phase->phase) << ")</text>\n";
   }
   // legend
   for (std::size_t k = 0; k < kBands.size(); ++k) {
     const double y = upper + 16 * static_cast<double>(kBands.size() - 1 - k);
-    o << "<rect x=\"" << left + pw + 12 << "\" y=\"" << num(y) << "\" width=\"12\" height=\"12\" fill=\"" << kColours[k] << "\"/>\n";
-    o << "<text x=\"" << left + pw + 30 << "\" y=\"" << num(y + 10) << "\">" << kBands[k] << "</text>\n";
+    o << "<rect x=\"" << legend_x << "\" y=\"" << num(y) << "\" width=\"12\" height=\"12\" fill=\"" << kColours[k] << "\"/>\n";
+    o << "<text x=\"" << legend_x + 18 << "\" y=\"" << num(y + 10) << "\">" << kBands[k] << "</text>\n";
   }
   if (!b.reserved.empty())
-    o << "<text x=\"" << left + pw + 12 << "\" y=\"" << upper + 140 << "\">— reserved (caching allocator)</text>\n";
+    o << "<text x=\"" << legend_x << "\" y=\"" << upper + 140 << "\">— reserved (caching allocator)</text>\n";
   o << "</svg>\n";
   return o.str();
 }
