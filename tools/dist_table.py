@@ -53,7 +53,7 @@ def flags_of(j):
         f += ["--dp", str(W)] + (["--ddp-bucket-view"] if j.get("bucket_view") else [])
     elif st == "zero1":
         f += ["--dp", str(W), "--zero", "1"]
-    elif st == "tp" and (j.get("sp") or not j.get("loss_parallel")):
+    elif st == "tp":
         f += ["--tp", str(W)] + (["--sp"] if j.get("sp") else []) + (["--loss-parallel"] if j.get("loss_parallel") else [])
     else:
         return None

@@ -158,6 +158,10 @@ struct ModelSpec {
   std::uint64_t num_kv_heads = 0;     // 8 (GQA); = num_heads for MHA; 1 for MQA
   std::uint64_t head_dim = 0;         // 64
   bool tied_embeddings = false;       // true for Llama 3.2 1B / 3B
+  // lm_head's rows when they are not the vocabulary: 0 (the vocabulary) for a model as loaded; a
+  // tensor-parallel rank's vocabulary shard under the vocabulary-parallel loss without sequence
+  // parallelism (the embedding stays whole; detail::tp_local_spec sets it). Needs an untied head.
+  std::uint64_t lm_head_rows = 0;
   MlpKind mlp = MlpKind::gated_silu;
   NormKind norm = NormKind::rmsnorm;
   Biases bias;

@@ -967,7 +967,10 @@ TensorId forward(Step& st, bool checkpoint) {
   if (st.job.loss == Loss::full) {
     TensorId head_in = st.sp() ? st.sp_all_gather(hn, "SP all-gather of the final norm output (saved by lm_head)") : hn;
     if (!st.sp()) sim.hold(hn);
-    TensorId logits = st.linear(head_in, d.h, d.V, st.lm_head, kNone, "logits", "b·s·V");
+    // lm_head ColwiseParallel on a replicated input (the vocabulary-parallel loss without SP): its
+    // input gradient is a partial sum, all-reduced into a new tensor as the projections' are
+    const bytes_t head_grad_allreduce = vocab_parallel && !st.sp() ? st.tp_input_grad_allreduce() : 0;
+    TensorId logits = st.linear(head_in, d.h, d.V, st.lm_head, kNone, "logits", "b·s·V", nullptr, 0, head_grad_allreduce);
     sim.drop(head_in);
     if (st.sp() && !vocab_parallel) logits = st.sp_gather_logits(logits);
     sim.drop(hn);
@@ -1394,8 +1397,9 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLa
     // 1.5B at --tp 2 holds no such tails). The replicated tensors keep theirs.
     for (std::size_t g = 0; g < st.groups.size(); ++g)
       for (const auto& [id, t] : st.groups[g]) {
-        // (sequence parallelism shards the embedding and lm_head too)
-        const bool shard = t.projection() && (g != 0 || job.parallel.sequence_parallel);
+        // (sequence parallelism shards the embedding and lm_head too, the vocabulary-parallel loss lm_head)
+        const bool shard = t.projection() && (g != 0 || job.parallel.sequence_parallel ||
+                                              (job.parallel.loss_parallel && t.module == Module::lm_head));
         if (shard || (job.parallel.sequence_parallel && t.module == Module::embedding)) continue;
         const TensorInfo& info = st.sim.info(id);
         out.params += tail(info.bytes);
@@ -1470,7 +1474,7 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
   std::uint64_t sharded = 0;
   if (l.tensor > 1)
     for (const ParamTensor& t : model_tensors(sizing))
-      if (t.projection() && t.module != Module::embedding && t.module != Module::lm_head)
+      if (t.projection() && t.module != Module::embedding && (t.module != Module::lm_head || job.parallel.loss_parallel))
         sharded = checked_add(sharded, t.elements(), "tensor-parallel shards");
   // (under sequence parallelism every parameter is a DTensor, the norms' replicated: one optimizer)
   const bool two_optimizers = l.tensor > 1 && !job.parallel.sequence_parallel;
@@ -1522,7 +1526,8 @@ class TrainPass {
     auto& d = st_.d;
     // a context-parallel rank runs its share of the sequence (context_parallel shards the batch)
     d.b = job.batch; d.s = job.seq / job.parallel.context; d.T = mul(job.batch, d.s);
-    d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.vocab_size;
+    // (the logits' width: lm_head's rows, a vocabulary shard under the vocabulary-parallel loss)
+    d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.lm_head_rows ? m.lm_head_rows : m.vocab_size;
     d.qd = m.q_dim(); d.kvd = m.kv_dim(); d.a = m.num_heads; d.kva = m.num_kv_heads;
     d.hd = m.head_dim; d.L = m.num_layers;
     if (stage_) {  // a pipeline stage: its layers, no DynamicCache (stage_forward)
@@ -1808,11 +1813,9 @@ class TrainPass {
 TorchStepResult simulate_torch_train(const ModelSpec& full, const Job& job, bool explain, const ModelSpec* full_sizing,
                                      std::array<SimTrace, 2>* traces) {
   // A tensor-parallel rank runs the decoder on its share of the heads and of the MLP width.
-  const std::uint64_t t = job.parallel.tensor;
   check_simulated(full, job);
-  const bool sp = job.parallel.sequence_parallel;
-  const ModelSpec m = tp_local_spec(full, t, sp);
-  const ModelSpec sizing = tp_local_spec(full_sizing ? *full_sizing : full, t, sp);
+  const ModelSpec m = tp_local_spec(full, job.parallel);
+  const ModelSpec sizing = tp_local_spec(full_sizing ? *full_sizing : full, job.parallel);
   check_torch_coverage(m, job);
   TorchStepResult res;
   // A pipeline stage (the rank is the stage): its layers, its schedule.

@@ -239,9 +239,9 @@ void validate_parallel(const Job& j) {
       if (n == 0) throw bad("--pp-layers", "a stage with no decoder layers is not modelled (every stage needs one)");
   }
   if (p.sequence_parallel && p.tensor < 2) throw bad("--sp", "sequence parallelism applies to tensor parallelism (--tp N, N ≥ 2)");
-  if (p.loss_parallel && p.tensor < 2) throw bad("--loss-parallel", "the vocabulary-parallel loss applies to tensor parallelism (--tp N --sp)");
-  if (p.loss_parallel && !p.sequence_parallel)
-    throw unsupported("--loss-parallel without --sp: lm_head sharded beside a replicated embedding is not modelled yet (give --sp)");
+  if (p.loss_parallel && p.tensor < 2) throw bad("--loss-parallel", "the vocabulary-parallel loss applies to tensor parallelism (--tp N)");
+  if (p.loss_parallel && j.loss == Loss::chunked)
+    throw unsupported("--loss-parallel with --loss chunked: the vocabulary-parallel loss is cross-entropy over whole logits");
   if (p.sequence_parallel && j.loss == Loss::chunked)
     throw unsupported("--sp with --loss chunked: the fused loss over sequence-parallel logits is not modelled");
   if (p.zero_stage > 0 && p.fsdp > 1)

@@ -43,6 +43,7 @@ void check_layout(const ModelSpec& m, const Job& job) {
   if (m.moe.enabled())
     throw Error(ErrorKind::unsupported, "--tp: a mixture of experts is not modelled with tensor parallelism (expert "
                                         "parallelism, --ep, is not modelled yet either)");
+  if (job.parallel.loss_parallel && !job.parallel.sequence_parallel) even("vocab_size", m.vocab_size);  // lm_head's shards
   if (!job.parallel.sequence_parallel) return;
   // Sequence parallelism shards the residual stream along the sequence and the embedding and
   // lm_head along the vocabulary: both evenly here.
@@ -56,7 +57,7 @@ void check_layout(const ModelSpec& m, const Job& job) {
                                             "with sequence parallelism (Llama-style layers are)");
 }
 
-ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t, bool sp) {
+ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t, bool sp, bool loss_parallel) {
   ModelSpec local = m;
   if (t <= 1) return local;
   local.num_heads /= t;
@@ -64,6 +65,9 @@ ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t, bool sp) {
   local.intermediate_size /= t;
   if (sp) {
     local.vocab_size /= t;
+    local.tied_embeddings = false;
+  } else if (loss_parallel) {  // lm_head alone is ColwiseParallel: its own shard, the embedding whole
+    local.lm_head_rows = m.vocab_size / t;
     local.tied_embeddings = false;
   }
   // head_dim stays: q_dim() = heads · head_dim shrinks with the heads
@@ -156,7 +160,7 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
   if (l.strategy == DataStrategy::zero1) parts = zero1_partition(m, l.shard);
   // (with tensor parallelism FSDP2 shards each rank's TP share)
   const auto tensors = l.strategy == DataStrategy::fsdp
-                           ? model_tensors(tp_local_spec(m, l.tensor, job.parallel.sequence_parallel))
+                           ? model_tensors(tp_local_spec(m, job.parallel))
                            : std::vector<ParamTensor>{};
   std::vector<std::vector<std::uint64_t>> groups;
   std::map<std::vector<std::uint64_t>, std::size_t> group_of_signature;

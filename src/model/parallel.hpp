@@ -46,7 +46,14 @@ void check_layout(const ModelSpec& m, const Job& job);
 // With sequence parallelism (`sp`, torchtitan's plan) the embedding is RowwiseParallel and lm_head
 // ColwiseParallel as well: both sharded on the vocabulary (vocab_size / t), and a tied model's two
 // become separate shards (parallelize_module replaces each module's parameter on its own).
-ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t, bool sp = false);
+// With the vocabulary-parallel loss but no sequence parallelism (`loss_parallel`), lm_head alone is
+// ColwiseParallel(output_layouts=Shard(-1)): a shard of V / t rows of its own (lm_head_rows; a tied
+// model's two become separate tensors), the embedding replicated whole.
+ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t, bool sp = false, bool loss_parallel = false);
+// The same from the job's layout.
+inline ModelSpec tp_local_spec(const ModelSpec& m, const Parallelism& p) {
+  return tp_local_spec(m, p.tensor, p.sequence_parallel, p.loss_parallel);
+}
 
 // Every parameter tensor of the model once, in module order: the embedding, layer 0 … L−1, the final
 // norm, an untied lm_head (a tied lm_head is the embedding).

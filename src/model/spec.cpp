@@ -99,6 +99,8 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
                                           "); 2 for Llama-style layers, 4 for Gemma 2");
   if (!std::isfinite(s.final_logit_softcap) || s.final_logit_softcap < 0)
     return invalid("final_logit_softcap", "must be a finite number >= 0 (0 = no soft-capping)");
+  if (s.lm_head_rows && (s.tied_embeddings || s.lm_head_rows > s.vocab_size))
+    return invalid("lm_head_rows", "a shard of lm_head's rows needs an untied head and at most vocab_size rows");
   if (!std::isfinite(s.attn_logit_softcap) || s.attn_logit_softcap < 0)
     return invalid("attn_logit_softcap", "must be a finite number >= 0 (0 = no soft-capping)");
 
@@ -306,7 +308,7 @@ std::vector<ParamTensor> ModelSpec::outer_tensors() const {
   v.push_back({Module::embedding, vocab_size, hidden_size, false});
   v.push_back({Module::final_norm, 0, hidden_size, false});
   if (norm == NormKind::layernorm) v.push_back({Module::final_norm, 0, hidden_size, true});
-  if (!tied_embeddings) v.push_back({Module::lm_head, hidden_size, vocab_size, false});
+  if (!tied_embeddings) v.push_back({Module::lm_head, hidden_size, lm_head_rows ? lm_head_rows : vocab_size, false});
   return v;
 }
 

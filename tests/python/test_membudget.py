@@ -127,7 +127,8 @@ def test_parallel_settings_not_modelled_are_unsupported_not_unsharded():
                       ({"pp": 4, "tensor_parallel": 2}, "--pp 4 with"),
                       ({"pp": 4}, "--pp with --precision amp-bf16"),
                       ({"tensor_parallel": 4, "sequence_parallel": True, "seq": 1022}, "not divisible"),
-                      ({"tensor_parallel": 4, "loss_parallel": True}, "--loss-parallel without --sp")]:
+                      ({"tensor_parallel": 4, "loss_parallel": True, "loss": "chunked"}, "--loss-parallel with --loss chunked"),
+                      ({"context_parallel": 2, "tensor_parallel": 2, "precision": "bf16"}, "--cp 2 with --tp")]:
         with pytest.raises(membudget.Error, match=named):
             membudget.predict(LLAMA_1B, **kw)
         with pytest.raises(membudget.Error, match=named):
@@ -144,6 +145,16 @@ def test_parallel_settings_not_modelled_are_unsupported_not_unsharded():
                            loss_parallel=True)
     assert lp["peak"] < sp["peak"] < tp["peak"]
     assert sp["job"]["parallel"]["sp"] and lp["job"]["parallel"]["loss_parallel"]
+    # the vocabulary-parallel loss without SP: the logits a vocabulary shard, the embedding whole
+    lp_alone = membudget.predict(LLAMA_1B, batch=1, seq=2048, precision="bf16", tensor_parallel=4, loss_parallel=True)
+    assert lp_alone["peak"] < tp["peak"]
+    assert lp_alone["terms"]["logits_loss"] * 4 == tp["terms"]["logits_loss"]
+    # context parallelism: FSDP2 over the cp ranks, a quarter of the sequence each
+    cp = membudget.predict(LLAMA_1B, batch=1, seq=8192, precision="bf16", context_parallel=4)
+    fsdp = membudget.predict(LLAMA_1B, batch=1, seq=2048, precision="bf16", fsdp=4)
+    assert cp["job"]["parallel"]["cp"] == 4 and cp["job"]["parallel"]["world"] == 4
+    assert cp["terms"]["logits_loss"] == fsdp["terms"]["logits_loss"]
+    assert cp["peak"] > fsdp["peak"]  # ring attention's output copies
     # a pipeline stage: the keys of --pp-schedule, --microbatches, --pp-layers; the last stage holds lm_head
     kw = dict(batch=1, seq=1024, precision="bf16", pp=2, pp_schedule="gpipe", microbatches=4)
     first = membudget.predict(LLAMA_1B, rank=0, **kw)
