@@ -139,15 +139,22 @@ Estimate summarize(const Budget& b) {
 // a tie, as predict() chooses it; nullopt where a stage does not compile.
 std::optional<Estimate> most_loaded_stage(const ModelSpec& model, const Job& job) {
   Job at = job;
-  std::optional<Estimate> best;
+  const detail::StepPlan* best = nullptr;
+  std::uint64_t best_stage = 0;
+  bytes_t best_peak = 0;
   for (std::uint64_t s = 0; s < job.parallel.pipeline; ++s) {
     at.parallel.rank = s;
     const detail::StepPlan* plan = detail::StepPlan::cached(model, at);
     if (!plan) return std::nullopt;
-    Estimate e = from_plan(*plan, model, at);
-    if (!best || e.peak > best->peak) best = e;
+    // only the peak decides (from_plan's peak: every phase of both steps); the estimate's other
+    // figures are made once, for the stage chosen
+    const auto r = plan->evaluate(job.batch, job.seq);
+    bytes_t peak = 0;
+    for (std::size_t p = 0; p < detail::StepPlan::kPhases; ++p) peak = std::max({peak, r.steady[p], r.step0[p]});
+    if (!best || peak > best_peak) best = plan, best_stage = s, best_peak = peak;
   }
-  return best;
+  at.parallel.rank = best_stage;
+  return from_plan(*best, model, at);
 }
 
 Estimate estimate(const ModelSpec& model, const Job& job) {
