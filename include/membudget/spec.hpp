@@ -162,6 +162,7 @@ struct ModelSpec {
   // tensor-parallel rank's vocabulary shard under the vocabulary-parallel loss without sequence
   // parallelism (the embedding stays whole; detail::tp_local_spec sets it). Needs an untied head.
   std::uint64_t lm_head_rows = 0;
+  std::uint64_t lm_head_vocab() const noexcept { return lm_head_rows ? lm_head_rows : vocab_size; }  // the logits' width
   MlpKind mlp = MlpKind::gated_silu;
   NormKind norm = NormKind::rmsnorm;
   Biases bias;

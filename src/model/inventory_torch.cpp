@@ -1395,12 +1395,9 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLa
     // to_empty allocated, and frees the whole one: the shards (and the optimizer state shaped like
     // them) take blocks carved from those freed ones, not segments of their own (measured: Qwen2.5
     // 1.5B at --tp 2 holds no such tails). The replicated tensors keep theirs.
-    for (std::size_t g = 0; g < st.groups.size(); ++g)
-      for (const auto& [id, t] : st.groups[g]) {
-        // (sequence parallelism shards the embedding and lm_head too, the vocabulary-parallel loss lm_head)
-        const bool shard = t.projection() && (g != 0 || job.parallel.sequence_parallel ||
-                                              (job.parallel.loss_parallel && t.module == Module::lm_head));
-        if (shard || (job.parallel.sequence_parallel && t.module == Module::embedding)) continue;
+    for (const auto& group : st.groups)
+      for (const auto& [id, t] : group) {
+        if (tp_sharded(t, job.parallel)) continue;
         const TensorInfo& info = st.sim.info(id);
         out.params += tail(info.bytes);
         out.state += state_tail(info.bytes / st.r.param);
@@ -1474,8 +1471,7 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
   std::uint64_t sharded = 0;
   if (l.tensor > 1)
     for (const ParamTensor& t : model_tensors(sizing))
-      if (t.projection() && t.module != Module::embedding && (t.module != Module::lm_head || job.parallel.loss_parallel))
-        sharded = checked_add(sharded, t.elements(), "tensor-parallel shards");
+      if (tp_sharded(t, job.parallel)) sharded = checked_add(sharded, t.elements(), "tensor-parallel shards");
   // (under sequence parallelism every parameter is a DTensor, the norms' replicated: one optimizer)
   const bool two_optimizers = l.tensor > 1 && !job.parallel.sequence_parallel;
   return {n, largest_trainable(sizing, 0), two_optimizers ? std::max(sharded, n - sharded) : n};
@@ -1525,9 +1521,9 @@ class TrainPass {
     st_.masked = sliding_window_mask(m, job);
     auto& d = st_.d;
     // a context-parallel rank runs its share of the sequence (context_parallel shards the batch)
-    d.b = job.batch; d.s = job.seq / job.parallel.context; d.T = mul(job.batch, d.s);
+    d.b = job.batch; d.s = rank_seq(job); d.T = mul(job.batch, d.s);
     // (the logits' width: lm_head's rows, a vocabulary shard under the vocabulary-parallel loss)
-    d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.lm_head_rows ? m.lm_head_rows : m.vocab_size;
+    d.h = m.hidden_size; d.I = m.intermediate_size; d.V = m.lm_head_vocab();
     d.qd = m.q_dim(); d.kvd = m.kv_dim(); d.a = m.num_heads; d.kva = m.num_kv_heads;
     d.hd = m.head_dim; d.L = m.num_layers;
     if (stage_) {  // a pipeline stage: its layers, no DynamicCache (stage_forward)

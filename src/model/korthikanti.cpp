@@ -7,6 +7,7 @@
 // all-gathers the LayerNorm output again in backward; PyTorch's SP keeps the gathered copy, which
 // the inventory counts and the textbook does not.)
 #include "korthikanti.hpp"
+#include "parallel.hpp"
 
 namespace membudget::detail {
 namespace {
@@ -21,7 +22,7 @@ bytes_t mul(bytes_t a, bytes_t b, bytes_t c = 1, bytes_t d = 1) {
 template <class Add>
 void korthikanti_layer(const ModelSpec& m, const Job& job, bool moe, Add&& add) {
   // (a context-parallel rank keeps its share of the sequence)
-  const bytes_t s = job.seq / job.parallel.context, b = job.batch, h = m.hidden_size, I = m.intermediate_size, a = m.num_heads;
+  const bytes_t s = rank_seq(job), b = job.batch, h = m.hidden_size, I = m.intermediate_size, a = m.num_heads;
   const bytes_t sb = mul(s, b);
   const bytes_t qd = m.q_dim(), kvd = m.kv_dim();
   const bytes_t sp = job.parallel.sequence_parallel ? job.parallel.tensor : 1;  // the sequence-sharded terms' divisor

@@ -1,6 +1,7 @@
 // The logits/loss term of a torch training step (predictors.hpp).
 #include <algorithm>
 
+#include "parallel.hpp"
 #include "pipeline.hpp"
 #include "predictors.hpp"
 
@@ -11,7 +12,7 @@ LogitsLossBreakdown whole_logits(const ModelSpec& m, const Job& job) {
   auto mul = [](bytes_t a, bytes_t b, bytes_t c) { return checked_product("logits/loss size", a, b, c); };
   LogitsLossBreakdown l;
   // (a context-parallel rank's tokens are its share of the sequence)
-  const bytes_t T = checked_product("tokens", job.batch, job.seq / job.parallel.context), V = m.vocab_size;
+  const bytes_t T = checked_product("tokens", job.batch, rank_seq(job)), V = m.vocab_size;
   const bytes_t compute = job.precision == Precision::fp32 ? 4 : 2;
   if (job.loss == Loss::chunked) {
     const bytes_t c = std::min<bytes_t>(job.loss_chunk, T);

@@ -74,6 +74,15 @@ ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t, bool sp, bool loss_
   return local;
 }
 
+bool tp_sharded(const ParamTensor& t, const Parallelism& p) {
+  if (p.tensor <= 1) return false;
+  switch (t.module) {
+    case Module::embedding: return p.sequence_parallel;
+    case Module::lm_head: return p.sequence_parallel || p.loss_parallel;
+    default: return t.projection();
+  }
+}
+
 std::vector<ParamTensor> model_tensors(const ModelSpec& m) {
   std::vector<ParamTensor> out;
   const auto outer = m.outer_tensors();

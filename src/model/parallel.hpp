@@ -55,6 +55,14 @@ inline ModelSpec tp_local_spec(const ModelSpec& m, const Parallelism& p) {
   return tp_local_spec(m, p.tensor, p.sequence_parallel, p.loss_parallel);
 }
 
+// Whether the --tp plan makes a parameter a shard (a DTensor of 1/t of it): the decoder layers'
+// projections; with sequence parallelism the embedding and lm_head too, with the vocabulary-parallel
+// loss lm_head.
+bool tp_sharded(const ParamTensor& t, const Parallelism& p);
+
+// The tokens of a sequence one rank runs: all of them, or its share under context parallelism.
+inline std::uint64_t rank_seq(const Job& job) { return job.seq / job.parallel.context; }
+
 // Every parameter tensor of the model once, in module order: the embedding, layer 0 … L−1, the final
 // norm, an untied lm_head (a tied lm_head is the embedding).
 std::vector<ParamTensor> model_tensors(const ModelSpec& m);

@@ -308,7 +308,7 @@ std::vector<ParamTensor> ModelSpec::outer_tensors() const {
   v.push_back({Module::embedding, vocab_size, hidden_size, false});
   v.push_back({Module::final_norm, 0, hidden_size, false});
   if (norm == NormKind::layernorm) v.push_back({Module::final_norm, 0, hidden_size, true});
-  if (!tied_embeddings) v.push_back({Module::lm_head, hidden_size, lm_head_rows ? lm_head_rows : vocab_size, false});
+  if (!tied_embeddings) v.push_back({Module::lm_head, hidden_size, lm_head_vocab(), false});
   return v;
 }
 
