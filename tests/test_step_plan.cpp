@@ -8,6 +8,7 @@
 #include "helpers.hpp"
 #include "membudget/api.hpp"
 #include "membudget/budget.hpp"
+#include "model/plan_common.hpp"
 #include "model/step_plan.hpp"
 
 using namespace membudget;
@@ -263,4 +264,74 @@ TEST_CASE("plans for LoRA jobs (frozen base, fp32 adapters) == the full simulati
   CHECK_THROWS_AS(estimate(load_model(test::source_path("configs/phi-3-mini.yaml")), phi_job), Error);
   phi_job.optimizer = Optimizer::adafactor;
   CHECK_THROWS_AS(estimate(models[0], phi_job), Error);
+}
+
+TEST_CASE("PhaseRows: the per-phase maxima with blocks skipped by their bounds == every row's dot product") {
+  // Random vectors over a random basis, phases of 1 to 90 rows: the bounded evaluation must find
+  // what summing every row finds, whichever block holds the maximum (including a phase's padded
+  // last block) and on both sides of the exact-in-doubles limit (2^53).
+  using namespace membudget::detail::plan;
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t D = 1 + next() % 12, P = 1 + next() % 8;
+    std::vector<Basis> basis{{Kind::constant, 0, 0, 0, 0}};
+    for (std::size_t d = 1; d < D; ++d)
+      basis.push_back({Kind::exact, static_cast<std::uint8_t>(next() % 3), static_cast<std::uint8_t>(1 + next() % 2), 0, 0});
+    std::vector<std::vector<std::uint64_t>> per_phase(P);
+    const int magnitude = trial % 2 ? 30 : 44;  // the second: sums past 2^53 at large shapes
+    for (auto& rows : per_phase) {
+      const std::size_t n = 1 + next() % 90;
+      for (std::size_t i = 0; i < n * D; ++i) rows.push_back(next() % (1ull << magnitude));
+    }
+    PhaseRows pr;
+    pr.set(basis, per_phase);
+    for (std::uint64_t b : {1ull, 3ull, 16ull}) {
+      for (std::uint64_t s : {1ull, 100ull, 4096ull}) {
+        std::array<std::uint64_t, kMaxBasis> vals{};
+        std::array<bytes_t, 8> got{};
+        if (!pr.max_per_phase(b, s, vals.data(), got.data())) continue;
+        for (std::size_t p = 0; p < P; ++p) {
+          u128 want = 0;
+          for (std::size_t r = 0; r < per_phase[p].size() / D; ++r) want = std::max(want, dot(&per_phase[p][r * D], vals.data(), D));
+          CHECK(got[p] == static_cast<bytes_t>(want));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("basis_values: 64-bit arithmetic gives what monomial() and sat_mul() give, overflow included") {
+  using namespace membudget::detail::plan;
+  const std::uint64_t big = std::numeric_limits<std::uint64_t>::max();
+  const std::uint64_t values[] = {0, 1, 2, 3, 511, 512, 4096, 65535, 1ull << 21, 1ull << 31, 1ull << 32,
+                                  (1ull << 32) + 1, 1ull << 63, big - 511, big - 1, big};
+  std::vector<Basis> basis{{Kind::constant, 0, 0, 0, 0}};
+  for (unsigned i = 0; i < 4; ++i)
+    for (unsigned j = 0; j < 4; ++j)
+      for (unsigned l = 0; l < 3; ++l)
+        if (i + j + l) basis.push_back({Kind::exact, static_cast<std::uint8_t>(i), static_cast<std::uint8_t>(j), static_cast<std::uint8_t>(l), 0});
+  for (std::uint64_t c : {1ull, 3ull, 513ull, 1ull << 40})
+    for (unsigned i = 0; i < 3; ++i)
+      for (unsigned j = 0; j < 3; ++j)
+        basis.push_back({Kind::rounded, static_cast<std::uint8_t>(i), static_cast<std::uint8_t>(j), static_cast<std::uint8_t>(i == 1), c});
+  for (std::uint64_t b : values)
+    for (std::uint64_t s : values)
+      for (const Basis& e : basis) {
+        u128 want = e.kind == Kind::constant ? 1 : monomial(b, e.i, s, e.j, e.l);
+        if (e.kind == Kind::rounded) {
+          want = sat_mul(want, e.c);
+          if (want <= kMax64) want = ((want + 511) >> 9) << 9;
+        }
+        std::uint64_t got = 0;
+        const bool fits = basis_values({e}, b, s, &got);
+        INFO("b " << b << " s " << s << " i " << int(e.i) << " j " << int(e.j) << " l " << int(e.l) << " c " << e.c);
+        CHECK(fits == (want <= kMax64));
+        if (fits) CHECK(got == static_cast<std::uint64_t>(want));
+      }
 }

@@ -65,9 +65,9 @@ Estimate from_serve_plan(const detail::ServePlan& plan, const ModelSpec& m, cons
   return e;
 }
 
-// The Estimate that summarize(predict(m, j)) gives, from a plan.
-Estimate from_plan(const detail::StepPlan& plan, const ModelSpec& m, const Job& j) {
-  const auto r = plan.evaluate(j.batch, j.seq);
+// The Estimate that summarize(predict(m, j)) gives, from a plan; `r` is the plan evaluated at the
+// job's shape.
+Estimate from_plan(const detail::StepPlan& plan, const detail::StepPlan::Result& r, const ModelSpec& m, const Job& j) {
   Estimate e;
   e.states.weights = plan.weights;
   e.states.gradients = plan.gradients;
@@ -95,6 +95,9 @@ Estimate from_plan(const detail::StepPlan& plan, const ModelSpec& m, const Job& 
   }
   e.required = checked_add(e.peak, e.overhead, "peak + overhead");
   return e;
+}
+Estimate from_plan(const detail::StepPlan& plan, const ModelSpec& m, const Job& j) {
+  return from_plan(plan, plan.evaluate(j.batch, j.seq), m, j);
 }
 
 std::unordered_map<Key, Estimate, KeyHash>& cache() {
@@ -138,23 +141,21 @@ Estimate summarize(const Budget& b) {
 // A pipeline without a stage asked for: the most loaded stage from the stages' plans, the lowest on
 // a tie, as predict() chooses it; nullopt where a stage does not compile.
 std::optional<Estimate> most_loaded_stage(const ModelSpec& model, const Job& job) {
-  Job at = job;
-  const detail::StepPlan* best = nullptr;
+  const auto* stages = detail::StepPlan::stage_plans(model, job);
+  if (!stages) return std::nullopt;
+  // only the peak decides (from_plan's peak: every phase of both steps)
   std::uint64_t best_stage = 0;
   bytes_t best_peak = 0;
-  for (std::uint64_t s = 0; s < job.parallel.pipeline; ++s) {
-    at.parallel.rank = s;
-    const detail::StepPlan* plan = detail::StepPlan::cached(model, at);
-    if (!plan) return std::nullopt;
-    // only the peak decides (from_plan's peak: every phase of both steps); the estimate's other
-    // figures are made once, for the stage chosen
-    const auto r = plan->evaluate(job.batch, job.seq);
+  detail::StepPlan::Result best;
+  for (std::uint64_t s = 0; s < stages->size(); ++s) {
+    const auto r = (*stages)[s]->evaluate(job.batch, job.seq);
     bytes_t peak = 0;
     for (std::size_t p = 0; p < detail::StepPlan::kPhases; ++p) peak = std::max({peak, r.steady[p], r.step0[p]});
-    if (!best || peak > best_peak) best = plan, best_stage = s, best_peak = peak;
+    if (s == 0 || peak > best_peak) best = r, best_stage = s, best_peak = peak;
   }
+  Job at = job;
   at.parallel.rank = best_stage;
-  return from_plan(*best, model, at);
+  return from_plan(*(*stages)[best_stage], best, model, at);
 }
 
 Estimate estimate(const ModelSpec& model, const Job& job) {

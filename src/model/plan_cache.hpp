@@ -32,21 +32,38 @@ struct PlanCache {
   // The plan for (m, job) in `regime`, compiled (after m.validate()) on first use.
   template <class Compile>
   const P* get(const ModelSpec& m, const Job& job, std::uint64_t regime, Compile&& compile) {
+    const Key k = key(m, job, regime);
+    if (last_valid && last_key == k) return last;
+    const std::shared_ptr<const P>& plan = find_or_compile(k, m, job, compile);
+    last_key = k;
+    last = plan.get();
+    last_valid = true;
+    return last;
+  }
+  // The same plan, shared: for a plan that holds others (a pipeline's stages), which must outlive
+  // a clear() of this cache.
+  template <class Compile>
+  std::shared_ptr<const P> shared(const ModelSpec& m, const Job& job, std::uint64_t regime, Compile&& compile) {
+    return find_or_compile(key(m, job, regime), m, job, compile);
+  }
+
+ private:
+  static Key key(const ModelSpec& m, const Job& job, std::uint64_t regime) {
     Key k = key_of(m, job);
     k[kBatchWord] = 0;
     k[kSeqWord] = regime;
-    if (last_valid && last_key == k) return last;
+    return k;
+  }
+  template <class Compile>
+  const std::shared_ptr<const P>& find_or_compile(const Key& k, const ModelSpec& m, const Job& job, Compile&& compile) {
     auto it = table.find(k);
     if (it == table.end()) {
       m.validate();
       auto plan = compile(m, job);
-      if (table.size() >= kPlanLimit) table.clear();
+      if (table.size() >= kPlanLimit) clear();
       it = table.emplace(k, std::move(plan)).first;
     }
-    last_key = k;
-    last = it->second.get();
-    last_valid = true;
-    return last;
+    return it->second;
   }
 };
 

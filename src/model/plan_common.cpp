@@ -7,17 +7,6 @@
 #include <numeric>
 
 namespace membudget::detail::plan {
-namespace {
-constexpr u128 kOver = kMax64 + 1;  // saturation value
-}  // namespace
-
-u128 sat_mul(u128 a, u128 b) {
-  if (a == 0 || b == 0) return 0;
-  if (a >= kOver || b >= kOver) return kOver;
-  std::uint64_t r;
-  if (__builtin_mul_overflow(static_cast<std::uint64_t>(a), static_cast<std::uint64_t>(b), &r)) return kOver;
-  return r;
-}
 
 u128 monomial(std::uint64_t b, unsigned i, std::uint64_t s, unsigned j, unsigned l) {
   u128 v = 1;
@@ -28,16 +17,35 @@ u128 monomial(std::uint64_t b, unsigned i, std::uint64_t s, unsigned j, unsigned
 }
 
 bool basis_values(const std::vector<Basis>& basis, std::uint64_t b, std::uint64_t s, std::uint64_t* out) {
+  // In 64 bits with an overflow flag: what monomial() and sat_mul() give (a zero factor makes 0
+  // whatever else overflowed), without their 128-bit steps.
+  const bool s1_over = s == std::numeric_limits<std::uint64_t>::max();  // s + 1 = 2^64
   for (std::size_t k = 0; k < basis.size(); ++k) {
     const auto& e = basis[k];
-    u128 v = 1;
-    if (e.kind != Kind::constant) v = monomial(b, e.i, s, e.j, e.l);
-    if (e.kind == Kind::rounded) {
-      v = sat_mul(v, e.c);
-      if (v < kOver) v = ((v + 511) >> 9) << 9;
+    std::uint64_t v = 1;
+    bool over = false, zero = false;
+    auto times = [&](std::uint64_t x) {
+      if (x == 0) zero = true;
+      else over |= __builtin_mul_overflow(v, x, &v);
+    };
+    if (e.kind != Kind::constant) {
+      for (unsigned n = 0; n < e.i; ++n) times(b);
+      for (unsigned n = 0; n < e.j; ++n) times(s);
+      for (unsigned n = 0; n < e.l; ++n) {
+        if (s1_over) over = true;
+        else times(s + 1);
+      }
     }
-    if (v > kMax64) return false;
-    out[k] = static_cast<std::uint64_t>(v);
+    if (e.kind == Kind::rounded) {
+      times(e.c);
+      if (!zero && !over) {
+        if (v > std::numeric_limits<std::uint64_t>::max() - 511) return false;  // rounds to 2^64
+        v = (v + 511) / 512 * 512;
+      }
+    }
+    if (zero) v = 0;
+    else if (over) return false;
+    out[k] = v;
   }
   return true;
 }
@@ -102,11 +110,59 @@ std::vector<std::uint64_t> prune(const std::vector<std::uint64_t>& rows, std::si
   return out;
 }
 
+namespace {
+constexpr std::size_t kBlockRows = 8;
+// a block's eight sums in four pairs of doubles (GCC's and Clang's vector extensions: one SSE2
+// register each, which every x86-64 has; wider vectors spill where the target lacks them)
+using Pair = double __attribute__((vector_size(2 * sizeof(double))));
+
+// out[0..8) = the eight rows of a column-major block (D components of kBlockRows each) times v.
+// Even and odd components go to separate sums, added at the end: two dependency chains of D / 2
+// additions each rather than one of D (the sums are exact integers, so the order changes nothing).
+inline void block_sums(const double* col, const double* v, std::size_t D, double* out) {
+  Pair e0 = {}, e1 = {}, e2 = {}, e3 = {}, o0 = {}, o1 = {}, o2 = {}, o3 = {};
+  auto fma4 = [](const double* c, double x, Pair& a0, Pair& a1, Pair& a2, Pair& a3) {
+    const Pair xx = {x, x};
+    Pair c0, c1, c2, c3;
+    std::memcpy(&c0, c, sizeof c0);
+    std::memcpy(&c1, c + 2, sizeof c1);
+    std::memcpy(&c2, c + 4, sizeof c2);
+    std::memcpy(&c3, c + 6, sizeof c3);
+    a0 += c0 * xx;
+    a1 += c1 * xx;
+    a2 += c2 * xx;
+    a3 += c3 * xx;
+  };
+  std::size_t k = 0;
+  for (; k + 2 <= D; k += 2, col += 2 * kBlockRows) {
+    fma4(col, v[k], e0, e1, e2, e3);
+    fma4(col + kBlockRows, v[k + 1], o0, o1, o2, o3);
+  }
+  if (k < D) fma4(col, v[k], e0, e1, e2, e3);
+  e0 += o0;
+  e1 += o1;
+  e2 += o2;
+  e3 += o3;
+  std::memcpy(out, &e0, sizeof e0);
+  std::memcpy(out + 2, &e1, sizeof e1);
+  std::memcpy(out + 4, &e2, sizeof e2);
+  std::memcpy(out + 6, &e3, sizeof e3);
+}
+
+double max8(const double* a) {
+  const double x = std::max(std::max(a[0], a[1]), std::max(a[2], a[3]));
+  const double y = std::max(std::max(a[4], a[5]), std::max(a[6], a[7]));
+  return std::max(x, y);
+}
+}  // namespace
+
 void PhaseRows::set(std::vector<Basis> basis, const std::vector<std::vector<std::uint64_t>>& per_phase) {
+  static_assert(kBlock == kBlockRows);
   basis_ = std::move(basis);
   const std::size_t D = basis_.size();
   rows_.clear();
   begin_.clear();
+  colmax_.assign(D, 0);
   for (const auto& p : per_phase) {
     if (p.empty()) throw Fail{};
     begin_.push_back(static_cast<std::uint32_t>(rows_.size() / D));
@@ -115,61 +171,87 @@ void PhaseRows::set(std::vector<Basis> basis, const std::vector<std::vector<std:
   begin_.push_back(static_cast<std::uint32_t>(rows_.size() / D));
   const std::size_t n = rows_.size() / D;
   if (n > kMaxRows) throw Fail{};
-  colmax_.assign(D, 0);
-  const std::size_t blocks = (n + kBlock - 1) / kBlock;
-  cols_.assign(blocks * D * kBlock, 0.0);
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t d = 0; d < D; ++d) {
-      const std::uint64_t v = rows_[i * D + d];
-      if (v >= (1ull << 58)) throw Fail{};
-      cols_[(i / kBlock) * D * kBlock + d * kBlock + i % kBlock] = static_cast<double>(v);
-      colmax_[d] = std::max(colmax_[d], v);
+      if (rows_[i * D + d] >= (1ull << 58)) throw Fail{};
+      colmax_[d] = std::max(colmax_[d], rows_[i * D + d]);
     }
+  // The blocks: consecutive rows, or each phase's rows from a block of their own on.
+  bounded_ = n > kSumAll;
+  block_begin_.clear();
+  std::vector<std::uint32_t> first_row;  // of each block
+  for (std::size_t p = 0; p + 1 < begin_.size(); ++p) {
+    block_begin_.push_back(static_cast<std::uint32_t>(first_row.size()));
+    const std::uint32_t from = bounded_ || p == 0 ? begin_[p] : first_row.back() + kBlock;
+    for (std::uint32_t r = from; r < (bounded_ ? begin_[p + 1] : n); r += kBlock) first_row.push_back(r);
+    if (!bounded_) break;
+  }
+  const std::size_t blocks = first_row.size();
+  block_begin_.resize(phases() + 1, static_cast<std::uint32_t>(blocks));
+  if ((blocks + kBlock - 1) / kBlock * kBlock > kMaxRows) throw Fail{};  // the sums' arrays
+  cols_.assign(blocks * D * kBlock, 0.0);
+  bound_cols_.assign(bounded_ ? (blocks + kBlock - 1) / kBlock * D * kBlock : 0, 0.0);
+  for (std::size_t j = 0; j < blocks; ++j) {
+    const std::uint32_t end = bounded_ ? begin_[std::upper_bound(begin_.begin(), begin_.end(), first_row[j]) - begin_.begin()]
+                                       : static_cast<std::uint32_t>(n);
+    for (std::uint32_t r = first_row[j]; r < std::min<std::uint32_t>(end, first_row[j] + kBlock); ++r)
+      for (std::size_t d = 0; d < D; ++d) {
+        const double v = static_cast<double>(rows_[r * D + d]);
+        cols_[j * D * kBlock + d * kBlock + (r - first_row[j])] = v;
+        if (bounded_) {
+          double& bound = bound_cols_[(j / kBlock) * D * kBlock + d * kBlock + j % kBlock];
+          bound = std::max(bound, v);
+        }
+      }
+  }
+}
+
+// The maximum of each phase (`out`, P entries) from the doubles; the caller checked that every
+// sum stays below 2^53.
+void PhaseRows::maxima(const double* v, bytes_t* out) const {
+  const std::size_t D = basis_.size(), P = phases(), blocks = cols_.size() / (D * kBlock);
+  std::array<double, kMaxRows> acc;  // set() checked that the blocks fit
+  if (!bounded_) {  // few rows: every sum, then each phase's maximum
+    for (std::size_t j = 0; j < blocks; ++j) block_sums(&cols_[j * D * kBlock], v, D, &acc[j * kBlock]);
+    auto max_of = [&](std::size_t from, std::size_t to) {
+      double best[4] = {};  // four independent maxima, not one chain of comparisons
+      std::size_t i = from;
+      for (; i + 4 <= to; i += 4)
+        for (std::size_t q = 0; q < 4; ++q) best[q] = acc[i + q] > best[q] ? acc[i + q] : best[q];
+      for (; i < to; ++i) best[0] = acc[i] > best[0] ? acc[i] : best[0];
+      return static_cast<bytes_t>(std::max(std::max(best[0], best[1]), std::max(best[2], best[3])));
+    };
+    for (std::size_t p = 0; p < P; ++p) out[p] = max_of(begin_[p], begin_[p + 1]);
+    return;
+  }
+  // many rows: the blocks' bounds, then per phase the block with the highest bound, whose best row
+  // usually leaves the others no room, and only the blocks whose bound passes it
+  for (std::size_t j = 0; j < blocks; j += kBlock) block_sums(&bound_cols_[(j / kBlock) * D * kBlock], v, D, &acc[j]);
+  std::array<double, kBlock> sums;
+  auto best_of = [&](std::size_t from, std::size_t to) {
+    std::size_t top = from;
+    for (std::size_t j = from + 1; j < to; ++j) top = acc[j] > acc[top] ? j : top;
+    block_sums(&cols_[top * D * kBlock], v, D, sums.data());
+    double best = max8(sums.data());
+    for (std::size_t j = from; j < to; ++j) {
+      if (j == top || acc[j] <= best) continue;
+      block_sums(&cols_[j * D * kBlock], v, D, sums.data());
+      best = std::max(best, max8(sums.data()));
+    }
+    return static_cast<bytes_t>(best);
+  };
+  for (std::size_t p = 0; p < P; ++p) out[p] = best_of(block_begin_[p], block_begin_[p + 1]);
 }
 
 bool PhaseRows::max_per_phase(std::uint64_t b, std::uint64_t s, std::uint64_t* vals, bytes_t* out) const {
   const std::size_t D = basis_.size(), P = phases();
   if (!basis_values(basis_, b, s, vals)) return false;
   if (dot(colmax_.data(), vals, D) < (u128{1} << 53)) {
-    // Every product and partial sum is an integer below 2^53: exact in doubles, in any order; the
-    // rows are summed a block of eight at a time, component by component.
-    const std::size_t n = rows(), blocks = (n + kBlock - 1) / kBlock;
+    // Every product and partial sum is an integer below 2^53 (the bounds' too: their entries are
+    // at most colmax_'s): exact in doubles, in any order.
     std::array<double, kMaxBasis> v;
     for (std::size_t k = 0; k < D; ++k) v[k] = static_cast<double>(vals[k]);
-    std::array<double, kMaxRows + kBlock> acc;
-    // a block's eight rows in four pairs of doubles (GCC's and Clang's vector extensions: one SSE2
-    // register each, which every x86-64 has; wider vectors spill where the target lacks them)
-    using Pair = double __attribute__((vector_size(2 * sizeof(double))));
-    static_assert(kBlock == 8);
-    for (std::size_t blk = 0; blk < blocks; ++blk) {
-      const double* col = &cols_[blk * D * kBlock];
-      Pair s0 = {}, s1 = {}, s2 = {}, s3 = {};
-      for (std::size_t k = 0; k < D; ++k, col += kBlock) {
-        const Pair x = {v[k], v[k]};
-        Pair c0, c1, c2, c3;
-        std::memcpy(&c0, col, sizeof c0);
-        std::memcpy(&c1, col + 2, sizeof c1);
-        std::memcpy(&c2, col + 4, sizeof c2);
-        std::memcpy(&c3, col + 6, sizeof c3);
-        s0 += c0 * x;
-        s1 += c1 * x;
-        s2 += c2 * x;
-        s3 += c3 * x;
-      }
-      double* a = &acc[blk * kBlock];
-      std::memcpy(a, &s0, sizeof s0);
-      std::memcpy(a + 2, &s1, sizeof s1);
-      std::memcpy(a + 4, &s2, sizeof s2);
-      std::memcpy(a + 6, &s3, sizeof s3);
-    }
-    for (std::size_t p = 0; p < P; ++p) {
-      double best[4] = {};  // four independent maxima, not one chain of comparisons
-      std::size_t i = begin_[p];
-      for (; i + 4 <= begin_[p + 1]; i += 4)
-        for (std::size_t q = 0; q < 4; ++q) best[q] = acc[i + q] > best[q] ? acc[i + q] : best[q];
-      for (; i < begin_[p + 1]; ++i) best[0] = acc[i] > best[0] ? acc[i] : best[0];
-      out[p] = static_cast<bytes_t>(std::max(std::max(best[0], best[1]), std::max(best[2], best[3])));
-    }
+    maxima(v.data(), out);
     return true;
   }
   for (std::size_t p = 0; p < P; ++p) {

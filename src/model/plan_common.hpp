@@ -39,7 +39,14 @@ struct Basis {
 
 // b^i · s^j · (s + 1)^l, saturated at 2^64 ("does not fit").
 u128 monomial(std::uint64_t b, unsigned i, std::uint64_t s, unsigned j, unsigned l = 0);
-u128 sat_mul(u128 a, u128 b);
+inline u128 sat_mul(u128 a, u128 b) {
+  constexpr u128 kOver = kMax64 + 1;  // saturation value
+  if (a == 0 || b == 0) return 0;
+  if (a >= kOver || b >= kOver) return kOver;
+  std::uint64_t r;
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(a), static_cast<std::uint64_t>(b), &r)) return kOver;
+  return r;
+}
 // The basis at (b, s); false when a component does not fit 64 bits.
 bool basis_values(const std::vector<Basis>& basis, std::uint64_t b, std::uint64_t s, std::uint64_t* out);
 inline u128 dot(const std::uint64_t* row, const std::uint64_t* vals, std::size_t n) {
@@ -103,13 +110,22 @@ class PhaseRows {
   std::vector<Basis> basis_;
   std::vector<std::uint64_t> rows_;   // row-major
   std::vector<std::uint32_t> begin_;  // rows of phase p: [begin_[p], begin_[p + 1])
-  // The rows again as doubles in blocks of kBlock rows, each block column-major (component k of row
-  // i at (i / kBlock) · D · kBlock + k · kBlock + i % kBlock; the last block padded with zero rows):
-  // when no sum can reach 2^53 they are exact, and a block's kBlock sums stay in registers while
-  // its components stream past, a fixed-width loop the compiler vectorises.
-  static constexpr std::size_t kBlock = 8;
+  // The rows again as doubles in blocks of kBlock rows, each block column-major (component k of
+  // the block's row i at block · D · kBlock + k · kBlock + i; missing rows are zeros): when no sum
+  // can reach 2^53 they are exact, and a block's kBlock sums stay in registers while its
+  // components stream past, a fixed-width loop the compiler vectorises.
+  //   * At most kSumAll rows: the blocks are consecutive rows, and every sum is made.
+  //   * More (bounded_): each phase's rows start a block of their own (block_begin_[p] is its
+  //     first), and each block's componentwise maximum is kept as a row of bound_cols_ (block j is
+  //     row j % kBlock of bound block j / kBlock, the same layout): its dot product bounds every
+  //     row of block j, so a block whose bound does not pass the best so far is not summed.
+  static constexpr std::size_t kBlock = 8, kSumAll = 8 * kBlock;
+  bool bounded_ = false;
   std::vector<double> cols_;
+  std::vector<std::uint32_t> block_begin_;
+  std::vector<double> bound_cols_;
   std::vector<std::uint64_t> colmax_;  // the largest entry of each component
+  void maxima(const double* v, bytes_t* out) const;
 };
 
 }  // namespace membudget::detail::plan

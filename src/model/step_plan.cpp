@@ -446,7 +446,32 @@ const StepPlan* StepPlan::cached(const ModelSpec& m, const Job& job) {
   return PlanCache<StepPlan>::mine().get(m, job, static_cast<std::uint64_t>(regime(m, job)), compile);
 }
 
-void StepPlan::clear_cache() noexcept { PlanCache<StepPlan>::mine().clear(); }
+namespace {
+struct StagePlans {
+  std::vector<std::shared_ptr<const StepPlan>> stages;
+};
+}  // namespace
+
+const std::vector<std::shared_ptr<const StepPlan>>* StepPlan::stage_plans(const ModelSpec& m, const Job& job) {
+  const auto regime_of = static_cast<std::uint64_t>(regime(m, job));
+  const StagePlans* plans = PlanCache<StagePlans>::mine().get(m, job, regime_of, [&](const ModelSpec& mm, const Job& jj) {
+    auto out = std::make_shared<StagePlans>();
+    Job at = jj;
+    for (std::uint64_t r = 0; r < jj.parallel.pipeline; ++r) {
+      at.parallel.rank = r;
+      auto plan = PlanCache<StepPlan>::mine().shared(mm, at, regime_of, compile);
+      if (!plan) return std::shared_ptr<const StagePlans>{};
+      out->stages.push_back(std::move(plan));
+    }
+    return std::shared_ptr<const StagePlans>(std::move(out));
+  });
+  return plans ? &plans->stages : nullptr;
+}
+
+void StepPlan::clear_cache() noexcept {
+  PlanCache<StepPlan>::mine().clear();
+  PlanCache<StagePlans>::mine().clear();
+}
 
 TorchStepResult simulate_torch_train_fast(const ModelSpec& m, const Job& job) {
   if (!StepPlan::covers(job)) return simulate_torch_train(m, job, false);

@@ -42,6 +42,10 @@ class StepPlan {
   // This thread's plan for (m, job), compiled on first use (validating m); nullptr when the step
   // does not compile. The job must be valid. At most 256 plans per thread, cleared when full.
   static const StepPlan* cached(const ModelSpec& m, const Job& job);
+  // The plans of every stage of a pipeline job whose rank is not given (stage r's at index r),
+  // found with one lookup: what a most-loaded-stage search over new shapes asks each time. nullptr
+  // when a stage does not compile. Valid until this thread's next call.
+  static const std::vector<std::shared_ptr<const StepPlan>>* stage_plans(const ModelSpec& m, const Job& job);
   // Whether plans cover the job at all: a pipeline's plan is one stage's (the job's rank; predict()
   // and estimate() choose the most loaded stage from the stages' plans).
   static bool covers(const Job& job) noexcept { return job.parallel.pipeline <= 1 || job.parallel.rank.has_value(); }

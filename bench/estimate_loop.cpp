@@ -1,0 +1,58 @@
+// Instructions per estimate() at a new shape, a figure the build machine's speed does not move:
+// tools/bench_instructions.sh runs this under callgrind, counting only run_loop (the plan is
+// compiled before it). Usage: membudget_estimate_loop MODEL [pp]  ("pp": a 4-stage 1F1B pipeline,
+// 8 microbatches, bf16: the most loaded of four stage plans, as BM_estimate_new_shape_parallel/8/6).
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "membudget/api.hpp"
+
+using namespace membudget;
+
+namespace {
+// the 4,096 (micro-batch, sequence) pairs bench_api.cpp's shapes() cycles through
+std::vector<std::pair<std::uint64_t, std::uint64_t>> shapes() {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  std::uint64_t x = 88172645463325252ull;  // xorshift64
+  for (int i = 0; i < 4096; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    out.push_back({1 + x % 64, 1 + (x >> 20) % 32768});
+  }
+  return out;
+}
+}  // namespace
+
+__attribute__((noinline)) std::uint64_t run_loop(const ModelSpec& m, Job j,
+                                                 const std::vector<std::pair<std::uint64_t, std::uint64_t>>& sh) {
+  std::uint64_t sum = 0;
+  for (const auto& [b, s] : sh) {
+    j.batch = b;
+    j.seq = s;
+    sum += estimate(m, j).required;
+  }
+  return sum;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s MODEL [pp]\n", argv[0]);
+    return 2;
+  }
+  try {
+    const ModelSpec m = load_model(argv[1]);
+    Job j;
+    if (argc > 2 && std::string(argv[2]) == "pp") {
+      j.parallel.pipeline = 4;
+      j.parallel.microbatches = 8;
+      j.precision = Precision::bf16;
+    }
+    estimate(m, j);  // compiles the plan(s), outside run_loop
+    const auto sh = shapes();
+    std::printf("%zu estimates, checksum %llu\n", sh.size(), static_cast<unsigned long long>(run_loop(m, j, sh)));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+}
