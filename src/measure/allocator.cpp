@@ -7,6 +7,7 @@
 #include <chrono>
 #include <limits>
 #include <map>
+#include <memory_resource>
 #include <set>
 #include <unordered_map>
 
@@ -74,17 +75,43 @@ struct Segment {
   }
 };
 
-// Best fit: smallest block that is large enough, ties broken by the lower address.
-struct BySizeThenAddress {
-  bool operator()(const Block* a, const Block* b) const {
-    if (a->size != b->size) return a->size < b->size;
-    return a->addr < b->addr;
+// A pool's cached free blocks, ordered for best fit: smallest block that is large enough, ties
+// broken by the lower address (c10's BlockComparatorSize). The (size, address) key is kept in the
+// entry, so that a search compares keys without visiting the blocks, and the tree's nodes come
+// from a pool of their own (the replay of a step inserts and erases some 10^4 of them). A block's
+// size and address change only while it is out of the set.
+class FreeBlocks {
+ public:
+  void insert(Block* b);
+  void erase(Block* b);
+  // The smallest block of at least `size` bytes (lowest address among equals), nullptr if none.
+  Block* lower_bound(bytes_t size) const;
+  template <class F>
+  void for_each(F&& f) const {  // in (size, address) order
+    for (const Entry& e : set_) f(e.block);
   }
+
+ private:
+  struct Entry {
+    bytes_t size;
+    DeviceAddr addr;
+    Block* block;
+    bool operator<(const Entry& o) const { return size != o.size ? size < o.size : addr < o.addr; }
+  };
+  std::pmr::unsynchronized_pool_resource nodes_;
+  std::pmr::set<Entry> set_{&nodes_};
 };
+
+void FreeBlocks::insert(Block* b) { set_.insert(Entry{b->size, b->addr, b}); }
+void FreeBlocks::erase(Block* b) { set_.erase(Entry{b->size, b->addr, b}); }
+Block* FreeBlocks::lower_bound(bytes_t size) const {
+  auto it = set_.lower_bound(Entry{size, 0, nullptr});
+  return it == set_.end() ? nullptr : it->block;
+}
 
 struct Pool {
   bool small;
-  std::set<Block*, BySizeThenAddress> free_blocks;
+  FreeBlocks free_blocks;
   Segment* expandable = nullptr;  // the pool's one growing segment in expandable mode
 };
 
@@ -120,20 +147,20 @@ struct CachingAllocator::Impl {
   Pool small_pool{true, {}, nullptr};
   Pool large_pool{false, {}, nullptr};
   std::map<DeviceAddr, std::unique_ptr<Segment>> segments;  // by base address
-  std::unordered_map<DeviceAddr, Block*> active;             // live blocks by address
+  // Live blocks by address; the nodes from a pool of their own, as the free sets' (FreeBlocks).
+  std::pmr::unsynchronized_pool_resource active_nodes;
+  std::pmr::unordered_map<DeviceAddr, Block*> active{&active_nodes};
+  // Blocks are made and merged away at every split and free: they come from chunks owned here and
+  // return to `spare_blocks`, rather than from new and delete.
+  std::vector<std::unique_ptr<Block[]>> block_chunks;
+  std::vector<Block*> spare_blocks;
   std::vector<TraceEvent> history;
   std::uint64_t last_time_us = 0;
 
   Impl(RawMemory& r, AllocatorOptions o) : raw(r), options(o) {}
 
-  ~Impl() {
+  ~Impl() {  // the blocks go with block_chunks
     for (auto& [base, seg] : segments) {
-      Block* b = seg->head;
-      while (b) {
-        Block* next = b->next;
-        delete b;
-        b = next;
-      }
       if (seg->expandable) {
         if (seg->size) raw.unmap_range_at(seg->base, seg->size);
         raw.release_range_at(seg->base, seg->virtual_size);
@@ -141,6 +168,33 @@ struct CachingAllocator::Impl {
         raw.raw_free_at(seg->base, seg->size);
       }
     }
+  }
+
+  Block* new_block() {
+    if (spare_blocks.empty()) {
+      constexpr std::size_t kChunk = 256;
+      block_chunks.push_back(std::make_unique<Block[]>(kChunk));
+      for (std::size_t i = kChunk; i-- > 0;) spare_blocks.push_back(&block_chunks.back()[i]);
+    }
+    Block* b = spare_blocks.back();
+    spare_blocks.pop_back();
+    return b;
+  }
+  void delete_block(Block* b) {
+    b->addr = b->size = b->requested = 0;
+    b->allocated = false;
+    b->prev = b->next = nullptr;
+    b->seg = nullptr;
+    set_tag(b->tag, AllocTag{});
+    spare_blocks.push_back(b);
+  }
+  // A block's tag; most callers (the reserved-memory replay) tag nothing, and then no string is
+  // copied.
+  static void set_tag(AllocTag& to, const AllocTag& from) {
+    if (from.op.empty() && from.tensor.empty() && from.phase.empty() && to.op.empty() && to.tensor.empty() &&
+        to.phase.empty())
+      return;
+    to = from;
   }
 
   Pool& pool_for(bytes_t rounded) { return policy.is_small(rounded) ? small_pool : large_pool; }
@@ -164,13 +218,9 @@ struct CachingAllocator::Impl {
   // c10 get_free_block: the smallest cached block >= size in the pool, unless the policy's
   // oversize rules (max_split_size; unlimited by default) keep it for other requests.
   Block* get_free_block(Pool& pool, bytes_t size) {
-    Block key;
-    key.size = size;
-    key.addr = 0;
-    auto it = pool.free_blocks.lower_bound(&key);
-    if (it == pool.free_blocks.end() || !policy.may_reuse(size, (*it)->size)) return nullptr;
-    Block* b = *it;
-    pool.free_blocks.erase(it);
+    Block* b = pool.free_blocks.lower_bound(size);
+    if (!b || !policy.may_reuse(size, b->size)) return nullptr;
+    pool.free_blocks.erase(b);
     return b;
   }
 
@@ -187,7 +237,7 @@ struct CachingAllocator::Impl {
     seg->base = p;
     seg->size = bytes;
     seg->small = pool.small;
-    auto* b = new Block;
+    Block* b = new_block();
     b->addr = seg->base;
     b->size = bytes;
     b->seg = seg.get();
@@ -236,7 +286,7 @@ struct CachingAllocator::Impl {
       last->size += bytes;
       return last;
     }
-    auto* b = new Block;
+    Block* b = new_block();
     b->addr = at;
     b->size = bytes;
     b->seg = seg;
@@ -253,8 +303,9 @@ struct CachingAllocator::Impl {
   void release_cached_blocks() {
     for (Pool* pool : {&large_pool, &small_pool}) {
       std::vector<Block*> whole;
-      for (Block* b : pool->free_blocks)
+      pool->free_blocks.for_each([&](Block* b) {
         if (!b->is_split() && !b->seg->expandable) whole.push_back(b);
+      });
       for (Block* b : whole) release_segment(*pool, b);
       if (pool->expandable) unmap_free_tail(*pool, *pool->expandable);
     }
@@ -267,7 +318,7 @@ struct CachingAllocator::Impl {
     raw.raw_free_at(seg->base, seg->size);
     update(stats.reserved, -as_i64(seg->size));
     stats.num_segments -= 1;
-    delete b;
+    delete_block(b);
     segments.erase(seg->base);
   }
 
@@ -285,7 +336,7 @@ struct CachingAllocator::Impl {
         last->prev->next = nullptr;
       else
         seg.head = nullptr;
-      delete last;
+      delete_block(last);
     } else {
       last->size = cut - last->addr;
       pool.free_blocks.insert(last);
@@ -340,7 +391,7 @@ struct CachingAllocator::Impl {
     const bytes_t remaining = b->size - size;
     const bool split = policy.should_split(pool.small || expandable, size, remaining);
     if (split) {
-      auto* rest = new Block;
+      Block* rest = new_block();
       rest->addr = b->addr + size;
       rest->size = remaining;
       rest->seg = b->seg;
@@ -362,7 +413,7 @@ struct CachingAllocator::Impl {
 
     b->allocated = true;
     b->requested = bytes;
-    b->tag = tag;
+    set_tag(b->tag, tag);
     active.emplace(b->addr, b);
     update(stats.allocated, as_i64(b->size));
     update(stats.active, as_i64(b->size));
@@ -408,7 +459,7 @@ struct CachingAllocator::Impl {
       }
       b->size += candidate->size;
       split_change -= as_i64(candidate->size);
-      delete candidate;
+      delete_block(candidate);
     }
     b->requested = 0;
     pool.free_blocks.insert(b);
