@@ -6,10 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <array>
+#include <bit>
 #include <map>
-#include <memory_resource>
-#include <set>
-#include <unordered_map>
 
 #include "membudget/error.hpp"
 
@@ -76,19 +75,47 @@ struct Segment {
 };
 
 // A pool's cached free blocks, ordered for best fit: smallest block that is large enough, ties
-// broken by the lower address (c10's BlockComparatorSize). The (size, address) key is kept in the
-// entry, so that a search compares keys without visiting the blocks, and the tree's nodes come
-// from a pool of their own (the replay of a step inserts and erases some 10^4 of them). A block's
-// size and address change only while it is out of the set.
+// broken by the lower address (c10's BlockComparatorSize, one std::set there). Here the same order
+// in size classes (four per power of two), each a sorted array of (size, address) keys, and a bit
+// per class that holds any: a pool holds hundreds of free blocks while a step is replayed (some
+// 10^4 inserts and erases per step), and a search in one short contiguous array costs less than a
+// walk through a tree's nodes. Every block of a class is smaller than every block of a later
+// class, so the smallest block >= size is the first >= size in its class, else the first of the
+// next class that holds any. A block's size and address change only while it is out of the set.
 class FreeBlocks {
  public:
-  void insert(Block* b);
-  void erase(Block* b);
+  void insert(Block* b) {
+    const Entry e{b->size, b->addr, b};
+    const std::size_t c = size_class(b->size);
+    auto& v = classes_[c];
+    v.insert(std::lower_bound(v.begin(), v.end(), e), e);
+    held_[c / 64] |= std::uint64_t{1} << (c % 64);
+  }
+  void erase(Block* b) {
+    const Entry e{b->size, b->addr, b};
+    const std::size_t c = size_class(b->size);
+    auto& v = classes_[c];
+    auto it = std::lower_bound(v.begin(), v.end(), e);
+    if (it == v.end() || it->block != b) return;
+    v.erase(it);
+    if (v.empty()) held_[c / 64] &= ~(std::uint64_t{1} << (c % 64));
+  }
   // The smallest block of at least `size` bytes (lowest address among equals), nullptr if none.
-  Block* lower_bound(bytes_t size) const;
+  Block* lower_bound(bytes_t size) const {
+    std::size_t c = size_class(size);
+    const auto& v = classes_[c];
+    auto it = std::lower_bound(v.begin(), v.end(), Entry{size, 0, nullptr});
+    if (it != v.end()) return it->block;
+    for (++c; c < kClasses; c = (c / 64 + 1) * 64) {  // the next class holding any
+      const std::uint64_t w = held_[c / 64] & (~std::uint64_t{0} << (c % 64));
+      if (w) return classes_[c / 64 * 64 + static_cast<std::size_t>(std::countr_zero(w))].front().block;
+    }
+    return nullptr;
+  }
   template <class F>
   void for_each(F&& f) const {  // in (size, address) order
-    for (const Entry& e : set_) f(e.block);
+    for (const auto& v : classes_)
+      for (const Entry& e : v) f(e.block);
   }
 
  private:
@@ -98,16 +125,68 @@ class FreeBlocks {
     Block* block;
     bool operator<(const Entry& o) const { return size != o.size ? size < o.size : addr < o.addr; }
   };
-  std::pmr::unsynchronized_pool_resource nodes_;
-  std::pmr::set<Entry> set_{&nodes_};
+  static constexpr std::size_t kClasses = 65 * 4;
+  // Monotonic in the size: the bit length, then the two bits after the leading one.
+  static std::size_t size_class(bytes_t size) {
+    const auto w = static_cast<std::size_t>(std::bit_width(size));
+    return w < 3 ? w * 4 : w * 4 + static_cast<std::size_t>((size >> (w - 3)) & 3);
+  }
+  std::array<std::vector<Entry>, kClasses> classes_;
+  std::array<std::uint64_t, (kClasses + 63) / 64> held_{};
 };
 
-void FreeBlocks::insert(Block* b) { set_.insert(Entry{b->size, b->addr, b}); }
-void FreeBlocks::erase(Block* b) { set_.erase(Entry{b->size, b->addr, b}); }
-Block* FreeBlocks::lower_bound(bytes_t size) const {
-  auto it = set_.lower_bound(Entry{size, 0, nullptr});
-  return it == set_.end() ? nullptr : it->block;
-}
+// Live blocks by address (c10's active blocks): open addressing with linear probing, so that a
+// lookup is a multiply and a probe or two rather than a node of a std::unordered_map.
+class AddressMap {
+ public:
+  void insert(DeviceAddr a, Block* b) {
+    if (2 * (count_ + 1) > slots_.size()) grow();
+    std::size_t i = home(a);
+    while (slots_[i].addr) i = (i + 1) & mask_;
+    slots_[i] = {a, b};
+    ++count_;
+  }
+  Block* find(DeviceAddr a) const {
+    if (slots_.empty()) return nullptr;
+    for (std::size_t i = home(a); slots_[i].addr; i = (i + 1) & mask_)
+      if (slots_[i].addr == a) return slots_[i].block;
+    return nullptr;
+  }
+  void erase(DeviceAddr a) {  // backward-shift deletion: no tombstones
+    std::size_t i = home(a);
+    while (slots_[i].addr != a) i = (i + 1) & mask_;
+    for (std::size_t j = (i + 1) & mask_; slots_[j].addr; j = (j + 1) & mask_) {
+      const std::size_t h = home(slots_[j].addr);
+      // slot j's entry may move to the hole i unless its home lies cyclically in (i, j]
+      if (((j - h) & mask_) >= ((j - i) & mask_)) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = {};
+    --count_;
+  }
+
+ private:
+  struct Slot {
+    DeviceAddr addr = 0;  // 0: empty (no block has address 0)
+    Block* block = nullptr;
+  };
+  std::size_t home(DeviceAddr a) const { return static_cast<std::size_t>((a * 0x9e3779b97f4a7c15ull) >> shift_); }
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    const std::size_t n = old.empty() ? 1024 : 2 * old.size();
+    slots_.assign(n, Slot{});
+    mask_ = n - 1;
+    shift_ = 64 - static_cast<unsigned>(std::countr_zero(n));
+    count_ = 0;
+    for (const Slot& s : old)
+      if (s.addr) insert(s.addr, s.block);
+  }
+  std::vector<Slot> slots_;
+  std::size_t mask_ = 0, count_ = 0;
+  unsigned shift_ = 64;
+};
 
 struct Pool {
   bool small;
@@ -147,9 +226,7 @@ struct CachingAllocator::Impl {
   Pool small_pool{true, {}, nullptr};
   Pool large_pool{false, {}, nullptr};
   std::map<DeviceAddr, std::unique_ptr<Segment>> segments;  // by base address
-  // Live blocks by address; the nodes from a pool of their own, as the free sets' (FreeBlocks).
-  std::pmr::unsynchronized_pool_resource active_nodes;
-  std::pmr::unordered_map<DeviceAddr, Block*> active{&active_nodes};
+  AddressMap active;  // live blocks by address
   // Blocks are made and merged away at every split and free: they come from chunks owned here and
   // return to `spare_blocks`, rather than from new and delete.
   std::vector<std::unique_ptr<Block[]>> block_chunks;
@@ -414,7 +491,7 @@ struct CachingAllocator::Impl {
     b->allocated = true;
     b->requested = bytes;
     set_tag(b->tag, tag);
-    active.emplace(b->addr, b);
+    active.insert(b->addr, b);
     update(stats.allocated, as_i64(b->size));
     update(stats.active, as_i64(b->size));
     update(stats.requested, as_i64(bytes));
@@ -424,12 +501,11 @@ struct CachingAllocator::Impl {
 
   void deallocate(DeviceAddr ptr) {
     if (!ptr) return;
-    auto it = active.find(ptr);
-    if (it == active.end())
+    Block* b = active.find(ptr);
+    if (!b)
       throw Error(ErrorKind::invalid_argument,
                   "deallocate: the pointer was not returned by this allocator or is already free");
-    Block* b = it->second;
-    active.erase(it);
+    active.erase(ptr);
     b->allocated = false;
     update(stats.allocated, -as_i64(b->size));
     record(TraceEvent::Action::free_requested, b->addr, b->requested, b->tag);
