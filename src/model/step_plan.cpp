@@ -216,33 +216,41 @@ std::atomic<std::uint64_t> g_failures{0};
 
 }  // namespace
 
+std::array<plan::Probe, 3> training_probes(const ModelSpec& m, const Job& job) {
+  using namespace plan;
+  // Probes inside the job's regime.
+  std::uint64_t b0 = 1, s0 = 1;
+  const int regime = StepPlan::regime(m, job);
+  if (regime & 2) s0 = m.sliding.window;  // s ≥ window at every probe
+  if (job.loss == Loss::chunked) {
+    if (regime & 1) {  // T ≥ loss_chunk at every probe: through s, or through b below the window
+      if (regime & 2) s0 = std::max(s0, job.loss_chunk);
+      else b0 = job.loss_chunk;
+    } else if (job.loss_chunk < 35 * s0) {  // T = s0, 6·s0, 35·s0 ≤ loss_chunk
+      throw Fail{};
+    }
+  }
+  if (!(regime & 2)) {  // s = s0, 3·s0, 7·s0 below the window
+    Job last = job;
+    last.seq = 7 * s0;
+    if (sliding_window_mask(m, last)) throw Fail{};
+  }
+  const std::array<Probe, 3> probes{{{b0, s0}, {2 * b0, 3 * s0}, {5 * b0, 7 * s0}}};
+  // Sequence parallelism: every size is c · b^i · (s / t)^j with integer c (a sharded tensor has
+  // s / t rows, a gathered one t · (s / t)), so the plan's variable is the local sequence s / t
+  // and the probes simulate t times it. The regimes' bounds are in whole sequences: not compiled.
+  const std::uint64_t unit = StepPlan::seq_unit(job);
+  if (unit > 1 && regime != 0) throw Fail{};
+  if (probes[2].s > (1ull << 32) / probes[2].b / unit) throw Fail{};
+  return probes;
+}
+
 struct PlanBuilder {
   static std::shared_ptr<const StepPlan> build(const ModelSpec& m, const Job& job) {
     const std::uint64_t L = m.num_layers;
-    // Probes inside the job's regime.
-    std::uint64_t b0 = 1, s0 = 1;
     const int regime = StepPlan::regime(m, job);
-    if (regime & 2) s0 = m.sliding.window;  // s ≥ window at every probe
-    if (job.loss == Loss::chunked) {
-      if (regime & 1) {  // T ≥ loss_chunk at every probe: through s, or through b below the window
-        if (regime & 2) s0 = std::max(s0, job.loss_chunk);
-        else b0 = job.loss_chunk;
-      } else if (job.loss_chunk < 35 * s0) {  // T = s0, 6·s0, 35·s0 ≤ loss_chunk
-        throw Fail{};
-      }
-    }
-    if (!(regime & 2)) {  // s = s0, 3·s0, 7·s0 below the window
-      Job last = job;
-      last.seq = 7 * s0;
-      if (sliding_window_mask(m, last)) throw Fail{};
-    }
-    const std::array<Probe, 3> probes{{{b0, s0}, {2 * b0, 3 * s0}, {5 * b0, 7 * s0}}};
-    // Sequence parallelism: every size is c · b^i · (s / t)^j with integer c (a sharded tensor has
-    // s / t rows, a gathered one t · (s / t)), so the plan's variable is the local sequence s / t
-    // and the probes simulate t times it. The regimes' bounds are in whole sequences: not compiled.
+    const std::array<Probe, 3> probes = training_probes(m, job);
     const std::uint64_t unit = StepPlan::seq_unit(job);
-    if (unit > 1 && regime != 0) throw Fail{};
-    if (probes[2].s > (1ull << 32) / probes[2].b / unit) throw Fail{};
 
     // Gemma 2's alternating windows: in the mask regime only every P-th layer is masked
     // (inventory_torch.cpp, Step::layer), so the layers repeat with period P.

@@ -92,6 +92,11 @@ class StepPlan {
   friend struct PlanBuilder;
 };
 
+// The three shapes (b, s / seq_unit) at which compile() simulates the job's regime (step_plan.cpp
+// says why these); throws plan::Fail where the regime has none. The reserved-memory replay's
+// compiled stream (reserved.cpp) probes at the same shapes.
+std::array<plan::Probe, 3> training_probes(const ModelSpec& m, const Job& job);
+
 // How many compile() calls returned nullptr (tests assert none did for the shipped configs).
 std::uint64_t step_plan_failures();
 
