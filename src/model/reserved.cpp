@@ -21,12 +21,18 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "autograd_sim.hpp"
 #include "inventory.hpp"
+#include "job_key.hpp"
+#include "membudget/error.hpp"
+#include "plan_common.hpp"
+#include "step_plan.hpp"
 #include "measure/allocator.hpp"
 #include "measure/snapshot.hpp"
 
@@ -68,16 +74,19 @@ class Replay {
   const measure::CachingAllocator& allocator() const { return alloc_; }
 
   // `timeline`: memory_reserved() after each event from the first phase start on (predict --plot).
+  // `sizes`: each tensor's bytes when not trace.tensors[t].bytes (a compiled stream's, evaluated
+  // at the shape: ReservedStream).
   void run(const SimTrace& trace, bool steady, std::array<bytes_t, 4>& phase_reserved,
-           std::vector<bytes_t>* timeline = nullptr) {
+           std::vector<bytes_t>* timeline = nullptr, const std::vector<bytes_t>* sizes = nullptr) {
+    sizes_ = sizes;
     trainable_.clear();
     trainable_bytes_ = 0;
-    for (const TensorInfo& t : trace.tensors)
-      if (t.param && t.requires_grad) {
-        trainable_.push_back(t.bytes);
-        trainable_bytes_ += t.bytes;
+    for (std::size_t t = 0; t < trace.tensors.size(); ++t)
+      if (trace.tensors[t].param && trace.tensors[t].requires_grad) {
+        trainable_.push_back(bytes_of(trace, t));
+        trainable_bytes_ += trainable_.back();
       }
-    live_.assign(trace.tensors.size(), {});
+    live_.assign(trace.tensors.size(), Held{});
     // The phase being replayed (its index in kTrainPhases), -1 before the first. A phase that
     // recurs (a pipeline schedule's forwards and backwards) reports the reserved memory at the end
     // of its last occurrence (reserved never shrinks without empty_cache).
@@ -86,6 +95,7 @@ class Replay {
     auto phase_index = [](Phase p) {
       return static_cast<int>(std::find(std::begin(kTrainPhases), std::end(kTrainPhases), p) - std::begin(kTrainPhases));
     };
+    if (timeline) timeline->reserve(timeline->size() + trace.events.size());
     for (const SimTrace::Event& ev : trace.events) {
       if (ev.t == SimTrace::kPhase) {
         if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
@@ -98,40 +108,77 @@ class Replay {
       if (timeline && phase >= 0) timeline->push_back(reserved());
     }
     if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
-    // What this step leaves allocated, for the next step's prologue to find.
+    // What this step leaves allocated, for the next step's prologue to find: by name and size, in
+    // tensor order (the prologue takes the last of each).
     carried_.clear();
     for (std::size_t t = 0; t < live_.size(); ++t)
-      if (!live_[t].empty()) carried_[key(trace.tensors[t])].push_back(std::move(live_[t]));
+      if (live_[t].n) carried_[CarryKey{trace.tensors[t].name, bytes_of(trace, t)}].push_back(live_[t]);
   }
 
   bytes_t reserved() const { return static_cast<bytes_t>(alloc_.stats().reserved.current); }
   bytes_t allocated_peak() const { return allocated_peak_; }
 
  private:
+  // The blocks that make one tensor: none, one (inline) or several (an optimizer lump's pieces,
+  // in lists_).
+  struct Held {
+    std::uint32_t n = 0;
+    std::uint32_t list = 0;    // n > 1: lists_[list]
+    measure::DeviceAddr addr = 0;  // n == 1
+  };
+  struct CarryKey {
+    std::string_view name;
+    bytes_t bytes;
+    bool operator==(const CarryKey&) const = default;
+  };
+  struct CarryHash {
+    std::size_t operator()(const CarryKey& k) const noexcept {
+      return std::hash<std::string_view>{}(k.name) ^ (std::hash<bytes_t>{}(k.bytes) * 0x9e3779b97f4a7c15ull);
+    }
+  };
+
   // One allocation or free of the stream, `phase` the index of the phase it falls in (-1: before).
   void apply(const SimTrace& trace, const SimTrace::Event& ev, bool steady, int phase) {
     if (ev.t < 0) {
-      auto& blocks = live_[static_cast<std::size_t>(~ev.t)];
-      for (measure::DeviceAddr p : blocks) alloc_.deallocate_at(p);
-      blocks.clear();
+      Held& h = live_[static_cast<std::size_t>(~ev.t)];
+      if (h.n == 1)
+        alloc_.deallocate_at(h.addr);
+      else if (h.n > 1)
+        for (measure::DeviceAddr p : lists_[h.list]) alloc_.deallocate_at(p);
+      h = Held{};
       return;
     }
     const TensorInfo& info = trace.tensors[static_cast<std::size_t>(ev.t)];
     if (is(info.op, "caching allocator")) return;
-    auto& blocks = live_[static_cast<std::size_t>(ev.t)];
+    const bytes_t bytes = bytes_of(trace, static_cast<std::size_t>(ev.t));
+    Held& h = live_[static_cast<std::size_t>(ev.t)];
     if (steady && phase < 0) {  // the steady step's prologue: what step 0 left allocated
-      auto it = carried_.find(key(info));
+      auto it = carried_.find(CarryKey{info.name, bytes});
       if (it != carried_.end() && !it->second.empty()) {
-        blocks = std::move(it->second.back());
+        h = it->second.back();
         it->second.pop_back();
         return;
       }
     }
-    if (record_) {  // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
-      const measure::AllocTag tag{info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
-      for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate_at(piece, tag));
-    } else {
-      for (bytes_t piece : pieces(info)) blocks.push_back(alloc_.allocate_at(piece));
+    pieces(info, bytes);
+    if (!pieces_.empty()) {
+      // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
+      const measure::AllocTag tag = record_ ? measure::AllocTag{info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"}
+                                            : measure::AllocTag{};
+      if (h.n == 0 && pieces_.size() == 1) {
+        h.n = 1;
+        h.addr = alloc_.allocate_at(pieces_[0], tag);
+      } else {  // several pieces (or a tensor allocated again while live: its blocks add up)
+        if (h.n <= 1) {
+          const Held had = h;
+          h.list = static_cast<std::uint32_t>(lists_.size());
+          lists_.emplace_back();
+          if (had.n == 1) lists_.back().push_back(had.addr);
+        }
+        auto& list = lists_[h.list];
+        for (bytes_t piece : pieces_) list.push_back(alloc_.allocate_at(piece, tag));
+        h.n = static_cast<std::uint32_t>(list.size());
+      }
     }
     if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
   }
@@ -142,46 +189,222 @@ class Replay {
     o.record_history = record;
     return o;
   }
-  static std::string key(const TensorInfo& t) { return std::string(t.name) + '\n' + std::to_string(t.bytes); }
   void reset_peak() { allocated_peak_ = static_cast<bytes_t>(alloc_.stats().allocated.current); }
 
-  // The blocks PyTorch asks for to make the simulator's tensor `t`.
-  std::vector<bytes_t> pieces(const TensorInfo& t) const {
-    if (t.bytes == 0) return {};
+  bytes_t bytes_of(const SimTrace& trace, std::size_t t) const { return sizes_ ? (*sizes_)[t] : trace.tensors[t].bytes; }
+
+  // The blocks PyTorch asks for to make the simulator's tensor `t` of `bytes`, into pieces_.
+  void pieces(const TensorInfo& t, bytes_t bytes) {
+    pieces_.clear();
+    if (bytes == 0) return;
     int per_param = 0;
     if (t.role == Role::optimizer_state)
       per_param = job_.optimizer == Optimizer::adamw ? 2 : 1;
     else if (t.role == Role::master_weight || t.role == Role::optimizer_temporary)
       per_param = 1;
-    if (per_param == 0 || trainable_bytes_ == 0) return {t.bytes};
-    std::vector<bytes_t> out;
+    if (per_param == 0 || trainable_bytes_ == 0) {
+      pieces_.push_back(bytes);
+      return;
+    }
     bytes_t given = 0;
     for (std::size_t i = 0; i < trainable_.size(); ++i) {
       const bytes_t share =
-          static_cast<bytes_t>(static_cast<unsigned __int128>(t.bytes) * trainable_[i] / trainable_bytes_);
+          static_cast<bytes_t>(static_cast<unsigned __int128>(bytes) * trainable_[i] / trainable_bytes_);
       for (int k = 0; k < per_param; ++k) {
         const bytes_t piece = share / per_param + (k == 0 ? share % per_param : 0);
-        if (piece) out.push_back(piece);
+        if (piece) pieces_.push_back(piece);
         given += piece;
       }
     }
-    if (given < t.bytes) {
-      if (out.empty()) out.push_back(0);
-      out.back() += t.bytes - given;
+    if (given < bytes) {
+      if (pieces_.empty()) pieces_.push_back(0);
+      pieces_.back() += bytes - given;
     }
-    return out;
   }
 
   const Job& job_;
   bool record_;
+  const std::vector<bytes_t>* sizes_ = nullptr;
   FakeMemory mem_;
   measure::CachingAllocator alloc_;
   std::vector<bytes_t> trainable_;
   bytes_t trainable_bytes_ = 0;
-  std::vector<std::vector<measure::DeviceAddr>> live_;                          // by tensor id: its blocks
-  std::map<std::string, std::vector<std::vector<measure::DeviceAddr>>> carried_;  // live after a step, by name and size
+  std::vector<bytes_t> pieces_;
+  std::vector<Held> live_;                                // by tensor id: its blocks
+  std::vector<std::vector<measure::DeviceAddr>> lists_;   // the blocks of tensors made of several
+  std::unordered_map<CarryKey, std::vector<Held>, CarryHash> carried_;  // live after a step, by name and size
   bytes_t allocated_peak_ = 0;
 };
+
+
+// The two steps' streams compiled in the micro-batch and the sequence, for a new shape of a model
+// and recipe already seen (a scheduler asks predict() with the reserved memory at many shapes).
+//
+// Within a regime (StepPlan::regime: the chunked loss's side of b·s = loss_chunk, the sliding
+// window's side of s = window) the simulation's control flow does not depend on b or s, as the
+// compiled plans (step_plan.cpp) rely on too: the same tensors are allocated and freed in the same
+// order, and each tensor's size is c · b^i · (s / seq_unit)^j. So the streams are simulated once,
+// at the plans' three probe shapes plus a fourth, (b0 + 1, s0 + 1), whose sizes are not multiples
+// of the others' (a size that is a monomial only at the first three, like an eager MoE layer's
+// tokens per expert, S / E_hit, fails there). Every check below must hold or there is no stream and
+// simulate_reserved simulates the shape in full: the four streams are the same events and phases,
+// their tensors the same names, ops, roles and parameter flags, and every size is one monomial at
+// all four. A new shape then costs the sizes (one monomial per tensor) and the replay, which runs
+// exactly as on a simulated stream (tests/test_reserved_stream.cpp compares the two).
+// The eager MoE experts under balanced routing are excluded outright: how many experts a layer
+// runs, min(E, T·k), is control flow in b·s.
+class ReservedStream {
+ public:
+  static std::shared_ptr<const ReservedStream> compile(const ModelSpec& m, const Job& job) {
+    try {
+      return build(m, job);
+    } catch (const plan::Fail&) {
+      return nullptr;
+    } catch (const Error&) {  // a probe the simulator refuses: the shape itself decides, simulated
+      return nullptr;
+    }
+  }
+
+  // This thread's stream for (m, job)'s regime, compiled on first use; nullptr: simulate.
+  static const ReservedStream* cached(const ModelSpec& m, const Job& job) {
+    constexpr std::size_t kLimit = 16;  // streams per thread (a 70B one holds some 2 MB), cleared when full
+    struct Cache {
+      std::unordered_map<Key, std::shared_ptr<const ReservedStream>, KeyHash> table;
+      Key last_key{};
+      const ReservedStream* last = nullptr;
+      bool last_valid = false;
+    };
+    thread_local Cache c;
+    Key k = key_of(m, job);
+    k[kBatchWord] = 0;
+    k[kSeqWord] = static_cast<std::uint64_t>(StepPlan::regime(m, job));
+    if (c.last_valid && c.last_key == k) return c.last;
+    auto it = c.table.find(k);
+    if (it == c.table.end()) {
+      auto stream = compile(m, job);
+      if (c.table.size() >= kLimit) c.table.clear();
+      it = c.table.emplace(k, std::move(stream)).first;
+    }
+    c.last_key = k;
+    c.last = it->second.get();
+    c.last_valid = true;
+    return c.last;
+  }
+
+  // The recorded streams (the first probe's), whose tensors' bytes sizes() replaces.
+  const std::array<SimTrace, 2>& traces() const { return traces_; }
+  // Every tensor's bytes at (b, seq); false where the shape is not the plan's (a sequence that is
+  // not a multiple of seq_unit) or a size does not fit 64 bits: simulate it.
+  bool sizes(std::uint64_t b, std::uint64_t seq, std::array<std::vector<bytes_t>, 2>& out) const {
+    if (b == 0 || seq == 0 || seq % seq_unit_) return false;
+    const std::uint64_t s = seq / seq_unit_;
+    std::array<std::uint64_t, 16> pow{};  // b^i · s^j at [4i + j]
+    for (unsigned i = 0; i < 4; ++i)
+      for (unsigned j = 0; j < 4; ++j) {
+        const plan::u128 v = plan::monomial(b, i, s, j);
+        pow[4 * i + j] = v > plan::kMax64 ? 0 : static_cast<std::uint64_t>(v);  // 0: does not fit
+      }
+    for (int pass = 0; pass < 2; ++pass) {
+      const auto& mono = mono_[pass];
+      auto& o = out[pass];
+      o.resize(mono.size());
+      for (std::size_t t = 0; t < mono.size(); ++t) {
+        const Mono& mo = mono[t];
+        if (mo.c == 0 || mo.ij == 0) {
+          o[t] = mo.c;
+          continue;
+        }
+        const std::uint64_t x = pow[mo.ij];
+        const plan::u128 v = static_cast<plan::u128>(mo.c) * x;
+        if (x == 0 || v > plan::kMax64) return false;
+        o[t] = static_cast<bytes_t>(v);
+      }
+    }
+    return true;
+  }
+
+ private:
+  struct Mono {
+    bytes_t c = 0;
+    std::uint8_t ij = 0;  // 4 · i + j: the size is c · b^i · s^j
+  };
+
+  static bool same_tensor(const TensorInfo& a, const TensorInfo& b) {
+    return std::strcmp(a.name, b.name) == 0 && std::strcmp(a.op, b.op) == 0 && a.role == b.role && a.param == b.param &&
+           a.requires_grad == b.requires_grad;
+  }
+
+  static std::shared_ptr<const ReservedStream> build(const ModelSpec& m, const Job& job) {
+    if (m.moe.enabled() && job.experts == ExpertsImpl::eager && job.routing == Routing::balanced) throw plan::Fail{};
+    const std::array<plan::Probe, 3> three = training_probes(m, job);
+    const std::array<plan::Probe, 4> probes{three[0], three[1], three[2], {three[0].b + 1, three[0].s + 1}};
+    auto out = std::make_shared<ReservedStream>();
+    out->seq_unit_ = StepPlan::seq_unit(job);
+    std::array<std::array<SimTrace, 2>, 4> tr;
+    for (std::size_t k = 0; k < probes.size(); ++k) {
+      Job pj = job;
+      pj.batch = probes[k].b;
+      pj.seq = probes[k].s * out->seq_unit_;
+      if (StepPlan::regime(m, pj) != StepPlan::regime(m, job)) throw plan::Fail{};
+      simulate_torch_train(m, pj, false, nullptr, &tr[k]);
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      const SimTrace& t0 = tr[0][pass];
+      for (std::size_t k = 1; k < probes.size(); ++k) {
+        const SimTrace& tk = tr[k][pass];
+        if (!(tk.events == t0.events) || tk.phases != t0.phases || tk.tensors.size() != t0.tensors.size()) throw plan::Fail{};
+        for (std::size_t t = 0; t < t0.tensors.size(); ++t)
+          if (!same_tensor(t0.tensors[t], tk.tensors[t])) throw plan::Fail{};
+      }
+      auto& mono = out->mono_[pass];
+      mono.resize(t0.tensors.size());
+      for (std::size_t t = 0; t < t0.tensors.size(); ++t) {
+        std::array<bytes_t, 4> v;
+        for (std::size_t k = 0; k < probes.size(); ++k) v[k] = tr[k][pass].tensors[t].bytes;
+        mono[t] = classify(v, probes);
+      }
+    }
+    out->traces_ = std::move(tr[0]);
+    return out;
+  }
+
+  // The monomial c · b^i · s^j (i, j ≤ 3) that gives the four probes' sizes, or Fail.
+  static Mono classify(const std::array<bytes_t, 4>& v, const std::array<plan::Probe, 4>& p) {
+    if (v[0] == 0) {
+      for (bytes_t x : v)
+        if (x) throw plan::Fail{};
+      return {};
+    }
+    if (v[1] % v[0]) throw plan::Fail{};
+    std::uint64_t r = v[1] / v[0];  // p[1] = (2·b0, 3·s0): r = 2^i · 3^j
+    unsigned i = 0, j = 0;
+    while (r % 2 == 0 && i <= 3) r /= 2, ++i;
+    while (r % 3 == 0 && j <= 3) r /= 3, ++j;
+    if (r != 1 || i > 3 || j > 3) throw plan::Fail{};
+    const plan::u128 m0 = plan::monomial(p[0].b, i, p[0].s, j);
+    if (m0 > plan::kMax64 || v[0] % static_cast<std::uint64_t>(m0)) throw plan::Fail{};
+    const bytes_t c = v[0] / static_cast<std::uint64_t>(m0);
+    for (std::size_t k = 1; k < p.size(); ++k)
+      if (plan::sat_mul(c, plan::monomial(p[k].b, i, p[k].s, j)) != v[k]) throw plan::Fail{};
+    return Mono{c, static_cast<std::uint8_t>(4 * i + j)};
+  }
+
+  std::array<SimTrace, 2> traces_;
+  std::array<std::vector<Mono>, 2> mono_;
+  std::uint64_t seq_unit_ = 1;
+};
+
+// Step 0 then the steady step, replayed; `sizes`: the tensors' bytes where not the traces' own.
+ReservedResult replay_steps(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy,
+                            const std::array<std::vector<bytes_t>, 2>* sizes = nullptr) {
+  ReservedResult r;
+  Replay replay(job, policy);
+  replay.run(traces[0], false, r.step0, nullptr, sizes ? &(*sizes)[0] : nullptr);
+  replay.run(traces[1], true, r.steady, nullptr, sizes ? &(*sizes)[1] : nullptr);
+  r.reserved_peak = replay.reserved();
+  r.allocated_peak = replay.allocated_peak();
+  return r;
+}
 
 }  // namespace
 
@@ -205,16 +428,20 @@ std::vector<bytes_t> reserved_timeline(const std::array<SimTrace, 2>& traces, co
 }
 
 ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
+  if (const ReservedStream* stream = ReservedStream::cached(m, job)) {
+    thread_local std::array<std::vector<bytes_t>, 2> sizes;
+    if (stream->sizes(job.batch, job.seq, sizes)) return replay_steps(stream->traces(), job, policy, &sizes);
+  }
+  return simulate_reserved_full(m, job, policy);
+}
+
+ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
   std::array<SimTrace, 2> traces;
   simulate_torch_train(m, job, false, nullptr, &traces);
-  ReservedResult r;
-  Replay replay(job, policy);
-  replay.run(traces[0], false, r.step0);
-  replay.run(traces[1], true, r.steady);
-  r.reserved_peak = replay.reserved();
-  r.allocated_peak = replay.allocated_peak();
-  return r;
+  return replay_steps(traces, job, policy);
 }
+
+bool reserved_stream_compiles(const ModelSpec& m, const Job& job) { return ReservedStream::cached(m, job) != nullptr; }
 
 namespace {
 Error conf_error(const std::string& what) {

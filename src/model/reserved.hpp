@@ -25,8 +25,14 @@ struct ReservedResult {
 };
 
 // Replays step 0 then a steady step of `job` (mode train, profile torch) through a
-// CachingAllocator on fake device memory (addresses only) with `policy`.
+// CachingAllocator on fake device memory (addresses only) with `policy`. A model and recipe seen
+// before replays its compiled stream (reserved.cpp's ReservedStream: the streams simulated once,
+// their sizes evaluated at the shape) where it has one; the result is simulate_reserved_full's.
 ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
+// The same, the step simulated at the shape every time (what the compiled stream is tested against).
+ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
+// Whether (m, job)'s regime has a compiled stream (compiling it on first use; for tests).
+bool reserved_stream_compiles(const ModelSpec& m, const Job& job);
 
 // The same replay of step 0 and the steady step as simulate_torch_train recorded them (`traces`),
 // giving memory_reserved() after each allocation or free of the steady step from its first phase

@@ -1,0 +1,129 @@
+// The reserved-memory replay's compiled stream (src/model/reserved.cpp, ReservedStream): for a
+// model and recipe seen before, simulate_reserved replays the streams simulated once at probe
+// shapes with the sizes evaluated at the new shape. Every figure must equal the plain replay of
+// the step simulated at that shape (simulate_reserved_full), for every shape and recipe.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "helpers.hpp"
+#include "membudget/api.hpp"
+#include "model/reserved.hpp"
+
+using namespace membudget;
+
+namespace {
+
+struct Shape {
+  std::uint64_t b, s;
+};
+
+// Small, odd, power-of-two and large shapes; the sequences are multiples of 4 (sequence
+// parallelism over 2 and 4 divides them).
+const std::vector<Shape> kShapes{{1, 4}, {1, 1000}, {3, 4092}, {2, 8192}, {4, 12}, {1, 20000}, {5, 76}, {2, 2052}};
+
+void same_as_full(const ModelSpec& m, const Job& base, const AllocatorPolicy& policy, bool must_compile,
+                  const std::vector<Shape>& shapes = kShapes) {
+  for (const Shape& sh : shapes) {
+    Job job = base;
+    job.batch = sh.b;
+    job.seq = sh.s;
+    job.validate();
+    CAPTURE(sh.b);
+    CAPTURE(sh.s);
+    if (must_compile) CHECK(detail::reserved_stream_compiles(m, job));
+    const detail::ReservedResult fast = detail::simulate_reserved(m, job, policy);
+    const detail::ReservedResult full = detail::simulate_reserved_full(m, job, policy);
+    CHECK(fast.reserved_peak == full.reserved_peak);
+    CHECK(fast.allocated_peak == full.allocated_peak);
+    for (std::size_t p = 0; p < 4; ++p) {
+      CAPTURE(p);
+      CHECK(fast.steady[p] == full.steady[p]);
+      CHECK(fast.step0[p] == full.step0[p]);
+    }
+    CHECK(full.reserved_peak > 0);
+  }
+}
+
+AllocatorPolicy expandable() {
+  AllocatorPolicy p;
+  p.expandable_segments = true;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("compiled reserved stream: dense Llama 1B and 8B, the figures of the full replay at every shape") {
+  for (const char* cfg : {"configs/llama-3.2-1b.yaml", "configs/llama-3.1-8b.yaml"}) {
+    CAPTURE(cfg);
+    const ModelSpec m = load_model(test::source_path(cfg));
+    Job job;
+    SUBCASE("defaults") { same_as_full(m, job, kPyTorchAllocator, true); }
+    SUBCASE("expandable segments") { same_as_full(m, job, expandable(), true); }
+    SUBCASE("bf16, full recompute, SGD") {
+      job.precision = Precision::bf16;
+      job.recompute = Recompute::full;
+      job.optimizer = Optimizer::sgd;
+      same_as_full(m, job, kPyTorchAllocator, true);
+      same_as_full(m, job, expandable(), true);
+    }
+    SUBCASE("chunked loss on either side of b·s = loss_chunk") {
+      job.loss = Loss::chunked;
+      job.loss_chunk = 1024;
+      same_as_full(m, job, kPyTorchAllocator, false, {{1, 4}, {1, 1000}, {1, 1024}, {1, 1028}, {3, 4092}, {2, 8192}});
+    }
+    SUBCASE("max_split_size_mb") {
+      AllocatorPolicy p;
+      p.max_split_size = 64 * MiB;
+      same_as_full(m, job, p, true);
+    }
+  }
+}
+
+TEST_CASE("compiled reserved stream: parallel layouts (a pipeline stage, tensor and sequence parallelism, DDP)") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job job;
+  job.precision = Precision::bf16;
+  SUBCASE("no pipeline") { same_as_full(m, job, kPyTorchAllocator, true); }
+  SUBCASE("1F1B over 4 stages, 8 microbatches") {
+    job.parallel.pipeline = 4;
+    job.parallel.microbatches = 8;
+    same_as_full(m, job, kPyTorchAllocator, true);
+    job.parallel.rank = 3;
+    same_as_full(m, job, expandable(), true);
+  }
+  SUBCASE("tensor parallel over 2 with sequence parallelism") {
+    job.parallel.tensor = 2;
+    job.parallel.sequence_parallel = true;
+    same_as_full(m, job, kPyTorchAllocator, true);
+  }
+  SUBCASE("DDP over 2") {
+    job.parallel.data = 2;
+    same_as_full(m, job, kPyTorchAllocator, true);
+  }
+}
+
+TEST_CASE("compiled reserved stream: mixtures of experts") {
+  const ModelSpec m = load_model(test::source_path("tests/data/hf/moe/olmoe-1b-7b.json"));
+  Job job;
+  job.precision = Precision::bf16;
+  const std::vector<Shape> shapes{{1, 4}, {2, 1000}, {1, 4092}, {3, 12}};
+  SUBCASE("grouped_mm experts") {
+    same_as_full(m, job, kPyTorchAllocator, true, shapes);
+    same_as_full(m, job, expandable(), true, shapes);
+  }
+  SUBCASE("full recompute, worst-case routing") {
+    job.recompute = Recompute::full;
+    job.routing = Routing::worst;
+    same_as_full(m, job, kPyTorchAllocator, true, shapes);
+  }
+  SUBCASE("eager experts: how many experts run depends on b·s, so no stream; simulated") {
+    job.experts = ExpertsImpl::eager;
+    Job at = job;
+    at.batch = 1;
+    at.seq = 4;
+    CHECK_FALSE(detail::reserved_stream_compiles(m, at));
+    same_as_full(m, job, kPyTorchAllocator, false, shapes);
+  }
+}
