@@ -30,7 +30,10 @@ tools/torch_profile_step.py. `actions` lists every action of the steady step in 
 Matrix file: {"defaults": {...}, "cases": [{"name", "config", "overrides", "batch", "seq",
 "precision", "recompute", "stages", "stage", "microbatches", "schedule" (gpipe | 1f1b |
 interleaved), "virtual_stages" (interleaved: V stage modules per rank), "layers" (per-stage layer
-counts over all stages; default an even split, the first stages taking the remainder),
+counts over all stages; default an even split, the first stages taking the remainder), "fsdp"
+(D > 1: FSDP2 within each stage over D ranks, fully_shard on each decoder layer then the stage
+module, "reshard" its reshard_after_forward; "amp-bf16" then means fp32 shards with
+MixedPrecisionPolicy(bf16, fp32), as tools/torch_profile_dist.py),
 "snapshot": {"step": N}}]}.
 
 Interleaved 1F1B (ScheduleInterleaved1F1B): rank r holds the V stage modules r, r + N, …,
@@ -111,9 +114,22 @@ def build(case, cfgd):
     S, si, M = int(case["stages"]), int(case["stage"]), int(case["microbatches"])
     V = int(case.get("virtual_stages") or 1) if case["schedule"] == "interleaved" else 1
     layers = split_layers(int(cfgd["num_hidden_layers"]), S * V, case.get("layers"))
-    dist_tool.init_pg(si, S)
+    D = int(case.get("fsdp") or 1)
+    dist_tool.init_pg(si * D, S * D)  # rank 0 of the stage's FSDP2 group
+    fsdp_kw, pp_group = None, None
+    if D > 1:  # FSDP2 within each stage (torchtitan's PP × FSDP): a ("pp", "dp_shard") mesh
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh("cuda", (S, D), mesh_dim_names=("pp", "dp_shard"))
+        pp_group = mesh["pp"].get_group()
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if case["precision"] == "amp-bf16" else MixedPrecisionPolicy())
+        fsdp_kw = {"mesh": mesh["dp_shard"], "reshard_after_forward": bool(case.get("reshard", True)), "mp_policy": mp}
     dist.batch_isend_irecv = lambda ops: []  # the fake group moves nothing; see the docstring
     dtype = common.torch_dtype("bf16" if case["precision"] == "bf16" else "fp32")
+    # what passes between stages: FSDP2's mixed-precision policy computes (and returns) in bf16
+    act_dtype = torch.bfloat16 if D > 1 and case["precision"] == "amp-bf16" else dtype
     b, s, h, V_ = int(case["batch"]), int(case["seq"]), int(cfgd["hidden_size"]), int(cfgd["vocab_size"])
     meta = torch.device("meta")
     torch.manual_seed(0)
@@ -131,18 +147,22 @@ def build(case, cfgd):
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         mod = stage_module_class()(lm, first, last)
         del lm
+        if fsdp_kw:  # fully_shard on each decoder layer, then the stage module (the root)
+            for layer in mod.layers:
+                fully_shard(layer, **fsdp_kw)
+            fully_shard(mod, **fsdp_kw)
         mod.to_empty(device="cuda")
         with torch.no_grad():
             for p in mod.parameters():
-                p.normal_(0.0, 0.02)
+                (p.to_local() if hasattr(p, "to_local") else p).normal_(0.0, 0.02)
             for _, buf in mod.named_buffers():
                 if buf.is_floating_point():
-                    buf.uniform_(1e-4, 1e-2)  # rotary inv_freq
+                    (buf.to_local() if hasattr(buf, "to_local") else buf).uniform_(1e-4, 1e-2)  # rotary inv_freq
         mod.train()
-        x_meta = torch.empty(b, s, dtype=torch.long, device=meta) if first else torch.empty(b, s, h, dtype=dtype, device=meta)
-        y_meta = torch.empty(b, s, V_, dtype=dtype, device=meta) if last else torch.empty(b, s, h, dtype=dtype, device=meta)
+        x_meta = torch.empty(b, s, dtype=torch.long, device=meta) if first else torch.empty(b, s, h, dtype=act_dtype, device=meta)
+        y_meta = torch.empty(b, s, V_, dtype=act_dtype, device=meta) if last else torch.empty(b, s, h, dtype=act_dtype, device=meta)
         stages.append(PipelineStage(mod, idx, S * V, torch.device("cuda", torch.cuda.current_device()),
-                                    input_args=(x_meta,), output_args=(y_meta,)))
+                                    input_args=(x_meta,), output_args=(y_meta,), group=pp_group))
         mods.append(mod)
     if case["schedule"] == "interleaved":
         sched = ScheduleInterleaved1F1B(stages, n_microbatches=M, loss_fn=loss_fn)
