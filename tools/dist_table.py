@@ -24,15 +24,18 @@ FILES = ["tests/data/torch_train_dist_fakepg_h200.json", "tests/data/torch_train
          "tests/data/torch_train_fsdp_tp_rerun_fakepg_h200.json",
          "tests/data/torch_train_hsdp_tp_fakepg_h200.json",
          "tests/data/torch_train_offload_fakepg_h200.json", "tests/data/torch_train_pp_fakepg_h200.json",
-         "tests/data/torch_train_pp_interleaved_fakepg_h200.json", "tests/data/torch_train_cp_fakepg_h200.json"]
+         "tests/data/torch_train_pp_interleaved_fakepg_h200.json", "tests/data/torch_train_cp_fakepg_h200.json",
+         "tests/data/torch_train_pp_fsdp_fakepg_h200.json", "tests/data/torch_train_pp_qwen_small_fakepg_h200.json"]
 PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak")
 
 
 def flags_of(j):
     f = ["--batch", str(j["batch"]), "--seq", str(j["seq"]), "--precision", j["precision"], "--recompute", j["recompute"]]
     if "stages" in j:  # tools/torch_profile_pp.py: one pipeline stage
-        f += ["--pp", str(j["stages"]), "--rank", str(j["stage"]), "--microbatches", str(j["microbatches"]),
+        D = j.get("fsdp", 1)  # FSDP2 within each stage: the stage's first shard, rank stage · D
+        f += ["--pp", str(j["stages"]), "--rank", str(j["stage"] * D), "--microbatches", str(j["microbatches"]),
               "--pp-schedule", j["schedule"]]
+        f += ["--fsdp", str(D), "--reshard-after-forward", "true" if j.get("reshard", True) else "false"] if D > 1 else []
         f += ["--virtual-stages", str(j["virtual_stages"])] if j["schedule"] == "interleaved" else []
         return f + (["--pp-layers", ",".join(map(str, j["layers"]))] if j.get("layers") else [])
     W, st = j["world"], j["strategy"]

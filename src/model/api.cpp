@@ -10,6 +10,7 @@
 #include "job_key.hpp"
 #include "korthikanti.hpp"
 #include "parallel.hpp"
+#include "pipeline.hpp"
 #include "predictors.hpp"
 #include "membudget/input.hpp"
 #include "membudget/serving.hpp"
@@ -154,7 +155,7 @@ std::optional<Estimate> most_loaded_stage(const ModelSpec& model, const Job& job
     if (s == 0 || peak > best_peak) best = r, best_stage = s, best_peak = peak;
   }
   Job at = job;
-  at.parallel.rank = best_stage;
+  at.parallel.rank = best_stage * detail::ranks_per_stage(job.parallel);  // the stage's first shard: the fullest
   return from_plan(*(*stages)[best_stage], best, model, at);
 }
 

@@ -120,7 +120,8 @@ class AutogradSim {
   // checkpoint region records [first,last) node indices to be re-run by `recompute`.
   void set_discard_saves(bool on) { discard_saves_ = on; }
   // Sections (used by the compiled plans, src/model/step_plan.cpp): the driver tags the forward
-  // with section ids (0: before the layers, 1 + i: layer i, L + 1: after the layers). Nodes
+  // with section ids (0: before the layers, 1 + i: layer i, L + 1: after the layers, L + 2: outside
+  // the model's module, as a pipeline schedule's loss is outside the stage module). Nodes
   // remember the section they were recorded in; backward (and recompute) runs each node in its
   // section. The trace records the section of every event.
   void set_section(int s) { section_ = s; }

@@ -79,7 +79,9 @@ void DataParallelSim::copy_out(std::size_t g) {
 }
 
 void DataParallelSim::pre_forward(std::size_t g) {
-  if (!fsdp()) return;
+  // FSDPParamGroup.unshard: nothing when the group is still unsharded (a pipeline stage's
+  // microbatch backward left it so) or holds no parameters (a middle stage's root)
+  if (!fsdp() || groups_[g].params.empty() || unsharded(g)) return;
   const TensorId out = all_gather(g);
   copy_out(g);
   // FSDPParamGroup.wait_for_unshard: the previous group's output is held (all_gather_state) until
@@ -102,7 +104,7 @@ void DataParallelSim::root_post_forward() {
 
 void DataParallelSim::pre_backward(std::size_t g, std::size_t next) {
   Group& gr = groups_[g];
-  if (!unsharded(g)) {
+  if (!gr.params.empty() && !unsharded(g)) {
     if (gr.prefetched != kNone) {  // the output of the previous group's prefetch
       copy_out(g);
       sim_.drop(gr.prefetched);
@@ -114,7 +116,37 @@ void DataParallelSim::pre_backward(std::size_t g, std::size_t next) {
     }
   }
   // _backward_prefetch: the group that runs backward next is all-gathered now
-  if (next != g && !unsharded(next) && groups_[next].prefetched == kNone) groups_[next].prefetched = all_gather(next);
+  if (next != g && !groups_[next].params.empty() && !unsharded(next) && groups_[next].prefetched == kNone)
+    groups_[next].prefetched = all_gather(next);
+}
+
+void DataParallelSim::accumulate(std::size_t g) {
+  // FSDPParamGroup.post_backward with reduce_grads off: no reshard, no reduce-scatter;
+  // to_accumulated_grad_if_needed moves a gradient whose dtype is not reduce_dtype into an
+  // unsharded accumulator of that dtype (amp-bf16's fp32), and the next microbatch's gradient is
+  // added into it and freed (accumulate_unsharded_grad_if_needed). Without the cast the gradients
+  // accumulate in .grad, as autograd accumulates them.
+  Group& gr = groups_[g];
+  if (reduce_ == compute_) return;
+  gr.accumulated.resize(gr.params.size(), kNone);
+  for (std::size_t i = 0; i < gr.params.size(); ++i) {
+    const auto& [id, t] = gr.params[i];
+    if (sim_.grad_of(id) == kNone) continue;
+    if (gr.accumulated[i] == kNone)
+      gr.accumulated[i] = sim_.make("FSDP2 unsharded accumulated gradients (reduce_dtype, microbatches)",
+                                    times(t.elements(), reduce_), Term::model_states, Role::gradient,
+                                    "to_accumulated_grad_if_needed", "", "", false);
+    sim_.drop_grad(id);
+  }
+}
+
+void DataParallelSim::reduce_grads() {
+  if (!fsdp()) return;
+  // all_states in order (the stage module, then its layers): each group's post-backward
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    if (!groups_[g].params.empty()) post_backward(g);
+  sim_.drop(held_reduce_scatter_);  // _root_post_backward_final_callback
+  held_reduce_scatter_ = kNone;
 }
 
 void DataParallelSim::post_backward(std::size_t g) {
@@ -122,7 +154,9 @@ void DataParallelSim::post_backward(std::size_t g) {
   // reduce-scatter's input, then foreach_reduce: the unsharded gradients copied (cast to
   // reduce_dtype) into one flat input and freed, the output allocated; the sharded gradients are
   // views of that output until zero_grad.
-  const Group& gr = groups_[g];
+  Group& gr = groups_[g];
+  if (gr.params.empty()) return;
+  if (microbatches_) return accumulate(g);
   if (unsharded(g))
     for (const auto& [id, t] : gr.params) sim_.release_storage(id);
   sim_.drop(held_reduce_scatter_);
@@ -135,6 +169,7 @@ void DataParallelSim::post_backward(std::size_t g) {
   const TensorId last_grad = g == 0 && !gr.params.empty() ? gr.params.front().first : kNone;
   for (const auto& [id, t] : gr.params)
     if (id != last_grad) sim_.drop_grad(id);
+  for (TensorId& acc : gr.accumulated) sim_.drop(std::exchange(acc, kNone));  // (microbatches: what was reduced)
   const TensorId out = sim_.make("FSDP2 sharded gradients (reduce-scatter output)", times(gr.shard_elems, reduce_),
                                  Term::model_states, Role::gradient, "foreach_reduce", "", "", false);
   if (last_grad != kNone) sim_.drop_grad(last_grad);
@@ -148,19 +183,30 @@ void DataParallelSim::post_backward(std::size_t g) {
 }
 
 std::size_t DataParallelSim::group_of_section(int section) const {
-  // sections (AutogradSim::set_section): 0 before the layers, 1 + i layer i, L + 1 after them
-  return section >= 1 && static_cast<std::uint64_t>(section) <= layers_ ? static_cast<std::size_t>(section) : 0;
+  // sections (AutogradSim::set_section): 0 before the layers, 1 + i layer i, L + 1 after them (all
+  // the root's), L + 2 outside the root module (no group)
+  if (section >= 1 && static_cast<std::uint64_t>(section) <= layers_) return static_cast<std::size_t>(section);
+  return static_cast<std::uint64_t>(section) == layers_ + 2 ? kNoGroup : 0;
 }
 
 void DataParallelSim::on_section(AutogradSim&, void* ctx, int from, int to) {
   auto& self = *static_cast<DataParallelSim*>(ctx);
   const std::size_t L = static_cast<std::size_t>(self.layers_);
-  // The root's pre-backward hook runs first (on the loss), and prefetches the last layer.
-  if (from < 0) self.pre_backward(0, L);
-  const std::size_t gf = from < 0 ? 0 : self.group_of_section(from);
-  const std::size_t gt = to < 0 ? 0 : self.group_of_section(to);
-  if (from >= 0 && gf != 0 && gf != gt) self.post_backward(gf);
-  if (to >= 0 && gt != 0 && gt != gf) self.pre_backward(gt, gt - 1);
+  const std::size_t gf = from < 0 ? kNoGroup : self.group_of_section(from);
+  const std::size_t gt = to < 0 ? kNoGroup : self.group_of_section(to);
+  // The root's pre-backward hook runs when the backward reaches the root module's output, and
+  // prefetches the last layer: first when the loss is computed inside the root (a model's forward
+  // returns it); after a pipeline loss outside the stage module; and after the last layer's own
+  // hook when the stage's output is that layer's (a stage that sends its hidden states on: the
+  // layer's all-gather and the next one's prefetch come first).
+  if (from < 0 && gt != kNoGroup && gt != 0) {
+    self.pre_backward(gt, gt - 1);
+    self.pre_backward(0, gt - 1);
+  } else if (gf != 0 && gt == 0 && (from < 0 || gf == kNoGroup)) {
+    self.pre_backward(0, L);
+  }
+  if (gf != kNoGroup && gf != 0 && gf != gt) self.post_backward(gf);
+  if (gt != kNoGroup && gt != 0 && gt != gf) self.pre_backward(gt, gt - 1);
   if (to < 0) {
     // _root_post_backward_final_callback: the root's post-backward (its inputs need no gradient,
     // so it runs only here), then the last reduce-scatter input is dropped

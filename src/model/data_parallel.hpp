@@ -44,6 +44,13 @@ class DataParallelSim {
   void root_post_forward();
   // Installs the backward hooks on the simulator (FSDP2 pre/post-backward, DDP's bucket view).
   void install_backward_hooks(std::uint64_t layers);
+  // FSDP2 within a pipeline stage (torch.distributed.pipelining's backward_maybe_with_nosync):
+  // while on, each microbatch's backward runs with set_requires_gradient_sync(False) and
+  // set_reshard_after_backward(False): the parameters stay unsharded and their unsharded
+  // gradients accumulate (in an fp32 copy when reduce_dtype is not param_dtype). reduce_grads()
+  // is perform_reduce_grad after the last: every group's post-backward with the reduction on.
+  void set_microbatch_backwards(bool on) { microbatches_ = on; }
+  void reduce_grads();
   // What the step keeps after backward as the parameters' gradients: FSDP2's reduce-scatter outputs
   // (freed by zero_grad with the rest; none on the GPU under CPU offload).
   const std::vector<TensorId>& sharded_grads() const { return rs_outputs_; }
@@ -56,6 +63,7 @@ class DataParallelSim {
     std::vector<std::pair<TensorId, ParamTensor>> params;
     std::uint64_t shard_elems = 0;  // Σ padded shard elements: the all-gather input per rank
     TensorId prefetched = kNone;    // all-gather output issued by the backward prefetch
+    std::vector<TensorId> accumulated;  // per parameter: its unsharded_accumulated_grad (microbatch backwards)
   };
   static void on_section(AutogradSim& sim, void* ctx, int from, int to);
   static void on_grad_ready(AutogradSim& sim, void* ctx, TensorId param);
@@ -64,13 +72,16 @@ class DataParallelSim {
   void copy_out(std::size_t g);
   void pre_backward(std::size_t g, std::size_t next);
   void post_backward(std::size_t g);
-  std::size_t group_of_section(int section) const;
+  void accumulate(std::size_t g);  // post_backward without the reduction (microbatch backwards)
+  static constexpr std::size_t kNoGroup = static_cast<std::size_t>(-1);
+  std::size_t group_of_section(int section) const;  // kNoGroup: outside the root module
 
   AutogradSim& sim_;
   RankLayout l_;
   bytes_t compute_, stored_, reduce_;
   std::vector<Group> groups_;
   std::uint64_t layers_ = 0;
+  bool microbatches_ = false;
   TensorId held_all_gather_ = kNone;      // forward: the last all-gather output, until the next copy-out
   TensorId held_reduce_scatter_ = kNone;  // the last reduce-scatter input, until the next group's
   std::vector<TensorId> rs_outputs_;

@@ -1067,6 +1067,8 @@ TensorId stage_forward(Step& st, const PipelineStage& stage, std::size_t chunk, 
   TensorId x = input;
   std::size_t begin = 0;  // the chunk's layers in st.layers
   for (std::size_t c = 0; c < chunk; ++c) begin += static_cast<std::size_t>(stage.chunks[c].layers);
+  sim.set_section(0);     // before the layers (FSDP2's root group; plans)
+  st.dp->pre_forward(0);  // FSDP2 within the stage: the stage module is the root (embedding, final norm, lm_head)
   if (stage.chunk_first(chunk)) {
     TensorId unscaled = kNone;  // (Gemma's scale is refused under --pp: check_pipeline)
     x = embed_tokens(st, &unscaled);
@@ -1079,12 +1081,15 @@ TensorId stage_forward(Step& st, const PipelineStage& stage, std::size_t chunk, 
     sim.drop(st.cos);
     sim.drop(st.sin);
   }
-  if (!stage.chunk_last(chunk)) return x;
-  TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
-  sim.drop(x);
-  TensorId logits = st.linear(hn, st.d.h, st.d.V, st.lm_head, kNone, kOutputChunk, "b·s·V");
-  sim.drop(hn);
-  return logits;
+  sim.set_section(static_cast<int>(st.d.L) + 1);  // after the layers
+  if (stage.chunk_last(chunk)) {
+    TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
+    sim.drop(x);
+    x = st.linear(hn, st.d.h, st.d.V, st.lm_head, kNone, kOutputChunk, "b·s·V");
+    sim.drop(hn);
+  }
+  st.dp->root_post_forward();  // the stage module's forward returns (the loss is the schedule's)
+  return x;
 }
 
 // torchtitan's pipeline loss on the last stage's output, as the schedule calls it per microbatch:
@@ -1434,13 +1439,14 @@ struct Trainable {
   std::uint64_t elements = 0, largest = 0, per_step_call = 0;
 };
 Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l, const PipelineStage* stage) {
-  if (stage) {  // the stage modules' own parameters, each module stepped by its own optimizer
+  if (stage) {  // the stage modules' own parameters (their local shards under FSDP2), each module stepped by its own optimizer
     std::uint64_t n = 0, largest = 0, per_call = 0;
     for (std::size_t c = 0; c < stage->chunks.size(); ++c) {
       std::uint64_t module = 0;
       for (const ParamTensor& t : stage_tensors(sizing, *stage, c)) {
-        module = checked_add(module, t.elements(), "pipeline stage parameters");
-        largest = std::max(largest, t.elements());
+        const std::uint64_t mine = l.strategy == DataStrategy::fsdp ? fsdp_local_shard(t, l.shard, l.shard_rank) : t.elements();
+        module = checked_add(module, mine, "pipeline stage parameters");
+        largest = std::max(largest, mine);
       }
       n = checked_add(n, module, "pipeline stage parameters");
       per_call = std::max(per_call, module);
@@ -1615,6 +1621,10 @@ class TrainPass {
     // the module's next backward replaces it
     std::vector<TensorId> pending_input_grad(ps.chunks.size(), kNone);
     bool autograd_workspace = steady_;
+    // FSDP2 within the stage: each microbatch's backward keeps the parameters unsharded and
+    // accumulates their unsharded gradients; REDUCE_GRAD after the last reduces them.
+    dp_.install_backward_hooks(st_.d.L);
+    dp_.set_microbatch_backwards(true);
     bytes_t most_in_flight = 0;
     for (const PipelineAction& a : schedule_actions(ps)) {
       const Phase phase = a.forward ? Phase::forward_peak : Phase::backward_peak;
@@ -1629,6 +1639,7 @@ class TrainPass {
         g.rotary = st_.graph_rotary.size() - 1;
         if (last) {
           chunks.push_back(out);  // output_chunks holds the logits (their one reference)
+          sim_.set_section(static_cast<int>(st_.d.L) + 2);  // the loss is the schedule's, outside the stage module
           g.root = pipeline_loss(st_, out);
         } else {
           g.root = out;  // fwd_cache holds it until the backward
@@ -1660,6 +1671,8 @@ class TrainPass {
     }
     for (TensorId pending : pending_input_grad)
       if (pending != kNone) sim_.drop_grad(pending);
+    dp_.set_microbatch_backwards(false);
+    dp_.reduce_grads();  // perform_reduce_grad, after every microbatch's backward
     if (ps.last())  // step() returns merge_chunks(output_chunks): the caller drops it
       sim_.transient("pipeline: step()'s merged output (torch.cat of the chunks, dropped by the caller)",
                      mul(st_.d.T, st_.d.V, st_.r.compute, ps.microbatches), Term::logits_loss, Role::logits_loss);

@@ -204,9 +204,16 @@ void validate_parallel(const Job& j) {
                       "not shard DTensor parameters");
   if (p.tensor != 1 && p.fsdp_offload)
     throw unsupported("--tp with --fsdp-offload: not modelled yet");
-  if (p.pipeline > 1 && (p.data != 1 || p.fsdp != 1 || p.zero_stage != 0 || p.tensor != 1))
-    throw unsupported("--pp " + std::to_string(p.pipeline) + " with --dp, --fsdp, --zero or --tp: 2-D layouts are not modelled "
-                      "yet (each alone is)");
+  // Pipelines beside data parallelism: FSDP2 within each stage (torchtitan's PP × FSDP), GPipe
+  // and 1F1B; the other 2-D layouts are not modelled yet.
+  if (p.pipeline > 1 && (p.data != 1 || p.zero_stage != 0 || p.tensor != 1))
+    throw unsupported("--pp " + std::to_string(p.pipeline) + " with --dp, --zero or --tp: these 2-D layouts are not modelled "
+                      "yet (each alone is, and --pp with --fsdp is)");
+  if (p.pipeline > 1 && p.fsdp > 1) {
+    if (p.pp_schedule == PipelineSchedule::interleaved)
+      throw unsupported("--pp with --fsdp and --pp-schedule interleaved: FSDP2 within the stages is modelled for GPipe and 1F1B");
+    if (p.fsdp_offload) throw unsupported("--pp with --fsdp-offload: not modelled yet");
+  }
   if (p.pipeline == 1 && (p.microbatches != 0 || p.virtual_stages != 1 || !p.pp_layers.empty() ||
                           p.pp_schedule != PipelineSchedule::one_f_one_b))
     throw bad(p.microbatches ? "--microbatches" : p.virtual_stages != 1 ? "--virtual-stages" : !p.pp_layers.empty() ? "--pp-layers" : "--pp-schedule",
@@ -276,9 +283,11 @@ void validate_parallel(const Job& j) {
   if ((p.tensor > 1 || p.zero_stage == 1) && j.precision == Precision::bf16_master)
     throw unsupported(layout + " with --precision bf16-master: a master copy beside sharded state is not modelled yet");
   if (p.pipeline > 1) {
-    if (j.precision == Precision::amp_bf16 || j.precision == Precision::bf16_master)
+    // (under --fsdp, amp-bf16 is FSDP2's mixed-precision policy: no autocast)
+    if ((j.precision == Precision::amp_bf16 && p.fsdp <= 1) || j.precision == Precision::bf16_master)
       throw unsupported("--pp with --precision " + std::string(to_string(j.precision)) +
-                        ": autocast (or a master copy) across a schedule's microbatches is not modelled; use bf16 or fp32");
+                        ": autocast (or a master copy) across a schedule's microbatches is not modelled; use bf16 or fp32 "
+                        "(or amp-bf16 with --fsdp, FSDP2's mixed-precision policy)");
     if (j.loss == Loss::chunked)
       throw unsupported("--pp with --loss chunked: the last stage computes torchtitan's cross-entropy over whole logits");
     if (j.recompute == Recompute::selective)

@@ -158,10 +158,25 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
   if (l.world > 65536)
     throw Error(ErrorKind::unsupported, "ranks: listing the memory of " + std::to_string(l.world) +
                                             " ranks is not supported (at most 65,536); give --rank");
-  if (l.pipeline > 1) {  // every stage holds other layers
-    std::vector<std::vector<std::uint64_t>> stages;
-    for (std::uint64_t r = 0; r < l.world; ++r) stages.push_back({r});
-    return stages;
+  if (l.pipeline > 1) {
+    // Every stage holds other layers; with FSDP2 within the stages, the stage's shards group by
+    // their local chunk sizes (rank r is shard r mod D of stage r / D).
+    const std::uint64_t D = ranks_per_stage(job.parallel);
+    std::vector<std::vector<std::uint64_t>> groups;
+    for (std::uint64_t stage = 0; stage < l.pipeline; ++stage) {
+      const PipelineStage ps = pipeline_stage(m, job, stage * D);
+      std::map<std::vector<std::uint64_t>, std::size_t> group_of_signature;
+      for (std::uint64_t k = 0; k < D; ++k) {
+        std::vector<std::uint64_t> signature;
+        if (D > 1)
+          for (std::size_t c = 0; c < ps.chunks.size(); ++c)
+            for (const ParamTensor& t : stage_tensors(m, ps, c)) signature.push_back(fsdp_local_shard(t, D, k));
+        const auto [it, fresh] = group_of_signature.try_emplace(signature, groups.size());
+        if (fresh) groups.emplace_back();
+        groups[it->second].push_back(stage * D + k);
+      }
+    }
+    return groups;
   }
   // What tells one shard rank from another: ZeRO-1's owned tensor sizes, FSDP2's local chunk sizes
   // (computed rank by rank; only the distinct ones are kept).
@@ -200,6 +215,11 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
   if (l.world == 1) return l;
   if ((p.tensor > 1 && p.fsdp <= 1) || p.pipeline > 1) {  // every tensor-parallel rank holds the same shares
     l.rank = p.rank.value_or(0);
+    if (p.pipeline > 1 && p.fsdp > 1) {  // FSDP2 within each stage: the ("pp", "dp_shard") mesh
+      l.strategy = DataStrategy::fsdp;
+      l.shard = p.fsdp;
+      l.shard_rank = l.rank % p.fsdp;
+    }
     return l;
   }
   if (p.fsdp > 1 || p.context > 1) {

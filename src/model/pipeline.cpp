@@ -27,8 +27,9 @@ std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallel
   return counts;
 }
 
-PipelineStage pipeline_stage(const ModelSpec& m, const Job& job, std::uint64_t stage) {
+PipelineStage pipeline_stage(const ModelSpec& m, const Job& job, std::uint64_t rank) {
   const Parallelism& p = job.parallel;
+  const std::uint64_t stage = rank / ranks_per_stage(p);
   const std::vector<std::uint64_t> counts = stage_layer_counts(m, p);
   PipelineStage s;
   s.stages = p.pipeline;

@@ -38,8 +38,10 @@ struct PipelineStage {
 // stages taking one more. Error(invalid_job) when the counts do not add up to the model's layers or
 // a stage would get none.
 std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallelism& p);
-// Stage `stage` of a validated pipeline job.
-PipelineStage pipeline_stage(const ModelSpec& m, const Job& job, std::uint64_t stage);
+// The stage of rank `rank` of a validated pipeline job. With FSDP2 within the stages (--fsdp D)
+// the mesh is ("pp", "dp_shard"): rank r is shard r mod D of stage r / D.
+PipelineStage pipeline_stage(const ModelSpec& m, const Job& job, std::uint64_t rank);
+inline std::uint64_t ranks_per_stage(const Parallelism& p) { return p.fsdp; }
 
 // The parameter tensors one stage module holds, in module order: the embedding (first stage), its
 // decoder layers, the final norm and lm_head (last stage; a tied model's last stage holds lm_head

@@ -57,25 +57,27 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   job.validate();  // refuses parallel layouts not modelled (docs/distributed.md)
   detail::check_layout(model, job);
   if (job.parallel.pipeline > 1 && !job.parallel.rank) {
-    // The most loaded stage: every stage predicted (their layers, embedding or head and schedule
-    // position all differ), the highest peak kept, the lowest stage on a tie. The stages' figures
-    // are the `ranks` list (every stage is its own group), so none is predicted twice for it.
+    // The most loaded rank: one of each distinct group predicted (every stage is its own: their
+    // layers, embedding or head and schedule position all differ; with FSDP2 within the stages,
+    // shards of one stage group by their sizes), the highest peak kept, the lowest rank on a tie.
+    // The groups' figures are the `ranks` list, so none is predicted twice for it.
     Job at = job;
-    std::vector<Budget> stages;
+    std::vector<std::vector<std::uint64_t>> groups = detail::distinct_ranks(model, job);
+    std::vector<Budget> each;
     std::size_t best = 0;
-    for (std::uint64_t s = 0; s < job.parallel.pipeline; ++s) {
-      at.parallel.rank = s;
-      stages.push_back(predict(model, at, PredictOptions{}));
-      if (stages.back().peak > stages[best].peak) best = stages.size() - 1;
+    for (const auto& group : groups) {
+      at.parallel.rank = group.front();
+      each.push_back(predict(model, at, PredictOptions{}));
+      if (each.back().peak > each[best].peak) best = each.size() - 1;
     }
-    at.parallel.rank = best;
+    at.parallel.rank = groups[best].front();
     PredictOptions chosen = options;
     chosen.ranks = false;
     Budget b = predict(model, at, chosen);
     if (options.ranks)
-      for (std::uint64_t s = 0; s < job.parallel.pipeline; ++s)
-        b.ranks.push_back(detail::rank_group({s}, s == best ? b : stages[static_cast<std::size_t>(s)]));
-    b.job.parallel.rank.reset();  // the job as given: the stage was chosen, not asked for
+      for (std::size_t g = 0; g < groups.size(); ++g)
+        b.ranks.push_back(detail::rank_group(std::move(groups[g]), g == best ? b : each[g]));
+    b.job.parallel.rank.reset();  // the job as given: the rank was chosen, not asked for
     return b;
   }
   Budget b;

@@ -109,8 +109,11 @@ std::string layout_label(const Parallelism& p) {
                                  : p.pp_schedule == PipelineSchedule::interleaved
                                      ? "interleaved 1F1B, " + std::to_string(p.virtual_stages) + " stage modules per rank"
                                      : "1F1B";
-    return "pipeline of " + n + " stages (" + schedule + ", " + std::to_string(p.microbatches ? p.microbatches : p.pipeline) +
-           " microbatches)";
+    const std::string within = p.fsdp > 1 ? std::string(", FSDP2 over ") + std::to_string(p.fsdp) + " ranks within each stage" +
+                                                (p.reshard_after_forward ? ", reshard after forward" : ", no reshard after forward")
+                                          : "";
+    return "pipeline of " + std::to_string(p.pipeline) + " stages (" + schedule + ", " +
+           std::to_string(p.microbatches ? p.microbatches : p.pipeline) + " microbatches" + within + ")";
   }
   if (p.context > 1)
     return "context parallel over " + std::to_string(p.context) + " ranks (ring attention), FSDP2 over " + n + " ranks" +

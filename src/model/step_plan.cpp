@@ -37,6 +37,7 @@
 #include "inventory.hpp"
 #include "plan_cache.hpp"
 #include "plan_common.hpp"
+#include "pipeline.hpp"
 
 namespace membudget::detail {
 namespace {
@@ -107,11 +108,11 @@ void replay(SimSet& ss, std::size_t D) {
     LiveVector live(D, con.size());
     const auto& cur = live.cur;
     const auto& alive = live.alive;
-    for (auto& ph : ss.cand[pass]) ph.assign(ss.layers + 2, {});
+    for (auto& ph : ss.cand[pass]) ph.assign(ss.layers + 3, {});
     int phase = -1;
     auto candidate = [&](std::int32_t section) {
       if (phase < 0) return;
-      if (section < 0 || static_cast<std::uint64_t>(section) > ss.layers + 1) throw Fail{};
+      if (section < 0 || static_cast<std::uint64_t>(section) > ss.layers + 2) throw Fail{};
       ss.cand[pass][phase][section].push_back(static_cast<std::uint32_t>(ss.rows.size() / D));
       ss.rows.insert(ss.rows.end(), cur.begin(), cur.end());
     };
@@ -302,8 +303,8 @@ struct PlanBuilder {
           for (std::uint32_t r : sec) all.insert(all.end(), &sets[0].rows[r * D], &sets[0].rows[r * D] + D);
       } else {
         // sections kept: before the layers, layer 0, the first and last P interior layers, the
-        // last layer, after the layers
-        for (std::uint64_t q = 0; q < 2 * P + 4; ++q) {
+        // last layer, after the layers, outside the module
+        for (std::uint64_t q = 0; q < 2 * P + 5; ++q) {
           const std::vector<std::uint32_t>* lists[3];
           for (int n = 0; n < 3; ++n) {
             const std::uint64_t ls = sets[n].layers;
@@ -466,7 +467,7 @@ const std::vector<std::shared_ptr<const StepPlan>>* StepPlan::stage_plans(const 
     auto out = std::make_shared<StagePlans>();
     Job at = jj;
     for (std::uint64_t r = 0; r < jj.parallel.pipeline; ++r) {
-      at.parallel.rank = r;
+      at.parallel.rank = r * ranks_per_stage(jj.parallel);  // each stage's first shard
       auto plan = PlanCache<StepPlan>::mine().shared(mm, at, regime_of, compile);
       if (!plan) return std::shared_ptr<const StagePlans>{};
       out->stages.push_back(std::move(plan));
