@@ -25,7 +25,8 @@ FILES = ["tests/data/torch_train_dist_fakepg_h200.json", "tests/data/torch_train
          "tests/data/torch_train_hsdp_tp_fakepg_h200.json",
          "tests/data/torch_train_offload_fakepg_h200.json", "tests/data/torch_train_pp_fakepg_h200.json",
          "tests/data/torch_train_pp_interleaved_fakepg_h200.json", "tests/data/torch_train_cp_fakepg_h200.json",
-         "tests/data/torch_train_pp_fsdp_fakepg_h200.json", "tests/data/torch_train_pp_qwen_small_fakepg_h200.json"]
+         "tests/data/torch_train_pp_fsdp_fakepg_h200.json", "tests/data/torch_train_pp_fsdp_more_fakepg_h200.json",
+         "tests/data/torch_train_pp_qwen_small_fakepg_h200.json"]
 PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak")
 
 

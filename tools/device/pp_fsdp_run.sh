@@ -13,3 +13,9 @@ timeout 560 python3 tools/torch_profile_pp.py --matrix tools/matrices/pp_fsdp_h2
 echo "== rc=$? t=$(( $(date +%s)-t0 ))s"
 for f in "$O"/snap/*.pickle; do [ -f "$f" ] && gzip -9 "$f"; done
 ls -la "$O" "$O/snap"
+# tests/data/torch_train_pp_fsdp_more_fakepg_h200.json (Llama 3.1 8B at 8 layers, Qwen2.5 1.5B) and
+# tests/data/torch_train_pp_qwen_small_fakepg_h200.json (Qwen2.5 0.5B with and without FSDP2):
+timeout 200 python3 tools/torch_profile_pp.py --matrix tools/matrices/pp_fsdp_more_h200.json \
+  --output "$O/torch_train_pp_fsdp_more_fakepg_h200.json" 2>&1 | tee -a "$O/log.txt"
+timeout 200 python3 tools/torch_profile_pp.py --matrix tools/matrices/qwen_pp_probe.json --snapshot-dir "$O/snap" \
+  --output "$O/torch_train_pp_qwen_small_fakepg_h200.json" 2>&1 | tee -a "$O/log.txt"
