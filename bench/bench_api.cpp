@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "membudget/api.hpp"
+#include "shapes.hpp"
 
 extern char** environ;
 
@@ -40,20 +41,6 @@ const ModelSpec& model70b() {
   return m;
 }
 
-// Shapes a scheduler might ask about: micro-batch 1-64, sequence 1-32768, none repeated within
-// 4096 calls, so every call evaluates (there is no per-shape memo on the training path).
-const std::vector<std::pair<std::uint64_t, std::uint64_t>>& shapes() {
-  static const auto v = [] {
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
-    std::uint64_t x = 88172645463325252ull;  // xorshift64
-    for (int i = 0; i < 4096; ++i) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      out.push_back({1 + x % 64, 1 + (x >> 20) % 32768});
-    }
-    return out;
-  }();
-  return v;
-}
 
 // Mixtures of experts (config.json as released): Qwen3-30B-A3B (arg 30), Mixtral 8x7B (arg 47).
 const ModelSpec& moe_model(std::int64_t billions) {

@@ -8,21 +8,10 @@
 #include <vector>
 
 #include "membudget/api.hpp"
+#include "shapes.hpp"
 
 using namespace membudget;
 
-namespace {
-// the 4,096 (micro-batch, sequence) pairs bench_api.cpp's shapes() cycles through
-std::vector<std::pair<std::uint64_t, std::uint64_t>> shapes() {
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
-  std::uint64_t x = 88172645463325252ull;  // xorshift64
-  for (int i = 0; i < 4096; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    out.push_back({1 + x % 64, 1 + (x >> 20) % 32768});
-  }
-  return out;
-}
-}  // namespace
 
 __attribute__((noinline)) std::uint64_t run_loop(const ModelSpec& m, Job j,
                                                  const std::vector<std::pair<std::uint64_t, std::uint64_t>>& sh) {
@@ -49,7 +38,7 @@ int main(int argc, char** argv) {
       j.precision = Precision::bf16;
     }
     estimate(m, j);  // compiles the plan(s), outside run_loop
-    const auto sh = shapes();
+    const auto& sh = shapes();  // bench_api.cpp's 4,096 shapes
     std::printf("%zu estimates, checksum %llu\n", sh.size(), static_cast<unsigned long long>(run_loop(m, j, sh)));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
