@@ -15,6 +15,7 @@
 #include "membudget/api.hpp"
 #include "membudget/job_yaml.hpp"
 #include "model/pipeline.hpp"
+#include "model/reserved.hpp"
 #include "model/step_plan.hpp"
 
 using namespace membudget;
@@ -311,13 +312,41 @@ TEST_CASE("ranks of pipelines with FSDP2 within the stages land within 1% of the
   CHECK(more.cases == 6);
   report(more, "pipeline × FSDP2 ranks, Llama 3.1 8B and Qwen2.5 1.5B");
   // Qwen2.5 0.5B (never measured before) misses by up to 3.0% on its first stage with FSDP2 and
-  // by 2.5% without it (torch_train_pp_qwen_small_fakepg_h200.json): a gap of the model's own
-  // walk, not of the composition (docs/distributed.md).
+  // by 2.5% without it (torch_train_pp_qwen_small_fakepg_h200.json): the allocator's block slack,
+  // which the walk does not count (the test below), not the composition (docs/distributed.md).
   Worst q;
   check_file("tests/data/torch_train_pp_fsdp_fakepg_h200.json", 0.035, not_qwen_small, q, 0.16, -0.05, 0.035);
   check_file("tests/data/torch_train_pp_qwen_small_fakepg_h200.json", 0.035, none, q, 0.16, -0.10, 0.035);
   CHECK(q.cases == 5);
   report(q, "Qwen2.5 0.5B pipeline ranks");
+}
+
+// What Qwen2.5 0.5B's pipeline stages lack: memory_allocated() counts whole blocks, and c10 does
+// not split a cached large block whose remainder would be 1 MiB or less, so a 3.5 MiB activation
+// (b·s·h at h = 896) served from a 4 MiB block counts 4 MiB. The walk counts the tensors' rounded
+// sizes and misses that slack (−2.5%); the caching-allocator replay (reserved.cpp), which places
+// every block, finds the measured peak within 0.1%. Not yet used for the allocated phases.
+TEST_CASE("pipeline stages of Qwen2.5 0.5B: the allocator replay's allocated peak holds the block slack the walk lacks") {
+  std::ifstream in(test::source_path("tests/data/torch_train_pp_qwen_small_fakepg_h200.json"));
+  REQUIRE(in.good());
+  const auto data = nlohmann::json::parse(in);
+  int checked = 0;
+  for (const auto& c : data["cases"]) {
+    const auto& j = c["job"];
+    if (j.value("fsdp", std::uint64_t{1}) > 1) continue;  // (several streams: no replay)
+    const std::string name = c["name"];
+    CAPTURE(name);
+    const ModelSpec m = model_of(j);
+    const Job job = job_of(j);
+    double measured_peak = 0;
+    for (Phase ph : kTrainPhases) measured_peak = std::max(measured_peak, c["steady"][to_string(ph)].get<double>());
+    const detail::ReservedResult r = detail::simulate_reserved(m, job, AllocatorPolicy{});
+    const Budget walk = predict(m, job);
+    CHECK(std::fabs(static_cast<double>(r.allocated_peak) - measured_peak) <= 0.002 * measured_peak);
+    CHECK(static_cast<double>(walk.peak) < measured_peak);  // the slack the walk does not see
+    ++checked;
+  }
+  CHECK(checked == 2);
 }
 
 // The order of a stage's actions (pipeline.cpp's schedule_actions) is what torch 2.11's schedules
