@@ -1,7 +1,8 @@
 // Instructions per estimate() at a new shape, a figure the build machine's speed does not move:
 // tools/bench_instructions.sh runs this under callgrind, counting only run_loop (the plan is
-// compiled before it). Usage: membudget_estimate_loop MODEL [pp]  ("pp": a 4-stage 1F1B pipeline,
-// 8 microbatches, bf16: the most loaded of four stage plans, as BM_estimate_new_shape_parallel/8/6).
+// compiled before it). Usage: membudget_estimate_loop MODEL [pp|pp-fsdp]  ("pp": a 4-stage 1F1B
+// pipeline, 8 microbatches, bf16: the most loaded of four stage plans, as
+// BM_estimate_new_shape_parallel/8/6; "pp-fsdp": the same with FSDP2 over 8 within each stage, /8/9).
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -32,10 +33,11 @@ int main(int argc, char** argv) {
   try {
     const ModelSpec m = load_model(argv[1]);
     Job j;
-    if (argc > 2 && std::string(argv[2]) == "pp") {
+    if (argc > 2 && (std::string(argv[2]) == "pp" || std::string(argv[2]) == "pp-fsdp")) {
       j.parallel.pipeline = 4;
       j.parallel.microbatches = 8;
       j.precision = Precision::bf16;
+      if (std::string(argv[2]) == "pp-fsdp") j.parallel.fsdp = 8;  // BM_estimate_new_shape_parallel/8/9
     }
     estimate(m, j);  // compiles the plan(s), outside run_loop
     const auto& sh = shapes();  // bench_api.cpp's 4,096 shapes

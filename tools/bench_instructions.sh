@@ -9,7 +9,7 @@ cmake --build "$build" --target membudget_estimate_loop >/dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for args in "configs/llama-3.1-8b.yaml" "configs/llama-3.1-70b.yaml" "tests/data/hf/moe/qwen3-30b-a3b.json" \
-            "tests/data/hf/moe/mixtral-8x7b.json" "configs/llama-3.1-8b.yaml pp"; do
+            "tests/data/hf/moe/mixtral-8x7b.json" "configs/llama-3.1-8b.yaml pp" "configs/llama-3.1-8b.yaml pp-fsdp"; do
   # shellcheck disable=SC2086
   valgrind --tool=callgrind --toggle-collect='run_loop*' --callgrind-out-file="$out/cg" \
     "$build/bench/membudget_estimate_loop" $args >/dev/null 2>&1
