@@ -202,7 +202,7 @@ void DataParallelSim::on_section(AutogradSim&, void* ctx, int from, int to) {
   if (from < 0 && gt != kNoGroup && gt != 0) {
     self.pre_backward(gt, gt - 1);
     self.pre_backward(0, gt - 1);
-  } else if (gf != 0 && gt == 0 && (from < 0 || gf == kNoGroup)) {
+  } else if (gf == kNoGroup && gt == 0) {  // (the backward's start, or the loss outside the module left)
     self.pre_backward(0, L);
   }
   if (gf != kNoGroup && gf != 0 && gf != gt) self.post_backward(gf);
