@@ -3,7 +3,7 @@
 // Keyed by the (model, job) words with the batch and sequence replaced by the job's regime;
 // nullptr records a step that does not compile (the caller simulates). The last lookup is
 // remembered: a loop over one model and recipe compares keys instead of hashing one. At most
-// kPlanLimit plans per kind and thread, cleared when full.
+// kPlanLimit plans per kind and thread (256 unless the kind says), cleared when full.
 #pragma once
 
 #include <memory>
@@ -13,9 +13,9 @@
 
 namespace membudget::detail {
 
-template <class P>
+template <class P, std::size_t Limit = 256>
 struct PlanCache {
-  static constexpr std::size_t kPlanLimit = 256;
+  static constexpr std::size_t kPlanLimit = Limit;
   std::unordered_map<Key, std::shared_ptr<const P>, KeyHash> table;
   Key last_key{};
   const P* last = nullptr;

@@ -16,6 +16,27 @@ u128 monomial(std::uint64_t b, unsigned i, std::uint64_t s, unsigned j, unsigned
   return v;
 }
 
+Monomial fit_monomial(std::span<const bytes_t> v, std::span<const Probe> p) {
+  if (v.size() != p.size() || v.size() < 3) throw Fail{};
+  if (v[0] == 0) {
+    for (bytes_t x : v)
+      if (x) throw Fail{};
+    return {};
+  }
+  if (v[1] % v[0]) throw Fail{};
+  std::uint64_t r = v[1] / v[0];
+  unsigned i = 0, j = 0;
+  while (r % 2 == 0 && i <= 3) r /= 2, ++i;
+  while (r % 3 == 0 && j <= 3) r /= 3, ++j;
+  if (r != 1 || i > 3 || j > 3) throw Fail{};
+  const u128 m0 = monomial(p[0].b, i, p[0].s, j);
+  if (m0 > kMax64 || v[0] % static_cast<std::uint64_t>(m0)) throw Fail{};
+  const bytes_t c = v[0] / static_cast<std::uint64_t>(m0);
+  for (std::size_t k = 2; k < p.size(); ++k)  // (the second probe holds by construction)
+    if (sat_mul(c, monomial(p[k].b, i, p[k].s, j)) != v[k]) throw Fail{};
+  return {c, i, j};
+}
+
 bool basis_values(const std::vector<Basis>& basis, std::uint64_t b, std::uint64_t s, std::uint64_t* out) {
   // In 64 bits with an overflow flag: what monomial() and sat_mul() give (a zero factor makes 0
   // whatever else overflowed), without their 128-bit steps.

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "membudget/bytes.hpp"
@@ -47,6 +48,14 @@ inline u128 sat_mul(u128 a, u128 b) {
   if (__builtin_mul_overflow(static_cast<std::uint64_t>(a), static_cast<std::uint64_t>(b), &r)) return kOver;
   return r;
 }
+// The monomial c · b^i · s^j (i, j ≤ 3) whose sizes at the probes are v[k] (v.size() == p.size() ≥ 3,
+// p[1] = (2·b0, 3·s0)): v[1] / v[0] = 2^i · 3^j names it, c = v[0] / (b0^i · s0^j), and every probe
+// after the second checks it. c = 0 when every size is 0. Throws Fail for any other pattern.
+struct Monomial {
+  bytes_t c = 0;
+  unsigned i = 0, j = 0;
+};
+Monomial fit_monomial(std::span<const bytes_t> v, std::span<const Probe> p);
 // The basis at (b, s); false when a component does not fit 64 bits.
 bool basis_values(const std::vector<Basis>& basis, std::uint64_t b, std::uint64_t s, std::uint64_t* out);
 inline u128 dot(const std::uint64_t* row, const std::uint64_t* vals, std::size_t n) {

@@ -29,7 +29,7 @@
 
 #include "autograd_sim.hpp"
 #include "inventory.hpp"
-#include "job_key.hpp"
+#include "plan_cache.hpp"
 #include "membudget/error.hpp"
 #include "plan_common.hpp"
 #include "step_plan.hpp"
@@ -265,30 +265,10 @@ class ReservedStream {
     }
   }
 
-  // This thread's stream for (m, job)'s regime, compiled on first use; nullptr: simulate.
+  // This thread's stream for (m, job)'s regime, compiled on first use; nullptr: simulate. At most
+  // 16 streams per thread (a 70B one holds some 2 MB), cleared when full.
   static const ReservedStream* cached(const ModelSpec& m, const Job& job) {
-    constexpr std::size_t kLimit = 16;  // streams per thread (a 70B one holds some 2 MB), cleared when full
-    struct Cache {
-      std::unordered_map<Key, std::shared_ptr<const ReservedStream>, KeyHash> table;
-      Key last_key{};
-      const ReservedStream* last = nullptr;
-      bool last_valid = false;
-    };
-    thread_local Cache c;
-    Key k = key_of(m, job);
-    k[kBatchWord] = 0;
-    k[kSeqWord] = static_cast<std::uint64_t>(StepPlan::regime(m, job));
-    if (c.last_valid && c.last_key == k) return c.last;
-    auto it = c.table.find(k);
-    if (it == c.table.end()) {
-      auto stream = compile(m, job);
-      if (c.table.size() >= kLimit) c.table.clear();
-      it = c.table.emplace(k, std::move(stream)).first;
-    }
-    c.last_key = k;
-    c.last = it->second.get();
-    c.last_valid = true;
-    return c.last;
+    return PlanCache<ReservedStream, 16>::mine().get(m, job, static_cast<std::uint64_t>(StepPlan::regime(m, job)), compile);
   }
 
   // The recorded streams (the first probe's), whose tensors' bytes sizes() replaces.
@@ -370,23 +350,8 @@ class ReservedStream {
 
   // The monomial c · b^i · s^j (i, j ≤ 3) that gives the four probes' sizes, or Fail.
   static Mono classify(const std::array<bytes_t, 4>& v, const std::array<plan::Probe, 4>& p) {
-    if (v[0] == 0) {
-      for (bytes_t x : v)
-        if (x) throw plan::Fail{};
-      return {};
-    }
-    if (v[1] % v[0]) throw plan::Fail{};
-    std::uint64_t r = v[1] / v[0];  // p[1] = (2·b0, 3·s0): r = 2^i · 3^j
-    unsigned i = 0, j = 0;
-    while (r % 2 == 0 && i <= 3) r /= 2, ++i;
-    while (r % 3 == 0 && j <= 3) r /= 3, ++j;
-    if (r != 1 || i > 3 || j > 3) throw plan::Fail{};
-    const plan::u128 m0 = plan::monomial(p[0].b, i, p[0].s, j);
-    if (m0 > plan::kMax64 || v[0] % static_cast<std::uint64_t>(m0)) throw plan::Fail{};
-    const bytes_t c = v[0] / static_cast<std::uint64_t>(m0);
-    for (std::size_t k = 1; k < p.size(); ++k)
-      if (plan::sat_mul(c, plan::monomial(p[k].b, i, p[k].s, j)) != v[k]) throw plan::Fail{};
-    return Mono{c, static_cast<std::uint8_t>(4 * i + j)};
+    const plan::Monomial mo = plan::fit_monomial(v, p);
+    return Mono{mo.c, static_cast<std::uint8_t>(4 * mo.i + mo.j)};
   }
 
   std::array<SimTrace, 2> traces_;

@@ -47,21 +47,9 @@ constexpr std::uint64_t kL0 = 4;  // the layer counts simulated for deep models:
 
 Contribution classify(bytes_t v0, bytes_t v1, bytes_t v2, const std::array<Probe, 3>& p,
                       std::vector<Basis>& basis) {
-  if (v0 == 0) {
-    if (v1 || v2) throw Fail{};
-    return {};
-  }
-  if (v1 % v0) throw Fail{};
-  std::uint64_t r = v1 / v0;
-  unsigned i = 0, j = 0;
-  while (r % 2 == 0 && i <= 3) r /= 2, ++i;
-  while (r % 3 == 0 && j <= 3) r /= 3, ++j;
-  if (r != 1 || i > 3 || j > 3) throw Fail{};
-  const u128 m0 = monomial(p[0].b, i, p[0].s, j);
-  if (m0 > kMax64 || v0 % m0) throw Fail{};
-  const std::uint64_t c = static_cast<std::uint64_t>(v0 / static_cast<std::uint64_t>(m0));
-  if (sat_mul(c, monomial(p[2].b, i, p[2].s, j)) != v2) throw Fail{};
-  return contribution(c, i, j, 0, basis);
+  const std::array<bytes_t, 3> v{v0, v1, v2};
+  const Monomial mo = fit_monomial(v, p);
+  return mo.c ? contribution(mo.c, mo.i, mo.j, 0, basis) : Contribution{};
 }
 
 // Tensors of one name live at the end of the forward.
