@@ -153,28 +153,46 @@ std::vector<std::uint64_t> ddp_buckets(const ModelSpec& m, std::uint64_t elem_by
   return out;
 }
 
+namespace {
+// Which of S shards look alike: those with the same local chunk sizes of `tensors` (and, for
+// ZeRO-1, the same owned tensors). Each shard's group, numbered from 0 in order of first shard.
+std::vector<std::size_t> shard_groups(const std::vector<ParamTensor>& tensors, std::uint64_t S,
+                                      const std::vector<Partition>* zero1) {
+  std::map<std::vector<std::uint64_t>, std::size_t> group_of_signature;
+  std::vector<std::size_t> group_of_shard(static_cast<std::size_t>(S));
+  std::vector<std::uint64_t> signature;
+  for (std::uint64_t s = 0; s < S; ++s) {
+    signature.clear();
+    if (zero1) signature = (*zero1)[s].owned;
+    for (const ParamTensor& t : tensors) signature.push_back(fsdp_local_shard(t, S, s));
+    group_of_shard[s] = group_of_signature.try_emplace(signature, group_of_signature.size()).first->second;
+  }
+  return group_of_shard;
+}
+std::size_t group_count(const std::vector<std::size_t>& group_of_shard) {
+  return group_of_shard.empty() ? 0 : *std::max_element(group_of_shard.begin(), group_of_shard.end()) + 1;
+}
+}  // namespace
+
 std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const Job& job) {
   const RankLayout l = layout_of(m, job);
   if (l.world > 65536)
     throw Error(ErrorKind::unsupported, "ranks: listing the memory of " + std::to_string(l.world) +
                                             " ranks is not supported (at most 65,536); give --rank");
+  std::vector<std::vector<std::uint64_t>> groups;
   if (l.pipeline > 1) {
     // Every stage holds other layers; with FSDP2 within the stages, the stage's shards group by
-    // their local chunk sizes (rank r is shard r mod D of stage r / D).
+    // their local chunk sizes of the stage's tensors (rank r is shard r mod D of stage r / D).
     const std::uint64_t D = ranks_per_stage(job.parallel);
-    std::vector<std::vector<std::uint64_t>> groups;
     for (std::uint64_t stage = 0; stage < l.pipeline; ++stage) {
       const PipelineStage ps = pipeline_stage(m, job, stage * D);
-      std::map<std::vector<std::uint64_t>, std::size_t> group_of_signature;
-      for (std::uint64_t k = 0; k < D; ++k) {
-        std::vector<std::uint64_t> signature;
-        if (D > 1)
-          for (std::size_t c = 0; c < ps.chunks.size(); ++c)
-            for (const ParamTensor& t : stage_tensors(m, ps, c)) signature.push_back(fsdp_local_shard(t, D, k));
-        const auto [it, fresh] = group_of_signature.try_emplace(signature, groups.size());
-        if (fresh) groups.emplace_back();
-        groups[it->second].push_back(stage * D + k);
-      }
+      std::vector<ParamTensor> tensors;
+      for (std::size_t c = 0; c < ps.chunks.size(); ++c)
+        for (const ParamTensor& t : stage_tensors(m, ps, c)) tensors.push_back(t);
+      const std::vector<std::size_t> group_of_shard = shard_groups(tensors, D, nullptr);
+      const std::size_t first = groups.size();
+      groups.resize(first + group_count(group_of_shard));
+      for (std::uint64_t k = 0; k < D; ++k) groups[first + group_of_shard[k]].push_back(stage * D + k);
     }
     return groups;
   }
@@ -186,18 +204,9 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
   const auto tensors = l.strategy == DataStrategy::fsdp
                            ? model_tensors(tp_local_spec(m, job.parallel))
                            : std::vector<ParamTensor>{};
-  std::vector<std::vector<std::uint64_t>> groups;
-  std::map<std::vector<std::uint64_t>, std::size_t> group_of_signature;
-  std::vector<std::size_t> group_of_shard(static_cast<std::size_t>(l.shard));
-  std::vector<std::uint64_t> signature;
-  for (std::uint64_t s = 0; s < l.shard; ++s) {
-    signature.clear();
-    if (l.strategy == DataStrategy::zero1) signature = parts[s].owned;
-    for (const ParamTensor& t : tensors) signature.push_back(fsdp_local_shard(t, l.shard, s));
-    const auto [it, fresh] = group_of_signature.try_emplace(signature, groups.size());
-    if (fresh) groups.emplace_back();
-    group_of_shard[s] = it->second;
-  }
+  const std::vector<std::size_t> group_of_shard =
+      shard_groups(tensors, l.shard, l.strategy == DataStrategy::zero1 ? &parts : nullptr);
+  groups.resize(group_count(group_of_shard));
   for (std::uint64_t r = 0; r < l.world; ++r)
     groups[group_of_shard[l.strategy == DataStrategy::ddp ? 0 : static_cast<std::size_t>((r / l.tensor) % l.shard)]].push_back(r);
   return groups;
@@ -217,8 +226,8 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
     l.rank = p.rank.value_or(0);
     if (p.pipeline > 1 && p.fsdp > 1) {  // FSDP2 within each stage: the ("pp", "dp_shard") mesh
       l.strategy = DataStrategy::fsdp;
-      l.shard = p.fsdp;
-      l.shard_rank = l.rank % p.fsdp;
+      l.shard = ranks_per_stage(p);
+      l.shard_rank = l.rank % l.shard;
     }
     return l;
   }
