@@ -107,16 +107,24 @@ def materialise(model, device="cuda", retie=True):
                 (b.to_local() if hasattr(b, "to_local") else b).uniform_(1e-4, 1e-2)  # rotary inv_freq
 
 
-def apply_tp(model, mesh, case):
-    """DTensor tensor parallelism over `mesh` (1-D): the Llama plan, with torchtitan's
-    sequence-parallel layouts when case["sp"] and the vocabulary-parallel loss's lm_head when
-    case["loss_parallel"]."""
+def completed_bucket_hook(state, bucket):
+    """DDP's communication hook under the fake group, whose allreduce future carries no tensor: a
+    completed future holding the bucket itself (every DDP buffer stays real, the allreduce is skipped)."""
+    import torch
+
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def apply_tp_layers(layers, mesh, sp=False):
+    """The Llama plan on each decoder layer of `layers` over the 1-D `mesh` (q/k/v/gate/up
+    ColwiseParallel, o/down RowwiseParallel), with torchtitan's sequence-parallel layouts when `sp`."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
 
-    sp = bool(case.get("sp"))
-    for layer in model.model.layers:
+    for layer in layers:
         plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
                 "self_attn.v_proj": ColwiseParallel(), "mlp.gate_proj": ColwiseParallel(),
                 "mlp.up_proj": ColwiseParallel()}
@@ -133,6 +141,17 @@ def apply_tp(model, mesh, case):
         else:
             plan.update({"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()})
         parallelize_module(layer, mesh, plan)
+
+
+def apply_tp(model, mesh, case):
+    """DTensor tensor parallelism over `mesh` (1-D): the Llama plan, with torchtitan's
+    sequence-parallel layouts when case["sp"] and the vocabulary-parallel loss's lm_head when
+    case["loss_parallel"]."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+
+    sp = bool(case.get("sp"))
+    apply_tp_layers(model.model.layers, mesh, sp)
     lp = bool(case.get("loss_parallel"))
     head = (ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1),
                             use_local_output=False) if lp
@@ -239,13 +258,8 @@ def build(case, cfgd):
         model = DDP(model, device_ids=[torch.cuda.current_device()],
                     gradient_as_bucket_view=bool(case.get("bucket_view")))
 
-        def hook(state, bucket):  # the fake allreduce's future carries no tensor
-            fut = torch.futures.Future()
-            fut.set_result(bucket.buffer())
-            return fut
-
         if not TORCHRUN[0]:  # NCCL's allreduce is real under torchrun
-            model.register_comm_hook(None, hook)
+            model.register_comm_hook(None, completed_bucket_hook)
     else:
         raise ValueError("unknown strategy " + strategy)
     model.train()

@@ -33,8 +33,13 @@ interleaved), "virtual_stages" (interleaved: V stage modules per rank), "layers"
 counts over all stages; default an even split, the first stages taking the remainder), "fsdp"
 (D > 1: FSDP2 within each stage over D ranks, fully_shard on each decoder layer then the stage
 module, "reshard" its reshard_after_forward; "amp-bf16" then means fp32 shards with
-MixedPrecisionPolicy(bf16, fp32), as tools/torch_profile_dist.py),
-"snapshot": {"step": N}}]}.
+MixedPrecisionPolicy(bf16, fp32), as tools/torch_profile_dist.py), "tp" (T > 1: the decoder
+layers' DTensor plan over T ranks, applied to the meta stage module before FSDP2 as torchtitan
+does; the embedding, norms and lm_head replicated; no sequence parallelism), "ddp" (R > 1:
+DistributedDataParallel around each stage module over R replicas, "bucket_view" its
+gradient_as_bucket_view; the fake allreduce skipped by a communication hook),
+"snapshot": {"step": N}}]}. The mesh is ("pp", "dp", "tp"), TP innermost: stage s is played by
+rank s·D·R·T.
 
 Interleaved 1F1B (ScheduleInterleaved1F1B): rank r holds the V stage modules r, r + N, …,
 r + (V−1)·N of an N·V-stage pipeline (the layers split over all N·V stages), each its own
@@ -115,17 +120,27 @@ def build(case, cfgd):
     V = int(case.get("virtual_stages") or 1) if case["schedule"] == "interleaved" else 1
     layers = split_layers(int(cfgd["num_hidden_layers"]), S * V, case.get("layers"))
     D = int(case.get("fsdp") or 1)
-    dist_tool.init_pg(si * D, S * D)  # rank 0 of the stage's FSDP2 group
-    fsdp_kw, pp_group = None, None
-    if D > 1:  # FSDP2 within each stage (torchtitan's PP × FSDP): a ("pp", "dp_shard") mesh
+    R = int(case.get("ddp") or 1)
+    T = int(case.get("tp") or 1)
+    if D > 1 and R > 1:
+        raise ValueError("a stage is sharded by FSDP2 or replicated by DDP, not both")
+    # the mesh is ("pp", "dp", "tp"), TP innermost (torchtitan's order); this process plays the
+    # first rank of its stage's data-parallel and tensor-parallel groups
+    dist_tool.init_pg(si * D * R * T, S * D * R * T)
+    fsdp_kw, pp_group, tp_mesh, ddp_group = None, None, None, None
+    if D > 1 or R > 1 or T > 1:
         from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cuda", (S, D * R, T), mesh_dim_names=("pp", "dp", "tp"))
+        pp_group = mesh["pp"].get_group()
+        tp_mesh = mesh["tp"] if T > 1 else None
+        ddp_group = mesh["dp"].get_group() if R > 1 else None
+    if D > 1:  # FSDP2 within each stage (torchtitan's PP × FSDP) over the "dp" ranks
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = init_device_mesh("cuda", (S, D), mesh_dim_names=("pp", "dp_shard"))
-        pp_group = mesh["pp"].get_group()
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if case["precision"] == "amp-bf16" else MixedPrecisionPolicy())
-        fsdp_kw = {"mesh": mesh["dp_shard"], "reshard_after_forward": bool(case.get("reshard", True)), "mp_policy": mp}
+        fsdp_kw = {"mesh": mesh["dp"], "reshard_after_forward": bool(case.get("reshard", True)), "mp_policy": mp}
     dist.batch_isend_irecv = lambda ops: []  # the fake group moves nothing; see the docstring
     dtype = common.torch_dtype("bf16" if case["precision"] == "bf16" else "fp32")
     # what passes between stages: FSDP2's mixed-precision policy computes (and returns) in bf16
@@ -147,6 +162,8 @@ def build(case, cfgd):
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         mod = stage_module_class()(lm, first, last)
         del lm
+        if tp_mesh is not None:  # the decoder layers' plan on the meta stage module (torchtitan's order)
+            dist_tool.apply_tp_layers(mod.layers, tp_mesh)
         if fsdp_kw:  # fully_shard on each decoder layer, then the stage module (the root)
             for layer in mod.layers:
                 fully_shard(layer, **fsdp_kw)
@@ -159,6 +176,12 @@ def build(case, cfgd):
                 if buf.is_floating_point():
                     (buf.to_local() if hasattr(buf, "to_local") else buf).uniform_(1e-4, 1e-2)  # rotary inv_freq
         mod.train()
+        if ddp_group is not None:  # DDP around each stage module; the fake allreduce is skipped
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            mod = DDP(mod, device_ids=[torch.cuda.current_device()], process_group=ddp_group,
+                      gradient_as_bucket_view=bool(case.get("bucket_view")))
+            mod.register_comm_hook(None, dist_tool.completed_bucket_hook)
         x_meta = torch.empty(b, s, dtype=torch.long, device=meta) if first else torch.empty(b, s, h, dtype=act_dtype, device=meta)
         y_meta = torch.empty(b, s, V_, dtype=act_dtype, device=meta) if last else torch.empty(b, s, h, dtype=act_dtype, device=meta)
         stages.append(PipelineStage(mod, idx, S * V, torch.device("cuda", torch.cuda.current_device()),
@@ -169,7 +192,15 @@ def build(case, cfgd):
     else:
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[case["schedule"]]
         sched = cls(stages[0], n_microbatches=M, loss_fn=loss_fn)
-    opt = dist_tool.Opts([torch.optim.AdamW(m.parameters(), lr=1e-5) for m in mods])
+    # one AdamW per stage module (torchtitan's OptimizersContainer); under TP two, since fused AdamW
+    # refuses DTensor and plain parameters in one call (the replicated norms and embedding)
+    groups = []
+    for m in mods:
+        ps = list(m.parameters())
+        dt = [p for p in ps if type(p).__name__ == "DTensor"]
+        plain = [p for p in ps if type(p).__name__ != "DTensor"]
+        groups += [g for g in ((dt, plain) if T > 1 and D == 1 else (ps,)) if g]
+    opt = dist_tool.Opts([torch.optim.AdamW(g, lr=1e-5) for g in groups])
     return torch.nn.ModuleList(mods), stages, sched, opt, layers
 
 
