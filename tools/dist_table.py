@@ -26,17 +26,20 @@ FILES = ["tests/data/torch_train_dist_fakepg_h200.json", "tests/data/torch_train
          "tests/data/torch_train_offload_fakepg_h200.json", "tests/data/torch_train_pp_fakepg_h200.json",
          "tests/data/torch_train_pp_interleaved_fakepg_h200.json", "tests/data/torch_train_cp_fakepg_h200.json",
          "tests/data/torch_train_pp_fsdp_fakepg_h200.json", "tests/data/torch_train_pp_fsdp_more_fakepg_h200.json",
-         "tests/data/torch_train_pp_qwen_small_fakepg_h200.json"]
+         "tests/data/torch_train_pp_qwen_small_fakepg_h200.json", "tests/data/torch_train_pp_tp_ddp_fakepg_h200.json"]
 PHASES = ("floor", "forward_peak", "backward_peak", "optimizer_peak")
 
 
 def flags_of(j):
     f = ["--batch", str(j["batch"]), "--seq", str(j["seq"]), "--precision", j["precision"], "--recompute", j["recompute"]]
     if "stages" in j:  # tools/torch_profile_pp.py: one pipeline stage
-        D = j.get("fsdp", 1)  # FSDP2 within each stage: the stage's first shard, rank stage · D
-        f += ["--pp", str(j["stages"]), "--rank", str(j["stage"] * D), "--microbatches", str(j["microbatches"]),
+        # the ("pp", "dp", "tp") mesh: the stage's first rank, stage · D·R·T
+        D, R, T = j.get("fsdp", 1), j.get("ddp", 1), j.get("tp", 1)
+        f += ["--pp", str(j["stages"]), "--rank", str(j["stage"] * D * R * T), "--microbatches", str(j["microbatches"]),
               "--pp-schedule", j["schedule"]]
         f += ["--fsdp", str(D), "--reshard-after-forward", "true" if j.get("reshard", True) else "false"] if D > 1 else []
+        f += ["--dp", str(R)] + (["--ddp-bucket-view"] if j.get("bucket_view") else []) if R > 1 else []
+        f += ["--tp", str(T)] if T > 1 else []
         f += ["--virtual-stages", str(j["virtual_stages"])] if j["schedule"] == "interleaved" else []
         return f + (["--pp-layers", ",".join(map(str, j["layers"]))] if j.get("layers") else [])
     W, st = j["world"], j["strategy"]

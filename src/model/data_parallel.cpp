@@ -31,11 +31,11 @@ void DataParallelSim::shard() {
     }
 }
 
-void DataParallelSim::allocate_buckets(const ModelSpec& sizing, bool steady) {
+void DataParallelSim::allocate_buckets(const std::vector<ParamTensor>& params, bool steady) {
   // Reducer::initialize_buckets: one contiguous gradient buffer per bucket, kept for the run. In
   // the first iteration the whole model is one bucket (one block of its own segment); the buckets
   // rebuilt before the second forward are carved from that freed block.
-  const auto buckets = ddp_buckets(sizing, stored_, steady);
+  const auto buckets = ddp_buckets(params, stored_, steady);
   bytes_t total = 0;
   for (std::uint64_t n : buckets) {
     const bytes_t b = times(n, stored_);
@@ -216,9 +216,12 @@ void DataParallelSim::on_section(AutogradSim&, void* ctx, int from, int to) {
   }
 }
 
-void DataParallelSim::on_grad_ready(AutogradSim& sim, void*, TensorId param) {
+void DataParallelSim::on_grad_ready(AutogradSim& sim, void* ctx, TensorId param) {
   // gradient_as_bucket_view: mark_variable_ready copies the gradient into its bucket and points
-  // .grad at the bucket's view; the gradient AccumulateGrad made is freed
+  // .grad at the bucket's view; the gradient AccumulateGrad made is freed. Under no_sync (a
+  // pipeline's microbatches before the last) the reducer does nothing: the gradients accumulate.
+  const auto& self = *static_cast<const DataParallelSim*>(ctx);
+  if (self.microbatches_ && !self.last_microbatch_) return;
   sim.drop_grad(param);
 }
 

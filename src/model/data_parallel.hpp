@@ -34,9 +34,10 @@ class DataParallelSim {
   // the unsharded storage freed.
   void shard();
 
-  // DDP: the gradient buckets, allocated when DistributedDataParallel is built (step 0's one bucket
-  // of every parameter) or rebuilt before the second forward (a steady step's).
-  void allocate_buckets(const ModelSpec& sizing, bool steady);
+  // DDP: the gradient buckets of the wrapped module's parameters (the model's, or a pipeline
+  // stage's), allocated when DistributedDataParallel is built (step 0's one bucket of every
+  // parameter) or rebuilt before the second forward (a steady step's).
+  void allocate_buckets(const std::vector<ParamTensor>& params, bool steady);
 
   // Forward hooks (FSDP2): before and after group g's forward; the root's post-forward follows the loss.
   void pre_forward(std::size_t g);
@@ -49,7 +50,10 @@ class DataParallelSim {
   // set_reshard_after_backward(False): the parameters stay unsharded and their unsharded
   // gradients accumulate (in an fp32 copy when reduce_dtype is not param_dtype). reduce_grads()
   // is perform_reduce_grad after the last: every group's post-backward with the reduction on.
+  // DDP within a stage runs every microbatch's backward but the last under no_sync(): the reducer
+  // (and gradient_as_bucket_view's hook) acts only in the last (`last_microbatch`).
   void set_microbatch_backwards(bool on) { microbatches_ = on; }
+  void set_last_microbatch(bool last) { last_microbatch_ = last; }
   void reduce_grads();
   // What the step keeps after backward as the parameters' gradients: FSDP2's reduce-scatter outputs
   // (freed by zero_grad with the rest; none on the GPU under CPU offload).
@@ -82,6 +86,7 @@ class DataParallelSim {
   std::vector<Group> groups_;
   std::uint64_t layers_ = 0;
   bool microbatches_ = false;
+  bool last_microbatch_ = false;
   TensorId held_all_gather_ = kNone;      // forward: the last all-gather output, until the next copy-out
   TensorId held_reduce_scatter_ = kNone;  // the last reduce-scatter input, until the next group's
   std::vector<TensorId> rs_outputs_;

@@ -204,15 +204,20 @@ void validate_parallel(const Job& j) {
                       "not shard DTensor parameters");
   if (p.tensor != 1 && p.fsdp_offload)
     throw unsupported("--tp with --fsdp-offload: not modelled yet");
-  // Pipelines beside data parallelism: FSDP2 within each stage (torchtitan's PP × FSDP), GPipe
-  // and 1F1B; the other 2-D layouts are not modelled yet.
-  if (p.pipeline > 1 && (p.data != 1 || p.zero_stage != 0 || p.tensor != 1))
-    throw unsupported("--pp " + std::to_string(p.pipeline) + " with --dp, --zero or --tp: these 2-D layouts are not modelled "
-                      "yet (each alone is, and --pp with --fsdp is)");
-  if (p.pipeline > 1 && p.fsdp > 1) {
-    if (p.pp_schedule == PipelineSchedule::interleaved)
-      throw unsupported("--pp with --fsdp and --pp-schedule interleaved: FSDP2 within the stages is modelled for GPipe and 1F1B");
-    if (p.fsdp_offload) throw unsupported("--pp with --fsdp-offload: not modelled yet");
+  // Pipelines beside other layouts, as torchtitan composes them on the ("pp", "dp", "tp") mesh:
+  // each stage module tensor-parallel (--tp), then sharded by FSDP2 (--fsdp) or replicated by DDP
+  // (--dp), under GPipe and 1F1B. HSDP, ZeRO-1 and sequence parallelism within the stages and
+  // interleaved 1F1B beside them are not modelled yet.
+  if (p.pipeline > 1) {
+    const std::string pp = "--pp " + std::to_string(p.pipeline);
+    if (p.zero_stage != 0) throw unsupported(pp + " with --zero: ZeRO within the stages is not modelled (FSDP2 is: --fsdp N)");
+    if (p.data > 1 && p.fsdp > 1) throw unsupported(pp + " with --dp and --fsdp: HSDP within the stages is not modelled yet");
+    if (p.sequence_parallel || p.loss_parallel)
+      throw unsupported(pp + " with --sp or --loss-parallel: the stages' tensor parallelism is modelled without them");
+    if ((p.fsdp > 1 || p.data > 1 || p.tensor > 1) && p.pp_schedule == PipelineSchedule::interleaved)
+      throw unsupported(pp + " --pp-schedule interleaved with --fsdp, --dp or --tp: those within the stages are modelled for "
+                             "GPipe and 1F1B");
+    if (p.fsdp_offload) throw unsupported(pp + " with --fsdp-offload: not modelled yet");
   }
   if (p.pipeline == 1 && (p.microbatches != 0 || p.virtual_stages != 1 || !p.pp_layers.empty() ||
                           p.pp_schedule != PipelineSchedule::one_f_one_b))

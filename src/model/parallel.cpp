@@ -129,8 +129,7 @@ std::vector<Partition> zero1_partition(const ModelSpec& m, std::uint64_t ranks) 
   return parts;
 }
 
-std::vector<std::uint64_t> ddp_buckets(const ModelSpec& m, std::uint64_t elem_bytes, bool rebuilt) {
-  const auto tensors = model_tensors(m);
+std::vector<std::uint64_t> ddp_buckets(const std::vector<ParamTensor>& tensors, std::uint64_t elem_bytes, bool rebuilt) {
   std::vector<std::uint64_t> out;
   if (!rebuilt) {
     std::uint64_t all = 0;
@@ -182,17 +181,20 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
   std::vector<std::vector<std::uint64_t>> groups;
   if (l.pipeline > 1) {
     // Every stage holds other layers; with FSDP2 within the stages, the stage's shards group by
-    // their local chunk sizes of the stage's tensors (rank r is shard r mod D of stage r / D).
-    const std::uint64_t D = ranks_per_stage(job.parallel);
+    // their local chunk sizes of the stage's tensors (of each rank's TP share); DDP's replicas and
+    // a shard's tensor-parallel ranks hold alike (pipeline_stage: the ("pp", "dp", "tp") mesh).
+    const std::uint64_t per_stage = ranks_per_stage(job.parallel), T = l.tensor;
+    const ModelSpec local = tp_local_spec(m, job.parallel);
     for (std::uint64_t stage = 0; stage < l.pipeline; ++stage) {
-      const PipelineStage ps = pipeline_stage(m, job, stage * D);
+      const PipelineStage ps = pipeline_stage(local, job, stage * per_stage);
       std::vector<ParamTensor> tensors;
       for (std::size_t c = 0; c < ps.chunks.size(); ++c)
-        for (const ParamTensor& t : stage_tensors(m, ps, c)) tensors.push_back(t);
-      const std::vector<std::size_t> group_of_shard = shard_groups(tensors, D, nullptr);
+        for (const ParamTensor& t : stage_tensors(local, ps, c)) tensors.push_back(t);
+      const std::vector<std::size_t> group_of_shard = shard_groups(tensors, job.parallel.fsdp, nullptr);
       const std::size_t first = groups.size();
       groups.resize(first + group_count(group_of_shard));
-      for (std::uint64_t k = 0; k < D; ++k) groups[first + group_of_shard[k]].push_back(stage * D + k);
+      for (std::uint64_t k = 0; k < per_stage; ++k)
+        groups[first + group_of_shard[job.parallel.fsdp > 1 ? static_cast<std::size_t>(k / T) : 0]].push_back(stage * per_stage + k);
     }
     return groups;
   }
@@ -224,10 +226,12 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
   if (l.world == 1) return l;
   if ((p.tensor > 1 && p.fsdp <= 1) || p.pipeline > 1) {  // every tensor-parallel rank holds the same shares
     l.rank = p.rank.value_or(0);
-    if (p.pipeline > 1 && p.fsdp > 1) {  // FSDP2 within each stage: the ("pp", "dp_shard") mesh
+    if (p.pipeline > 1 && p.fsdp > 1) {  // FSDP2 within each stage: the ("pp", "dp", "tp") mesh
       l.strategy = DataStrategy::fsdp;
-      l.shard = ranks_per_stage(p);
-      l.shard_rank = l.rank % l.shard;
+      l.shard = p.fsdp;
+      l.shard_rank = (l.rank / l.tensor) % l.shard;
+    } else if (p.pipeline > 1 && p.data > 1) {  // DDP around each stage module
+      l.strategy = DataStrategy::ddp;
     }
     return l;
   }

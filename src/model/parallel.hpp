@@ -86,7 +86,10 @@ std::vector<Partition> zero1_partition(const ModelSpec& m, std::uint64_t ranks);
 // reducer's first iteration, bucket_cap [sys.maxsize]); rebuilt at the second forward in the order
 // gradients became ready (the reverse of the forward's), closing a bucket once it reaches 1 MiB
 // (the first) or bucket_cap_mb 25 (the rest) of `elem_bytes`-byte gradients.
-std::vector<std::uint64_t> ddp_buckets(const ModelSpec& m, std::uint64_t elem_bytes, bool rebuilt);
+std::vector<std::uint64_t> ddp_buckets(const std::vector<ParamTensor>& params, std::uint64_t elem_bytes, bool rebuilt);
+inline std::vector<std::uint64_t> ddp_buckets(const ModelSpec& m, std::uint64_t elem_bytes, bool rebuilt) {
+  return ddp_buckets(model_tensors(m), elem_bytes, rebuilt);
+}
 
 // The job's ranks grouped by what they hold (equal memory within a group), each group's ranks in
 // order, the groups by their first rank: one group for DDP and for evenly sharded FSDP2; ZeRO-1's

@@ -38,10 +38,11 @@ struct PipelineStage {
 // stages taking one more. Error(invalid_job) when the counts do not add up to the model's layers or
 // a stage would get none.
 std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallelism& p);
-// The stage of rank `rank` of a validated pipeline job. With FSDP2 within the stages (--fsdp D)
-// the mesh is ("pp", "dp_shard"): rank r is shard r mod D of stage r / D.
+// The stage of rank `rank` of a validated pipeline job. The mesh is ("pp", "dp", "tp"), tensor
+// parallelism innermost (torchtitan's order): a stage has D·R·T ranks (FSDP2's D shards or DDP's R
+// replicas, each T tensor-parallel ranks), and rank r runs stage r / (D·R·T).
 PipelineStage pipeline_stage(const ModelSpec& m, const Job& job, std::uint64_t rank);
-inline std::uint64_t ranks_per_stage(const Parallelism& p) { return p.fsdp; }
+inline std::uint64_t ranks_per_stage(const Parallelism& p) { return p.fsdp * p.data * p.tensor; }
 
 // The parameter tensors one stage module holds, in module order: the embedding (first stage), its
 // decoder layers, the final norm and lm_head (last stage; a tied model's last stage holds lm_head
