@@ -74,8 +74,10 @@ BENCHMARK(BM_estimate_new_shape)->Arg(8)->Arg(70);
 // The same for one rank of a parallel job (arg: 0 FSDP2 over 8, 1 HSDP 2 × 8, 2 DDP + ZeRO-1 over 8,
 // 3 tensor parallel over 4, 4 tensor + sequence parallel over 4 with the vocabulary-parallel loss,
 // 5 FSDP2 × TP 2 × 4 with SP, 6 a 4-stage 1F1B pipeline, 7 context parallel over 4 with FSDP2 over
-// 2 × 4, 8 HSDP 2 × 2 × TP 2, 9 the pipeline with FSDP2 over 8 within each stage): the layout is part of the compiled plan, so a new shape costs what one
-// GPU's does (a pipeline: one evaluation per stage).
+// 2 × 4, 8 HSDP 2 × 2 × TP 2, 9 the pipeline with FSDP2 over 8 within each stage, 10 the 3-D layout:
+// the pipeline with FSDP2 over 2 × TP 4 within each stage): the layout is part of the compiled
+// plan, so a new shape costs what one GPU's does (a pipeline: each stage's bound, then one or two
+// stage evaluations).
 void BM_estimate_new_shape_parallel(benchmark::State& state) {
   Job j;
   switch (state.range(1)) {
@@ -93,6 +95,13 @@ void BM_estimate_new_shape_parallel(benchmark::State& state) {
       j.parallel.microbatches = 8;
       j.precision = Precision::bf16;
       break;
+    case 10:  // torchtitan's 3-D layout: 4 stages × FSDP2 over 2 × TP 4 within each
+      j.parallel.pipeline = 4;
+      j.parallel.fsdp = 2;
+      j.parallel.tensor = 4;
+      j.parallel.microbatches = 8;
+      j.precision = Precision::bf16;
+      break;
     default:  // 1F1B over 4 stages, 8 microbatches: the most loaded of four stage plans
       j.parallel.pipeline = 4;
       j.parallel.microbatches = 8;
@@ -104,7 +113,7 @@ void BM_estimate_new_shape_parallel(benchmark::State& state) {
 }
 BENCHMARK(BM_estimate_new_shape_parallel)
     ->Args({8, 0})->Args({8, 1})->Args({8, 2})->Args({8, 3})->Args({8, 4})->Args({8, 5})->Args({8, 6})->Args({8, 7})->Args({8, 8})
-    ->Args({8, 9})
+    ->Args({8, 9})->Args({8, 10})
     ->Args({70, 0});
 
 // The same for a mixture of experts (grouped_mm experts, transformers' default): every layer after

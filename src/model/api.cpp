@@ -2,6 +2,7 @@
 #include "membudget/api.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <span>
 #include <nlohmann/json.hpp>
@@ -144,16 +145,33 @@ Estimate summarize(const Budget& b) {
 std::optional<Estimate> most_loaded_stage(const ModelSpec& model, const Job& job) {
   const auto* stages = detail::StepPlan::stage_plans(model, job);
   if (!stages) return std::nullopt;
-  // only the peak decides (from_plan's peak: every phase of both steps)
+  // Only the peak decides (from_plan's peak: every phase of both steps). The stage with the highest
+  // bound is evaluated first; a stage whose bound is below the best peak found cannot hold it and
+  // is not evaluated, so most searches evaluate one or two stages.
+  constexpr std::size_t kMaxStages = 64;
+  const std::size_t n = stages->size();
+  std::array<bytes_t, kMaxStages> bound{};
+  std::size_t first = 0;
+  if (n <= kMaxStages)
+    for (std::size_t s = 0; s < n; ++s) {
+      bound[s] = (*stages)[s]->peak_bound(job.batch, job.seq);
+      if (bound[s] > bound[first]) first = s;
+    }
   std::uint64_t best_stage = 0;
   bytes_t best_peak = 0;
   detail::StepPlan::Result best;
-  for (std::uint64_t s = 0; s < stages->size(); ++s) {
+  bool found = false;
+  auto consider = [&](std::size_t s) {
     const auto r = (*stages)[s]->evaluate(job.batch, job.seq);
     bytes_t peak = 0;
     for (std::size_t p = 0; p < detail::StepPlan::kPhases; ++p) peak = std::max({peak, r.steady[p], r.step0[p]});
-    if (s == 0 || peak > best_peak) best = r, best_stage = s, best_peak = peak;
-  }
+    // the lowest stage on a tie, whatever the order of evaluation
+    if (!found || peak > best_peak || (peak == best_peak && s < best_stage)) best = r, best_stage = s, best_peak = peak;
+    found = true;
+  };
+  consider(first);
+  for (std::size_t s = 0; s < n; ++s)
+    if (s != first && (n > kMaxStages || bound[s] >= best_peak)) consider(s);
   Job at = job;
   at.parallel.rank = best_stage * detail::ranks_per_stage(job.parallel);  // the stage's first shard: the fullest
   return from_plan(*(*stages)[best_stage], best, model, at);

@@ -264,6 +264,13 @@ void PhaseRows::maxima(const double* v, bytes_t* out) const {
   for (std::size_t p = 0; p < P; ++p) out[p] = best_of(block_begin_[p], block_begin_[p + 1]);
 }
 
+bytes_t PhaseRows::upper_bound(std::uint64_t b, std::uint64_t s) const {
+  std::array<std::uint64_t, kMaxBasis> vals;
+  if (!basis_values(basis_, b, s, vals.data())) return kMax64;
+  const u128 bound = dot(colmax_.data(), vals.data(), basis_.size());
+  return bound > kMax64 ? kMax64 : static_cast<bytes_t>(bound);
+}
+
 bool PhaseRows::max_per_phase(std::uint64_t b, std::uint64_t s, std::uint64_t* vals, bytes_t* out) const {
   const std::size_t D = basis_.size(), P = phases();
   if (!basis_values(basis_, b, s, vals)) return false;

@@ -111,6 +111,9 @@ class PhaseRows {
   // out[p] = phase p's maximum; vals receives the basis at (b, s). false when something does not
   // fit 64 bits.
   bool max_per_phase(std::uint64_t b, std::uint64_t s, std::uint64_t* vals, bytes_t* out) const;
+  // An upper bound of every phase's maximum at (b, s): the componentwise maximum of all rows dotted
+  // with the basis (a few multiply-adds). Saturates at 2^64 − 1 where the basis does not fit.
+  bytes_t upper_bound(std::uint64_t b, std::uint64_t s) const;
   const std::vector<Basis>& basis() const { return basis_; }
   std::size_t phases() const { return begin_.empty() ? 0 : begin_.size() - 1; }
   std::size_t rows() const { return basis_.empty() ? 0 : rows_.size() / basis_.size(); }

@@ -64,6 +64,9 @@ class StepPlan {
   // The step at micro-batch b and sequence s (b, s ≥ 1, in the plan's regime; s a multiple of
   // seq_unit). Throws Error(overflow) when a size does not fit 64 bits.
   Result evaluate(std::uint64_t b, std::uint64_t s) const;
+  // At least every phase of evaluate(b, s), of both steps, for a few multiply-adds: what lets a
+  // search over several plans (a pipeline's stages) skip the ones that cannot hold the peak.
+  bytes_t peak_bound(std::uint64_t b, std::uint64_t s) const { return rows_.upper_bound(b, local_seq(s)); }
 
   // Everything simulate_torch_train(m, job at (b, s), false) returns except the section peaks:
   // phases, model states, and the tensors live after the forward by name.
