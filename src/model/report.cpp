@@ -96,7 +96,7 @@ std::string rpad(std::string s, std::size_t w) {
 
 std::string layout_label(const Parallelism& p) {
   const std::string n = std::to_string(p.world());
-  if (p.tensor > 1) {
+  if (p.tensor > 1 && p.pipeline <= 1) {
     // the data-parallel dimension across the TP groups: FSDP2, or HSDP
     const std::string across = p.fsdp <= 1 ? ""
                                : p.data > 1 ? ", HSDP across: " + std::to_string(p.data) + " replicas × FSDP2 over " + std::to_string(p.fsdp)
@@ -109,10 +109,15 @@ std::string layout_label(const Parallelism& p) {
                                  : p.pp_schedule == PipelineSchedule::interleaved
                                      ? "interleaved 1F1B, " + std::to_string(p.virtual_stages) + " stage modules per rank"
                                      : "1F1B";
-    const std::string within = p.fsdp > 1 ? std::string(", FSDP2 over ") + std::to_string(p.fsdp) + " ranks within each stage" +
-                                                (p.reshard_after_forward ? ", reshard after forward" : ", no reshard after forward")
-                                          : "";
-    return "pipeline of " + std::to_string(p.pipeline) + " stages (" + schedule + ", " +
+    // within each stage (the ("pp", "dp", "tp") mesh): tensor parallel, then FSDP2 or DDP
+    std::string within = p.tensor > 1 ? ", DTensor over " + std::to_string(p.tensor) + " ranks" : "";
+    if (p.fsdp > 1)
+      within += ", FSDP2 over " + std::to_string(p.fsdp) + (p.tensor > 1 ? " across them" : " ranks") +
+                (p.reshard_after_forward ? ", reshard after forward" : ", no reshard after forward");
+    else if (p.data > 1)
+      within += ", DDP over " + std::to_string(p.data) + " replicas" + (p.ddp_bucket_view ? " (gradient_as_bucket_view)" : "");
+    if (!within.empty()) within += " within each stage";
+    return "pipeline of " + std::to_string(p.pipeline) + " stages over " + n + " ranks (" + schedule + ", " +
            std::to_string(p.microbatches ? p.microbatches : p.pipeline) + " microbatches" + within + ")";
   }
   if (p.context > 1)
