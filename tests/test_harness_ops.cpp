@@ -246,6 +246,20 @@ TEST_CASE("adamw: one fused step equals the textbook update, fp32 and bf16 state
     CHECK(p[i] == doctest::Approx(want).epsilon(1e-6));
     CHECK(pback[i] == doctest::Approx(want).epsilon(1.0 / 128));
   }
+  // bf16-master: the update is computed on the fp32 master copy, which keeps it exactly, and the
+  // bf16 parameter receives it rounded (whatever the parameter held before)
+  std::vector<float> master = p2, mm{0, 0}, vm{0, 0};
+  std::vector<std::uint16_t> pm(2, 0), gm(2);
+  be->cast(View{gm.data(), DType::bf16}, F(g), 2);
+  AdamWTensor tm{{pm.data(), DType::bf16}, {gm.data(), DType::bf16}, F(mm), F(vm), 2, true, F(master)};
+  be->adamw(std::span<const AdamWTensor>(&tm, 1), hp, 1);
+  std::vector<float> pmback(2);
+  be->cast(F(pmback), View{pm.data(), DType::bf16}, 2);
+  for (int i = 0; i < 2; ++i) {
+    const double want = p2[i] * (1 - 0.1 * 0.01) - 0.1 * (0.1 * g[i] / 0.1) / (std::sqrt(0.05 * g[i] * g[i] / 0.05) + 1e-8);
+    CHECK(master[i] == doctest::Approx(want).epsilon(1e-6));
+    CHECK(pmback[i] == doctest::Approx(want).epsilon(1.0 / 128));
+  }
 }
 
 TEST_CASE("bf16 storage: a bf16 matmul agrees with fp32 within bf16 precision") {

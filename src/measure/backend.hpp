@@ -56,11 +56,13 @@ struct AdamWParams {
 };
 
 // One parameter tensor for the fused AdamW: the parameter (master copy under amp-bf16), its
-// gradient and both moments, each in its own dtype.
+// gradient and both moments, each in its own dtype. Under bf16-master `master` is the fp32 copy the
+// update is computed on, and `param` receives it rounded to its own dtype; otherwise empty.
 struct AdamWTensor {
   View param, grad, m, v;
   std::size_t n = 0;
   bool decay = false;  // weight decay on matrices only
+  View master;
 };
 
 class Backend {

@@ -311,12 +311,14 @@ class CpuBackend final : public Backend {
     const float bc1 = 1.0f - std::pow(hp.beta1, static_cast<float>(step));
     const float bc2 = 1.0f - std::pow(hp.beta2, static_cast<float>(step));
     for (const auto& t : tensors) {
-      std::vector<float> p = load(t.param, t.n), g = load(t.grad, t.n), m = load(t.m, t.n), v = load(t.v, t.n);
+      std::vector<float> p = load(t.master ? t.master : t.param, t.n), g = load(t.grad, t.n), m = load(t.m, t.n),
+                         v = load(t.v, t.n);
       MapA P(p.data(), t.n), Gr(g.data(), t.n), M(m.data(), t.n), Vv(v.data(), t.n);
       M = hp.beta1 * M + (1.0f - hp.beta1) * Gr;
       Vv = hp.beta2 * Vv + (1.0f - hp.beta2) * Gr.square();
       if (t.decay) P *= 1.0f - hp.lr * hp.weight_decay;
       P -= hp.lr * (M / bc1) / ((Vv / bc2).sqrt() + hp.eps);
+      if (t.master) store(t.master, p.data(), t.n);
       store(t.param, p.data(), t.n);
       store(t.m, m.data(), t.n);
       store(t.v, v.data(), t.n);

@@ -15,19 +15,16 @@ namespace {
 constexpr std::size_t kLeakBytes = 4096;
 
 // The job's recipe (membudget::Recipe); amp-bf16's autocast means bf16 copies of every parameter
-// for the forward and backward. The harness has no master copy.
-Recipe harness_recipe(Precision p) {
-  const Recipe r = recipe_of(p);
-  if (r.master)
-    throw Error(ErrorKind::unsupported, "--precision bf16-master: the harness implements fp32, amp-bf16 and bf16");
-  return r;
-}
+// for the forward and backward; bf16-master keeps an fp32 copy of every parameter beside the bf16
+// one, made with the moments at the first optimizer step, which AdamW updates and rounds into the
+// bf16 parameter.
+Recipe harness_recipe(Precision p) { return recipe_of(p); }
 
 struct Param {
   std::string name;
   std::size_t n = 0;
   Init init = Init::normal;
-  Buffer w, g, m, v, copy;
+  Buffer w, g, m, v, copy, master;
   View use() const { return copy ? copy.view() : w.view(); }  // what the kernels read
 };
 
@@ -49,7 +46,6 @@ void check_harness_supported(const ModelSpec& m, const Job& job) {
   if (job.optimizer != Optimizer::adamw) no(std::string("--optimizer ") + to_string(job.optimizer) + ": the harness implements adamw");
   if (job.recompute == Recompute::selective) no("--recompute selective: the harness implements none and full");
   if (job.attention != Attention::flash) no("--attention math: the harness implements flash-style attention only");
-  if (job.precision == Precision::bf16_master) no("--precision bf16-master: the harness implements fp32, amp-bf16 and bf16");
   const std::uint64_t T = job.batch * job.seq;
   if (T * std::max(m.vocab_size, m.intermediate_size) > (1ull << 31))
     no("the batch is too large for the harness's 32-bit kernel indices");
@@ -345,12 +341,18 @@ struct Harness::Impl {
         be.zero(p.m.view(), p.n);
         p.v = make(p.n * element_bytes(r.state), r.state, p.name + ".exp_avg_sq", "adamw state");
         be.zero(p.v.view(), p.n);
+        if (r.master) {  // the fp32 master copy starts as the parameter's values
+          p.master = make(p.n * 4, DType::fp32, p.name + ".master", "master weights");
+          be.cast(p.master.view(), p.w.view(), p.n);
+        }
       }
       moments_ready = true;
     }
     std::vector<AdamWTensor> ts;
     ts.reserve(params.size());
-    for (auto& p : params) ts.push_back({p.w.view(), p.g.view(), p.m.view(), p.v.view(), p.n, p.init == Init::normal});
+    for (auto& p : params)
+      ts.push_back({p.w.view(), p.g.view(), p.m.view(), p.v.view(), p.n, p.init == Init::normal,
+                    p.master ? p.master.view() : View{}});
     be.adamw(ts, opt.adamw, ++adam_steps);
   }
 

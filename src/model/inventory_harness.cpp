@@ -40,19 +40,20 @@ void check_supported(const ModelSpec& m, const Job& job) {
   if (job.optimizer != Optimizer::adamw) reject("the harness step uses AdamW");
   if (job.recompute == Recompute::selective) reject("--recompute selective: the harness step has none and full");
   if (job.attention != Attention::flash) reject("--attention math: the harness step has flash-style attention");
-  if (job.precision == Precision::bf16_master) reject("--precision bf16-master: the harness step has fp32, amp-bf16, bf16");
   if (job.parallel.data != 1 || job.parallel.zero_stage != 0) reject("the harness step runs on one device");
 }
 
 struct Bytes {
   bytes_t param, grad, moment, act;
   bool copies;
+  bytes_t master;  // bf16-master's fp32 copy per element (harness.cpp: made with the moments), else 0
 };
 
-// The recipe's element bytes (membudget::Recipe); the harness implements fp32, amp-bf16, bf16.
+// The recipe's element bytes (membudget::Recipe).
 Bytes bytes_of(Precision p) {
   const Recipe r = recipe_of(p);
-  return {element_size(r.param), element_size(r.grad), element_size(r.state), element_size(r.compute), r.autocast};
+  return {element_size(r.param), element_size(r.grad), element_size(r.state), element_size(r.compute), r.autocast,
+          r.master ? bytes_t{4} : 0};
 }
 
 // Live bytes, the current phase's peak and (with explain) what is live there, by name.
@@ -388,6 +389,7 @@ void predict_harness(Budget& b, const PredictOptions& options) {
   checked_product("harness logits", st.T, std::max(st.V, st.I), 4);
 
   const bytes_t weights = st.sum(st.by.param), grads = st.sum(st.by.grad), moments = 2 * st.sum(st.by.moment);
+  const bytes_t master = st.by.master ? st.sum(st.by.master) : 0;
 
   for (int pass = 0; pass < 2; ++pass) {
     const bool first = pass == 0;
@@ -398,6 +400,7 @@ void predict_harness(Budget& b, const PredictOptions& options) {
       for (bytes_t n : st.params) {
         w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
         w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
+        if (st.by.master) w.add("master weights (fp32)", n * st.by.master, Term::model_states, Role::master_weight);
       }
     }
     w.add("tokens, targets", st.T * 4, Term::other, Role::input);
@@ -448,6 +451,7 @@ void predict_harness(Budget& b, const PredictOptions& options) {
       for (bytes_t n : st.params) {
         w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
         w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
+        if (st.by.master) w.add("master weights (fp32)", n * st.by.master, Term::model_states, Role::master_weight);
       }
     // floor (nothing is allocated between it and the forward), forward, backward, optimizer peaks
     (first ? b.step0 : b.phases) = w.take();
@@ -455,7 +459,7 @@ void predict_harness(Budget& b, const PredictOptions& options) {
   b.states.weights = weights;
   b.states.gradients = grads;
   b.states.optimizer = moments;
-  b.states.master = 0;
+  b.states.master = master;
   b.autocast_cache = st.by.copies ? st.sum(2) : 0;
 }
 

@@ -407,9 +407,6 @@ void Job::validate() const {
     // the inference step has no optimizer, recompute or loss; weights and KV dtypes are checked by
     // the harness and its prediction (bf16 or fp32)
   } else if (profile == Profile::harness) {
-    if (precision == Precision::bf16_master)
-      throw Error(ErrorKind::unsupported,
-                  "--profile harness: the harness implements fp32, amp-bf16 and bf16 recipes");
     if (optimizer != Optimizer::adamw)
       throw Error(ErrorKind::unsupported, "--profile harness: the harness implements AdamW only");
     if (recompute == Recompute::selective)

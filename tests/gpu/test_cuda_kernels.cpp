@@ -398,15 +398,24 @@ TEST_CASE("fused AdamW over tensors of every recipe") {
     vs.push_back(fx.make(s.m, v0));
   }
   const AdamWParams hp{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  // bf16-master: a bf16 parameter and gradient, fp32 moments and an fp32 master copy
+  const std::size_t nm = 5000;
+  Pair pm = fx.make(DType::bf16, randn(nm, 0.02f, 70)), gm = fx.make(DType::bf16, randn(nm, 0.01f, 71));
+  Pair mm = fx.make(DType::fp32, std::vector<float>(nm, 0.0f)), vm = fx.make(DType::fp32, std::vector<float>(nm, 0.0f));
+  Pair master = fx.make(DType::fp32, randn(nm, 0.02f, 70));
   for (int step = 1; step <= 3; ++step) {
     std::vector<AdamWTensor> tc, tg;
     for (std::size_t i = 0; i < specs.size(); ++i) {
       tc.push_back({ps[i].cpu.v(), gs[i].cpu.v(), ms[i].cpu.v(), vs[i].cpu.v(), specs[i].n, specs[i].decay});
       tg.push_back({ps[i].gpu.v(), gs[i].gpu.v(), ms[i].gpu.v(), vs[i].gpu.v(), specs[i].n, specs[i].decay});
     }
+    tc.push_back({pm.cpu.v(), gm.cpu.v(), mm.cpu.v(), vm.cpu.v(), nm, true, master.cpu.v()});
+    tg.push_back({pm.gpu.v(), gm.gpu.v(), mm.gpu.v(), vm.gpu.v(), nm, true, master.gpu.v()});
     fx.cpu->adamw(tc, hp, step);
     fx.gpu->adamw(tg, hp, step);
   }
+  compare("adamw master", master, eps_of(DType::fp32), 16);
+  compare("adamw param from master", pm, eps_of(DType::bf16), 2);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     CAPTURE(i);
     const double e = eps_of(specs[i].p);
@@ -418,7 +427,7 @@ TEST_CASE("fused AdamW over tensors of every recipe") {
 
 TEST_CASE("whole steps: losses, gradients and measured peaks match the CPU backend") {
   const ModelSpec m = test::toy_llama();
-  for (Precision p : {Precision::amp_bf16, Precision::bf16})
+  for (Precision p : {Precision::amp_bf16, Precision::bf16, Precision::bf16_master})
     for (Loss l : {Loss::full, Loss::chunked}) {
       CAPTURE(to_string(p));
       CAPTURE(to_string(l));

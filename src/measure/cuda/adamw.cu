@@ -28,8 +28,9 @@ __global__ void adamw_kernel(const AdamTensor* ts, int count, float lr, float b1
     const float g = ld(t.grad, t.grad_dt, i);
     const float m = b1 * ld(t.m, t.m_dt, i) + (1.0f - b1) * g;
     const float v = b2 * ld(t.v, t.v_dt, i) + (1.0f - b2) * g * g;
-    float p = ld(t.param, t.param_dt, i) * decay;
+    float p = (t.master ? t.master[i] : ld(t.param, t.param_dt, i)) * decay;
     p -= lr * (m / bc1) / (sqrtf(v / bc2) + eps);
+    if (t.master) t.master[i] = p;
     st(t.param, t.param_dt, i, p);
     st(t.m, t.m_dt, i, m);
     st(t.v, t.v_dt, i, v);

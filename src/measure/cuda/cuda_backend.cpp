@@ -272,7 +272,7 @@ class CudaBackend final : public Backend {
     std::vector<cuda::AdamTensor> host(count);
     for (int i = 0; i < count; ++i) {
       const auto& t = tensors[i];
-      host[i] = {t.param.data, t.grad.data, t.m.data, t.v.data, t.n, 0,
+      host[i] = {t.param.data, t.grad.data, t.m.data, t.v.data, static_cast<float*>(t.master.data), t.n, 0,
                  dt_of(t.param.dtype), dt_of(t.grad.dtype), dt_of(t.m.dtype), dt_of(t.v.dtype),
                  static_cast<std::uint8_t>(t.decay)};
     }

@@ -81,6 +81,7 @@ struct AdamTensor {
   void* grad;
   void* m;
   void* v;
+  float* master;  // bf16-master: the fp32 copy updated, then rounded into param; else null
   std::uint64_t n;
   std::uint64_t first_chunk;  // filled by the launcher
   Dt param_dt, grad_dt, m_dt, v_dt;
