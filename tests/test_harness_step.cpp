@@ -85,6 +85,43 @@ TEST_CASE("verify: measured phase peaks equal the harness prediction within 1%")
         }
 }
 
+// The allocator's block slack (docs/harness.md): c10 does not split a cached large block when at
+// most 1 MiB would remain, and memory_allocated() counts the whole block. The harness prediction
+// replays its allocations through the allocator's policy, so it counts that slack too: the phase
+// peak exceeds the sum of the tensors live at it, and the measured step matches it to the byte.
+TEST_CASE("the harness prediction counts the blocks the allocator does not split") {
+  for (const auto& shape : {std::pair<std::uint64_t, std::uint64_t>{16, 512}, {2, 4096}}) {
+    Job j = tiny_job(Precision::amp_bf16);
+    j.batch = shape.first;
+    j.seq = shape.second;
+    CAPTURE(j.batch);
+    CAPTURE(j.seq);
+    PredictOptions explain;
+    explain.explain = true;
+    const Budget b = predict(tiny(), j, explain);
+    bytes_t slack = 0;
+    for (const PhasePeak& p : b.phases) {
+      bytes_t tensors = 0;
+      for (const TensorBytes& t : p.live) tensors += t.bytes;
+      CHECK(p.bytes >= tensors);
+      slack = std::max(slack, p.bytes - tensors);
+    }
+    MESSAGE(j.batch << " x " << j.seq << ": " << slack << " bytes of block slack at a phase peak");
+    if (j.seq == 4096) CHECK(slack >= MiB);  // the +1 MiB the walk missed before it replayed the allocator
+    if (j.seq == 512) {  // the measured step, to the byte (the shape is quick on the CPU)
+      VerifyOptions o;
+      o.warmup = 0;
+      o.steps = 3;
+      const VerifyResult res = run_verify(tiny(), j, o);
+      for (const auto& sc : res.steps)
+        for (const auto& pc : sc.phases) {
+          CAPTURE(pc.phase);
+          CHECK(pc.measured == pc.predicted);
+        }
+    }
+  }
+}
+
 TEST_CASE("the prediction reacts to the job as the design says") {
   const ModelSpec m = tiny();
   auto peak = [&](Job j, Phase phase) { return predict(m, j).phase(phase); };

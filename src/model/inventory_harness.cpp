@@ -11,10 +11,13 @@
 // losses) are fp32, token ids int32.
 #include <algorithm>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "autograd_sim.hpp"
+#include "fake_memory.hpp"
+#include "measure/allocator.hpp"
 #include "predictors.hpp"
 #include "membudget/serving.hpp"
 
@@ -56,14 +59,55 @@ Bytes bytes_of(Precision p) {
           r.master ? bytes_t{4} : 0};
 }
 
-// Live bytes, the current phase's peak and (with explain) what is live there, by name.
+// The harness's allocations replayed through a caching allocator with the policy the harness's
+// allocator follows (c10's): `allocated` then counts what memory_allocated() counts, whole blocks,
+// including the slack of a cached block that was not split because at most 1 MiB would have
+// remained (a 3.5 MiB activation served from a 4 MiB block counts 4 MiB: docs/harness.md). A free
+// releases the most recent live allocation of that name and size, which is the harness's
+// buffer wherever the walk makes them in the harness's order (layer by layer, freed in reverse).
+// One replay lives across the steps, as the harness's allocator does.
+class AllocatorReplay {
+ public:
+  void alloc(const std::string& name, bytes_t logical) {
+    live_[{name, logical}].push_back(alloc_.allocate_at(logical));
+  }
+  void free(const std::string& name, bytes_t logical) {
+    auto it = live_.find({name, logical});
+    if (it == live_.end() || it->second.empty())
+      throw std::logic_error("harness walk: '" + name + "' freed but not allocated");  // a bug in the walk
+    alloc_.deallocate_at(it->second.back());
+    it->second.pop_back();
+  }
+  bytes_t allocated() const { return static_cast<bytes_t>(alloc_.stats().allocated.current); }
+
+ private:
+  FakeMemory mem_;
+  measure::CachingAllocator alloc_{mem_};
+  std::map<std::pair<std::string, bytes_t>, std::vector<measure::DeviceAddr>> live_;
+};
+
+// Live bytes (the replay's allocated bytes), the current phase's peak and (with explain) what is
+// live there, by name.
 class Walk {
  public:
-  explicit Walk(bool explain) : explain_(explain) {}
+  Walk(bool explain, AllocatorReplay& replay) : explain_(explain), replay_(replay), live_(replay.allocated()) {}
 
   void add(const std::string& name, bytes_t logical, Term term, Role role) {
+    replay_.alloc(name, logical);
+    live_ = replay_.allocated();
+    note(name, logical, term, role);
+    if (!phases_.empty() && live_ > phases_.back().bytes) {
+      phases_.back().bytes = live_;
+      if (explain_) {
+        phases_.back().live.clear();
+        for (const auto& [_, g] : groups_)
+          if (g.count) phases_.back().live.push_back(g);
+      }
+    }
+  }
+  // A tensor a previous step left live (in the replay already): named for the explain lists only.
+  void note(const std::string& name, bytes_t logical, Term term, Role role) {
     const bytes_t b = round512(logical);
-    live_ = checked_add(live_, b, name);
     if (explain_) {
       auto [it, fresh] = groups_.try_emplace(name);
       auto& e = it->second;
@@ -77,18 +121,11 @@ class Walk {
       e.count += 1;
       e.bytes += b;
     }
-    if (!phases_.empty() && live_ > phases_.back().bytes) {
-      phases_.back().bytes = live_;
-      if (explain_) {
-        phases_.back().live.clear();
-        for (const auto& [_, g] : groups_)
-          if (g.count) phases_.back().live.push_back(g);
-      }
-    }
   }
   void sub(const std::string& name, bytes_t logical) {
     const bytes_t b = round512(logical);
-    live_ -= b;
+    replay_.free(name, logical);
+    live_ = replay_.allocated();
     if (explain_) {
       auto& e = groups_[name];
       e.count -= 1;
@@ -110,6 +147,7 @@ class Walk {
 
  private:
   bool explain_;
+  AllocatorReplay& replay_;
   bytes_t live_ = 0;
   std::map<std::string, TensorBytes> groups_;
   std::vector<PhasePeak> phases_;
@@ -351,7 +389,8 @@ void predict_harness_infer(Budget& b, const PredictOptions& options) {
   checked_product("harness prefill", T, std::max({V, I, qd, h}), 4);
   checked_product("harness KV pool", B, P, kvd, kve);
 
-  Walk w(options.explain);
+  AllocatorReplay replay;
+  Walk w(options.explain, replay);
   bytes_t weights = 0;
   for (bytes_t n : parameter_tensors(m)) {
     w.add("weights", n * e, Term::model_states, Role::parameter);
@@ -391,16 +430,22 @@ void predict_harness(Budget& b, const PredictOptions& options) {
   const bytes_t weights = st.sum(st.by.param), grads = st.sum(st.by.grad), moments = 2 * st.sum(st.by.moment);
   const bytes_t master = st.by.master ? st.sum(st.by.master) : 0;
 
-  for (int pass = 0; pass < 2; ++pass) {
+  // Step 0, then two steady steps through one allocator replay, as the harness runs them: the
+  // second steady step is the one predicted (the first can still place blocks otherwise, finding
+  // the cache as step 0 left it).
+  AllocatorReplay replay;
+  for (int pass = 0; pass < 3; ++pass) {
     const bool first = pass == 0;
-    Walk w(options.explain);
-    for (bytes_t n : st.params) w.add("parameters", n * st.by.param, Term::model_states, Role::parameter);
-    if (!first) {
-      for (bytes_t n : st.params) w.add("parameter gradients", n * st.by.grad, Term::model_states, Role::gradient);
+    Walk w(options.explain, replay);
+    for (bytes_t n : st.params)
+      first ? w.add("parameters", n * st.by.param, Term::model_states, Role::parameter)
+            : w.note("parameters", n * st.by.param, Term::model_states, Role::parameter);
+    if (!first) {  // what step 0 left allocated: the gradients, the moments (and the master copy)
+      for (bytes_t n : st.params) w.note("parameter gradients", n * st.by.grad, Term::model_states, Role::gradient);
       for (bytes_t n : st.params) {
-        w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
-        w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
-        if (st.by.master) w.add("master weights (fp32)", n * st.by.master, Term::model_states, Role::master_weight);
+        w.note("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
+        w.note("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
+        if (st.by.master) w.note("master weights (fp32)", n * st.by.master, Term::model_states, Role::master_weight);
       }
     }
     w.add("tokens, targets", st.T * 4, Term::other, Role::input);
@@ -453,6 +498,8 @@ void predict_harness(Budget& b, const PredictOptions& options) {
         w.add("adamw moments", n * st.by.moment, Term::model_states, Role::optimizer_state);
         if (st.by.master) w.add("master weights (fp32)", n * st.by.master, Term::model_states, Role::master_weight);
       }
+    w.sub("tokens, targets", st.T * 4);  // the step's end
+    w.sub("tokens, targets", st.T * 4);
     // floor (nothing is allocated between it and the forward), forward, backward, optimizer peaks
     (first ? b.step0 : b.phases) = w.take();
   }

@@ -33,37 +33,12 @@
 #include "membudget/error.hpp"
 #include "plan_common.hpp"
 #include "step_plan.hpp"
+#include "fake_memory.hpp"
 #include "measure/allocator.hpp"
 #include "measure/snapshot.hpp"
 
 namespace membudget::detail {
 namespace {
-
-// Addresses without memory: raw segments and expandable ranges come from a bump pointer. The
-// 64-bit forms are the ones implemented: the replay's segments and addresses pass 4 GiB, which a
-// 32-bit target's pointers cannot hold (the web page's wasm32); the pointer forms are never called.
-class FakeMemory final : public measure::RawMemory {
- public:
-  void* raw_alloc(std::size_t) override { return nullptr; }
-  void raw_free(void*, std::size_t) override {}
-  measure::DeviceAddr raw_alloc_at(bytes_t bytes) override { return bump(bytes); }
-  void raw_free_at(measure::DeviceAddr, bytes_t) override {}
-  bytes_t capacity() const override { return bytes_t{1} << 50; }
-  bytes_t free_bytes() const override { return capacity(); }
-  std::string name() const override { return "fake device memory (reserved-memory replay)"; }
-  measure::DeviceAddr reserve_range_at(bytes_t bytes) override { return bump(bytes); }
-  void release_range_at(measure::DeviceAddr, bytes_t) override {}
-  bool map_range_at(measure::DeviceAddr, bytes_t) override { return true; }
-  void unmap_range_at(measure::DeviceAddr, bytes_t) override {}
-
- private:
-  measure::DeviceAddr bump(bytes_t bytes) {
-    const measure::DeviceAddr at = next_;
-    next_ += (bytes + (bytes_t{2} << 20) - 1) / (bytes_t{2} << 20) * (bytes_t{2} << 20) + (bytes_t{2} << 20);
-    return at;
-  }
-  measure::DeviceAddr next_ = measure::DeviceAddr{1} << 40;
-};
 
 bool is(const char* a, const char* b) { return std::strcmp(a, b) == 0; }
 
