@@ -73,9 +73,9 @@ TEST_CASE("HF prefill on the H200: Phi-3 mini's fused gate_up_proj at 1x2048 wit
 // Mixture-of-experts prefills (tests/data/torch_prefill_moe_h200.json, tools/device/moe_run.sh):
 // Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, OLMoE-1B-7B and Mixtral 8x7B at reduced depth, under
 // inference_mode with the grouped_mm experts, and DeepSeek-V2-Lite (latent attention, fp32 gate).
-// Every phase within 1.5% (the issue's bar), KV bytes exact, but DeepSeek's decode step: the
-// serving walk's latent attention re-expands the cache (kv_b_proj over every cached token) less
-// than transformers does, 0.8% low at 1 × 2048 and 4.7% at 4 × 4096; held to that.
+// Every phase within 1.5% (the issue's bar), KV bytes exact. DeepSeek's decode step included: its
+// peak is one layer's expand_kv over the whole latent cache (kv_b_proj output and key_states),
+// −0.23% and −0.22% (the 10 MiB the floor misses).
 TEST_CASE("MoE prefill on the H200: floor, prefill_peak and decode_peak within 1.5%, KV cache exact") {
   std::ifstream in(test::source_path("tests/data/torch_prefill_moe_h200.json"));
   REQUIRE(in.good());
@@ -84,7 +84,6 @@ TEST_CASE("MoE prefill on the H200: floor, prefill_peak and decode_peak within 1
   double worst = 0;
   for (const auto& model : doc["models"]) {
     const std::string name = model["config"].get<std::string>();
-    const bool deepseek = name.rfind("deepseek", 0) == 0;
     std::ifstream cf(test::source_path("tests/data/hf/moe/" + name));
     auto config = nlohmann::json::parse(cf);
     for (const auto& [key, value] : model["overrides"].items()) config[key] = value;
@@ -105,11 +104,6 @@ TEST_CASE("MoE prefill on the H200: floor, prefill_peak and decode_peak within 1
         const double err = (static_cast<double>(b.phase(phase)) - measured) / measured;
         CAPTURE(name);
         CAPTURE(key);
-        if (deepseek && phase == Phase::decode_peak) {
-          CHECK(err <= 0.0);
-          CHECK(err >= -0.05);
-          continue;
-        }
         CHECK(std::abs(err) <= 0.015);
         worst = std::max(worst, std::abs(err));
       }

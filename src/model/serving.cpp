@@ -70,10 +70,38 @@ struct Walk {
     return m.sliding_layer(layer) ? std::min<bytes_t>(ctx, m.sliding.window) : ctx;
   }
 
-  // One decoder layer. `cache` holds this layer's [k, v] (in/out); `past` is the cached length.
-  TensorId layer(std::size_t i, TensorId x, std::vector<TensorId>& cache, bytes_t past) {
-    const bytes_t rows = T;
-    TensorId n1 = rmsnorm(x, "input_layernorm output", h);
+  // past_key_values.update(keys, values, layer_idx): DynamicLayer.update concatenates the first
+  // states onto empty tensors (copies), and each later forward's with torch.cat([old, new]) per
+  // tensor, the old one dying when the layer attribute is replaced. The new states go: the
+  // attention's locals are rebound to the cache's tensors. `row_k`, `row_v`: values per token.
+  void cache_update(std::size_t i, std::vector<TensorId>& cache, bytes_t past, TensorId kn, TensorId vn, bytes_t row_k,
+                    bytes_t row_v, const char* key_name, const char* value_name) {
+    if (cache.empty()) {
+      const bytes_t keep = held(i, s);
+      if (mech.cache_copy_on_first_update || keep < s) {
+        cache.push_back(act(key_name, mul(b, keep, row_k, kv_e), "torch.cat", "bf16", "b·kv·s·hd", Term::kv_cache));
+        cache.push_back(act(value_name, mul(b, keep, row_v, kv_e), "torch.cat", "bf16", "b·kv·s·hd", Term::kv_cache));
+        sim.drop(kn);
+        sim.drop(vn);
+      } else {
+        cache.push_back(kn);
+        cache.push_back(vn);
+      }
+      return;
+    }
+    for (std::size_t c = 0; c < cache.size(); ++c) {
+      TensorId grown = act(c == 0 ? key_name : value_name, mul(b, held(i, past + s), c == 0 ? row_k : row_v, kv_e),
+                           "torch.cat", "bf16", "b·kv·(S+1)·hd", Term::kv_cache);
+      sim.drop(cache[c]);
+      cache[c] = grown;
+    }
+    sim.drop(kn);
+    sim.drop(vn);
+  }
+
+  // The attention of a Llama-style layer on `n1` (input_layernorm's output): q/k/v, Qwen3's and
+  // OLMoE's q/k norms, rotary, the DynamicCache, flash SDPA and o_proj. Returns o_proj's output.
+  TensorId attention(std::size_t i, TensorId n1, std::vector<TensorId>& cache, bytes_t past) {
     TensorId q = linear(n1, qd, "q_proj output");
     TensorId k = linear(n1, kvd, "k_proj output");
     TensorId v = linear(n1, vd, "v_proj output");
@@ -86,49 +114,126 @@ struct Walk {
       k = kn;
     }
     TensorId qe = ops().rotary(q, cos, sin, qd, e, e, "query after rotary");
-    TensorId ke = ops().rotary(k, cos, sin, m.mla.enabled() ? m.mla.qk_rope_head_dim : kvd, e, e, "key after rotary");
+    TensorId ke = ops().rotary(k, cos, sin, kvd, e, e, "key after rotary");
     sim.drop(q);  // query_states, key_states = apply_rotary_pos_emb(...)
     sim.drop(k);
-    // past_key_values.update(key_states, value_states, layer_idx)
-    const bytes_t kv_row_k = m.mla.enabled() ? m.mla.kv_lora_rank + m.mla.qk_rope_head_dim : kvd;
-    const bytes_t kv_row_v = m.mla.enabled() ? 0 : kvd;
-    if (cache.empty()) {
-      const bytes_t keep = held(i, s);
-      if (mech.cache_copy_on_first_update || keep < s) {
-        cache.push_back(act("KV cache (keys)", mul(b, keep, kv_row_k, kv_e), "torch.cat", "bf16", "b·kv·s·hd", Term::kv_cache));
-        if (kv_row_v)
-          cache.push_back(act("KV cache (values)", mul(b, keep, kv_row_v, kv_e), "torch.cat", "bf16", "b·kv·s·hd", Term::kv_cache));
-        sim.drop(ke);
-        sim.drop(v);
-      } else {
-        cache.push_back(ke);
-        cache.push_back(v);
-      }
-    } else {
-      // decode: torch.cat([old, new]) per tensor; the old one dies when the layer attribute is replaced
-      for (std::size_t c = 0; c < cache.size(); ++c) {
-        const bytes_t row = c == 0 ? kv_row_k : kv_row_v;
-        TensorId grown = act(c == 0 ? "KV cache (keys)" : "KV cache (values)", mul(b, held(i, past + s), row, kv_e),
-                             "torch.cat", "bf16", "b·kv·(S+1)·hd", Term::kv_cache);
-        sim.drop(cache[c]);
-        cache[c] = grown;
-      }
-      sim.drop(ke);
-      sim.drop(v);
-    }
+    cache_update(i, cache, past, ke, v, kvd, kvd, "KV cache (keys)", "KV cache (values)");
     // scaled_dot_product_attention (flash, enable_gqa): output and the fp32 log-sum-exp
-    const bytes_t attn_w = m.mla.enabled() ? m.num_heads * m.mla.v_head_dim : qd;
     TensorId lse = act("sdpa log-sum-exp", mul(b, m.num_heads, s, 4), "flash attention", "fp32", "b·a·s");
-    TensorId ao = act("sdpa output", mul(rows, attn_w, e), "sdpa", "bf16", "b·s·a·hd");
+    TensorId ao = act("sdpa output", mul(T, qd, e), "sdpa", "bf16", "b·s·a·hd");
     sim.drop(lse);
     if (mech.sdpa_output_copy) {
-      TensorId c = act("sdpa output (contiguous)", mul(rows, attn_w, e), "contiguous", "bf16", "b·s·a·hd");
+      TensorId c = act("sdpa output (contiguous)", mul(T, qd, e), "contiguous", "bf16", "b·s·a·hd");
       sim.drop(ao);
       ao = c;
     }
     TensorId o = linear(ao, h, "o_proj output");
     sim.drop(ao);
     sim.drop(qe);  // attention forward returns
+    return o;
+  }
+
+  // DeepSeek-V2's apply_rotary_emb on `x` (`width` values per token): x.float().reshape(..., -1, 2)
+  // is an fp32 copy (view_as_complex views it) that lives until the function returns; the product
+  // with freqs_cis is a complex64 tensor of the same bytes, and view_as_real(...).flatten(3)
+  // .type_as(x) its 16-bit copy. Returns the copy and the fp32 input, which the caller drops.
+  std::pair<TensorId, TensorId> complex_rotary(bytes_t width, const char* tag) {
+    TensorId x32 = act("rotary: x.float() (copy)", mul(T, width, 4), "float + reshape", "fp32", "b·a·s·rope");
+    TensorId c = act("rotary: x * freqs_cis (complex64)", mul(T, width, 4), "mul", "complex64", "b·a·s·rope/2");
+    TensorId out = act(tag, mul(T, width, e), "type_as", "bf16", "b·a·s·rope");
+    sim.drop(c);
+    return {out, x32};
+  }
+
+  // DeepSeek-V3's rotary on `width` values per token: apply_rotary_pos_emb_interleave (rope_interleave,
+  // its default) forms q1·cos − q2·sin and q2·cos + q1·sin from even and odd halves (four
+  // half-width products, their difference and sum) and cats them; without it, rotate_half's form.
+  TensorId rotary_v3(TensorId x, bytes_t width, const char* tag) {
+    if (!m.quirks.interleaved_rotary) return ops().rotary(x, cos, sin, width, e, e, tag);
+    auto combine = [&](const char* op) {
+      TensorId a1 = act("rotary: half-width product", mul(T, width / 2, e), "mul", "bf16", "b·a·s·rope/2");
+      TensorId a2 = act("rotary: half-width product", mul(T, width / 2, e), "mul", "bf16", "b·a·s·rope/2");
+      TensorId c = act("rotary: half-width sum", mul(T, width / 2, e), op, "bf16", "b·a·s·rope/2");
+      sim.drop(a1);
+      sim.drop(a2);
+      return c;
+    };
+    TensorId r1 = combine("sub"), r2 = combine("add");
+    TensorId out = act(tag, mul(T, width, e), "cat", "bf16", "b·a·s·rope");
+    sim.drop(r1);
+    sim.drop(r2);
+    return out;
+  }
+
+  // DeepseekV2Attention / DeepseekV3Attention.forward (transformers 5.17) on `n1`. The DynamicCache
+  // holds the compressed latent, not the heads' keys and values: its "keys" are the normalised
+  // latent (b, 1, S, kv_lora_rank), its "values" the rotary key (b, 1, S, qk_rope_head_dim)
+  // (tests/data/torch_prefill_moe_h200.json, cache.first_tensors), and every forward re-expands
+  // all S cached tokens of the layer:
+  //     q = q_proj(x) (or q_b_proj(q_a_layernorm(q_a_proj(x)))); q_pass, q_rot = split(q)  # views: q lives
+  //     compressed_kv = kv_a_proj_with_mqa(x); kv_pass, k_rot = split(compressed_kv)        # views: it lives
+  //     k_pass = kv_a_layernorm(kv_pass)          # the norm of a strided view: fp32 copies
+  //     q_rot, k_rot = apply_rotary_emb(q_rot, k_rot, freqs_cis)    # V3: the interleaved form
+  //     k_pass, k_rot = past_key_values.update(k_pass, k_rot, layer_idx)   # now the whole cache
+  //     query_states = torch.cat((q_pass, q_rot), dim=-1)
+  //     key_states, value_states = self.expand_kv(k_pass, k_rot):
+  //         kv = kv_b_proj(k_pass).view(b, S, a, nope + v).transpose(1, 2)      # over all S tokens
+  //         k_nope, value_states = torch.split(kv, [nope, v], dim=-1)            # views of kv
+  //         key_states = kv.new_empty(b, a, S, nope + rope)
+  //         key_states[..., :nope].copy_(k_nope); key_states[..., nope:].copy_(k_rot.expand(...))
+  //     attn = sdpa(query_states, key_states, value_states); o_proj(attn.reshape(b, s, -1))
+  // kv and key_states live until the attention returns: in a decode step, where every other
+  // tensor is one token wide, these b·S·a·(2·nope + v + rope) values of one layer are the step's
+  // peak, beside the latent cache of all layers (b·S·(r + rope) each).
+  TensorId mla_attention(std::size_t i, TensorId n1, std::vector<TensorId>& cache, bytes_t past) {
+    const LatentAttention& la = m.mla;
+    const bytes_t a = m.num_heads, nope = la.qk_nope_head_dim, rope = la.qk_rope_head_dim, vh = la.v_head_dim,
+                  r = la.kv_lora_rank, qk = nope + rope;
+    // q_proj's output, or with q_lora_rank (V3) q_b_proj's: q_a_proj and q_a_layernorm before it
+    // (T·q_lora_rank wide, gone before the cache is read) are not walked.
+    TensorId q = linear(n1, mul(a, qk), la.q_lora_rank ? "q_b_proj output" : "q_proj output");
+    TensorId ckv = linear(n1, r + rope, "kv_a_proj_with_mqa output");
+    TensorId k_pass = ops().rmsnorm(ckv, kNone, "kv_a_layernorm output", r, 1, e);
+    TensorId q_rot = kNone, k_rot = kNone;
+    if (m.quirks.complex_rotary) {
+      auto [qr, xq] = complex_rotary(mul(a, rope), "q_rot after rotary");
+      auto [kr, xk] = complex_rotary(rope, "k_rot after rotary");
+      sim.drop(xq);  // apply_rotary_emb returns
+      sim.drop(xk);
+      q_rot = qr;
+      k_rot = kr;
+    } else {
+      q_rot = rotary_v3(q, mul(a, rope), "q_rot after rotary");
+      k_rot = rotary_v3(ckv, rope, "k_rot after rotary");
+    }
+    cache_update(i, cache, past, k_pass, k_rot, r, rope, "KV cache (latent)", "KV cache (rotary key)");
+    TensorId qs = act("query_states: cat(q_pass, q_rot)", mul(T, a, qk, e), "cat", "bf16", "b·a·s·qk");
+    // expand_kv over the S tokens the layer now caches
+    const bytes_t S = mul(b, held(i, past + s));
+    TensorId kv = act("kv_b_proj output over the cache (k_nope, value_states views)", mul(S, a, nope + vh, e),
+                      "kv_b_proj", "bf16", "b·S·a·(nope+v)");
+    TensorId key = act("key_states (new_empty, two copy_)", mul(S, a, qk, e), "new_empty + copy_", "bf16", "b·a·S·qk");
+    // sdpa: flash needs one head width for q, k and v (192, 192, 128 on DeepSeek), so it does not run.
+    // What the kernel allocates is read off the training snapshot
+    // (deepseek-v2-lite_L2_bf16_none_flash_adamw_b1s1024_snapshot-forward, events 75-82): its
+    // bf16 output in q's (b, a, s, v) layout and no fp32 accumulator; the fp32 log-sum-exp it keeps
+    // there is for backward, not computed without grad (should_compute_logsumexp). For one new
+    // token per sequence, sdpa_attention_forward's attn_output.transpose(1, 2).contiguous() is
+    // already contiguous. (Over a prompt of s > 1 tokens it copies the output, as the snapshot's
+    // event 82 shows; the walk leaves that copy out: the compiled plan's probes start at s = 1,
+    // where there is none, and on the measured prefills the peak is in the MLP.)
+    TensorId ao = act("sdpa output", mul(T, a, vh, e), "sdpa", "bf16", "b·a·s·v");
+    TensorId o = linear(ao, h, "o_proj output");
+    sim.drop(ao);
+    for (TensorId t : {q, ckv, q_rot, qs, kv, key}) sim.drop(t);  // attention forward returns
+    return o;
+  }
+
+  // One decoder layer. `cache` holds this layer's [k, v] (MLA: [latent, rotary key]) (in/out);
+  // `past` is the cached length.
+  TensorId layer(std::size_t i, TensorId x, std::vector<TensorId>& cache, bytes_t past) {
+    TensorId n1 = rmsnorm(x, "input_layernorm output", h);
+    TensorId o = m.mla.enabled() ? mla_attention(i, n1, cache, past) : attention(i, n1, cache, past);
     sim.drop(n1);  // hidden_states, _ = self.self_attn(...)
     TensorId h1 = ops().close_block(x, o, kNone, "post_attention_layernorm output", e, "bf16",
                                     "residual stream (after attention)");
