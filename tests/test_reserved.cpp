@@ -116,6 +116,22 @@ TEST_CASE("reserved_peak with and without expandable segments, the same steps") 
   }
 }
 
+// Four full-recompute steps beyond 3% in the table above, measured again each with a whole-run
+// snapshot in a fresh process (tools/device/reserved_full_run.sh, 2026-12-02; tests/data/
+// reserved_snapshots/). Two of the misses were the measuring process's history: Llama 3.2 1B
+// amp-bf16 (−4.07% there) is −0.27% here and Qwen3 0.6B bf16 (−6.58%) −0.33%. Two are the replay's:
+// Qwen2.5 1.5B bf16 +3.6% and Llama 3.2 3B bf16 +2.7%, one logits-sized segment too many
+// (docs/accuracy.md says where).
+TEST_CASE("reserved_peak of full-recompute steps measured in a fresh process") {
+  const auto errs = reserved_errors("tests/data/reserved_snapshots/reserved_full_h200.json");
+  CHECK(errs.size() == 4);
+  for (const Err& e : errs) {
+    CAPTURE(e.name);
+    CHECK(std::fabs(e.err) <= 0.04);
+    if (e.name.starts_with("llama-3.2-1b/") || e.name.starts_with("qwen3-0.6b/")) CHECK(std::fabs(e.err) <= 0.005);
+  }
+}
+
 TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
   using detail::parse_allocator_conf;
   CHECK(!parse_allocator_conf("").policy.expandable_segments);

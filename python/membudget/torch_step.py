@@ -251,6 +251,8 @@ PHASE_FIELDS = ("floor", "forward_peak", "after_forward", "backward_peak", "afte
 
 # Allocator snapshot of one phase of one step (a case's "snapshot": {"phase": "forward" or
 # "backward", "step": N}; written to --snapshot-dir as <case name>.pickle with "/" replaced by "_").
+# "phase": "run" records every step from the first to the end of step N (the reserved memory's
+# whole history: which request made each segment).
 SNAPSHOT = {"phase": None, "step": None, "path": None}
 SNAPSHOT_DIR = [None]
 
@@ -386,10 +388,19 @@ def run_case(model, mstats, case, cfgd):
         vocab = int(cfgd["vocab_size"])
         x = torch.randint(0, vocab, (case["batch"], case["seq"]), device="cuda", generator=g)
         amp = case["precision"] == "amp-bf16"
+        whole_run = SNAPSHOT["phase"] == "run" and SNAPSHOT["path"]
+        if whole_run:
+            torch.cuda.synchronize()
+            torch.cuda.memory._record_memory_history(max_entries=2000000, stacks="python")
         for i in range(int(case["steps"])):
             rec = {"step": i}
             steps.append(rec)
             run_step(model, opt, x, amp, rec, case.get("use_cache"))
+            if whole_run and i == SNAPSHOT["step"]:
+                torch.cuda.synchronize()
+                torch.cuda.memory._dump_snapshot(SNAPSHOT["path"])
+                torch.cuda.memory._record_memory_history(enabled=None)
+                rec["snapshot"] = SNAPSHOT["path"]
             if i == 0:
                 res["optimizer_state_bytes"], res["optimizer_state_dtypes"] = optimizer_state_bytes(opt)
                 # the implementation torch.optim ran (None: the function's own default)
