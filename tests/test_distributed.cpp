@@ -277,9 +277,9 @@ TEST_CASE("FSDP2 ranks with CPU offload land within 2% on the GPU, and the host 
 // any forward / backward action of the schedule (docs/distributed.md).
 TEST_CASE("pipeline stages under GPipe and 1F1B land within 1% of the fake-process-group measurement") {
   Worst w;
-  // reserved: within 0.5% but on the last stages, where the replay places the logits' large blocks
-  // otherwise than c10 did: 1F1B −0.2% to −2.8%, GPipe −4.2% and −9.4% (docs/distributed.md)
-  check_file("tests/data/torch_train_pp_fakepg_h200.json", 0.01, none, w, 0.01, -0.10);
+  // reserved: within 1% on every stage since the replay's addresses grow downward as cudaMalloc's
+  // do (the last stages' logits blocks were −2.8% to −9.4% before; docs/distributed.md)
+  check_file("tests/data/torch_train_pp_fakepg_h200.json", 0.01, none, w, 0.01, -0.01);
   CHECK(w.cases >= 21);
   report(w, "pipeline stages");
 }
@@ -332,9 +332,10 @@ TEST_CASE("ranks of pipelines with FSDP2 within the stages land within 1% of the
 // Qwen2.5 1.5B and Llama 3.1 8B (8 layers).
 TEST_CASE("ranks of pipelines beside tensor parallelism, FSDP2 × TP and DDP land within 2% of the fake-process-group measurement") {
   Worst w;
-  // reserved: DDP's and TP's stages within −15% and +20% (the replay does not yet place a
-  // stage's buckets and microbatch gradients as c10 does: docs/distributed.md); FSDP2's refused
-  check_file("tests/data/torch_train_pp_tp_ddp_fakepg_h200.json", 0.02, none, w, 0.20, -0.15);
+  // reserved: TP's stages within 1.3%, DDP's within −6.2% and +19.4% (the replay does not yet
+  // place a stage's buckets and microbatch gradients as c10 does: docs/distributed.md); FSDP2's
+  // refused
+  check_file("tests/data/torch_train_pp_tp_ddp_fakepg_h200.json", 0.02, none, w, 0.20, -0.07);
   CHECK(w.cases == 30);
   CHECK(std::fabs(w.steady) <= 0.012);  // measured: Qwen2.5's FSDP2 floor −1.16%, every Llama phase within 0.4%
   report(w, "pipeline × TP, × FSDP2 × TP and × DDP ranks");

@@ -87,10 +87,11 @@ TEST_CASE("reserved_peak against memory_reserved() after the steady step, every 
   MESSAGE(all.size() << " cases: " << within1 << " within 1%, " << within3 << " within 3%, " << within5
                      << " within 5%; worst " << all.back().err * 100 << "% (" << all.back().name << ")");
   CHECK(all.size() >= 100);
-  // The issue's target is 3% for every case; on 2026-12-01 93 of 104 cases met it and every case was
-  // within 7% (the misses are full-recompute and short-sequence steps: docs/accuracy.md). The bars
-  // below hold what is measured, so that a regression shows.
-  CHECK(within3 >= 93);
+  // The issue's target is 3% for every case; on 2026-12-02 97 of 104 cases met it (93 before the
+  // replay's addresses grew downward as cudaMalloc's do) and every case was within 7% (the misses
+  // are mostly full-recompute steps, three of them measured after other cases in one process:
+  // docs/accuracy.md). The bars below hold what is measured, so that a regression shows.
+  CHECK(within3 >= 97);
   for (const Err& e : all) {
     CAPTURE(e.name);
     CHECK(std::fabs(e.err) <= 0.07);
@@ -98,9 +99,9 @@ TEST_CASE("reserved_peak against memory_reserved() after the steady step, every 
 }
 
 // The same seven steps measured in one H200 run with the default allocator and with
-// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (tools/device/reserved_run.sh). 2026-12-01: default
-// 5 of 7 within 0.3% (Qwen2.5 1.5B bf16 -2.79%, its amp-bf16 full recompute +3.28%); expandable 5 of 7
-// within 0.1% (the two full-recompute steps of Llama 3.2 1B bf16 +4.02% and Qwen2.5 amp-bf16 -3.62%).
+// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (tools/device/reserved_run.sh). 2026-12-02: default
+// 6 of 7 within 0.3% (Qwen2.5 1.5B amp-bf16 full recompute +3.24%); expandable 5 of 7 within 0.1%
+// (the two full-recompute steps of Llama 3.2 1B bf16 +4.02% and Qwen2.5 amp-bf16 -3.62%).
 TEST_CASE("reserved_peak with and without expandable segments, the same steps") {
   for (const char* f : {"tests/data/torch_train_reserved_h200.json", "tests/data/torch_train_reserved_expandable_h200.json"}) {
     CAPTURE(f);
@@ -119,16 +120,15 @@ TEST_CASE("reserved_peak with and without expandable segments, the same steps") 
 // Four full-recompute steps beyond 3% in the table above, measured again each with a whole-run
 // snapshot in a fresh process (tools/device/reserved_full_run.sh, 2026-12-02; tests/data/
 // reserved_snapshots/). Two of the misses were the measuring process's history: Llama 3.2 1B
-// amp-bf16 (−4.07% there) is −0.27% here and Qwen3 0.6B bf16 (−6.58%) −0.33%. Two are the replay's:
-// Qwen2.5 1.5B bf16 +3.6% and Llama 3.2 3B bf16 +2.7%, one logits-sized segment too many
-// (docs/accuracy.md says where).
+// amp-bf16 (−4.07% there) is +0.22% here and Qwen3 0.6B bf16 (−6.58%) +0.33%. Two were the
+// replay's, one logits-sized segment too many: Qwen2.5 1.5B bf16, +3.6% before the replay's
+// addresses grew downward and +0.51% since, and Llama 3.2 3B bf16, still +2.8% (docs/accuracy.md).
 TEST_CASE("reserved_peak of full-recompute steps measured in a fresh process") {
   const auto errs = reserved_errors("tests/data/reserved_snapshots/reserved_full_h200.json");
   CHECK(errs.size() == 4);
   for (const Err& e : errs) {
     CAPTURE(e.name);
-    CHECK(std::fabs(e.err) <= 0.04);
-    if (e.name.starts_with("llama-3.2-1b/") || e.name.starts_with("qwen3-0.6b/")) CHECK(std::fabs(e.err) <= 0.005);
+    CHECK(std::fabs(e.err) <= (e.name.starts_with("llama-3.2-3b/") ? 0.03 : 0.006));
   }
 }
 

@@ -124,7 +124,7 @@ def test_errors_are_typed():
 
 def test_parallel_settings_not_modelled_are_unsupported_not_unsharded():
     for kw, named in [({"tensor_parallel": 2, "data_parallel": 2}, "--tp 2 with --dp"),
-                      ({"pp": 4, "tensor_parallel": 2}, "--pp 4 with"),
+                      ({"pp": 4, "tensor_parallel": 2, "sequence_parallel": True}, "--pp 4 with --sp"),
                       ({"pp": 4}, "--pp with --precision amp-bf16"),
                       ({"tensor_parallel": 4, "sequence_parallel": True, "seq": 1022}, "not divisible"),
                       ({"tensor_parallel": 4, "loss_parallel": True, "loss": "chunked"}, "--loss-parallel with --loss chunked"),
