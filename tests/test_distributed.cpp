@@ -161,20 +161,47 @@ bool none(const nlohmann::json&) { return false; }
 TEST_CASE("one rank of DDP, ZeRO-1, FSDP2, HSDP and tensor parallelism lands within 2% of the fake-process-group measurement") {
   Worst w;
   check_file("tests/data/torch_train_dist_fakepg_h200.json", 0.02, untied_by_the_first_run, w);
-  check_file("tests/data/torch_train_dist_tied_fakepg_h200.json", 0.02, none, w);
+  // reserved: −15% allowed for one case, Llama 3.2 1B DDP bf16 full b2s4096, measured after other
+  // cases in one process (2,004 MiB already reserved when it began); measured alone it reserves
+  // 23,910 MiB, not 27,860, and the prediction is within 0.2% (the test below)
+  check_file("tests/data/torch_train_dist_tied_fakepg_h200.json", 0.02, none, w, 0.16, -0.15);
   CHECK(w.cases >= 45);
   report(w, "distributed ranks");
+}
+
+// DDP's second step, where Reducer::rebuild_buckets frees step 0's bucket of every parameter
+// before the rebuilt buckets are allocated, measured in a fresh process with a whole-step
+// snapshot (tools/device/ddp_rebuild_run.sh; tests/data/ddp_rebuild_snapshots/): the reserved
+// replay frees what a steady step does not find (Replay::release_not_carried_over) and allocates
+// each bucket on its own.
+TEST_CASE("DDP's reserved memory after the bucket rebuild, measured in a fresh process") {
+  std::ifstream in(test::source_path("tests/data/ddp_rebuild_snapshots/ddp_rebuild_fakepg_h200.json"));
+  REQUIRE(in.good());
+  const auto data = nlohmann::json::parse(in);
+  int cases = 0;
+  for (const auto& c : data["cases"]) {
+    REQUIRE(c["status"] == "ok");
+    PredictOptions o;
+    o.reserved = true;
+    const Budget b = predict(model_of(c["job"]), job_of(c["job"]), o);
+    const double measured = c["steady"]["reserved"].get<double>();
+    const double err = (static_cast<double>(b.reserved_peak) - measured) / measured;
+    CAPTURE(c["name"].get<std::string>());
+    CHECK(std::fabs(err) <= 0.03);  // 2026-12-02: bf16 full +0.13% (+16.9% before), amp-bf16 +2.33% (+1.3%)
+    ++cases;
+  }
+  CHECK(cases == 2);
 }
 
 
 // Mixture-of-experts ranks (tools/matrices/dist_moe_h200.json): the packed experts shard along dim 0
 // (the experts: OLMoE's 64 over 6 ranks give chunks of 11 and a last one of 9), bucket and
 // partition like any parameter; the MoE block runs on the unsharded parameters. The reserved
-// replay of Qwen3-30B-A3B's DDP and ZeRO-1 ranks over-predicts by 20-29% (docs/moe.md); the
-// band allows it.
+// replay of the DDP and ZeRO-1 ranks is within 2.6% (Qwen3-30B-A3B's over-predicted by 20-29%
+// until the replay freed step 0's DDP bucket at the rebuild: docs/moe.md).
 TEST_CASE("MoE ranks of FSDP2, HSDP, DDP and ZeRO-1 land within 1% of the fake-process-group measurement") {
   Worst w;
-  check_file("tests/data/torch_train_dist_moe_fakepg_h200.json", 0.01, none, w, 0.30);
+  check_file("tests/data/torch_train_dist_moe_fakepg_h200.json", 0.01, none, w, 0.03, -0.03);
   CHECK(w.cases >= 15);
   report(w, "MoE ranks");
 }
@@ -332,10 +359,10 @@ TEST_CASE("ranks of pipelines with FSDP2 within the stages land within 1% of the
 // Qwen2.5 1.5B and Llama 3.1 8B (8 layers).
 TEST_CASE("ranks of pipelines beside tensor parallelism, FSDP2 × TP and DDP land within 2% of the fake-process-group measurement") {
   Worst w;
-  // reserved: TP's stages within 1.3%, DDP's within −6.2% and +19.4% (the replay does not yet
-  // place a stage's buckets and microbatch gradients as c10 does: docs/distributed.md); FSDP2's
-  // refused
-  check_file("tests/data/torch_train_pp_tp_ddp_fakepg_h200.json", 0.02, none, w, 0.20, -0.07);
+  // reserved: TP's stages within 1.3%, DDP's within 1.7% but one last stage (−6.8%; measured, as
+  // every DDP case of the file, after other cases in one process, and not measured alone yet);
+  // FSDP2's refused
+  check_file("tests/data/torch_train_pp_tp_ddp_fakepg_h200.json", 0.02, none, w, 0.02, -0.07);
   CHECK(w.cases == 30);
   CHECK(std::fabs(w.steady) <= 0.012);  // measured: Qwen2.5's FSDP2 floor −1.16%, every Llama phase within 0.4%
   report(w, "pipeline × TP, × FSDP2 × TP and × DDP ranks");

@@ -35,13 +35,13 @@ void DataParallelSim::allocate_buckets(const std::vector<ParamTensor>& params, b
   // Reducer::initialize_buckets: one contiguous gradient buffer per bucket, kept for the run. In
   // the first iteration the whole model is one bucket (one block of its own segment); the buckets
   // rebuilt before the second forward are carved from that freed block.
-  const auto buckets = ddp_buckets(params, stored_, steady);
-  bytes_t total = 0;
-  for (std::uint64_t n : buckets) {
+  // Each bucket is an allocation of its own, as the caching allocator (and the reserved replay)
+  // sees them.
+  for (std::uint64_t n : ddp_buckets(params, stored_, steady)) {
     const bytes_t b = times(n, stored_);
-    total = checked_add(total, steady ? round512(b) : own_segment_block(b), "DDP buckets");
+    sim_.alloc_raw("DDP gradient buckets", steady ? round512(b) : own_segment_block(b), Term::other, Role::gradient,
+                   "DistributedDataParallel");
   }
-  sim_.alloc_raw("DDP gradient buckets", total, Term::other, Role::gradient, "DistributedDataParallel");
 }
 
 bool DataParallelSim::unsharded(std::size_t g) const {

@@ -71,6 +71,7 @@ class Replay {
       return static_cast<int>(std::find(std::begin(kTrainPhases), std::end(kTrainPhases), p) - std::begin(kTrainPhases));
     };
     if (timeline) timeline->reserve(timeline->size() + trace.events.size());
+    if (steady) release_not_carried_over(trace);
     for (const SimTrace::Event& ev : trace.events) {
       if (ev.t == SimTrace::kPhase) {
         if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
@@ -112,14 +113,38 @@ class Replay {
     }
   };
 
+  // What step 0 left allocated that a steady step does not find (its prologue re-creates no tensor
+  // of that name and size) was freed between the two: DDP's step-0 bucket of every parameter, which
+  // Reducer::rebuild_buckets frees before it allocates the rebuilt buckets at the second forward.
+  // Freed here, before the prologue allocates what it does not find carried.
+  void release_not_carried_over(const SimTrace& trace) {
+    std::unordered_map<CarryKey, std::size_t, CarryHash> wanted;
+    for (const SimTrace::Event& ev : trace.events) {
+      if (ev.t == SimTrace::kPhase) break;
+      if (ev.t < 0) continue;
+      const TensorInfo& info = trace.tensors[static_cast<std::size_t>(ev.t)];
+      if (!is(info.op, "caching allocator")) ++wanted[CarryKey{info.name, bytes_of(trace, static_cast<std::size_t>(ev.t))}];
+    }
+    for (auto& [key, held] : carried_) {
+      auto it = wanted.find(key);
+      const std::size_t keep = it == wanted.end() ? 0 : std::min(it->second, held.size());
+      // the prologue takes the last `keep` of them (apply pops from the back)
+      for (std::size_t i = 0; i + keep < held.size(); ++i) release(held[i]);
+      held.erase(held.begin(), held.end() - static_cast<std::ptrdiff_t>(keep));
+    }
+  }
+  void release(const Held& h) {
+    if (h.n == 1)
+      alloc_.deallocate_at(h.addr);
+    else if (h.n > 1)
+      for (measure::DeviceAddr p : lists_[h.list]) alloc_.deallocate_at(p);
+  }
+
   // One allocation or free of the stream, `phase` the index of the phase it falls in (-1: before).
   void apply(const SimTrace& trace, const SimTrace::Event& ev, bool steady, int phase) {
     if (ev.t < 0) {
       Held& h = live_[static_cast<std::size_t>(~ev.t)];
-      if (h.n == 1)
-        alloc_.deallocate_at(h.addr);
-      else if (h.n > 1)
-        for (measure::DeviceAddr p : lists_[h.list]) alloc_.deallocate_at(p);
+      release(h);
       h = Held{};
       return;
     }
