@@ -14,12 +14,6 @@ namespace {
 
 constexpr std::size_t kLeakBytes = 4096;
 
-// The job's recipe (membudget::Recipe); amp-bf16's autocast means bf16 copies of every parameter
-// for the forward and backward; bf16-master keeps an fp32 copy of every parameter beside the bf16
-// one, made with the moments at the first optimizer step, which AdamW updates and rounds into the
-// bf16 parameter.
-Recipe harness_recipe(Precision p) { return recipe_of(p); }
-
 struct Param {
   std::string name;
   std::size_t n = 0;
@@ -74,6 +68,9 @@ struct Harness::Impl {
   CachingAllocator& alloc;
   HarnessOptions opt;
   HarnessDims d;
+  // The job's recipe: amp-bf16's autocast means bf16 copies of every parameter for the forward and
+  // backward; bf16-master keeps an fp32 copy of every parameter beside the bf16 one, made with the
+  // moments at the first optimizer step, which AdamW updates and rounds into the bf16 parameter.
   Recipe r;
   std::vector<Param> params;
   std::vector<LayerParams> lp;
@@ -92,7 +89,7 @@ struct Harness::Impl {
   std::vector<PhaseMark> marks;
 
   Impl(const ModelSpec& model, const Job& j, Backend& b, CachingAllocator& a, HarnessOptions o)
-      : m(model), job(j), be(b), alloc(a), opt(o), d(harness_dims(model, j)), r(harness_recipe(j.precision)) {}
+      : m(model), job(j), be(b), alloc(a), opt(o), d(harness_dims(model, j)), r(recipe_of(j.precision)) {}
 
   // ---- allocation ----
   DType dtype_of(Elem e) const { return e == Elem::act ? r.compute : DType::fp32; }

@@ -90,14 +90,13 @@ class AllocatorReplay {
 // live there, by name.
 class Walk {
  public:
-  Walk(bool explain, AllocatorReplay& replay) : explain_(explain), replay_(replay), live_(replay.allocated()) {}
+  Walk(bool explain, AllocatorReplay& replay) : explain_(explain), replay_(replay) {}
 
   void add(const std::string& name, bytes_t logical, Term term, Role role) {
     replay_.alloc(name, logical);
-    live_ = replay_.allocated();
     note(name, logical, term, role);
-    if (!phases_.empty() && live_ > phases_.back().bytes) {
-      phases_.back().bytes = live_;
+    if (!phases_.empty() && live() > phases_.back().bytes) {
+      phases_.back().bytes = live();
       if (explain_) {
         phases_.back().live.clear();
         for (const auto& [_, g] : groups_)
@@ -125,7 +124,6 @@ class Walk {
   void sub(const std::string& name, bytes_t logical) {
     const bytes_t b = round512(logical);
     replay_.free(name, logical);
-    live_ = replay_.allocated();
     if (explain_) {
       auto& e = groups_[name];
       e.count -= 1;
@@ -136,19 +134,18 @@ class Walk {
   void phase(Phase phase) {
     PhasePeak p;
     p.phase = phase;
-    p.bytes = live_;
+    p.bytes = live();
     if (explain_)
       for (const auto& [_, g] : groups_)
         if (g.count) p.live.push_back(g);
     phases_.push_back(std::move(p));
   }
-  bytes_t live() const { return live_; }
+  bytes_t live() const { return replay_.allocated(); }
   std::vector<PhasePeak> take() { return std::move(phases_); }
 
  private:
   bool explain_;
   AllocatorReplay& replay_;
-  bytes_t live_ = 0;
   std::map<std::string, TensorBytes> groups_;
   std::vector<PhasePeak> phases_;
 };

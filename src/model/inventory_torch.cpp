@@ -1569,14 +1569,8 @@ class TrainPass {
     weights_ = sim_.live();
     if (dp_.ddp()) {
       const bytes_t before = sim_.live();
-      std::vector<ParamTensor> wrapped;  // DDP wraps the model, or each pipeline stage module
-      if (stage_) {
-        for (std::size_t c = 0; c < stage_->chunks.size(); ++c)
-          for (const ParamTensor& t : stage_tensors(sizing_, *stage_, c)) wrapped.push_back(t);
-      } else {
-        wrapped = model_tensors(sizing_);
-      }
-      dp_.allocate_buckets(wrapped, steady_);
+      // DDP wraps the model, or each pipeline stage module
+      dp_.allocate_buckets(stage_ ? stage_tensors(sizing_, *stage_) : model_tensors(sizing_), steady_);
       buckets_ = sim_.live() - before;
     }
     // a pipeline step's batch is every microbatch's sequences (the schedule splits it)

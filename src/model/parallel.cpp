@@ -187,10 +187,7 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
     const ModelSpec local = tp_local_spec(m, job.parallel);
     for (std::uint64_t stage = 0; stage < l.pipeline; ++stage) {
       const PipelineStage ps = pipeline_stage(local, job, stage * per_stage);
-      std::vector<ParamTensor> tensors;
-      for (std::size_t c = 0; c < ps.chunks.size(); ++c)
-        for (const ParamTensor& t : stage_tensors(local, ps, c)) tensors.push_back(t);
-      const std::vector<std::size_t> group_of_shard = shard_groups(tensors, job.parallel.fsdp, nullptr);
+      const std::vector<std::size_t> group_of_shard = shard_groups(stage_tensors(local, ps), job.parallel.fsdp, nullptr);
       const std::size_t first = groups.size();
       groups.resize(first + group_count(group_of_shard));
       for (std::uint64_t k = 0; k < per_stage; ++k)

@@ -60,6 +60,13 @@ std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& 
   return out;
 }
 
+std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s) {
+  std::vector<ParamTensor> out;
+  for (std::size_t c = 0; c < s.chunks.size(); ++c)
+    for (const ParamTensor& t : stage_tensors(m, s, c)) out.push_back(t);
+  return out;
+}
+
 namespace {
 std::vector<PipelineAction> interleaved_actions(const PipelineStage& s) {
   const std::uint64_t M = s.microbatches, N = s.stages, V = s.chunks.size();

@@ -49,6 +49,8 @@ inline std::uint64_t ranks_per_stage(const Parallelism& p) { return p.fsdp * p.d
 // as a tensor of its own, the embedding's shape). Each module has its own optimizer under
 // interleaved 1F1B (torchtitan's OptimizersContainer: one per model part).
 std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s, std::size_t chunk);
+// Every stage module's tensors of the rank, chunk after chunk (what a wrapper of each holds in all).
+std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s);
 
 // What the rank does, in order: a microbatch's forward or its backward through one of its chunks.
 struct PipelineAction {
