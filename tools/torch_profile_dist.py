@@ -269,11 +269,18 @@ def build(case, cfgd):
 
         opts = [ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-5, **impl)]
     else:
-        # fused AdamW refuses DTensor and plain parameters in one call: one optimizer per kind
-        dt = [p for p in params if type(p).__name__ == "DTensor"]
-        plain = [p for p in params if type(p).__name__ != "DTensor"]
-        opts = [torch.optim.AdamW(g, lr=1e-5, **impl) for g in (dt, plain) if g]
+        opts = [torch.optim.AdamW(g, lr=1e-5, **impl) for g in by_tensor_kind(params)]
     return model, opts, amp
+
+
+def by_tensor_kind(params):
+    """The parameters as optimizer groups: fused AdamW refuses DTensor and plain parameters in one
+    call, so one group per kind present (one group under FSDP2, where every parameter is a DTensor,
+    and without any parallelism; two under tensor parallelism, its norms and embedding plain)."""
+    params = list(params)
+    dt = [p for p in params if type(p).__name__ == "DTensor"]
+    plain = [p for p in params if type(p).__name__ != "DTensor"]
+    return [g for g in (dt, plain) if g]
 
 
 class Opts:

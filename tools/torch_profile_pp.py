@@ -192,15 +192,8 @@ def build(case, cfgd):
     else:
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[case["schedule"]]
         sched = cls(stages[0], n_microbatches=M, loss_fn=loss_fn)
-    # one AdamW per stage module (torchtitan's OptimizersContainer); under TP two, since fused AdamW
-    # refuses DTensor and plain parameters in one call (the replicated norms and embedding)
-    groups = []
-    for m in mods:
-        ps = list(m.parameters())
-        dt = [p for p in ps if type(p).__name__ == "DTensor"]
-        plain = [p for p in ps if type(p).__name__ != "DTensor"]
-        groups += [g for g in ((dt, plain) if T > 1 and D == 1 else (ps,)) if g]
-    opt = dist_tool.Opts([torch.optim.AdamW(g, lr=1e-5) for g in groups])
+    # one AdamW per stage module (torchtitan's OptimizersContainer); under TP alone two per module
+    opt = dist_tool.Opts([torch.optim.AdamW(g, lr=1e-5) for m in mods for g in dist_tool.by_tensor_kind(m.parameters())])
     return torch.nn.ModuleList(mods), stages, sched, opt, layers
 
 
