@@ -154,6 +154,66 @@ TEST_CASE("small and large requests never share a pool") {
   a.deallocate(mid);
 }
 
+// c10 files a block under the stream that allocated its segment, and a request searches only its
+// own stream's blocks: FSDP2's all-gather and reduce-scatter buffers keep segments of their own.
+TEST_CASE("a stream reuses only its own cached blocks") {
+  auto raw = make_host_memory(0);
+  CA a(*raw);
+  const DeviceAddr side = a.allocate_at(5 * MiB, {}, 1);
+  a.deallocate_at(side);  // a 20 MiB block cached for stream 1
+  const DeviceAddr main = a.allocate_at(5 * MiB);  // stream 0: not that block, a segment of its own
+  CHECK(main != side);
+  auto s = a.stats();
+  CHECK(s.num_segments == 2);
+  CHECK(s.reserved.current == i64(2 * P.large_buffer));
+  CHECK(a.allocate_at(5 * MiB, {}, 1) == side);  // stream 1 finds its block again
+  auto segs = a.segments();
+  REQUIRE(segs.size() == 2);
+  for (const SegmentInfo& seg : segs) CHECK(seg.stream == (seg.address <= side && side < seg.address + seg.total_size ? 1u : 0u));
+  // a freed block merges with its neighbours, within its own segment and stream
+  a.deallocate_at(side);
+  a.deallocate_at(main);
+  a.empty_cache();  // every stream's whole free segments go
+  CHECK(a.stats().reserved.current == 0);
+  CHECK(a.stats().num_segments == 0);
+}
+
+TEST_CASE("expandable segments: one growing segment per pool and stream") {
+  auto raw = make_host_memory(0);
+  CA a(*raw, AllocatorOptions{.policy = {.expandable_segments = true}});
+  const DeviceAddr p = a.allocate_at(5 * MiB);
+  const DeviceAddr q = a.allocate_at(5 * MiB, {}, 2);
+  CHECK(a.stats().num_segments == 2);
+  CHECK(a.stats().reserved.current == i64(2 * P.large_buffer));
+  a.deallocate_at(q);
+  const DeviceAddr r = a.allocate_at(5 * MiB);  // stream 0 grows within its own page
+  CHECK(r == p + 5 * MiB);
+  CHECK(a.stats().reserved.current == i64(2 * P.large_buffer));
+  a.deallocate_at(p);
+  a.deallocate_at(r);
+  a.empty_cache();
+  CHECK(a.stats().reserved.current == 0);
+}
+
+// The reserved replay runs steady steps until one leaves every block where the step before left it.
+TEST_CASE("layout_hash: equal for the same blocks, different when a block moved") {
+  auto raw = make_host_memory(0);
+  CA a(*raw);
+  const DeviceAddr keep = a.allocate_at(3 * MiB);
+  const std::uint64_t before = a.layout_hash();
+  const DeviceAddr t = a.allocate_at(2 * MiB);
+  CHECK(a.layout_hash() != before);
+  a.deallocate_at(t);
+  CHECK(a.layout_hash() == before);  // merged back: the same blocks as before
+  a.deallocate_at(keep);
+  const std::uint64_t freed = a.layout_hash();
+  CHECK(freed != before);
+  const DeviceAddr again = a.allocate_at(3 * MiB);
+  CHECK(again == keep);
+  CHECK(a.layout_hash() == before);
+  a.deallocate_at(again);
+}
+
 TEST_CASE("splitting: remainders and inactive_split, one step at a time") {
   auto raw = make_host_memory(0);
   CA a(*raw);

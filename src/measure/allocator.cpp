@@ -1,4 +1,5 @@
-// The caching allocator: PyTorch's native CUDA caching allocator policy, one stream, one device.
+// The caching allocator: PyTorch's native CUDA caching allocator policy, one device; each block
+// belongs to the stream that allocated its segment, and only that stream's requests reuse it.
 // The policy and its worked numbers are in allocator.hpp; this file follows c10's structure
 // (get_free_block, alloc_block, release_cached_blocks, free_block) so the two can be compared.
 #include "measure/allocator.hpp"
@@ -65,6 +66,7 @@ struct Segment {
   bytes_t virtual_size = 0;  // reserved address range (expandable only)
   bool small = false;
   bool expandable = false;
+  StreamId stream = 0;  // every block of the segment is this stream's
   Block* head = nullptr;
 
   Block* tail() const {
@@ -188,10 +190,23 @@ class AddressMap {
   unsigned shift_ = 64;
 };
 
+// One stream's share of a pool. c10 keeps one set per pool ordered by (stream, size, address) and
+// searches only the requesting stream's range; a set per stream is the same search.
+struct StreamBlocks {
+  FreeBlocks free_blocks;
+  Segment* expandable = nullptr;  // the stream's one growing segment of the pool in expandable mode
+};
+
 struct Pool {
   bool small;
-  FreeBlocks free_blocks;
-  Segment* expandable = nullptr;  // the pool's one growing segment in expandable mode
+  std::vector<std::unique_ptr<StreamBlocks>> streams;  // by StreamId, made on first use
+
+  StreamBlocks& of(StreamId s) {
+    if (s >= streams.size()) streams.resize(s + 1);
+    if (!streams[s]) streams[s] = std::make_unique<StreamBlocks>();
+    return *streams[s];
+  }
+  FreeBlocks& free_blocks(const Block* b) { return of(b->seg->stream).free_blocks; }
 };
 
 void update(Stat& s, std::int64_t delta) {
@@ -223,8 +238,8 @@ struct CachingAllocator::Impl {
   AllocatorOptions options;
   const AllocatorPolicy& policy = options.policy;
   AllocatorStats stats;
-  Pool small_pool{true, {}, nullptr};
-  Pool large_pool{false, {}, nullptr};
+  Pool small_pool{true, {}};
+  Pool large_pool{false, {}};
   std::map<DeviceAddr, std::unique_ptr<Segment>> segments;  // by base address
   AddressMap active;  // live blocks by address
   // Blocks are made and merged away at every split and free: they come from chunks owned here and
@@ -287,25 +302,27 @@ struct CachingAllocator::Impl {
     return last_time_us;
   }
 
-  void record(TraceEvent::Action action, std::uint64_t addr, std::uint64_t size, const AllocTag& tag = {}) {
+  void record(TraceEvent::Action action, std::uint64_t addr, std::uint64_t size, const AllocTag& tag = {},
+              StreamId stream = 0) {
     if (!options.record_history) return;
-    history.push_back(TraceEvent{action, addr, size, now_us(), tag});
+    history.push_back(TraceEvent{action, addr, size, now_us(), tag, stream});
   }
 
   // c10 get_free_block: the smallest cached block >= size in the pool, unless the policy's
   // oversize rules (max_split_size; unlimited by default) keep it for other requests.
-  Block* get_free_block(Pool& pool, bytes_t size) {
-    Block* b = pool.free_blocks.lower_bound(size);
+  Block* get_free_block(Pool& pool, StreamId stream, bytes_t size) {
+    FreeBlocks& free_blocks = pool.of(stream).free_blocks;
+    Block* b = free_blocks.lower_bound(size);
     if (!b || !policy.may_reuse(size, b->size)) return nullptr;
-    pool.free_blocks.erase(b);
+    free_blocks.erase(b);
     return b;
   }
 
   // c10 alloc_block: a new segment from the raw memory (or more pages in expandable mode).
   // `asked` receives the bytes requested from the raw memory, for the OOM message.
-  Block* alloc_block(Pool& pool, bytes_t size, bool is_retry, bytes_t& asked) {
+  Block* alloc_block(Pool& pool, StreamId stream, bytes_t size, bool is_retry, bytes_t& asked) {
     if (is_retry) stats.num_alloc_retries += 1;
-    if (policy.expandable_segments) return grow_expandable(pool, size, asked);
+    if (policy.expandable_segments) return grow_expandable(pool, stream, size, asked);
     bytes_t bytes = policy.segment_size(size);
     asked = bytes;
     const DeviceAddr p = raw.raw_alloc_at(bytes);
@@ -314,6 +331,7 @@ struct CachingAllocator::Impl {
     seg->base = p;
     seg->size = bytes;
     seg->small = pool.small;
+    seg->stream = stream;
     Block* b = new_block();
     b->addr = seg->base;
     b->size = bytes;
@@ -322,15 +340,16 @@ struct CachingAllocator::Impl {
     segments.emplace(seg->base, std::move(seg));
     update(stats.reserved, as_i64(bytes));
     stats.num_segments += 1;
-    record(TraceEvent::Action::segment_alloc, b->addr, bytes);
+    record(TraceEvent::Action::segment_alloc, b->addr, bytes, {}, stream);
     return b;
   }
 
   // Maps just enough whole pages after the segment's last block; a free last block is extended
   // rather than left as a separate piece. The returned block is out of the free set.
-  Block* grow_expandable(Pool& pool, bytes_t size, bytes_t& asked) {
+  Block* grow_expandable(Pool& pool, StreamId stream, bytes_t size, bytes_t& asked) {
     const bytes_t page = page_size(pool);
-    Segment* seg = pool.expandable;
+    StreamBlocks& mine = pool.of(stream);
+    Segment* seg = mine.expandable;
     if (!seg) {
       bytes_t virtual_size = round_up(std::max<bytes_t>(raw.capacity(), page), page);
       const DeviceAddr base = raw.reserve_range_at(virtual_size);
@@ -343,9 +362,10 @@ struct CachingAllocator::Impl {
       owned->virtual_size = virtual_size;
       owned->small = pool.small;
       owned->expandable = true;
+      owned->stream = stream;
       seg = owned.get();
       segments.emplace(seg->base, std::move(owned));
-      pool.expandable = seg;
+      mine.expandable = seg;
     }
     Block* last = seg->tail();
     bytes_t have = (last && !last->allocated) ? last->size : 0;
@@ -354,12 +374,12 @@ struct CachingAllocator::Impl {
     if (bytes > seg->virtual_size - seg->size) return nullptr;
     DeviceAddr at = seg->base + seg->size;
     if (!raw.map_range_at(at, bytes)) return nullptr;
-    record(TraceEvent::Action::segment_map, at, bytes);
+    record(TraceEvent::Action::segment_map, at, bytes, {}, stream);
     update(stats.reserved, as_i64(bytes));
     if (seg->size == 0) stats.num_segments += 1;
     seg->size += bytes;
     if (have) {
-      pool.free_blocks.erase(last);
+      mine.free_blocks.erase(last);
       last->size += bytes;
       return last;
     }
@@ -378,20 +398,22 @@ struct CachingAllocator::Impl {
   // c10 release_cached_blocks: return every segment that is one free block; in expandable mode,
   // unmap the whole free pages at the end of each pool's segment.
   void release_cached_blocks() {
-    for (Pool* pool : {&large_pool, &small_pool}) {
-      std::vector<Block*> whole;
-      pool->free_blocks.for_each([&](Block* b) {
-        if (!b->is_split() && !b->seg->expandable) whole.push_back(b);
-      });
-      for (Block* b : whole) release_segment(*pool, b);
-      if (pool->expandable) unmap_free_tail(*pool, *pool->expandable);
-    }
+    for (Pool* pool : {&large_pool, &small_pool})
+      for (auto& stream : pool->streams) {
+        if (!stream) continue;
+        std::vector<Block*> whole;
+        stream->free_blocks.for_each([&](Block* b) {
+          if (!b->is_split() && !b->seg->expandable) whole.push_back(b);
+        });
+        for (Block* b : whole) release_segment(*pool, b);
+        if (stream->expandable) unmap_free_tail(*pool, *stream->expandable);
+      }
   }
 
   void release_segment(Pool& pool, Block* b) {
-    pool.free_blocks.erase(b);
+    pool.free_blocks(b).erase(b);
     Segment* seg = b->seg;
-    record(TraceEvent::Action::segment_free, seg->base, seg->size);
+    record(TraceEvent::Action::segment_free, seg->base, seg->size, {}, seg->stream);
     raw.raw_free_at(seg->base, seg->size);
     update(stats.reserved, -as_i64(seg->size));
     stats.num_segments -= 1;
@@ -407,7 +429,8 @@ struct CachingAllocator::Impl {
     DeviceAddr end = seg.base + seg.size;
     if (cut >= end) return;
     bytes_t bytes = end - cut;
-    pool.free_blocks.erase(last);
+    FreeBlocks& free_blocks = pool.of(seg.stream).free_blocks;
+    free_blocks.erase(last);
     if (cut == last->addr) {
       if (last->prev)
         last->prev->next = nullptr;
@@ -416,10 +439,10 @@ struct CachingAllocator::Impl {
       delete_block(last);
     } else {
       last->size = cut - last->addr;
-      pool.free_blocks.insert(last);
+      free_blocks.insert(last);
     }
     raw.unmap_range_at(cut, bytes);
-    record(TraceEvent::Action::segment_unmap, cut, bytes);
+    record(TraceEvent::Action::segment_unmap, cut, bytes, {}, seg.stream);
     update(stats.reserved, -as_i64(bytes));
     seg.size -= bytes;
     if (seg.size == 0) stats.num_segments -= 1;
@@ -443,7 +466,7 @@ struct CachingAllocator::Impl {
     throw Error(ErrorKind::out_of_memory, msg);
   }
 
-  DeviceAddr allocate(bytes_t bytes, const AllocTag& tag) {
+  DeviceAddr allocate(bytes_t bytes, const AllocTag& tag, StreamId stream) {
     if (bytes == 0) return 0;  // as c10: a zero-byte allocation has no block
     if (bytes > (bytes_t{1} << 62))
       throw Error(ErrorKind::invalid_argument,
@@ -451,14 +474,14 @@ struct CachingAllocator::Impl {
     const bytes_t size = policy.round_size(bytes);
     Pool& pool = pool_for(size);
 
-    Block* b = get_free_block(pool, size);
+    Block* b = get_free_block(pool, stream, size);
     if (!b) {
       bytes_t asked = 0;
-      b = alloc_block(pool, size, false, asked);
+      b = alloc_block(pool, stream, size, false, asked);
       if (!b) {
         // The OOM path in full: give every cached whole segment back, then try once more.
         release_cached_blocks();
-        b = alloc_block(pool, size, true, asked);
+        b = alloc_block(pool, stream, size, true, asked);
       }
       if (!b) out_of_memory(bytes, size, asked, tag);
     }
@@ -477,7 +500,7 @@ struct CachingAllocator::Impl {
       if (b->next) b->next->prev = rest;
       b->next = rest;
       b->size = size;
-      pool.free_blocks.insert(rest);
+      pool.free_blocks(rest).insert(rest);
       if (!expandable) {
         if (already_split)
           update(stats.inactive_split, -as_i64(size));  // an inactive split block shrinks
@@ -495,7 +518,7 @@ struct CachingAllocator::Impl {
     update(stats.allocated, as_i64(b->size));
     update(stats.active, as_i64(b->size));
     update(stats.requested, as_i64(bytes));
-    record(TraceEvent::Action::alloc, b->addr, bytes, tag);
+    record(TraceEvent::Action::alloc, b->addr, bytes, tag, stream);
     return b->addr;
   }
 
@@ -508,8 +531,8 @@ struct CachingAllocator::Impl {
     active.erase(ptr);
     b->allocated = false;
     update(stats.allocated, -as_i64(b->size));
-    record(TraceEvent::Action::free_requested, b->addr, b->requested, b->tag);
-    record(TraceEvent::Action::free_completed, b->addr, b->requested, b->tag);
+    record(TraceEvent::Action::free_requested, b->addr, b->requested, b->tag, b->seg->stream);
+    record(TraceEvent::Action::free_completed, b->addr, b->requested, b->tag, b->seg->stream);
     free_block(b);
   }
 
@@ -521,7 +544,7 @@ struct CachingAllocator::Impl {
     std::int64_t split_change = 0;
     for (Block* candidate : {b->prev, b->next}) {
       if (!candidate || candidate->allocated) continue;
-      pool.free_blocks.erase(candidate);
+      pool.free_blocks(candidate).erase(candidate);
       if (candidate == b->prev) {
         b->addr = candidate->addr;
         b->prev = candidate->prev;
@@ -538,7 +561,7 @@ struct CachingAllocator::Impl {
       delete_block(candidate);
     }
     b->requested = 0;
-    pool.free_blocks.insert(b);
+    pool.free_blocks(b).insert(b);
     if (b->is_split()) split_change += as_i64(b->size);
     if (!b->seg->expandable) update(stats.inactive_split, split_change);
     update(stats.active, -as_i64(original_size));
@@ -554,6 +577,7 @@ struct CachingAllocator::Impl {
       info.total_size = seg->size;
       info.small = seg->small;
       info.expandable = seg->expandable;
+      info.stream = seg->stream;
       for (Block* b = seg->head; b; b = b->next) {
         BlockInfo bi;
         bi.address = b->addr;
@@ -579,7 +603,9 @@ CachingAllocator::CachingAllocator(RawMemory& raw, AllocatorOptions options)
 
 CachingAllocator::~CachingAllocator() = default;
 
-DeviceAddr CachingAllocator::allocate_at(bytes_t bytes, const AllocTag& tag) { return impl_->allocate(bytes, tag); }
+DeviceAddr CachingAllocator::allocate_at(bytes_t bytes, const AllocTag& tag, StreamId stream) {
+  return impl_->allocate(bytes, tag, stream);
+}
 
 void CachingAllocator::deallocate_at(DeviceAddr addr) { impl_->deallocate(addr); }
 
@@ -596,6 +622,21 @@ void CachingAllocator::empty_cache() { impl_->release_cached_blocks(); }
 const AllocatorPolicy& CachingAllocator::policy() const { return impl_->policy; }
 
 std::vector<SegmentInfo> CachingAllocator::segments() const { return impl_->snapshot_segments(); }
+
+std::uint64_t CachingAllocator::layout_hash() const {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 0x100000001b3ull; h ^= h >> 29; };
+  for (const auto& [base, seg] : impl_->segments) {
+    mix(seg->base);
+    mix(seg->size);
+    mix(seg->stream);
+    for (const Block* b = seg->head; b; b = b->next) {
+      mix(b->addr);
+      mix(b->size * 2 + (b->allocated ? 1 : 0));
+    }
+  }
+  return h;
+}
 
 const AllocatorOptions& CachingAllocator::options() const { return impl_->options; }
 

@@ -3,13 +3,14 @@
 // Policy: PyTorch's, as the value AllocatorPolicy (src/common/allocator_policy.hpp, shared with the
 // simulator) states it: 512-byte rounding, a small pool of 2 MiB segments for requests <= 1 MiB, a
 // large pool of 20 MiB segments below 10 MiB and of the request rounded to 2 MiB above, c10's split
-// and oversize rules, best fit among the pool's cached free blocks (one stream only here). On a
+// and oversize rules, best fit among the pool's cached free blocks of the requesting stream (a
+// segment, and every block carved from it, belongs to the stream that allocated it). On a
 // miss: ask the raw memory for a segment; if that fails, release every cached segment that is
 // entirely free and retry once (num_alloc_retries += 1); if that fails too, num_ooms += 1 and
 // Error(out_of_memory) is thrown with PyTorch's figures.
 //
 // Optional expandable-segments mode (policy.expandable_segments) maps pages into one growing
-// segment per pool (2 MiB pages for the small pool, 20 MiB for the large), so freed space is
+// segment per pool and stream (2 MiB pages for the small pool, 20 MiB for the large), so freed space is
 // reused without fragmentation.
 //   Choices made here (PyTorch's own bookkeeping is finer): each pool reserves one virtual address
 //   range (RawMemory::reserve_range, sized to the capacity) and maps a growing prefix of it. A miss
@@ -47,6 +48,9 @@ namespace membudget::measure {
 // overrides the 64-bit forms instead: on a 32-bit target (the web page's wasm32) a pointer and a
 // size_t hold only 4 GiB, and a replayed 80 GiB step would wrap.
 using DeviceAddr = std::uint64_t;  // 0: none
+// A CUDA stream as the allocator sees it: 0 the default (compute) stream; others are the caller's
+// numbering (FSDP2's all-gather and reduce-scatter streams in the reserved-memory replay).
+using StreamId = std::uint32_t;
 
 class RawMemory {
  public:
@@ -118,6 +122,7 @@ struct TraceEvent {
   std::uint64_t size;
   std::uint64_t time_us;
   AllocTag tag;
+  StreamId stream = 0;
 };
 
 // The segment and block state, for the snapshot (torch.cuda.memory._snapshot()["segments"]).
@@ -138,6 +143,7 @@ struct SegmentInfo {
   std::uint64_t requested_size = 0;
   bool small = false;  // segment_type "small" / "large"
   bool expandable = false;
+  StreamId stream = 0;
   std::vector<BlockInfo> blocks;  // in address order, covering the segment
 };
 
@@ -149,7 +155,8 @@ class CachingAllocator {
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   // Throws Error(out_of_memory) with PyTorch's figures after the flush-and-retry fails.
-  DeviceAddr allocate_at(bytes_t bytes, const AllocTag& tag = {});
+  // `stream`: the stream the request runs on; only that stream's cached blocks serve it.
+  DeviceAddr allocate_at(bytes_t bytes, const AllocTag& tag = {}, StreamId stream = 0);
   void deallocate_at(DeviceAddr addr);
   // The same as pointers, for the harness, whose memory is real and pointer-sized.
   void* allocate(std::size_t bytes, const AllocTag& tag = {}) {
@@ -163,6 +170,10 @@ class CachingAllocator {
 
   // The rounding, pools and split rules it follows (tests compute expectations with it).
   const AllocatorPolicy& policy() const;
+
+  // A hash of every segment's blocks (address, size, allocated, stream): equal after two steps
+  // when the second left every block where the first did (the reserved replay's steady state).
+  std::uint64_t layout_hash() const;
 
   // Segments in address order with their blocks (for write_snapshot and for tests).
   std::vector<SegmentInfo> segments() const;

@@ -54,7 +54,7 @@ void write_segment(PickleWriter& w, const SegmentInfo& s) {
   key_uint(w, "allocated_size", s.allocated_size);
   key_uint(w, "active_size", s.active_size);
   key_uint(w, "requested_size", s.requested_size);
-  key_uint(w, "stream", 0);
+  key_uint(w, "stream", s.stream);
   w.string("segment_type");
   w.string(s.small ? "small" : "large");
   w.string("segment_pool_id");
@@ -91,7 +91,7 @@ void write_trace(PickleWriter& w, const TraceEvent& e) {
   w.string(action_name(e.action));
   key_uint(w, e.action == TraceEvent::Action::oom ? "device_free" : "addr", e.addr);
   key_uint(w, "size", e.size);
-  key_uint(w, "stream", 0);
+  key_uint(w, "stream", e.stream);
   key_uint(w, "time_us", e.time_us);
   w.string("frames");
   write_frames(w, e.tag);
