@@ -174,12 +174,14 @@ void BM_predict_full_simulation(benchmark::State& state) {
 BENCHMARK(BM_predict_full_simulation)->Arg(8)->Arg(70)->Unit(benchmark::kMicrosecond);
 
 // predict() with the reserved memory (PredictOptions::reserved, what `membudget predict` asks for):
-// step 0 and a steady step replayed through the caching allocator, a new shape every call. After
-// the first call the streams come compiled (src/model/reserved.cpp, ReservedStream: simulated once
-// at probe shapes, the sizes evaluated at the shape), so the cost is the replay. 2026-12-02, build
-// machine: 3.7 ms (8B) / 10.8 ms (70B), about 9,400× / 27,300× BM_estimate_new_shape/8 of the same
-// run (5,600× / 18,100× in a second, more loaded one); 2026-12-01, the step simulated at every
-// shape: 8.5 / 27.6 ms, 14,200× / 46,200×. The goal, 1 ms, is not met.
+// step 0 and steady steps replayed through the caching allocator until the allocator's layout
+// repeats (at least two steady steps: the second confirms the first), a new shape every call.
+// After the first call the streams come compiled (src/model/reserved.cpp, ReservedStream:
+// simulated once at probe shapes, the sizes evaluated at the shape), so the cost is the replay.
+// 2026-12-02, build machine, one run: 3.8 ms (8B) / 12.0 ms (70B), 11,100× / 34,600×
+// BM_estimate_new_shape/8 (347 ns); one steady step earlier the same day: 2.3 / 7.9 ms (6,400× /
+// 21,700× in its run); 2026-12-01, the step simulated at every shape: 8.5 / 27.6 ms. The issue's
+// goal, 1 ms, is not met.
 void BM_predict_reserved_new_shape(benchmark::State& state) {
   const ModelSpec& m = model_of(state.range(0));
   Job j;

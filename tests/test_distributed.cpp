@@ -88,14 +88,17 @@ ModelSpec model_of(const nlohmann::json& j) {
 namespace {
 
 struct Worst {
-  double steady = 0, step0 = 0;
-  std::string where;
+  double steady = 0, step0 = 0, reserved = 0;
+  std::string where, reserved_where;
   int cases = 0;
 };
 
 // Every steady phase within `tol`, step 0's forward and backward within 2% (its floor holds what
 // earlier cases of the measuring process left allocated: cuBLAS workspaces).
-// `reserved_high`: the reserved replay's over-prediction allowed for one-stream layouts.
+// `reserved_high`, `reserved_low`: the band of the reserved replay's error the file's cases hold. The
+// files measured many cases in one process; a process keeps its first case's cuBLAS workspaces and
+// its earlier cases' cached segments, which the replay (a fresh process) does not have, so their
+// bands are wide; the ranks measured alone are held tightly (the FSDP2 test below).
 void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& c), Worst& w,
                 double reserved_high = 0.16, double reserved_low = -0.05, double step0_tol = 0.02) {
   std::ifstream in(test::source_path(rel));
@@ -109,16 +112,14 @@ void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& 
     const Budget b = predict(model_of(j), job_of(j), o);
     const std::string name = c["name"].get<std::string>();
     CAPTURE(name);
-    // reserved memory: one stream (DDP, ZeRO-1, TP) within the band docs/distributed.md reports;
-    // FSDP2's several streams are refused with the reason
+    // reserved memory within the band docs/distributed.md reports (every layout has it: FSDP2's
+    // all-gather and reduce-scatter streams are replayed as streams of their own)
     const double reserved = c["steady"]["reserved"].get<double>();
-    if (b.reserved_peak) {
-      const double rerr = (static_cast<double>(b.reserved_peak) - reserved) / reserved;
-      CHECK(rerr >= reserved_low);
-      CHECK(rerr <= reserved_high);
-    } else {
-      CHECK(!b.reserved_unmodelled.empty());
-    }
+    REQUIRE(b.reserved_peak > 0);
+    const double rerr = (static_cast<double>(b.reserved_peak) - reserved) / reserved;
+    CHECK(rerr >= reserved_low);
+    CHECK(rerr <= reserved_high);
+    if (std::fabs(rerr) > std::fabs(w.reserved)) w.reserved = rerr, w.reserved_where = name;
     for (Phase ph : kTrainPhases) {
       const double measured = c["steady"][to_string(ph)].get<double>();
       const double err = (static_cast<double>(b.phase(ph)) - measured) / measured;
@@ -141,7 +142,8 @@ void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& 
 // The worst errors of a file's cases, printed by the test (docs/distributed.md quotes them).
 void report(const Worst& w, const char* what) {
   MESSAGE(std::string(what) << ": worst steady-state error " << w.steady * 100 << "% (" << w.where << ") over " << w.cases
-                           << " cases; worst step-0 error " << w.step0 * 100 << "%");
+                           << " cases; worst step-0 error " << w.step0 * 100 << "%; worst reserved error "
+                           << w.reserved * 100 << "% (" << w.reserved_where << ")");
 }
 
 // The first run built the DDP, ZeRO-1 and TP models on the meta device and lost the tying of
@@ -160,7 +162,9 @@ bool none(const nlohmann::json&) { return false; }
 
 TEST_CASE("one rank of DDP, ZeRO-1, FSDP2, HSDP and tensor parallelism lands within 2% of the fake-process-group measurement") {
   Worst w;
-  check_file("tests/data/torch_train_dist_fakepg_h200.json", 0.02, untied_by_the_first_run, w);
+  // reserved: +17.1% for the first case's neighbour, 2-layer Llama 3.2 1B FSDP2 without reshard (its
+  // step 0 finds the first case's cuBLAS workspaces); FSDP2's ranks measured alone are the test below
+  check_file("tests/data/torch_train_dist_fakepg_h200.json", 0.02, untied_by_the_first_run, w, 0.18);
   // reserved: −15% allowed for one case, Llama 3.2 1B DDP bf16 full b2s4096, measured after other
   // cases in one process (2,004 MiB already reserved when it began); measured alone it reserves
   // 23,910 MiB, not 27,860, and the prediction is within 0.2% (the test below)
@@ -174,6 +178,30 @@ TEST_CASE("one rank of DDP, ZeRO-1, FSDP2, HSDP and tensor parallelism lands wit
 // snapshot (tools/device/ddp_rebuild_run.sh; tests/data/ddp_rebuild_snapshots/): the reserved
 // replay frees what a steady step does not find (Replay::release_not_carried_over) and allocates
 // each bucket on its own.
+// FSDP2's ranks measured each alone in a fresh process over six steps (tools/device/
+// fsdp_reserved_run.sh and pp_reserved_run.sh; whole-run snapshots in tests/data/
+// fsdp_reserved_snapshots/): FSDP2, HSDP, CPU offload, MoE, and pipeline stages with FSDP2 or FSDP2 ×
+// TP, the ranks the replay missed most when they were measured after other cases. The replay gives
+// FSDP2's all-gather and reduce-scatter buffers streams of their own (c10 reuses a block only for
+// its stream), builds the model on the meta device, and runs steady steps until the allocator's
+// layout repeats (Llama 3.1 8B under amp-bf16 grows at its second and third steps: 37,048 ->
+// 38,050 -> 42,060 MiB, and so does the replay). 2026-12-02: all 20 within 0.56% (before: +16%
+// to −12%, and FSDP2 had no reserved figure at all).
+bool interleaved(const nlohmann::json& c) { return c["name"].get<std::string>().find("interleaved") != std::string::npos; }
+TEST_CASE("FSDP2's reserved memory: ranks measured in a fresh process land within 0.6%") {
+  Worst w;
+  check_file("tests/data/torch_train_fsdp_reserved_fakepg_h200.json", 0.02, none, w, 0.006, -0.006);
+  check_file("tests/data/torch_train_fsdp_reserved_more_fakepg_h200.json", 0.02, none, w, 0.006, -0.006);
+  check_file("tests/data/torch_train_pp_reserved_fakepg_h200.json", 0.02, interleaved, w, 0.006, -0.006);
+  CHECK(w.cases == 20);
+  report(w, "FSDP2 ranks measured alone");
+  // the same run's interleaved 1F1B first rank with full recompute (no FSDP2): +5.3% alone too
+  Worst i;
+  check_file("tests/data/torch_train_pp_reserved_fakepg_h200.json", 0.01, [](const nlohmann::json& c) { return !interleaved(c); }, i,
+             0.06, 0.04);
+  CHECK(i.cases == 1);
+}
+
 TEST_CASE("DDP's reserved memory after the bucket rebuild, measured in a fresh process") {
   Worst w;
   // reserved within 3% (2026-12-02: bf16 full +0.13%, +16.9% before; amp-bf16 +2.33%, +1.3%)
@@ -185,11 +213,13 @@ TEST_CASE("DDP's reserved memory after the bucket rebuild, measured in a fresh p
 // Mixture-of-experts ranks (tools/matrices/dist_moe_h200.json): the packed experts shard along dim 0
 // (the experts: OLMoE's 64 over 6 ranks give chunks of 11 and a last one of 9), bucket and
 // partition like any parameter; the MoE block runs on the unsharded parameters. The reserved
-// replay of the DDP and ZeRO-1 ranks is within 2.6% (Qwen3-30B-A3B's over-predicted by 20-29%
-// until the replay freed step 0's DDP bucket at the rebuild: docs/moe.md).
+// replay: FSDP2's and HSDP's ranks within 0.3% but OLMoE's amp-bf16 rank, −4.6% (measured after
+// other cases; alone, +0.05%: the test above); DDP within 2.6%; ZeRO-1's Qwen3-30B-A3B ranks +4.2%
+// and +4.7%, where the replay's second steady step grows and the run's did not (+1.7% and +2.3%
+// after one steady step: docs/moe.md).
 TEST_CASE("MoE ranks of FSDP2, HSDP, DDP and ZeRO-1 land within 1% of the fake-process-group measurement") {
   Worst w;
-  check_file("tests/data/torch_train_dist_moe_fakepg_h200.json", 0.01, none, w, 0.03, -0.03);
+  check_file("tests/data/torch_train_dist_moe_fakepg_h200.json", 0.01, none, w, 0.05, -0.05);
   CHECK(w.cases >= 15);
   report(w, "MoE ranks");
 }
@@ -292,9 +322,11 @@ TEST_CASE("FSDP2 ranks with CPU offload land within 2% on the GPU, and the host 
 // any forward / backward action of the schedule (docs/distributed.md).
 TEST_CASE("pipeline stages under GPipe and 1F1B land within 1% of the fake-process-group measurement") {
   Worst w;
-  // reserved: within 1% on every stage since the replay's addresses grow downward as cudaMalloc's
-  // do (the last stages' logits blocks were −2.8% to −9.4% before; docs/distributed.md)
-  check_file("tests/data/torch_train_pp_fakepg_h200.json", 0.01, none, w, 0.01, -0.01);
+  // reserved: within 1% on every stage but one since the replay's addresses grow downward as
+  // cudaMalloc's do (the last stages' logits blocks were −2.8% to −9.4% before); Llama 3.1 8B's last
+  // of four stages is −2.8% since the replay places the cuBLAS workspaces as a fresh process does
+  // (the file's cases ran in one process: docs/distributed.md)
+  check_file("tests/data/torch_train_pp_fakepg_h200.json", 0.01, none, w, 0.01, -0.03);
   CHECK(w.cases >= 21);
   report(w, "pipeline stages");
 }
@@ -320,7 +352,9 @@ bool qwen_small(const nlohmann::json& c) { return c["name"].get<std::string>().s
 bool not_qwen_small(const nlohmann::json& c) { return !qwen_small(c); }
 TEST_CASE("ranks of pipelines with FSDP2 within the stages land within 1% of the fake-process-group measurement") {
   Worst w;
-  check_file("tests/data/torch_train_pp_fsdp_fakepg_h200.json", 0.01, qwen_small, w);
+  // reserved: within 0.5% but the amp-bf16 last stage with reshard, −6.3% here after other cases
+  // and +0.00% measured alone (the FSDP2 test above)
+  check_file("tests/data/torch_train_pp_fsdp_fakepg_h200.json", 0.01, qwen_small, w, 0.16, -0.07);
   CHECK(w.cases >= 12);
   report(w, "pipeline × FSDP2 ranks");
   // Llama 3.1 8B (8 layers; bf16 without reshard, amp-bf16 with) within 0.3%; Qwen2.5 1.5B within
@@ -891,7 +925,7 @@ TEST_CASE("the layout flags on the command line: predicted per rank, bad values 
   CHECK(j["job"]["parallel"]["world"] == 6);
   REQUIRE(j["ranks"].size() == 2);  // ranks 0-4 hold full chunks, rank 5 the short ones
   CHECK(j["ranks"][1]["ranks"] == nlohmann::json::array({5}));
-  CHECK(j.contains("reserved_unmodelled"));
+  CHECK(j["reserved_peak"].get<std::uint64_t>() > 0);  // FSDP2's streams replayed
   auto table = test::run_cli("predict " + cfg + " --batch 1 --seq 1024 --dp 4 --zero 1");
   CHECK(table.exit_code == 0);
   CHECK(table.out.find("ZeRO-1") != std::string::npos);

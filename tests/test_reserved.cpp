@@ -12,6 +12,7 @@
 #include "helpers.hpp"
 #include "membudget/api.hpp"
 #include "membudget/budget.hpp"
+#include "model/autograd_sim.hpp"
 #include "model/reserved.hpp"
 
 using namespace membudget;
@@ -87,21 +88,26 @@ TEST_CASE("reserved_peak against memory_reserved() after the steady step, every 
   MESSAGE(all.size() << " cases: " << within1 << " within 1%, " << within3 << " within 3%, " << within5
                      << " within 5%; worst " << all.back().err * 100 << "% (" << all.back().name << ")");
   CHECK(all.size() >= 100);
-  // The issue's target is 3% for every case; on 2026-12-02 97 of 104 cases met it (93 before the
-  // replay's addresses grew downward as cudaMalloc's do) and every case was within 7% (the misses
-  // are mostly full-recompute steps, three of them measured after other cases in one process:
-  // docs/accuracy.md). The bars below hold what is measured, so that a regression shows.
-  CHECK(within3 >= 97);
+  // These files ran many cases in one process, and a process keeps what its earlier cases left:
+  // cached segments, and above all the two cuBLAS workspaces its first case allocated at its first
+  // matmuls (empty_cache does not free them). The replay places them as a fresh process does (at
+  // step 0's first matmul of each thread), so a later case of such a file can differ from the
+  // replay by a placement the fresh process would not have: the test below measures the worst of
+  // them alone. 2026-12-02: 93 of 104 within 3% (97 before the workspaces moved to their first
+  // matmul), every case within 10.3%; the fresh-process measurements of the misses are within
+  // 0.3% but one (docs/accuracy.md). The bars hold what is measured, so that a regression shows.
+  CHECK(within3 >= 93);
   for (const Err& e : all) {
     CAPTURE(e.name);
-    CHECK(std::fabs(e.err) <= 0.07);
+    CHECK(std::fabs(e.err) <= 0.105);
   }
 }
 
 // The same seven steps measured in one H200 run with the default allocator and with
-// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (tools/device/reserved_run.sh). 2026-12-02: default
-// 6 of 7 within 0.3% (Qwen2.5 1.5B amp-bf16 full recompute +3.24%); expandable 5 of 7 within 0.1%
-// (the two full-recompute steps of Llama 3.2 1B bf16 +4.02% and Qwen2.5 amp-bf16 -3.62%).
+// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (tools/device/reserved_run.sh). 2026-12-02: 13 of
+// the 14 within 0.3%; Llama 3.2 1B bf16 full recompute with expandable segments is +4.02%. (Before
+// the cuBLAS workspaces moved to their first matmul: 11 of 14 within 0.3%, Qwen2.5 1.5B −2.79%,
+// +3.28% and −3.62%.)
 TEST_CASE("reserved_peak with and without expandable segments, the same steps") {
   for (const char* f : {"tests/data/torch_train_reserved_h200.json", "tests/data/torch_train_reserved_expandable_h200.json"}) {
     CAPTURE(f);
@@ -113,23 +119,63 @@ TEST_CASE("reserved_peak with and without expandable segments, the same steps") 
       CHECK(std::fabs(e.err) <= 0.045);
       within_half += std::fabs(e.err) <= 0.005;
     }
-    CHECK(within_half >= 5);
+    CHECK(within_half >= 6);
   }
 }
 
-// Four full-recompute steps beyond 3% in the table above, measured again each with a whole-run
-// snapshot in a fresh process (tools/device/reserved_full_run.sh, 2026-12-02; tests/data/
-// reserved_snapshots/). Two of the misses were the measuring process's history: Llama 3.2 1B
-// amp-bf16 (−4.07% there) is +0.22% here and Qwen3 0.6B bf16 (−6.58%) +0.33%. Two were the
-// replay's, one logits-sized segment too many: Qwen2.5 1.5B bf16, +3.6% before the replay's
-// addresses grew downward and +0.51% since, and Llama 3.2 3B bf16, still +2.8% (docs/accuracy.md).
-TEST_CASE("reserved_peak of full-recompute steps measured in a fresh process") {
-  const auto errs = reserved_errors("tests/data/reserved_snapshots/reserved_full_h200.json");
-  CHECK(errs.size() == 4);
+// Single-GPU steps measured each alone in a fresh process, as a user's run starts
+// (tools/device/reserved_full_run.sh: tests/data/reserved_snapshots/, four full-recompute steps;
+// tools/device/reserved_fresh_run.sh: tests/data/reserved_fresh/, the nine steps the table above
+// misses by the most). 2026-12-02: 12 of 13 within 0.33%, most to the MiB; Llama 3.1 8B bf16 full
+// recompute at 4 × 4096 is +3.97% (docs/accuracy.md). Before the replay placed each thread's cuBLAS
+// workspace at its first matmul and computed a linear's weight gradient before its input's, Llama
+// 3.2 1B SGD was −9.6%, Llama 3.1 8B at 8,192 tokens −4.5% and Llama 3.2 3B +2.8%.
+TEST_CASE("reserved_peak of single-GPU steps measured in a fresh process") {
+  std::vector<Err> errs = reserved_errors("tests/data/reserved_snapshots/reserved_full_h200.json");
+  const auto fresh = reserved_errors("tests/data/reserved_fresh/torch_train_reserved_fresh_h200.json");
+  errs.insert(errs.end(), fresh.begin(), fresh.end());
+  CHECK(errs.size() == 13);
+  int within = 0;
   for (const Err& e : errs) {
     CAPTURE(e.name);
-    CHECK(std::fabs(e.err) <= (e.name.starts_with("llama-3.2-3b/") ? 0.03 : 0.006));
+    CHECK(std::fabs(e.err) <= 0.04);
+    within += std::fabs(e.err) <= 0.0035;
   }
+  CHECK(within >= 12);
+}
+
+// What the replay is fed: the trace's order of allocations around a thread's first matmul, and a
+// model built on the meta device.
+TEST_CASE("the trace: a thread's cuBLAS workspace follows its first matmul's output; meta parameters allocate nothing") {
+  using namespace membudget::detail;
+  AutogradSim sim(false);
+  SimTrace trace;
+  sim.record_to(&trace);
+  const TensorId w = sim.meta_param("weight", 4 * MiB, Term::model_states, "bf16");
+  CHECK(trace.events.empty());  // on the meta device: no allocation yet
+  CHECK(!sim.storage_alive(w));
+  sim.restore_storage(w);  // its first all-gather
+  const TensorId x = sim.make("x", MiB, Term::activations, "input", "bf16", "", true);
+  sim.allocate_at_next_matmul("workspace", 32 * MiB);
+  const TensorId y = sim.make("y", 2 * MiB, Term::activations, "linear output", "bf16", "", true);
+  sim.node("MulBackward0", {x}, {y}, {});  // not a matmul: the workspace waits
+  const TensorId z = sim.make("z", 2 * MiB, Term::activations, "linear output", "bf16", "", true);
+  sim.node("LinearBackward", {w, y}, {z}, {y, w});
+  auto name_at = [&](std::size_t k) { return std::string(sim.info(trace.events[k].t).name); };
+  REQUIRE(trace.events.size() == 5);  // w, x, y, z, then the workspace
+  CHECK(name_at(3) == "z");
+  CHECK(name_at(4) == "workspace");
+  // the backward's: after the first gradient its first matmul computes (the weight's)
+  sim.allocate_at_next_matmul("workspace", 32 * MiB);
+  const std::size_t before = trace.events.size();
+  sim.backward(z);
+  std::vector<std::string> allocated;
+  for (std::size_t k = before; k < trace.events.size(); ++k)
+    if (trace.events[k].t >= 0) allocated.push_back(sim.info(trace.events[k].t).name);
+  REQUIRE(allocated.size() >= 3);
+  CHECK(allocated[0] == "loss gradient");
+  CHECK(std::string(sim.info(trace.events[before + 1].t).op) == "LinearBackward");
+  CHECK(allocated[2] == "workspace");
 }
 
 TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
@@ -241,11 +287,16 @@ TEST_CASE("fit and max-batch decide on the reserved memory where the budget has 
   CHECK(!strict.fits);
   CHECK(strict.on_reserved);
   CHECK(strict.required == with.nvidia_smi());
-  Job fsdp = j;  // no reserved model: the allocated decision stands, and says so
+  Job harness = j;  // no reserved model (the harness's own step): the allocated decision stands, and says so
+  harness.profile = Profile::harness;
+  const FitResult own = fits(m, harness, card, 0.05, true);
+  CHECK(!own.on_reserved);
+  CHECK(own.required == estimate(m, harness).required);
+  Job fsdp = j;  // FSDP2's ranks have one (its all-gather and reduce-scatter streams replayed)
   fsdp.parallel.fsdp = 2;
   const FitResult sharded = fits(m, fsdp, card, 0.05, true);
-  CHECK(!sharded.on_reserved);
-  CHECK(sharded.required == estimate(m, fsdp).required);
+  CHECK(sharded.on_reserved);
+  CHECK(sharded.required > estimate(m, fsdp).required);
   // max-batch: the allocated search says 4 fits; the reserved one stops below it
   SearchOptions o;
   const MaxBatchResult a = max_micro_batch(m, j, card, o);
@@ -330,12 +381,12 @@ TEST_CASE("sweep decides on the reserved memory: the boundary max-batch finds, a
     for (const auto& p : reserved)
       if (p.seq == seq) CHECK(p.fits == (p.batch <= answer));
   }
-  // a job without a reserved model keeps the allocated decision: FSDP2's ranks (several streams)
-  Job fsdp = j;
-  fsdp.parallel.fsdp = 2;
+  // a job without a reserved model keeps the allocated decision: the harness's own step
+  Job harness = j;
+  harness.profile = Profile::harness;
   SweepGrid small;
   small.batches = {1, 2};
-  for (const auto& p : sweep(m, fsdp, small, find_device("H100"), 0.05, true)) {
+  for (const auto& p : sweep(m, harness, small, find_device("H100"), 0.05, true)) {
     CHECK(!p.on_reserved);
     CHECK(p.reserved_required == 0);
     CHECK(p.fits == (p.estimate.required <= usable_bytes(find_device("H100"))));

@@ -44,7 +44,7 @@ Strategies (a case's "strategy"), with the mapping membudget's flags make onto t
 
 Matrix file: {"defaults": {...}, "cases": [{"name", "config", "overrides", "batch", "seq",
 "precision", "recompute", "strategy", "world", "rank", "replicate", "reshard", "bucket_view",
-"sp", "loss_parallel", "offload", "optimizer_impl", "snapshot": {"step": N}}]}. Results are rewritten after every case.
+"sp", "loss_parallel", "offload", "optimizer_impl", "snapshot": {"step": N, "phase": "step"|"run"}}]}. Results are rewritten after every case.
 """
 from __future__ import annotations
 
@@ -435,13 +435,17 @@ def run_step(model, opts, x, amp, rec, snap, loss_parallel=False, cp_rotate=None
         set_rotate_method(cp_rotate)
         ctx = context_parallel(CP_MESH[0], buffers=[x], buffer_seq_dims=[1])
 
-    whole = snap and snap.get("phase") == "step" and rec["step"] == snap.get("step") and step.SNAPSHOT["path"]
-    if whole:
+    # "phase": "step" records step N alone; "run" records every step from the first to the end of
+    # step N (the reserved replay's step 0 and its steady steps, issue 15)
+    phase = snap.get("phase") if snap and step.SNAPSHOT["path"] else None
+    start = (phase == "step" and rec["step"] == snap.get("step")) or (phase == "run" and rec["step"] == 0)
+    stop = phase in ("step", "run") and rec["step"] == snap.get("step")
+    if start:
         torch.cuda.synchronize()
-        torch.cuda.memory._record_memory_history(max_entries=400000, stacks="python")
+        torch.cuda.memory._record_memory_history(max_entries=1000000, stacks="python")
     with ctx:
         step.run_step(model, opts, x, amp, rec, None)
-    if whole:
+    if stop:
         torch.cuda.synchronize()
         torch.cuda.memory._dump_snapshot(step.SNAPSHOT["path"])
         torch.cuda.memory._record_memory_history(enabled=None)

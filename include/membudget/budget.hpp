@@ -148,8 +148,6 @@ struct Budget {
     bytes_t parameters = 0, gradients = 0, optimizer_state = 0;
     bytes_t total() const { return parameters + gradients + optimizer_state; }
   } host;
-  // Why reserved_peak is absent although asked for (empty when it is there or was not asked for).
-  std::string reserved_unmodelled;
   // What nvidia-smi shows for the process: reserved_peak plus the memory outside the allocator.
   bytes_t nvidia_smi() const { return reserved_peak ? reserved_peak + terms.overhead : 0; }
 

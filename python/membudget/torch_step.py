@@ -90,6 +90,9 @@ def parse_args(argv=None):
     p.add_argument("--override", action="append", default=[], metavar="KEY=JSON",
                    help="override a config.json key, e.g. num_hidden_layers=2 (repeatable)")
     p.add_argument("--matrix", help="JSON file with many cases, run in one process")
+    p.add_argument("--only", default=None,
+                   help="run only the matrix cases whose name contains this (one case per process: a process keeps "
+                        "its cuBLAS workspaces and cached segments from earlier cases)")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="matrix mode: skip the remaining cases after this many seconds")
     p.add_argument("--output", required=True, help="JSON file to write")
@@ -513,6 +516,8 @@ def main(argv=None):
     if args.snapshot_dir:
         os.makedirs(args.snapshot_dir, exist_ok=True)
     cases = cases_from_matrix(args.matrix) if args.matrix else cases_from_args(args)
+    if args.only:
+        cases = [c for c in cases if args.only in c["name"]]
     doc = run_all(cases, args.output, args.max_seconds, args.seed)
     bad = [c for c in doc["cases"] if c["status"] not in ("ok", "oom", "skipped")]
     return 1 if bad else 0

@@ -1,5 +1,6 @@
 #include "autograd_sim.hpp"
 
+#include <cstring>
 #include <map>
 
 namespace membudget::detail {
@@ -74,8 +75,8 @@ TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, const cha
   return make(name, bytes, term, default_role(term), op, dtype, shape, requires_grad);
 }
 
-TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, Role role, const char* op,
-                           const char* dtype, const char* shape, bool requires_grad) {
+TensorInfo AutogradSim::describe(const char* name, bytes_t bytes, Term term, Role role, const char* op, const char* dtype,
+                                 const char* shape, bool requires_grad) const {
   TensorInfo info;
   info.role = role;
   info.name = name;
@@ -86,7 +87,12 @@ TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, Role role
   info.term = term;
   info.requires_grad = requires_grad && recording();
   info.holders = 1;
-  TensorId id = add(info);
+  return info;
+}
+
+TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, Role role, const char* op,
+                           const char* dtype, const char* shape, bool requires_grad) {
+  TensorId id = add(describe(name, bytes, term, role, op, dtype, shape, requires_grad));
   allocate(id);
   return id;
 }
@@ -96,6 +102,12 @@ TensorId AutogradSim::param(const char* name, bytes_t bytes, Term term, const ch
   const TensorId id = make(name, bytes, term, role, "parameter", dtype, "", requires_grad);
   tensors_[id].param = true;
   return id;
+}
+
+TensorId AutogradSim::meta_param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad) {
+  TensorInfo info = describe(name, bytes, term, Role::parameter, "parameter", dtype, "", requires_grad);
+  info.param = true;
+  return add(info);
 }
 
 TensorId AutogradSim::alloc_raw(const char* name, bytes_t bytes, Term term, Role role, const char* op,
@@ -122,9 +134,24 @@ void AutogradSim::transient(const char* name, bytes_t bytes, Term term, Role rol
   drop(t);
 }
 
+void AutogradSim::allocate_at_next_matmul(const char* name, bytes_t bytes) { deferred_ = {name, bytes}; }
+
+bool AutogradSim::runs_matmul(const char* op) {
+  for (const char* mm : {"LinearBackward", "BmmBackward", "GroupedMmBackward", "FusedLinearCrossEntropyBackward"})
+    if (std::strncmp(op, mm, std::strlen(mm)) == 0) return true;
+  return false;
+}
+
+void AutogradSim::allocate_deferred(const char* op) {
+  if (!deferred_.bytes || !runs_matmul(op)) return;
+  make(deferred_.name, deferred_.bytes, Term::other, Role::workspace, "cublas", "", "", false);  // held for the run
+  deferred_ = {};
+}
+
 void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
                        std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved,
                        bytes_t bwd_workspace, std::uint8_t view_grads) {
+  allocate_deferred(op);  // the matmul's output exists: its first cuBLAS call takes the workspace
   if (!recording()) return;
   bool any_grad = false;
   for (TensorId i : inputs)
@@ -289,6 +316,7 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
         if (i != kNone && tensors_[i].requires_grad) {
           if (grads_[i] == kNone) grad_holders.push_back(i);
           grad_contribution(i, n.op, (n.view_grads >> slot) & 1u);
+          allocate_deferred(n.op);  // after the first gradient a matmul computes
         }
       }
       drop(ws);

@@ -35,6 +35,14 @@ namespace membudget::detail {
 using TensorId = int;
 inline constexpr TensorId kNone = -1;
 
+// The CUDA stream a tensor's memory is allocated on. The caching allocator files a block under the
+// stream that allocated it and reuses it only for that stream's requests, so the reserved-memory
+// replay (reserved.cpp) needs it; allocated bytes do not depend on it. FSDP2 allocates its
+// all-gather input and output on the all-gather copy-in stream and the reduce-scatter output on
+// the reduce-scatter stream (torch 2.11's _fsdp_collectives.py; the streams of the snapshots in
+// tests/data/dist_snapshots).
+enum class AllocStream : std::uint8_t { compute, all_gather, reduce_scatter };
+
 struct TensorInfo {
   const char* name = "";   // template name: "layers.*.mlp.up_out"
   const char* op = "";     // op that creates it
@@ -46,6 +54,7 @@ struct TensorInfo {
                            // unsharded parameter's storage is padded, its gradient is not); 0: bytes
   Term term = Term::activations;
   Role role = Role::saved_activation;
+  AllocStream stream = AllocStream::compute;
   bool param = false;
   bool requires_grad = false;
   int holders = 0;  // Python references / autocast cache
@@ -95,6 +104,14 @@ class AutogradSim {
   // A parameter (or any tensor already allocated before the step): counted, never freed.
   TensorId param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad = true,
                  Role role = Role::parameter);
+  // A persistent tensor allocated right after the output of the next matmul: a cuBLAS handle's
+  // workspace, which cuBLAS takes inside its first call, once that call's output exists (the next
+  // matmul node recorded in a forward, including a recompute's, or the first matmul gradient a
+  // backward computes).
+  void allocate_at_next_matmul(const char* name, bytes_t bytes);
+  // A parameter whose storage is not on the GPU yet (a model built on the meta device, as FSDP2's
+  // recipes build it): nothing is allocated until restore_storage.
+  TensorId meta_param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad = true);
   void hold(TensorId t);
   void drop(TensorId t);
   // A parameter's storage freed and allocated again (FSDP2's unsharded parameters: resize_(0) after
@@ -104,6 +121,7 @@ class AutogradSim {
   void restore_storage(TensorId t);
   bool storage_alive(TensorId t) const { return tensors_[t].alive; }
   void set_grad_bytes(TensorId t, bytes_t b) { tensors_[t].grad_bytes = b; }
+  void set_stream(TensorId t, AllocStream s) { tensors_[t].stream = s; }
   // Frees a parameter's gradient (FSDP2 reduce-scatters it away, DDP's bucket view replaces it).
   void drop_grad(TensorId param);
   // Records a backward node: `inputs` receive gradients (those that require grad), `outputs` send
@@ -217,6 +235,14 @@ class AutogradSim {
   };
   static constexpr std::size_t kNoReplay = static_cast<std::size_t>(-1);
 
+  struct Deferred {
+    const char* name = "";
+    bytes_t bytes = 0;
+  };
+  static bool runs_matmul(const char* op);
+  void allocate_deferred(const char* op);
+  TensorInfo describe(const char* name, bytes_t bytes, Term term, Role role, const char* op, const char* dtype,
+                      const char* shape, bool requires_grad) const;
   TensorId add(TensorInfo info);
   void allocate(TensorId t);
   void release_if_dead(TensorId t);
@@ -227,6 +253,7 @@ class AutogradSim {
 
   bool explain_;
   GradMode grad_;
+  Deferred deferred_;  // allocate_at_next_matmul's tensor, until a matmul runs
   bool discard_saves_ = false;
   std::vector<TensorInfo> tensors_;
   std::vector<Node> nodes_;

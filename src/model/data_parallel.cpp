@@ -19,15 +19,14 @@ void DataParallelSim::add_group(std::vector<std::pair<TensorId, ParamTensor>> pa
 
 void DataParallelSim::shard() {
   // fully_shard keeps each parameter's padded dim-0 chunk as its own tensor (_init_sharded_param:
-  // new_zeros(padded_sharded_size)) and frees the whole parameter; the unsharded parameter is an
-  // empty storage until the first all-gather.
+  // new_zeros(padded_sharded_size)); the unsharded parameter (built on the meta device: never
+  // allocated yet) is an empty storage until the first all-gather.
   // Under CPUOffloadPolicy the shards are pinned host tensors instead.
   for (const Group& g : groups_)
     for (const auto& [id, t] : g.params) {
       const bytes_t shard = times(fsdp_padded_shard(t, l_.shard), stored_);
       if (l_.offload) host_params_ = checked_add(host_params_, shard, "FSDP2 host shards");
       else sim_.alloc_raw("FSDP2 sharded parameters", shard, Term::model_states, Role::parameter, "fully_shard");
-      sim_.release_storage(id);
     }
 }
 
@@ -67,6 +66,10 @@ TensorId DataParallelSim::all_gather(std::size_t g) {
                           : kNone;
   const TensorId out = sim_.make("FSDP2 all-gather output", times(l_.shard, gr.shard_elems, compute_), Term::other,
                                  Role::communication, "foreach_all_gather", "", "", false);
+  // all on the all-gather copy-in stream (foreach_all_gather allocates them under it)
+  for (TensorId c : copies) sim_.set_stream(c, AllocStream::all_gather);
+  if (in != kNone) sim_.set_stream(in, AllocStream::all_gather);
+  sim_.set_stream(out, AllocStream::all_gather);
   for (TensorId c : copies) sim_.drop(c);
   sim_.drop(in);
   return out;
@@ -172,6 +175,7 @@ void DataParallelSim::post_backward(std::size_t g) {
   for (TensorId& acc : gr.accumulated) sim_.drop(std::exchange(acc, kNone));  // (microbatches: what was reduced)
   const TensorId out = sim_.make("FSDP2 sharded gradients (reduce-scatter output)", times(gr.shard_elems, reduce_),
                                  Term::model_states, Role::gradient, "foreach_reduce", "", "", false);
+  sim_.set_stream(out, AllocStream::reduce_scatter);  // the input is the compute stream's
   if (last_grad != kNone) sim_.drop_grad(last_grad);
   if (!l_.offload) {
     rs_outputs_.push_back(out);

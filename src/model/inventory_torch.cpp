@@ -1314,13 +1314,15 @@ void build_parameters(Step& st) {
   const std::uint64_t S = st.dp->layout().shard;
   st.groups.assign(st.d.L + 1, {});
   // Under FSDP2 these are the unsharded parameters the forward uses (param_dtype), each one padded
-  // storage of S shards; their gradients have the parameter's own size.
+  // storage of S shards; their gradients have the parameter's own size. The model is built on the
+  // meta device (torchtitan's recipe, and the measurements'): fully_shard then allocates the shards
+  // alone, and an unsharded parameter's storage first exists at its first all-gather.
   auto P = [&](const ParamTensor& t, std::size_t group) {
     const bytes_t n = t.elements();
-    const TensorId id = sim.param(fsdp ? "FSDP2 unsharded parameters (all-gathered)" : "parameters",
-                                  mul(fsdp ? mul(S, fsdp_padded_shard(t, S)) : n, st.r.param),
-                                  fsdp ? Term::other : Term::model_states,
-                                  st.r.param_name, rank == 0);
+    const TensorId id =
+        fsdp ? sim.meta_param("FSDP2 unsharded parameters (all-gathered)", mul(mul(S, fsdp_padded_shard(t, S)), st.r.param),
+                              Term::other, st.r.param_name, rank == 0)
+             : sim.param("parameters", mul(n, st.r.param), Term::model_states, st.r.param_name, rank == 0);
     if (fsdp) sim.set_grad_bytes(id, mul(n, st.r.param));
     st.groups[group].push_back({id, t});
     return id;
@@ -1618,7 +1620,7 @@ class TrainPass {
     sim_.begin_phase(Phase::forward_peak);
     Phase current = Phase::forward_peak;
     if (!steady_) {
-      cublas_workspace();          // the forward thread's handle
+      cublas_workspace_at_first_matmul();  // the forward thread's handle
       allocate_pipeline_buffers();  // _prepare_forward_infra / _prepare_backward_infra, in the first step()
     }
     for (TensorId t : previous_chunks_) sim_.drop(t);  // clear_runtime_states
@@ -1664,7 +1666,7 @@ class TrainPass {
         }
         continue;
       }
-      if (!autograd_workspace) cublas_workspace();  // the autograd thread's handle, at step 0's first backward
+      if (!autograd_workspace) cublas_workspace_at_first_matmul();  // the autograd thread's handle, in step 0's first backward
       autograd_workspace = true;
       // ScheduleGPipe releases the previous microbatch's gradient send before the next backward;
       // Schedule1F1B and interleaved 1F1B keep it until the module's next backward has run.
@@ -1698,14 +1700,14 @@ class TrainPass {
     sim_.begin_phase(Phase::floor);
     floor_ = sim_.live();
     sim_.begin_phase(Phase::forward_peak);
-    if (!steady_) cublas_workspace();  // the forward thread's handle: at its first matmul of step 0
+    if (!steady_) cublas_workspace_at_first_matmul();  // the forward thread's handle, in step 0
     loss_ = membudget::detail::forward(st_, checkpointed());
     if (steady_) note_after_forward();
   }
 
   void backward() {
     sim_.begin_phase(Phase::backward_peak);
-    if (!steady_) cublas_workspace();  // the autograd thread's handle: at its first matmul of step 0
+    if (!steady_) cublas_workspace_at_first_matmul();  // the autograd thread's handle, in step 0
     dp_.install_backward_hooks(st_.d.L);
     sim_.backward(loss_, checkpointed() ? recompute_layer : nullptr, &st_);
     sim_.drop(loss_);
@@ -1809,10 +1811,15 @@ class TrainPass {
   }
   // cuBLAS workspace, one per handle (forward and autograd threads), kept once made: 32 MiB on
   // Hopper (CUBLAS_WORKSPACE_CONFIG :4096:8).
+  static constexpr const char* kCublasWorkspaceName = "cuBLAS workspaces (forward and autograd threads)";
   void cublas_workspace() {
-    sim_.alloc_raw("cuBLAS workspaces (forward and autograd threads)", kCublasWorkspace, Term::other, Role::workspace,
-                   "cublas");
+    sim_.alloc_raw(kCublasWorkspaceName, kCublasWorkspace, Term::other, Role::workspace, "cublas");
   }
+  // A handle's first matmul: cuBLAS takes its workspace inside the call, after the call's output
+  // is allocated (the snapshot of tests/data/fsdp_reserved_snapshots/qwen2.5-1.5b_fsdp-offload: the
+  // autograd thread's 32 MiB lands right after lm_head's weight gradient, splitting the freed
+  // logits-sized block it shares, so a later step needs one logits-sized segment more).
+  void cublas_workspace_at_first_matmul() { sim_.allocate_at_next_matmul(kCublasWorkspaceName, kCublasWorkspace); }
 
   TorchStepResult& res_;
   std::optional<PipelineStage> stage_;  // a pipeline stage's step (st_.stage points here)

@@ -157,13 +157,7 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
       }
     }
   }
-  // FSDP2 allocates on its all-gather and reduce-scatter streams (blocks are not reused across
-  // streams), which the single-stream replay does not model.
-  const bool several_streams = layout.strategy == detail::DataStrategy::fsdp;
-  if (options.reserved && several_streams)
-    b.reserved_unmodelled = "FSDP2 allocates on its all-gather and reduce-scatter streams; reserved memory of several "
-                            "streams is not modelled yet";
-  if (options.reserved && !several_streams && job.mode == Mode::train && job.profile == Profile::torch) {
+  if (options.reserved && job.mode == Mode::train && job.profile == Profile::torch) {
     const detail::ReservedResult r = detail::simulate_reserved(model, job, conf.policy);
     for (std::size_t i = 0; i < std::size(kTrainPhases); ++i) {
       b.reserved.push_back({kTrainPhases[i], r.steady[i], {}});

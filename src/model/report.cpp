@@ -208,7 +208,6 @@ std::string to_json_string(const Budget& b, const std::optional<Fit>& fit, bool 
   if (b.job.parallel.fsdp_offload)
     j["host"] = {{"parameters", b.host.parameters}, {"gradients", b.host.gradients},
                  {"optimizer_state", b.host.optimizer_state}, {"total", b.host.total()}};
-  if (!b.reserved_unmodelled.empty()) j["reserved_unmodelled"] = b.reserved_unmodelled;
   if (b.reserved_peak) {  // PredictOptions::reserved
     j["reserved_peak"] = b.reserved_peak;
     j["nvidia_smi"] = b.nvidia_smi();

@@ -21,10 +21,11 @@ struct ReservedResult {
   // kTrainPhases: floor, forward_peak, backward_peak, optimizer_peak.
   std::array<bytes_t, 4> step0{}, steady{};
   bytes_t reserved_peak = 0;   // memory_reserved() after the steady step
-  bytes_t allocated_peak = 0;  // max_memory_allocated() over the steady step, as replayed
+  bytes_t allocated_peak = 0;  // max_memory_allocated() over the steady steps, as replayed
+  int steady_steps = 0;        // how many steady steps ran before one repeated the last
 };
 
-// Replays step 0 then a steady step of `job` (mode train, profile torch) through a
+// Replays step 0 then steady steps of `job` (until the allocator's layout repeats) (mode train, profile torch) through a
 // CachingAllocator on fake device memory (addresses only) with `policy`. A model and recipe seen
 // before replays its compiled stream (reserved.cpp's ReservedStream: the streams simulated once,
 // their sizes evaluated at the shape) where it has one; the result is simulate_reserved_full's.

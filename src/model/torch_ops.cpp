@@ -134,7 +134,10 @@ TensorId TorchOps::linear(TensorId xin, TensorId w, TensorId bias, bytes_t out, 
   TensorId y = sim.make(name, mul(T, out, ob), Term::activations, "linear output", dtype, shape, true);
   if (sim.recording()) {
     const bool wg = grad(w), xg = grad(xin);
-    sim.node("LinearBackward", {xin, w, bias}, {y}, {wg ? xin : kNone, xg ? w : kNone}, xg ? bwd_ws : 0, kLinearViewGrads);
+    // inputs in the order autograd computes their gradients: the weight's first (MmBackward0's
+    // mat2 before its self, as the snapshots show: lm_head's V×h gradient, then the autograd
+    // thread's cuBLAS workspace at step 0, then the input's)
+    sim.node("LinearBackward", {w, xin, bias}, {y}, {wg ? xin : kNone, xg ? w : kNone}, xg ? bwd_ws : 0, kLinearViewGrads);
   }
   return y;
 }
