@@ -33,12 +33,16 @@ std::vector<Err> reserved_errors(const char* rel) {
   for (const auto& c : data["cases"]) {
     if (c["status"] != "ok") continue;
     const auto& j = c["job"];
-    ModelSpec m = load_model(test::source_path(j["config"].get<std::string>()));
-    if (j.contains("overrides") && j["overrides"].is_object()) {  // the smoke cases: a 2-layer copy
-      for (const auto& [k, v] : j["overrides"].items()) {
-        REQUIRE(k == "num_hidden_layers");
-        m.num_layers = v.get<std::uint64_t>();
-      }
+    // the model as measured: config.json with the run's overrides (a reduced depth, the MoE
+    // auxiliary loss)
+    ModelSpec m;
+    if (j.contains("overrides") && j["overrides"].is_object()) {
+      std::ifstream cf(test::source_path(j["config"].get<std::string>()));
+      auto config = nlohmann::json::parse(cf);
+      for (const auto& [key, value] : j["overrides"].items()) config[key] = value;
+      m = parse_hf_config(config.dump(), j["config"].get<std::string>());
+    } else {
+      m = load_model(test::source_path(j["config"].get<std::string>()));
     }
     Job job;
     job.batch = j["batch"].get<std::uint64_t>();
@@ -48,6 +52,10 @@ std::vector<Err> reserved_errors(const char* rel) {
     job.recompute = parse_recompute(j["recompute"].get<std::string>());
     job.attention = parse_attention(j["attention"].get<std::string>());
     if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
+    if (j.contains("optimizer_impl") && !j["optimizer_impl"].is_null())
+      job.optimizer_impl = parse_optimizer_impl(j["optimizer_impl"].get<std::string>());
+    if (j.contains("experts_implementation") && !j["experts_implementation"].is_null())
+      job.experts = parse_experts_impl(j["experts_implementation"].get<std::string>());
     PredictOptions po;
     po.reserved = true;
     // the run's allocator settings, as the measuring process had them
@@ -100,6 +108,39 @@ TEST_CASE("reserved_peak against memory_reserved() after the steady step, every 
   for (const Err& e : all) {
     CAPTURE(e.name);
     CHECK(std::fabs(e.err) <= 0.105);
+  }
+}
+
+// Mixtures of experts (tests/data/torch_train_moe_h200.json: Qwen3-30B-A3B, Qwen1.5-MoE and OLMoE at
+// 4 layers, Mixtral and the DeepSeeks at 2; torch_train_moe_impl_h200.json: the eager and
+// batched_mm experts and the auxiliary loss) and the optimizer implementations
+// (torch_train_optimizer_impl_h200.json: foreach, fused and for-loop AdamW, SGD with momentum,
+// Adafactor on Llama 3.2 1B and Qwen2.5 1.5B), each file measured in one process, none of it alone
+// yet. 2026-12-02: MoE 24 of 26 and 17 of 21 within 3%, every case within 6.4% (Mixtral bf16 full
+// +4.4%, the 2-layer eager and batched_mm steps up to +6.3%); optimizer implementations 24 of 36
+// within 3%, every case within 10.5% (Llama 3.2 1B's for-loop Adafactor +10.4% and AdamW +7.0%,
+// Qwen2.5's SGD with momentum +3.1% to +3.4%: docs/accuracy.md).
+TEST_CASE("reserved_peak of MoE steps and of every optimizer implementation") {
+  struct File {
+    const char* path;
+    std::size_t cases;
+    int within3;
+    double worst;
+  };
+  for (const File& f : {File{"tests/data/torch_train_moe_h200.json", 26, 24, 0.045},
+                        File{"tests/data/torch_train_moe_impl_h200.json", 21, 17, 0.065},
+                        File{"tests/data/torch_train_optimizer_impl_h200.json", 36, 24, 0.105}}) {
+    CAPTURE(f.path);
+    const auto errs = reserved_errors(f.path);
+    CHECK(errs.size() == f.cases);
+    int within3 = 0;
+    for (const Err& e : errs) {
+      CAPTURE(e.name);
+      CHECK(std::fabs(e.err) <= f.worst);
+      within3 += std::fabs(e.err) <= 0.03;
+      if (std::getenv("MEMBUDGET_RESERVED_VERBOSE")) std::printf("%+7.2f%%  %s\n", e.err * 100, e.name.c_str());
+    }
+    CHECK(within3 >= f.within3);
   }
 }
 
