@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
+#include "measured_model.hpp"
 #include "membudget/budget.hpp"
 
 using namespace membudget;
@@ -42,16 +43,7 @@ void check_file(const char* rel, int min_cases, const std::vector<KnownGap>& gap
   for (const auto& c : data["cases"]) {
     if (c["status"] != "ok") continue;
     const auto& j = c["job"];
-    // the model as measured: config.json with the run's overrides (a reduced depth, fewer experts)
-    ModelSpec m;
-    if (j.contains("overrides") && j["overrides"].is_object()) {
-      std::ifstream cf(test::source_path(j["config"].get<std::string>()));
-      auto config = nlohmann::json::parse(cf);
-      for (const auto& [key, value] : j["overrides"].items()) config[key] = value;
-      m = parse_hf_config(config.dump(), j["config"].get<std::string>());
-    } else {
-      m = load_model(test::source_path(j["config"].get<std::string>()));
-    }
+    const ModelSpec m = test::model_as_measured(j);
     Job job;
     job.batch = j["batch"].get<std::uint64_t>();
     job.seq = j["seq"].get<std::uint64_t>();

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
+#include "measured_model.hpp"
 #include "membudget/api.hpp"
 #include "membudget/budget.hpp"
 #include "model/autograd_sim.hpp"
@@ -33,17 +34,7 @@ std::vector<Err> reserved_errors(const char* rel) {
   for (const auto& c : data["cases"]) {
     if (c["status"] != "ok") continue;
     const auto& j = c["job"];
-    // the model as measured: config.json with the run's overrides (a reduced depth, the MoE
-    // auxiliary loss)
-    ModelSpec m;
-    if (j.contains("overrides") && j["overrides"].is_object()) {
-      std::ifstream cf(test::source_path(j["config"].get<std::string>()));
-      auto config = nlohmann::json::parse(cf);
-      for (const auto& [key, value] : j["overrides"].items()) config[key] = value;
-      m = parse_hf_config(config.dump(), j["config"].get<std::string>());
-    } else {
-      m = load_model(test::source_path(j["config"].get<std::string>()));
-    }
+    const ModelSpec m = test::model_as_measured(j);
     Job job;
     job.batch = j["batch"].get<std::uint64_t>();
     job.seq = j["seq"].get<std::uint64_t>();
