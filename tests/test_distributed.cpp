@@ -213,7 +213,7 @@ TEST_CASE("DDP's reserved memory after the bucket rebuild, measured in a fresh p
 // Mixture-of-experts ranks (tools/matrices/dist_moe_h200.json): the packed experts shard along dim 0
 // (the experts: OLMoE's 64 over 6 ranks give chunks of 11 and a last one of 9), bucket and
 // partition like any parameter; the MoE block runs on the unsharded parameters. The reserved
-// replay: FSDP2's and HSDP's ranks within 0.3% but OLMoE's amp-bf16 rank, −4.6% (measured after
+// replay: FSDP2's and HSDP's ranks within 0.3% but OLMoE's amp-bf16 rank, −2.5% (measured after
 // other cases; alone, +0.05%: the test above); DDP within 2.6%; ZeRO-1's Qwen3-30B-A3B ranks +4.2%
 // and +4.7%, where the replay's second steady step grows and the run's did not (+1.7% and +2.3%
 // after one steady step: docs/moe.md).

@@ -107,8 +107,9 @@ TEST_CASE("reserved_peak against memory_reserved() after the steady step, every 
 // batched_mm experts and the auxiliary loss) and the optimizer implementations
 // (torch_train_optimizer_impl_h200.json: foreach, fused and for-loop AdamW, SGD with momentum,
 // Adafactor on Llama 3.2 1B and Qwen2.5 1.5B), each file measured in one process, none of it alone
-// yet. 2026-12-02: MoE 24 of 26 and 17 of 21 within 3%, every case within 6.4% (Mixtral bf16 full
-// +4.4%, the 2-layer eager and batched_mm steps up to +6.3%); optimizer implementations 24 of 36
+// yet. 2026-12-02: MoE 25 of 26 and 17 of 21 within 3%, every case within 6.4% (Qwen3-30B-A3B
+// amp-bf16 full +3.6%, the 2-layer eager and batched_mm steps up to +6.3%; Mixtral bf16 full was
+// +4.4% before grouped_mm's weight gradient came first); optimizer implementations 24 of 36
 // within 3%, every case within 10.5% (Llama 3.2 1B's for-loop Adafactor +10.4% and AdamW +7.0%,
 // Qwen2.5's SGD with momentum +3.1% to +3.4%: docs/accuracy.md).
 TEST_CASE("reserved_peak of MoE steps and of every optimizer implementation") {
@@ -118,7 +119,7 @@ TEST_CASE("reserved_peak of MoE steps and of every optimizer implementation") {
     int within3;
     double worst;
   };
-  for (const File& f : {File{"tests/data/torch_train_moe_h200.json", 26, 24, 0.045},
+  for (const File& f : {File{"tests/data/torch_train_moe_h200.json", 26, 25, 0.04},
                         File{"tests/data/torch_train_moe_impl_h200.json", 21, 17, 0.065},
                         File{"tests/data/torch_train_optimizer_impl_h200.json", 36, 24, 0.105}}) {
     CAPTURE(f.path);

@@ -483,7 +483,10 @@ TensorId TorchOps::grouped_mm_experts(TensorId x, TensorId weights, TensorId gat
     sim.node("ToCopyBackward0", {sel_filled}, {in}, {});
   }
   TensorId gu = sim.make("experts: gate_up grouped_mm output", mul(S, 2 * I, wb), Term::activations, "grouped_mm", "", "S·2I", true);
-  sim.node("GroupedMmBackward0", {in, gate_up}, {gu}, {in_store, gate_up, offs});
+  // inputs in the order autograd computes their gradients: the weight's first (the snapshot
+  // tests/data/moe_snapshots/qwen3-30b-a3b_L2_..._b1s1024_snapshot-backward: down_proj's 384 MiB
+  // gradient before the 12 MiB input gradient, gate_up's 768 MiB before 32 MiB), as for a linear
+  sim.node("GroupedMmBackward0", {gate_up, in}, {gu}, {in_store, gate_up, offs});
   if (in != sel_filled) sim.drop(in);
   TensorId gum = sim.make(name("experts: gate_up output, masked (saved by act and mul)", "experts: gate_up output, masked"),
                           mul(S, 2 * I, wb), Term::activations, "masked_fill", "", "S·2I", true);
@@ -492,7 +495,7 @@ TensorId TorchOps::grouped_mm_experts(TensorId x, TensorId weights, TensorId gat
   TensorId prod = apply_gate(gum, S, wb, "experts: act(gate) (saved by mul)", "experts: act*up (saved by grouped_mm)", "S·I");
   sim.drop(gum);
   TensorId dn = sim.make("experts: down grouped_mm output", mul(S, h, wb), Term::activations, "grouped_mm", "", "S·h", true);
-  sim.node("GroupedMmBackward0", {prod, down}, {dn}, {prod, down, offs});
+  sim.node("GroupedMmBackward0", {down, prod}, {dn}, {prod, down, offs});
   sim.drop(prod);
   TensorId dnm = sim.make(name("experts: down output, masked (saved by the weighting mul)", "experts: down output, masked"),
                           mul(S, h, wb), Term::activations, "masked_fill", "", "S·h", true);
