@@ -99,13 +99,14 @@ TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, Role role
 
 TensorId AutogradSim::param(const char* name, bytes_t bytes, Term term, const char* dtype,
                             bool requires_grad, Role role) {
-  const TensorId id = make(name, bytes, term, role, "parameter", dtype, "", requires_grad);
-  tensors_[id].param = true;
+  const TensorId id = meta_param(name, bytes, term, dtype, requires_grad, role);
+  allocate(id);
   return id;
 }
 
-TensorId AutogradSim::meta_param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad) {
-  TensorInfo info = describe(name, bytes, term, Role::parameter, "parameter", dtype, "", requires_grad);
+TensorId AutogradSim::meta_param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad,
+                                 Role role) {
+  TensorInfo info = describe(name, bytes, term, role, "parameter", dtype, "", requires_grad);
   info.param = true;
   return add(info);
 }

@@ -111,7 +111,8 @@ class AutogradSim {
   void allocate_at_next_matmul(const char* name, bytes_t bytes);
   // A parameter whose storage is not on the GPU yet (a model built on the meta device, as FSDP2's
   // recipes build it): nothing is allocated until restore_storage.
-  TensorId meta_param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad = true);
+  TensorId meta_param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad = true,
+                      Role role = Role::parameter);
   void hold(TensorId t);
   void drop(TensorId t);
   // A parameter's storage freed and allocated again (FSDP2's unsharded parameters: resize_(0) after

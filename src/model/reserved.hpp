@@ -13,31 +13,32 @@
 namespace membudget::detail {
 
 // The replay recorded as a torch.cuda.memory._dump_snapshot pickle (memory_viz opens it): step 0
-// then a steady step, every block's frame "phase:tensor (op)" from the simulation.
+// then the steady steps, every block's frame "phase:tensor (op)" from the simulation.
 std::string predicted_snapshot_pickle(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
 
 struct ReservedResult {
-  // memory_reserved() at the end of each phase (reserved only grows within a step), indexed as
-  // kTrainPhases: floor, forward_peak, backward_peak, optimizer_peak.
+  // memory_reserved() at the end of each phase (reserved only grows within a step) of step 0 and of
+  // the last steady step, indexed as kTrainPhases: floor, forward_peak, backward_peak, optimizer_peak.
   std::array<bytes_t, 4> step0{}, steady{};
-  bytes_t reserved_peak = 0;   // memory_reserved() after the steady step
+  bytes_t reserved_peak = 0;   // memory_reserved() after the last steady step
   bytes_t allocated_peak = 0;  // max_memory_allocated() over the steady steps, as replayed
   int steady_steps = 0;        // how many steady steps ran before one repeated the last
 };
 
-// Replays step 0 then steady steps of `job` (until the allocator's layout repeats) (mode train, profile torch) through a
-// CachingAllocator on fake device memory (addresses only) with `policy`. A model and recipe seen
-// before replays its compiled stream (reserved.cpp's ReservedStream: the streams simulated once,
-// their sizes evaluated at the shape) where it has one; the result is simulate_reserved_full's.
+// Replays step 0, then steady steps until the allocator's layout repeats, of `job` (mode train,
+// profile torch) through a CachingAllocator on fake device memory (addresses only) with `policy`.
+// A model and recipe seen before replays its compiled stream (reserved.cpp's ReservedStream: the
+// streams simulated once, their sizes evaluated at the shape) where it has one; the result is
+// simulate_reserved_full's.
 ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
 // The same, the step simulated at the shape every time (what the compiled stream is tested against).
 ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
 // Whether (m, job)'s regime has a compiled stream (compiling it on first use; for tests).
 bool reserved_stream_compiles(const ModelSpec& m, const Job& job);
 
-// The same replay of step 0 and the steady step as simulate_torch_train recorded them (`traces`),
-// giving memory_reserved() after each allocation or free of the steady step from its first phase
-// start on: one value per event, as predict --plot samples the stream it drew from those traces.
+// The same replay of step 0 and the steady steps as simulate_torch_train recorded them (`traces`),
+// giving memory_reserved() after each allocation or free of the last steady step from its first
+// phase start on: one value per event, as predict --plot samples the stream it drew from those traces.
 struct SimTrace;
 std::vector<bytes_t> reserved_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy);
 
