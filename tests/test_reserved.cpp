@@ -156,14 +156,14 @@ TEST_CASE("reserved_peak with and without expandable segments, the same steps") 
   }
 }
 
-// Single-GPU steps measured each alone in a fresh process, as a user's run starts
-// (tools/device/reserved_full_run.sh: tests/data/reserved_snapshots/, four full-recompute steps;
-// tools/device/reserved_fresh_run.sh: tests/data/reserved_fresh/, the nine steps the table above
-// misses by the most). 2026-12-02: 12 of 13 within 0.33%, most to the MiB; Llama 3.1 8B bf16 full
+// Single-GPU steps measured in fresh processes, as a user's run starts
+// (tools/device/reserved_fresh_run.sh: tests/data/reserved_fresh/, the nine steps the table above
+// misses by the most, each alone; tools/device/reserved_full_run.sh: tests/data/reserved_snapshots/,
+// four full-recompute steps one after another in one process, the first alone). 2026-12-02: 12 of 13 within 0.33%, most to the MiB; Llama 3.1 8B bf16 full
 // recompute at 4 × 4096 is +3.97% (docs/accuracy.md). Before the replay placed each thread's cuBLAS
 // workspace at its first matmul and computed a linear's weight gradient before its input's, Llama
 // 3.2 1B SGD was −9.6%, Llama 3.1 8B at 8,192 tokens −4.5% and Llama 3.2 3B +2.8%.
-TEST_CASE("reserved_peak of single-GPU steps measured in a fresh process") {
+TEST_CASE("reserved_peak of single-GPU steps measured in fresh processes") {
   std::vector<Err> errs = reserved_errors("tests/data/reserved_snapshots/reserved_full_h200.json");
   const auto fresh = reserved_errors("tests/data/reserved_fresh/torch_train_reserved_fresh_h200.json");
   errs.insert(errs.end(), fresh.begin(), fresh.end());

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/data/ddp_rebuild_snapshots/: DDP's second step recorded whole (the bucket rebuild), one rank
-# through the fake process group (tools/matrices/ddp_rebuild_snapshot_h200.json). Writes $OUT.
+# through the fake process group (tools/matrices/ddp_rebuild_snapshot_h200.json), both cases in one
+# process (the second after the first; tools/device/fresh_each.sh runs each alone). Writes $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/out}
