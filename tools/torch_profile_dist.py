@@ -41,10 +41,16 @@ Strategies (a case's "strategy"), with the mapping membudget's flags make onto t
             "loss_parallel": true keeps lm_head's output sharded on the vocabulary
             (ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)) and runs the step
             under torch.distributed.tensor.parallel.loss_parallel() (--loss-parallel).
+    ep      transformers 5.17's expert parallelism over W ranks (DistributedConfig(tp_size=W,
+            enable_expert_parallel=True): the packed experts sharded on dim 0, the router's
+            outputs masked to the rank's experts, the experts' output all-reduced; attention and
+            the rest replicated, the same tokens on every rank); --ep W. The experts (DTensors)
+            and the plain parameters get one AdamW each, as under tp ("one_optimizer": true
+            gives all of them to one).
 
 Matrix file: {"defaults": {...}, "cases": [{"name", "config", "overrides", "batch", "seq",
 "precision", "recompute", "strategy", "world", "rank", "replicate", "reshard", "bucket_view",
-"sp", "loss_parallel", "offload", "optimizer_impl", "snapshot": {"step": N, "phase": "step"|"run"}}]}. Results are rewritten after every case.
+"sp", "loss_parallel", "offload", "optimizer_impl", "experts_implementation", "one_optimizer", "snapshot": {"step": N, "phase": "step"|"run"}}]}. Results are rewritten after every case.
 """
 from __future__ import annotations
 
@@ -251,6 +257,18 @@ def build(case, cfgd):
             fully_shard(model, **kw)
             amp = False
         materialise(model)  # (without FSDP2: replicated parameters, the gradients not synchronised)
+    elif strategy == "ep":  # transformers' own expert parallelism, as from_pretrained applies it
+        # DistributedConfig(tp_size=W, enable_expert_parallel=True): the model's base_model_ep_plan
+        # over a 1-D mesh of W ranks (ep_router, grouped_gemm, moe_tp_experts); the attention,
+        # the router and everything else stay replicated, every rank runs the same tokens.
+        # from_pretrained calls maybe_distribute_model after init and before loading the weights:
+        # the same call here on the meta model, then random storage.
+        from torch.distributed.device_mesh import init_device_mesh
+        from transformers.distributed.configuration_utils import DistributedConfig
+
+        dc = DistributedConfig(tp_size=W, enable_expert_parallel=True)
+        model = type(model).maybe_distribute_model(model, dc, init_device_mesh("cuda", (W,)))
+        materialise(model)
     elif strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -263,11 +281,15 @@ def build(case, cfgd):
     else:
         raise ValueError("unknown strategy " + strategy)
     model.train()
+    if case.get("experts_implementation"):
+        step.set_experts_implementation(model, case["experts_implementation"])
     params = [p for p in model.parameters() if p.requires_grad]
     if strategy == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         opts = [ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-5, **impl)]
+    elif case.get("one_optimizer"):  # one AdamW over DTensor and plain parameters alike
+        opts = [torch.optim.AdamW(params, lr=1e-5, **impl)]
     else:
         opts = [torch.optim.AdamW(g, lr=1e-5, **impl) for g in by_tensor_kind(params)]
     return model, opts, amp
