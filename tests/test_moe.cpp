@@ -330,3 +330,101 @@ TEST_CASE("quantized serving weights count every matrix of a packed expert tenso
   CHECK(int4 < int8);
   CHECK(int8 < bf16);
 }
+
+// Expert parallelism (--ep N, transformers 5.17's ep_plan): each rank holds experts / N of every
+// packed expert tensor; everything else is replicated and every rank runs the same tokens. The
+// measured ranks are held by test_distributed; here the mechanism against the model's own tensor
+// description, and the layouts that are refused.
+TEST_CASE("--ep N: a rank's packed experts are 1/N of them, the rest as on one GPU; other layouts refused") {
+  ModelSpec m = load_model(test::source_path("tests/data/hf/moe/qwen3-30b-a3b.json"));
+  m.num_layers = 2;
+  Job j;
+  j.batch = 1;
+  j.seq = 512;
+  j.precision = Precision::bf16;
+  // the packed experts' bytes on one GPU, from the tensor description
+  std::uint64_t experts = 0;
+  for (std::size_t il = 0; il < m.num_layers; ++il)
+    for (const ParamTensor& t : m.layer_tensors(il))
+      if (t.module == Module::experts_gate_up || t.module == Module::experts_down) experts += t.elements() * 2;
+  REQUIRE(experts > 0);
+  const Budget one = predict(m, j);
+  for (std::uint64_t ep : {2u, 8u, 128u}) {
+    CAPTURE(ep);
+    Job e = j;
+    e.parallel.expert = ep;
+    e.parallel.rank = ep - 1;
+    const Budget b = predict(m, e);
+    const std::uint64_t local_share = experts / ep;
+    CHECK(b.states.weights == one.states.weights - experts + local_share);
+    CHECK(b.states.gradients == one.states.gradients - experts + local_share);
+    CHECK(b.states.optimizer == one.states.optimizer - 2 * (experts - local_share));
+    CHECK(b.parameters.total == one.parameters.total);  // the model's, not the rank's
+    // the ep_router's masks and remapped indices are T·k buffers: the forward keeps a few per layer
+    const std::uint64_t Tk = j.batch * j.seq * m.moe.top_k;
+    auto activations = [](const Budget& x) {  // the steady forward's peak above the model states it carries
+      return static_cast<std::int64_t>(x.phase(Phase::forward_peak) - x.states.weights - x.states.optimizer);
+    };
+    const std::int64_t forward_extra = activations(b) - activations(one);
+    CHECK(forward_extra >= 0);
+    CHECK(forward_extra <= static_cast<std::int64_t>(m.num_layers * 4 * ((Tk * 8 + 511) / 512 * 512)));
+  }
+  auto refused = [&](Job e, ErrorKind kind, const char* needle, const ModelSpec* spec = nullptr) {
+    try {
+      (void)predict(spec ? *spec : m, e);
+      FAIL("predicted");
+    } catch (const Error& err) {
+      CAPTURE(err.what());
+      CHECK(err.kind() == kind);
+      CHECK(std::string(err.what()).find(needle) != std::string::npos);
+    }
+  };
+  Job e = j;
+  e.parallel.expert = 3;
+  refused(e, ErrorKind::invalid_job, "num_experts 128 is not divisible by 3");
+  e.parallel.expert = 0;
+  refused(e, ErrorKind::invalid_job, "--ep: must be at least 1");
+  e.parallel.expert = 4;
+  for (auto other : {&Parallelism::tensor, &Parallelism::data, &Parallelism::fsdp, &Parallelism::pipeline}) {
+    Job x = e;
+    x.parallel.*other = 2;
+    refused(x, ErrorKind::unsupported, "expert parallelism is modelled alone");
+  }
+  Job eager = e;
+  eager.experts = ExpertsImpl::eager;
+  refused(eager, ErrorKind::unsupported, "--experts eager");
+  Job serve = e;
+  serve.mode = Mode::infer;
+  refused(serve, ErrorKind::unsupported, "--ep: serving");
+  Job master = e;
+  master.precision = Precision::bf16_master;
+  refused(master, ErrorKind::unsupported, "bf16-master");
+  const ModelSpec dense = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  refused(e, ErrorKind::invalid_job, "has no mixture of experts", &dense);
+  ModelSpec ds = load_model(test::source_path("tests/data/hf/moe/deepseek-v2-lite.json"));
+  ds.num_layers = 2;
+  Job dse = e;
+  dse.parallel.expert = 2;
+  refused(dse, ErrorKind::unsupported, "DeepSeek's routers", &ds);
+}
+
+TEST_CASE("CLI and YAML: --ep and job.parallel.ep echo in the JSON") {
+  const std::string qwen = test::source_path("tests/data/hf/moe/qwen3-30b-a3b.json");
+  const auto r = test::run_cli("predict " + qwen + " --batch 1 --seq 256 --ep 8 --rank 3 --format json 2>/dev/null");
+  REQUIRE(r.exit_code <= 1);
+  const auto o = nlohmann::json::parse(r.out);
+  CHECK(o["job"]["parallel"]["ep"] == 8);
+  CHECK(o["job"]["parallel"]["world"] == 8);
+  const auto bad = test::run_cli("predict " + qwen + " --ep 3");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.out.find("not divisible by 3") != std::string::npos);
+  const auto text = test::run_cli("predict " + qwen + " --batch 1 --seq 256 --ep 4");
+  CHECK(text.out.find("expert parallel over 4 ranks") != std::string::npos);
+  // YAML's job.parallel (and the C ABI's and Python's options) take the same key
+  Job y;
+  CHECK(set_parallel_option(y, "ep", "4", "job.parallel.ep"));
+  CHECK(y.parallel.expert == 4);
+  CHECK(set_parallel_option(y, "expert_parallel", "2", "job.parallel.expert_parallel"));
+  CHECK(y.parallel.expert == 2);
+  CHECK_THROWS_WITH_AS(set_parallel_option(y, "ep", "two", "job.parallel.ep"), doctest::Contains("job.parallel.ep"), Error);
+}

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Writes the accuracy table of docs/accuracy.md from the committed measurements.
 
-usage: tools/accuracy_table.py [--membudget build/membudget] [--data tests/data/torch_train_h200.json]
+usage: tools/accuracy_table.py [--membudget build/membudget] [--data tests/data/torch_train_h200.json] [--reserved]
+
+A rank of a distributed job (tools/torch_profile_dist.py's files: the job has a "strategy") is
+predicted with its layout's flags (tools/dist_table.py's flags_of). --reserved adds the reserved
+memory after the steady step, measured / predicted.
 
 For each measured case: the four steady-state phases, measured and predicted by the inventory model
 (error in %), and two textbook figures beside the measurement:
@@ -11,7 +15,10 @@ For each measured case: the four steady-state phases, measured and predicted by 
     formula-based estimators use: weights + gradients + optimizer state + Korthikanti activations
     + logits/loss term.
 """
-import argparse, json, subprocess, tempfile
+import argparse, json, os, subprocess, sys, tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dist_table import flags_of  # noqa: E402
 
 PHASES = ["floor", "forward_peak", "backward_peak", "optimizer_peak"]
 
@@ -31,11 +38,13 @@ def config_of(job):
 
 def run(exe, job, activations):
     args = [exe, "predict", config_of(job), "--batch", str(job["batch"]), "--seq", str(job["seq"]),
-            "--precision", job["precision"], "--optimizer", job["optimizer"], "--recompute", job["recompute"],
-            "--attention", job["attention"], "--activations", activations, "--format", "json"]
+            "--precision", job["precision"], "--optimizer", job.get("optimizer", "adamw"), "--recompute", job["recompute"],
+            "--attention", job.get("attention", "flash"), "--activations", activations, "--format", "json"]
+    if job.get("strategy"):  # a rank of a distributed job
+        args += flags_of(job)[8:]  # (after its --batch, --seq, --precision and --recompute)
     if job.get("lora"):
         args += ["--lora", str(job["lora"])]
-    if job.get("experts_implementation"):
+    if job.get("experts_implementation") and "--experts" not in args:
         args += ["--experts", job["experts_implementation"]]
     out = subprocess.run(args, capture_output=True, text=True, check=False)
     if out.returncode not in (0, 1):  # refused (a job not modelled): the row says so
@@ -52,11 +61,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--membudget", default="build/membudget")
     ap.add_argument("--data", default="tests/data/torch_train_h200.json")
+    ap.add_argument("--reserved", action="store_true", help="add the reserved memory after the steady step")
     a = ap.parse_args()
     data = json.load(open(a.data))
     mib = lambda b: f"{b / 2**20:,.0f}"
-    print("| case | floor | forward | backward | optimizer | saved after forward: measured / inventory / Korthikanti | peak: measured / inventory / textbook sum |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | floor | forward | backward | optimizer | saved after forward: measured / inventory / Korthikanti | peak: measured / inventory / textbook sum |"
+          + (" reserved |" if a.reserved else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if a.reserved else ""))
     worst_inv, worst_k = 0.0, 0.0
     for c in data["cases"]:
         if c.get("status") != "ok":
@@ -82,6 +93,8 @@ def main():
         worst_k = max(worst_k, abs(peak_k - peak_meas) / peak_meas)
         cells.append(f"{mib(saved_meas)} / {mib(saved_inv)} ({pct(saved_inv, saved_meas)}) / {mib(saved_k)} ({pct(saved_k, saved_meas)})")
         cells.append(f"{mib(peak_meas)} / {mib(inv['peak'])} ({pct(inv['peak'], peak_meas)}) / {mib(peak_k)} ({pct(peak_k, peak_meas)})")
+        if a.reserved:
+            cells.append(f"{mib(m['reserved'])} / {mib(inv['reserved_peak'])} ({pct(inv['reserved_peak'], m['reserved'])})")
         print(f"| {c['name']} | " + " | ".join(cells) + " |")
     print()
     print(f"Worst inventory phase error: {worst_inv * 100:.2f}%. Worst textbook-sum peak error: {worst_k * 100:.1f}%.")

@@ -60,6 +60,8 @@ def flags_of(j):
         f += ["--dp", str(W)] + (["--ddp-bucket-view"] if j.get("bucket_view") else [])
     elif st == "zero1":
         f += ["--dp", str(W), "--zero", "1"]
+    elif st == "ep":  # transformers' expert parallelism
+        f += ["--ep", str(W)] + (["--experts", j["experts_implementation"]] if j.get("experts_implementation") else [])
     elif st == "tp":
         f += ["--tp", str(W)] + (["--sp"] if j.get("sp") else []) + (["--loss-parallel"] if j.get("loss_parallel") else [])
     else:

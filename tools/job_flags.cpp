@@ -63,6 +63,7 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_flag("--fsdp-offload", fsdp_offload, "FSDP2's CPUOffloadPolicy: shards, gradients and optimizer state on the host (JSON: host)");
   cmd->add_option("--rank", rank, "the rank predicted (default: the most loaded one)");
   cmd->add_option("--tp", tp, "tensor-parallel ranks: DTensor's Llama plan (docs/distributed.md)");
+  cmd->add_option("--ep", ep, "expert-parallel ranks: transformers' expert parallelism, experts / N per rank (docs/moe.md)");
   cmd->add_option("--pp", pp, "pipeline stages: torch.distributed.pipelining (docs/distributed.md)");
   cmd->add_option("--cp", cp, "context-parallel ranks: each runs 1/N of the sequence (ring attention), FSDP2 over --fsdp × N ranks");
   cmd->add_option("--pp-schedule", pp_schedule, "the pipeline schedule: 1f1b (default) | gpipe | interleaved (ScheduleInterleaved1F1B; give --virtual-stages)");
@@ -108,7 +109,7 @@ constexpr StringFlag kStringFlags[] = {
     {"--zero", &JobFlags::zero, true},             {"--reshard-after-forward", &JobFlags::reshard_after_forward, true},
     {"--rank", &JobFlags::rank, true},             {"--tp", &JobFlags::tp, true},
     {"--pp", &JobFlags::pp, true},                 {"--experts", &JobFlags::experts, true},
-    {"--cp", &JobFlags::cp, true},
+    {"--cp", &JobFlags::cp, true},                 {"--ep", &JobFlags::ep, true},
     {"--pp-schedule", &JobFlags::pp_schedule, true}, {"--microbatches", &JobFlags::microbatches, true},
     {"--virtual-stages", &JobFlags::virtual_stages, true}, {"--pp-layers", &JobFlags::pp_layers, true},
     {"--routing", &JobFlags::routing, true},
@@ -188,6 +189,7 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (!tp.empty()) p.tensor = parse_count(tp, "--tp");
   if (!pp.empty()) p.pipeline = parse_count(pp, "--pp");
   if (!cp.empty()) p.context = parse_count(cp, "--cp");
+  if (!ep.empty()) p.expert = parse_count(ep, "--ep");
   const std::pair<const char*, const std::string*> pipeline_keys[] = {
       {"pp-schedule", &pp_schedule}, {"microbatches", &microbatches}, {"virtual-stages", &virtual_stages}, {"pp-layers", &pp_layers}};
   for (const auto& [key, value] : pipeline_keys)

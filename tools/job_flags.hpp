@@ -22,7 +22,7 @@ struct JobFlags {
   std::string allocator_conf;  // --allocator-conf (PYTORCH_CUDA_ALLOC_CONF syntax)
   std::string trainer_args;    // --trainer-args: a Hugging Face TrainingArguments JSON (trainer_args.hpp)
   // the parallel layout (docs/distributed.md)
-  std::string dp, fsdp, zero, reshard_after_forward, rank, tp, pp, cp, pp_schedule, microbatches, virtual_stages, pp_layers;
+  std::string dp, fsdp, zero, reshard_after_forward, rank, tp, pp, cp, ep, pp_schedule, microbatches, virtual_stages, pp_layers;
   bool ddp_bucket_view = false, sp = false, loss_parallel = false, fsdp_offload = false;
   // mixture of experts (docs/moe.md)
   std::string experts, routing;

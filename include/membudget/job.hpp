@@ -122,6 +122,10 @@ struct Parallelism {
   std::uint64_t data = 1;       // --dp: DDP replicas, or HSDP's replicate dimension with --fsdp
   std::uint64_t fsdp = 1;       // --fsdp: FSDP2 shard ranks
   std::uint64_t context = 1;    // --cp: context-parallel ranks (the sequence split N ways)
+  // --ep: expert-parallel ranks, transformers 5.17's DistributedConfig(tp_size=N,
+  // enable_expert_parallel=True): each rank holds experts / N of every MoE layer's packed experts
+  // and runs the same tokens; the rest of the model is replicated (docs/moe.md).
+  std::uint64_t expert = 1;
   int zero_stage = 0;           // --zero: 0 none; 1, 2, 3 over --dp as above
   bool sequence_parallel = false;      // --sp (with --tp)
   bool loss_parallel = false;          // --loss-parallel: lm_head's output kept sharded, loss_parallel() (with --sp)
@@ -131,14 +135,14 @@ struct Parallelism {
   // --rank: the rank predicted; unset: the most loaded one (ranks differ under ZeRO-1's partition
   // and FSDP2's uneven shards).
   std::optional<std::uint64_t> rank;
-  // Ranks in the job (data × fsdp × tensor × pipeline); saturates at 2^64 − 1 (validate refuses it).
+  // Ranks in the job (data × fsdp × tensor × pipeline × context × expert); saturates at 2^64 − 1 (validate refuses it).
   std::uint64_t world() const noexcept;
   bool single() const noexcept { return world() == 1; }
 };
 
 struct Job;
 // Sets one parallel-layout key from text, as the YAML `job.parallel:` section and the C ABI / Python
-// job options give them: dp, fsdp, zero, tp, pp (counts), reshard_after_forward, ddp_bucket_view,
+// job options give them: dp, fsdp, zero, tp, pp, cp, ep (counts), reshard_after_forward, ddp_bucket_view,
 // sp (true/false), rank (a rank). Dashes and underscores are alike. Returns false for another key;
 // throws Error(invalid_job) "<where>: ..." for a bad value.
 bool set_parallel_option(Job& job, std::string_view key, std::string_view value, std::string_view where);

@@ -76,6 +76,10 @@ struct MixtureOfExperts {
   // config.json's output_router_logits: the load-balancing loss joins training by default (as
   // Job::router_aux_loss does; transformers reads the config when the call does not say)
   bool output_router_logits = false;
+  // One expert-parallel rank's view (rank_spec in the simulator; 1 in every loaded model): the
+  // packed experts hold experts / expert_ranks of them, the router still scores all `experts`.
+  std::uint64_t expert_ranks = 1;
+  std::uint64_t local_experts() const noexcept { return expert_ranks > 1 ? experts / expert_ranks : experts; }
   bool enabled() const noexcept { return experts > 0; }
   bool operator==(const MixtureOfExperts&) const = default;
 };

@@ -55,6 +55,10 @@ struct TensorInfo {
   Term term = Term::activations;
   Role role = Role::saved_activation;
   AllocStream stream = AllocStream::compute;
+  // A trainable parameter's optimizer (and an optimizer temporary's), in the order they step: 0,
+  // or 1 for the plain tensors beside DTensors (optimizer_per_tensor_kind, parallel.hpp: under
+  // tensor and expert parallelism torch.optim takes an optimizer per kind, the DTensors' first).
+  std::uint8_t optimizer = 0;
   bool param = false;
   bool requires_grad = false;
   int holders = 0;  // Python references / autocast cache
@@ -123,6 +127,7 @@ class AutogradSim {
   bool storage_alive(TensorId t) const { return tensors_[t].alive; }
   void set_grad_bytes(TensorId t, bytes_t b) { tensors_[t].grad_bytes = b; }
   void set_stream(TensorId t, AllocStream s) { tensors_[t].stream = s; }
+  void set_optimizer(TensorId t, std::uint8_t o) { tensors_[t].optimizer = o; }
   // Frees a parameter's gradient (FSDP2 reduce-scatters it away, DDP's bucket view replaces it).
   void drop_grad(TensorId param);
   // Records a backward node: `inputs` receive gradients (those that require grad), `outputs` send

@@ -10,6 +10,7 @@
 // optimizer. Each op below says which framework behaviour it models. Phase names follow
 // tools/torch_profile_step.py.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -1130,6 +1131,10 @@ struct OptimizerCost {
   bytes_t state = 0;      // persistent
   bytes_t master = 0;     // fp32 master copy
   bytes_t transient = 0;  // temporaries at the peak of optimizer.step()
+  // With an optimizer per tensor kind (optimizer_per_tensor_kind), stepped one after the other:
+  // each one's state and temporaries (the sums are `state`, and `transient` for all but foreach,
+  // whose temporaries are per call and `transient` the larger call's); all 0 with one optimizer.
+  std::array<bytes_t, 2> state_of{}, transient_of{};
 };
 
 // Elements of the largest trainable parameter tensor: the model's, or (LoRA) its adapters'.
@@ -1152,7 +1157,7 @@ std::uint64_t largest_trainable(const ModelSpec& m, std::uint64_t lora_rank) {
 // `largest_tensor`: the elements of the largest of them (the for-loop's temporaries);
 // `per_step_call`: the most elements one step() call takes (foreach's temporaries).
 OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params, std::uint64_t largest_tensor,
-                             std::uint64_t per_step_call) {
+                             std::uint64_t per_step_call, std::uint64_t first_optimizer) {
   OptimizerCost c;
   const bytes_t n = params;
   const Recipe recipe = recipe_of(job.precision);
@@ -1164,11 +1169,12 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
     case Optimizer::adamw:
       // exp_avg, exp_avg_sq (adam.py:177-184, zeros_like(p) per parameter)
       c.state = mul(n, sb, 2);
-      if (impl == OptimizerImpl::foreach)
+      if (impl == OptimizerImpl::foreach) {
         // _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)
         // (adam.py:791) for every parameter of the call at once; the rest is in place
         c.transient = mul(per_step_call, sb);
-      else if (impl == OptimizerImpl::for_loop)
+        if (first_optimizer) c.transient_of = {mul(first_optimizer, sb), mul(n - first_optimizer, sb)};
+      } else if (impl == OptimizerImpl::for_loop)
         // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         // (adam.py:545): sqrt() and the division's result are both live, for one parameter at a
         // time; the peak holds the largest parameter's two, each a block of its own
@@ -1231,6 +1237,12 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
     }
   }
   if (master) c.transient += mul(n, 4);  // fp32 copy of the bf16 gradients
+  if (first_optimizer) {  // each optimizer's share of what is proportional to its parameters
+    auto share = [&](bytes_t b) { return static_cast<bytes_t>(static_cast<unsigned __int128>(b) * first_optimizer / n); };
+    c.state_of = {share(c.state), c.state - share(c.state)};
+    if (impl != OptimizerImpl::foreach || job.optimizer != Optimizer::adamw)
+      c.transient_of = {share(c.transient), c.transient - share(c.transient)};
+  }
   return c;
 }
 
@@ -1313,6 +1325,7 @@ void build_parameters(Step& st) {
   const bool fsdp = st.dp->fsdp();
   const std::uint64_t S = st.dp->layout().shard;
   st.groups.assign(st.d.L + 1, {});
+  const PipelineStage* stage = st.stage;
   // Under FSDP2 these are the unsharded parameters the forward uses (param_dtype), each one padded
   // storage of S shards; their gradients have the parameter's own size. The model is built on the
   // meta device (torchtitan's recipe, and the measurements'): fully_shard then allocates the shards
@@ -1324,13 +1337,14 @@ void build_parameters(Step& st) {
                               Term::other, st.r.param_name, rank == 0)
              : sim.param("parameters", mul(n, st.r.param), Term::model_states, st.r.param_name, rank == 0);
     if (fsdp) sim.set_grad_bytes(id, mul(n, st.r.param));
+    // the plain parameters' optimizer steps after the DTensors' (optimizer_per_tensor_kind)
+    if (!stage && optimizer_per_tensor_kind(st.job.parallel) && !dtensor_parameter(t, st.job.parallel)) sim.set_optimizer(id, 1);
     st.groups[group].push_back({id, t});
     return id;
   };
   const auto outer = m.outer_tensors();
   // A pipeline stage holds the embedding on the first stage only, and the final norm and lm_head
   // on the last only; the last stage of a tied model keeps lm_head as a tensor of its own.
-  const PipelineStage* stage = st.stage;
   if (!stage || stage->first()) st.emb = P(outer.front(), 0);
   st.layers.resize(st.d.L);
   for (std::size_t il = 0; il < st.layers.size(); ++il)
@@ -1447,6 +1461,7 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLa
 // optimizers, since torch.optim's fused AdamW refuses DTensor and plain tensors in one call.
 struct Trainable {
   std::uint64_t elements = 0, largest = 0, per_step_call = 0;
+  std::uint64_t first_optimizer = 0;  // with an optimizer per tensor kind: the DTensors' elements (else 0)
 };
 Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l, const PipelineStage* stage) {
   if (stage) {
@@ -1488,13 +1503,12 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
     default: break;
   }
   const std::uint64_t n = sizing.parameters().total;
-  std::uint64_t sharded = 0;
-  if (l.tensor > 1)
-    for (const ParamTensor& t : model_tensors(sizing))
-      if (tp_sharded(t, job.parallel)) sharded = checked_add(sharded, t.elements(), "tensor-parallel shards");
   // (under sequence parallelism every parameter is a DTensor, the norms' replicated: one optimizer)
-  const bool two_optimizers = l.tensor > 1 && !job.parallel.sequence_parallel;
-  return {n, largest_trainable(sizing, 0), two_optimizers ? std::max(sharded, n - sharded) : n};
+  if (!optimizer_per_tensor_kind(job.parallel)) return {n, largest_trainable(sizing, 0), n};
+  std::uint64_t dtensors = 0;
+  for (const ParamTensor& t : model_tensors(sizing))
+    if (dtensor_parameter(t, job.parallel)) dtensors = checked_add(dtensors, t.elements(), "DTensor parameters");
+  return {n, largest_trainable(sizing, 0), std::max(dtensors, n - dtensors), dtensors};
 }
 
 }  // namespace
@@ -1581,7 +1595,7 @@ class TrainPass {
     st_.labels = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
     const Trainable tr = trainable_elements(st_.job, sizing_, layout_, st_.stage);
-    oc_ = optimizer_cost(st_.job, sizing_, tr.elements, tr.largest, tr.per_step_call);
+    oc_ = optimizer_cost(st_.job, sizing_, tr.elements, tr.largest, tr.per_step_call, tr.first_optimizer);
     tails_ = segment_tails(st_, sizing_, layout_, stage_ ? stage_->layers : sizing_.num_layers);
     if (layout_.offload) {  // FSDP2's CPUOffloadPolicy: the optimizer steps host tensors; nothing of it on the GPU
       host_state_ = checked_add(oc_.state, oc_.master, "host optimizer state");
@@ -1595,7 +1609,12 @@ class TrainPass {
   // What a steady step finds allocated: the optimizer state (and the fp32 master copy), which stay
   // for the rest of the run, and both cuBLAS workspaces.
   void allocate_persistent_state() {
-    allocate_optimizer_state();
+    if (per_kind_optimizers()) {
+      allocate_optimizer_state(0);
+      allocate_optimizer_state(1);
+    } else {
+      allocate_optimizer_state();
+    }
     cublas_workspace();
     cublas_workspace();
     if (!stage_) return;
@@ -1745,12 +1764,25 @@ class TrainPass {
   }
 
   // optimizer.step(), then zero_grad(set_to_none=True).
+  // torch.optim creates its state lazily in the first step(); with an optimizer per tensor kind
+  // each step() makes its own parameters' state, then its temporaries, one optimizer after the other.
   void optimizer_step() {
     sim_.begin_phase(Phase::optimizer_peak);
-    if (!steady_) allocate_optimizer_state();  // torch.optim creates its state lazily in the first step()
-    const TensorId tmp = sim_.alloc_raw("optimizer temporaries", oc_.transient, Term::model_states,
-                                        Role::optimizer_temporary, "optimizer.step", "", "");
-    sim_.drop(tmp);
+    auto temporaries = [&](bytes_t bytes, std::uint8_t optimizer) {
+      const TensorId tmp = sim_.alloc_raw("optimizer temporaries", bytes, Term::model_states, Role::optimizer_temporary,
+                                          "optimizer.step", "", "");
+      sim_.set_optimizer(tmp, optimizer);
+      sim_.drop(tmp);
+    };
+    if (!per_kind_optimizers()) {
+      if (!steady_) allocate_optimizer_state();
+      temporaries(oc_.transient, 0);
+    } else {
+      for (std::uint8_t o = 0; o < 2; ++o) {
+        if (!steady_) allocate_optimizer_state(o);
+        temporaries(oc_.transient_of[o], o);
+      }
+    }
     for (TensorId g : grad_ids_) sim_.drop(g);
   }
 
@@ -1782,6 +1814,7 @@ class TrainPass {
 
  private:
   bool checkpointed() const { return st_.job.recompute == Recompute::full; }
+  bool per_kind_optimizers() const { return oc_.state_of[0] + oc_.state_of[1] > 0; }
   // PipelineStage's receive buffers, one per microbatch, made in the first step() and kept: the
   // activations from the previous stage (a leaf that requires grad: backward gives it the gradient
   // sent back) on every stage but the first, the gradients from the next on every stage but the last.
@@ -1803,8 +1836,14 @@ class TrainPass {
                                             "b·s·h", false));
       }
   }
-  void allocate_optimizer_state() {
-    sim_.alloc_raw("optimizer state", oc_.state, Term::model_states, Role::optimizer_state, "optimizer", "", "");
+  // The optimizer state and master copy: all of it, or (an optimizer per tensor kind) optimizer o's.
+  void allocate_optimizer_state(std::optional<std::uint8_t> o = std::nullopt) {
+    const TensorId state = sim_.alloc_raw("optimizer state", o ? oc_.state_of[*o] : oc_.state, Term::model_states,
+                                          Role::optimizer_state, "optimizer", "", "");
+    if (o) {
+      sim_.set_optimizer(state, *o);
+      if (*o == 0) return;  // (no master copy beside sharded state; the segment tails once, after the last)
+    }
     sim_.alloc_raw("master weights (fp32)", oc_.master, Term::model_states, Role::master_weight, "optimizer", "fp32", "");
     sim_.alloc_raw("allocator: whole segments held by optimizer state", tails_.state, Term::other, Role::workspace,
                    "caching allocator");
@@ -1844,8 +1883,8 @@ TorchStepResult simulate_torch_train(const ModelSpec& full, const Job& job, bool
                                      std::array<SimTrace, 2>* traces) {
   // A tensor-parallel rank runs the decoder on its share of the heads and of the MLP width.
   check_simulated(full, job);
-  const ModelSpec m = tp_local_spec(full, job.parallel);
-  const ModelSpec sizing = tp_local_spec(full_sizing ? *full_sizing : full, job.parallel);
+  const ModelSpec m = rank_spec(full, job.parallel);
+  const ModelSpec sizing = rank_spec(full_sizing ? *full_sizing : full, job.parallel);
   check_torch_coverage(m, job);
   TorchStepResult res;
   // A pipeline stage (the rank is the stage): its layers, its schedule.

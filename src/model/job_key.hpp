@@ -39,6 +39,7 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   put(static_cast<std::uint64_t>(j.parallel.zero_stage)); put(j.parallel.sequence_parallel);
   put(j.parallel.context);
   put(j.parallel.fsdp);
+  put(j.parallel.expert); put(m.moe.expert_ranks);
   put(j.parallel.reshard_after_forward | (j.parallel.ddp_bucket_view << 1) | (j.parallel.rank.has_value() << 2));
   put(j.parallel.rank.value_or(0));
   put(m.moe.experts); put(m.moe.top_k); put(m.moe.expert_ff); put(m.moe.shared_ff);

@@ -11,6 +11,27 @@
 
 namespace membudget::detail {
 
+namespace {
+// transformers 5.17's expert parallelism on the models it was measured on (docs/moe.md): the
+// softmax top-k routers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) whose outputs its ep_router
+// masks, and the grouped_mm and batched_mm experts, which skip the sentinel pairs it makes.
+void check_expert_parallel(const ModelSpec& m, const Job& job) {
+  const std::uint64_t ep = job.parallel.expert;
+  if (ep <= 1) return;
+  const std::string flag = "--ep " + std::to_string(ep) + ": " + (m.name.empty() ? std::string("the model") : m.name);
+  if (!m.moe.enabled()) throw Error(ErrorKind::invalid_job, flag + " has no mixture of experts to shard");
+  if (m.moe.experts % ep)
+    throw Error(ErrorKind::invalid_job, flag + ": num_experts " + std::to_string(m.moe.experts) + " is not divisible by " +
+                                            std::to_string(ep) + " (each rank holds an equal share of the experts)");
+  if (m.moe.router != MixtureOfExperts::Router::softmax_top_k)
+    throw Error(ErrorKind::unsupported, flag + ": DeepSeek's routers under expert parallelism are not modelled (the softmax "
+                                               "top-k routers of Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE are)");
+  if (job.experts == ExpertsImpl::eager)
+    throw Error(ErrorKind::unsupported, flag + ": --experts eager under expert parallelism is not modelled (grouped_mm and "
+                                               "batched_mm are)");
+}
+}  // namespace
+
 void check_layout(const ModelSpec& m, const Job& job) {
   check_pipeline(m, job);
   if (job.parallel.context > 1) {
@@ -26,6 +47,7 @@ void check_layout(const ModelSpec& m, const Job& job) {
     if (m.quirks.fused_qkv || m.quirks.embedding_scale || m.final_logit_softcap > 0 || m.attn_logit_softcap > 0)
       refuse("Phi-3's fused projections and Gemma's scales and soft-capping");
   }
+  check_expert_parallel(m, job);
   const std::uint64_t t = job.parallel.tensor;
   if (t <= 1) return;
   auto even = [&](const char* field, std::uint64_t n) {
@@ -184,7 +206,7 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
     // their local chunk sizes of the stage's tensors (of each rank's TP share); DDP's replicas and
     // a shard's tensor-parallel ranks hold alike (pipeline_stage: the ("pp", "dp", "tp") mesh).
     const std::uint64_t per_stage = ranks_per_stage(job.parallel), T = l.tensor;
-    const ModelSpec local = tp_local_spec(m, job.parallel);
+    const ModelSpec local = rank_spec(m, job.parallel);
     for (std::uint64_t stage = 0; stage < l.pipeline; ++stage) {
       const PipelineStage ps = pipeline_stage(local, job, stage * per_stage);
       const std::vector<std::size_t> group_of_shard = shard_groups(stage_tensors(local, ps), job.parallel.fsdp, nullptr);
@@ -201,7 +223,7 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
   if (l.strategy == DataStrategy::zero1) parts = zero1_partition(m, l.shard);
   // (with tensor parallelism FSDP2 shards each rank's TP share)
   const auto tensors = l.strategy == DataStrategy::fsdp
-                           ? model_tensors(tp_local_spec(m, job.parallel))
+                           ? model_tensors(rank_spec(m, job.parallel))
                            : std::vector<ParamTensor>{};
   const std::vector<std::size_t> group_of_shard =
       shard_groups(tensors, l.shard, l.strategy == DataStrategy::zero1 ? &parts : nullptr);
@@ -219,9 +241,11 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
   l.offload = p.fsdp_offload;
   l.bucket_view = p.ddp_bucket_view;
   l.tensor = p.tensor;
+  l.expert = p.expert;
   l.pipeline = p.pipeline;
   if (l.world == 1) return l;
-  if ((p.tensor > 1 && p.fsdp <= 1) || p.pipeline > 1) {  // every tensor-parallel rank holds the same shares
+  // every tensor-parallel (or expert-parallel) rank holds the same shares
+  if ((p.tensor > 1 && p.fsdp <= 1) || p.pipeline > 1 || p.expert > 1) {
     l.rank = p.rank.value_or(0);
     if (p.pipeline > 1 && p.fsdp > 1) {  // FSDP2 within each stage: the ("pp", "dp", "tp") mesh
       l.strategy = DataStrategy::fsdp;

@@ -26,6 +26,7 @@ struct RankLayout {
   bool offload = false;         // FSDP2 CPUOffloadPolicy: shards, gradients, optimizer state on the host
   bool bucket_view = false;     // DDP gradient_as_bucket_view
   std::uint64_t tensor = 1;     // tensor-parallel ranks (DTensor's plan: docs/distributed.md)
+  std::uint64_t expert = 1;     // expert-parallel ranks (transformers' ep_plan: docs/moe.md)
   std::uint64_t pipeline = 1;   // pipeline stages (pipeline.hpp); the rank is the stage
   std::uint64_t rank = 0;       // the global rank predicted
   std::uint64_t shard_rank = 0; // its index in the shard group (FSDP2) or the partition (ZeRO-1)
@@ -50,15 +51,33 @@ void check_layout(const ModelSpec& m, const Job& job);
 // ColwiseParallel(output_layouts=Shard(-1)): a shard of V / t rows of its own (lm_head_rows; a tied
 // model's two become separate tensors), the embedding replicated whole.
 ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t, bool sp = false, bool loss_parallel = false);
-// The same from the job's layout.
-inline ModelSpec tp_local_spec(const ModelSpec& m, const Parallelism& p) {
-  return tp_local_spec(m, p.tensor, p.sequence_parallel, p.loss_parallel);
+// One rank's view of the model under the job's layout: its tensor-parallel shares
+// (tp_local_spec) and, under expert parallelism (--ep N), its experts / N of each MoE layer's
+// packed experts (MixtureOfExperts::expert_ranks; the router still scores every expert).
+inline ModelSpec rank_spec(const ModelSpec& m, const Parallelism& p) {
+  ModelSpec local = tp_local_spec(m, p.tensor, p.sequence_parallel, p.loss_parallel);
+  local.moe.expert_ranks = p.expert;
+  return local;
 }
 
 // Whether the --tp plan makes a parameter a shard (a DTensor of 1/t of it): the decoder layers'
 // projections; with sequence parallelism the embedding and lm_head too, with the vocabulary-parallel
 // loss lm_head.
 bool tp_sharded(const ParamTensor& t, const Parallelism& p);
+// Whether --ep makes a parameter a shard (a DTensor of experts / N of the packed experts): the
+// packed routed experts (grouped_gemm in the model's base_model_ep_plan).
+inline bool ep_sharded(const ParamTensor& t, const Parallelism& p) {
+  return p.expert > 1 && (t.module == Module::experts_gate_up || t.module == Module::experts_down);
+}
+// Tensor parallelism without sequence parallelism, FSDP2 or a pipeline, and expert parallelism,
+// leave some parameters plain beside the DTensors: torch.optim takes one optimizer per kind (one
+// over both fails, "got mixed torch.Tensor and DTensor"; fused AdamW refuses them too), the
+// DTensors' stepped first (tools/torch_profile_dist.py, as measured). Each makes its state and its
+// foreach temporaries for its own parameters.
+inline bool optimizer_per_tensor_kind(const Parallelism& p) {
+  return (p.tensor > 1 && !p.sequence_parallel && p.fsdp <= 1 && p.pipeline <= 1) || p.expert > 1;
+}
+inline bool dtensor_parameter(const ParamTensor& t, const Parallelism& p) { return tp_sharded(t, p) || ep_sharded(t, p); }
 
 // The tokens of a sequence one rank runs: all of them, or its share under context parallelism.
 inline std::uint64_t rank_seq(const Job& job) { return job.seq / job.parallel.context; }

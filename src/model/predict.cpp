@@ -115,7 +115,7 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
       b.activations.other = r.after_forward_activations - b.activations.per_layer * layers;
     } else {
       // Table 2 of Korthikanti et al.: a tensor-parallel rank keeps the split terms at 1/t
-      b.activations = detail::korthikanti(detail::tp_local_spec(model, job.parallel), job);
+      b.activations = detail::korthikanti(detail::rank_spec(model, job.parallel), job);
       if (job.parallel.pipeline > 1) {
         // §4.2.3: a stage holds its layers' activations for each microbatch in flight — M under
         // GPipe, min(M, stages − stage) under 1F1B (the first stage's factor: p microbatches of L/p

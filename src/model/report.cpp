@@ -48,7 +48,7 @@ ordered_json job_json(const Job& j) {
   if (!j.parallel.single()) {
     const Parallelism& p = j.parallel;
     ordered_json par = {{"dp", p.data}, {"fsdp", p.fsdp}, {"zero", p.zero_stage}, {"tp", p.tensor}, {"pp", p.pipeline},
-                        {"cp", p.context}, {"world", p.world()}};
+                        {"cp", p.context}, {"ep", p.expert}, {"world", p.world()}};
     if (p.pipeline > 1) {
       par["pp_schedule"] = to_string(p.pp_schedule);
       par["microbatches"] = p.microbatches ? p.microbatches : p.pipeline;
@@ -96,6 +96,9 @@ std::string rpad(std::string s, std::size_t w) {
 
 std::string layout_label(const Parallelism& p) {
   const std::string n = std::to_string(p.world());
+  if (p.expert > 1)
+    return "expert parallel over " + n + " ranks (transformers' ep_plan: experts / " + std::to_string(p.expert) +
+           " per rank, the rest replicated)";
   if (p.tensor > 1 && p.pipeline <= 1) {
     // the data-parallel dimension across the TP groups: FSDP2, or HSDP
     const std::string across = p.fsdp <= 1 ? ""

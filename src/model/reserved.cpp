@@ -20,6 +20,7 @@
 #include "reserved.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -54,13 +55,19 @@ class Replay {
   void run(const SimTrace& trace, bool steady, std::array<bytes_t, 4>& phase_reserved,
            std::vector<bytes_t>* timeline = nullptr, const std::vector<bytes_t>* sizes = nullptr) {
     sizes_ = sizes;
+    // the trainable parameters in the order their optimizer state is made: optimizer by optimizer
     trainable_.clear();
+    trainable_optimizer_.clear();
     trainable_bytes_ = 0;
-    for (std::size_t t = 0; t < trace.tensors.size(); ++t)
-      if (trace.tensors[t].param && trace.tensors[t].requires_grad) {
-        trainable_.push_back(bytes_of(trace, t));
-        trainable_bytes_ += trainable_.back();
-      }
+    optimizer_bytes_ = {};
+    for (std::uint8_t o = 0; o < 2; ++o)
+      for (std::size_t t = 0; t < trace.tensors.size(); ++t)
+        if (trace.tensors[t].param && trace.tensors[t].requires_grad && trace.tensors[t].optimizer == o) {
+          trainable_.push_back(bytes_of(trace, t));
+          trainable_optimizer_.push_back(o);
+          trainable_bytes_ += trainable_.back();
+          optimizer_bytes_[o] += trainable_.back();
+        }
     live_.assign(trace.tensors.size(), Held{});
     // The phase being replayed (its index in kTrainPhases), -1 before the first. A phase that
     // recurs (a pipeline schedule's forwards and backwards) reports the reserved memory at the end
@@ -203,14 +210,18 @@ class Replay {
       per_param = job_.optimizer == Optimizer::adamw ? 2 : 1;
     else if (t.role == Role::master_weight || t.role == Role::optimizer_temporary)
       per_param = 1;
-    if (per_param == 0 || trainable_bytes_ == 0) {
+    // an optimizer's state and temporaries are its own parameters' (optimizer_per_tensor_kind:
+    // one state lump and one temporary per optimizer), the master copy every parameter's
+    const bool own = t.role == Role::optimizer_temporary || t.role == Role::optimizer_state;
+    const bytes_t over = own ? optimizer_bytes_[t.optimizer] : trainable_bytes_;
+    if (per_param == 0 || over == 0) {
       pieces_.push_back(bytes);
       return;
     }
     bytes_t given = 0;
     for (std::size_t i = 0; i < trainable_.size(); ++i) {
-      const bytes_t share =
-          static_cast<bytes_t>(static_cast<unsigned __int128>(bytes) * trainable_[i] / trainable_bytes_);
+      if (own && trainable_optimizer_[i] != t.optimizer) continue;
+      const bytes_t share = static_cast<bytes_t>(static_cast<unsigned __int128>(bytes) * trainable_[i] / over);
       for (int k = 0; k < per_param; ++k) {
         const bytes_t piece = share / per_param + (k == 0 ? share % per_param : 0);
         if (piece) pieces_.push_back(piece);
@@ -228,8 +239,10 @@ class Replay {
   const std::vector<bytes_t>* sizes_ = nullptr;
   FakeMemory mem_;
   measure::CachingAllocator alloc_;
-  std::vector<bytes_t> trainable_;
+  std::vector<bytes_t> trainable_;                 // the trainable parameters' bytes, in state order
+  std::vector<std::uint8_t> trainable_optimizer_;  // and the optimizer of each
   bytes_t trainable_bytes_ = 0;
+  std::array<bytes_t, 2> optimizer_bytes_{};       // by optimizer
   std::vector<bytes_t> pieces_;
   std::vector<Held> live_;                                // by tensor id: its blocks
   std::vector<std::vector<measure::DeviceAddr>> lists_;   // the blocks of tensors made of several
@@ -312,7 +325,7 @@ class ReservedStream {
 
   static bool same_tensor(const TensorInfo& a, const TensorInfo& b) {
     return std::strcmp(a.name, b.name) == 0 && std::strcmp(a.op, b.op) == 0 && a.role == b.role && a.param == b.param &&
-           a.requires_grad == b.requires_grad && a.stream == b.stream;
+           a.requires_grad == b.requires_grad && a.stream == b.stream && a.optimizer == b.optimizer;
   }
 
   static std::shared_ptr<const ReservedStream> build(const ModelSpec& m, const Job& job) {

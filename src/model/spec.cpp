@@ -278,8 +278,8 @@ std::vector<ParamTensor> ModelSpec::layer_tensors(std::uint64_t il) const {
   if (moe_layer(il)) {
     // transformers 5's MoE block: the router, the packed routed experts, then a shared expert
     proj(Module::router, h, moe.experts);  // (DeepSeek-V3's e_score_correction_bias is a buffer, not a parameter)
-    v.push_back({Module::experts_gate_up, h, dim_mul(2, moe.expert_ff, "experts gate_up width"), false, moe.experts});
-    v.push_back({Module::experts_down, moe.expert_ff, h, false, moe.experts});
+    v.push_back({Module::experts_gate_up, h, dim_mul(2, moe.expert_ff, "experts gate_up width"), false, moe.local_experts()});
+    v.push_back({Module::experts_down, moe.expert_ff, h, false, moe.local_experts()});
     if (moe.shared_ff) {
       proj(Module::shared_gate, h, moe.shared_ff);
       proj(Module::shared_up, h, moe.shared_ff);

@@ -422,6 +422,54 @@ TensorId TorchOps::route_deepseek_v3(TensorId logits, TensorId* indices) {
   return scaled;
 }
 
+// EpRouterParallel.transform_output_post_forward (transformers 5.17, distributed/tensor_parallel.py),
+// the ep_router of a model's base_model_ep_plan, on the router's outputs with n = E / ep local experts:
+//     router_scores = _AllReduceBackward.apply(router_scores, group)  # identity forward: no copy
+//     non_local_mask = (router_indices // n) != ep_rank               # T·k int64, then T·k bool
+//     router_scores = router_scores.masked_fill(non_local_mask, 0.0)  # saves the mask
+//     router_indices = router_indices.masked_fill(non_local_mask, -1)
+//     if n > 1: router_indices = torch.fmod(router_indices, n)
+//     else:     router_indices = router_indices.masked_fill(router_indices > 0, 0).masked_fill(router_indices < 0, -1)
+//     router_indices = router_indices.masked_fill(router_indices == -1, n)
+// Every buffer is T·k: the routing changes no size. The experts then run with n experts (their
+// offsets n int32), the sentinel pairs masked, and moe_tp_experts all-reduces their output in place.
+TensorId TorchOps::expert_parallel_routing(TensorId* weights) {
+  const bytes_t Tk = checked_product("activation size", T, m.moe.top_k);
+  const bytes_t wb = sim.info(*weights).bytes / Tk;
+  TensorId owner = sim.make("ep_router: owning rank (indices // local experts)", mul(Tk, 8), Term::activations, "floor_divide",
+                            "int64", "b·s·k", false);
+  TensorId mask = sim.make(name("ep_router: non-local mask (saved by masked_fill)", "ep_router: non-local mask"), Tk,
+                           Term::activations, "ne", "bool", "b·s·k", false);
+  sim.drop(owner);
+  TensorId masked = sim.make("ep_router: routing weights of this rank's experts", mul(Tk, wb), Term::activations, "masked_fill",
+                             "", "b·s·k", true);
+  sim.node("MaskedFillBackward0", {*weights}, {masked}, {mask});
+  TensorId local = sim.make("ep_router: indices, non-local -1", mul(Tk, 8), Term::activations, "masked_fill", "int64", "b·s·k", false);
+  auto rebind = [&](const char* what, const char* op) {
+    TensorId next = sim.make(what, mul(Tk, 8), Term::activations, op, "int64", "b·s·k", false);
+    sim.drop(local);
+    local = next;
+  };
+  auto with_bool = [&](const char* cond, const char* what) {
+    TensorId b = sim.make(cond, Tk, Term::activations, "compare", "bool", "b·s·k", false);
+    rebind(what, "masked_fill");
+    sim.drop(b);
+  };
+  if (m.moe.local_experts() > 1) {
+    rebind("ep_router: indices mod local experts", "fmod");
+  } else {
+    with_bool("ep_router: indices > 0", "ep_router: indices, positive to 0");
+    with_bool("ep_router: indices < 0", "ep_router: indices, negative to -1");
+  }
+  with_bool("ep_router: indices == -1", "ep_router: local indices, sentinel for other ranks'");
+  // the hook returns: its locals go (the masked_fill keeps the mask), and the router's own
+  // scores with the `output` tuple that held them (nothing saved them)
+  sim.drop(mask);
+  sim.drop(*weights);
+  *weights = masked;
+  return local;
+}
+
 // grouped_mm_experts_forward (transformers 5.17, integrations/moe.py), S = T·k token-expert pairs:
 //     expert_ids_g, perm = torch.sort(expert_ids)                   # int64 S each
 //     selected_hidden_states_g = hidden_states[perm // num_top_k]   # S × h, saved by grouped_mm
@@ -448,7 +496,8 @@ TensorId TorchOps::route_deepseek_v3(TensorId logits, TensorId* indices) {
 // one fp32 S × h temporary at a time (DeepSeek-V3's full-recompute backward, measured, is 1.8%
 // over with two).
 TensorId TorchOps::grouped_mm_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb) {
-  const bytes_t h = m.hidden_size, E = m.moe.experts, I = m.moe.expert_ff;
+  // E: the experts this rank runs (all of them, or its share under expert parallelism)
+  const bytes_t h = m.hidden_size, E = m.moe.local_experts(), I = m.moe.expert_ff;
   const bytes_t S = checked_product("activation size", T, m.moe.top_k);
   const bytes_t xb = sim.info(x).bytes / mul(T, h);        // the block's input dtype
   const bytes_t sb = sim.info(weights).bytes / S;          // the routing weights' dtype

@@ -104,6 +104,10 @@ struct TorchOps {
   TensorId route_deepseek_v2(TensorId logits, TensorId* indices);
   // DeepseekV3TopkRouter after its gate: sigmoid scores, noaux_tc group top-k, gathered weights.
   TensorId route_deepseek_v3(TensorId logits, TensorId* indices);
+  // Expert parallelism's ep_router on the router's outputs (T × k each): the weights of the pairs
+  // whose expert another rank holds zeroed (replaces *weights), and the indices remapped to this
+  // rank's experts with a sentinel for the others (returned; the experts take those).
+  TensorId expert_parallel_routing(TensorId* weights);
   // grouped_mm_experts_forward (transformers/integrations/moe.py): the routed experts' output, T × h.
   TensorId grouped_mm_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb);
   // batched_mm_experts_forward: every token-expert pair gathers its expert's weights.
@@ -200,6 +204,7 @@ TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, 
   TensorId weights = m.moe.router == MixtureOfExperts::Router::deepseek_v3 ? route_deepseek_v3(logits, &indices)
                      : deepseek                                             ? route_deepseek_v2(logits, &indices)
                                                                             : route(logits, &indices);
+  TensorId local_indices = m.moe.expert_ranks > 1 ? expert_parallel_routing(&weights) : kNone;
   TensorId out = run.experts == ExpertsImpl::grouped_mm ? grouped_mm_experts(x, weights, gate_up, down, wb)
                  : run.experts == ExpertsImpl::batched_mm
                      ? batched_mm_experts(x, weights, gate_up, down, wb, expert_linear)
@@ -225,6 +230,7 @@ TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, 
   }
   sim.drop(weights);  // the block returns: routing_weights, selected_experts and `_` go
   sim.drop(indices);
+  if (local_indices != kNone) sim.drop(local_indices);
   if (run.kept_logits && !sim.replaying()) run.kept_logits->push_back(logits);  // the outputs hold them
   else sim.drop(logits);
   return out;

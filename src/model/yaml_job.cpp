@@ -59,7 +59,7 @@ Job apply_yaml_job_section(std::string_view text, const std::string& path, Job j
           if (!pk.second.IsScalar()) throw Error(ErrorKind::invalid_job, pwhere + ": must be a scalar");
           if (!set_parallel_option(job, pkey, pk.second.Scalar(), pwhere))
             throw Error(ErrorKind::invalid_job, pwhere + ": unknown key (known: dp, fsdp, zero, reshard_after_forward, "
-                                                         "ddp_bucket_view, rank, tp, pp, sp)");
+                                                         "ddp_bucket_view, rank, tp, pp, cp, ep, sp, ...)");
         }
         continue;
       }
