@@ -121,6 +121,15 @@ BENCHMARK(BM_estimate_new_shape_parallel)
 void BM_estimate_new_shape_moe(benchmark::State& state) { new_shapes(state, Job{}); }
 BENCHMARK(BM_estimate_new_shape_moe)->Arg(30)->Arg(47);
 
+// The same for one rank of transformers' expert parallelism over 8 ranks (--ep 8).
+void BM_estimate_new_shape_moe_ep(benchmark::State& state) {
+  Job j;
+  j.parallel.expert = 8;
+  j.parallel.rank = 0;
+  new_shapes(state, j);
+}
+BENCHMARK(BM_estimate_new_shape_moe_ep)->Arg(30)->Arg(47);
+
 // The same for a serving job (--mode infer: a prefill of b prompts of s tokens and one decode step).
 void BM_estimate_new_shape_serving(benchmark::State& state) {
   Job j;
