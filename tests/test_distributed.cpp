@@ -229,6 +229,23 @@ TEST_CASE("MoE ranks of FSDP2, HSDP, DDP and ZeRO-1 land within 1% of the fake-p
   report(w, "MoE ranks");
 }
 
+// Ranks measured again, each alone in a fresh process (tools/device/ep_tp_fresh_run.sh), whose
+// first measurement ran after other cases in one process: four tensor-parallel ranks and the
+// FSDP2 and pipeline ranks whose in-process reserved figures the replay missed most (+17%, +10%).
+// Reserved, 2026-12-03: the TP ranks within 0.03% but Llama 3.1 8B's vocabulary-parallel loss
+// over 4 ranks (L8), −8.8% (measured after other cases, +0.06%: its snapshot shows 15 more 28 MiB
+// segments, its MLP shards' optimizer state, than the replay makes); the FSDP2 rank +0.06%; the
+// pipeline ranks −0.02%, −3.1% (Llama 3.1 8B's last of 4 stages) and −6.6% (Llama 3.2 1B,
+// 1F1B × TP 2 × FSDP2 2, amp-bf16).
+TEST_CASE("ranks measured again alone: TP, FSDP2 and pipeline ranks") {
+  Worst w;
+  check_file("tests/data/torch_train_tp_fresh_fakepg_h200.json", 0.02, none, w, 0.005, -0.09);
+  check_file("tests/data/torch_train_dist_fresh_fakepg_h200.json", 0.02, none, w, 0.005, -0.005);
+  check_file("tests/data/torch_train_pp_fresh_fakepg_h200.json", 0.02, none, w, 0.005, -0.07);
+  CHECK(w.cases == 8);
+  report(w, "ranks measured alone");
+}
+
 // Expert parallelism as transformers 5.17 runs it (tools/matrices/ep_h200.json, each rank measured
 // alone in a fresh process): Qwen3-30B-A3B over 8 and 4 ranks, Mixtral 8x7B over 8 (one expert
 // per rank: the ep_router's other path) and 4, OLMoE over 4 and 8, Qwen1.5-MoE (a shared expert)
@@ -256,9 +273,10 @@ TEST_CASE("expert-parallel ranks land within 1.5% of the fake-process-group meas
 // embedding whole: the tied 1B's two become separate tensors).
 TEST_CASE("tensor-parallel ranks with sequence parallelism and the vocabulary-parallel loss land within 2%") {
   Worst w;
-  // The file's first two cases are 2-layer models: reserved +19% (a few large blocks decide it), and
-  // the second's step 0 starts with the first's cuBLAS workspaces allocated (+64 MiB, 2.4%).
-  check_file("tests/data/torch_train_sp_fakepg_h200.json", 0.02, none, w, 0.20, -0.05, 0.025);
+  // The second case's step 0 starts with the first's cuBLAS workspaces allocated (+64 MiB, 2.4%).
+  // Reserved within 3% (2026-12-03, −2.9% to +0.3%; up to +19% before the replay built the rank
+  // as the script does, every parameter whole and then sharded module by module).
+  check_file("tests/data/torch_train_sp_fakepg_h200.json", 0.02, none, w, 0.03, -0.03, 0.025);
   CHECK(w.cases >= 13);
   report(w, "sequence-parallel ranks");
 }

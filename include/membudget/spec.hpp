@@ -166,6 +166,10 @@ struct ModelSpec {
   // tensor-parallel rank's vocabulary shard under the vocabulary-parallel loss without sequence
   // parallelism (the embedding stays whole; detail::tp_local_spec sets it). Needs an untied head.
   std::uint64_t lm_head_rows = 0;
+  // A tensor-parallel rank's view only (false for a model as loaded): the model ties lm_head to the
+  // embedding and the rank's plan (sequence parallelism, the vocabulary-parallel loss) made them
+  // two tensors (tied_embeddings is then false).
+  bool untied_by_plan = false;
   std::uint64_t lm_head_vocab() const noexcept { return lm_head_rows ? lm_head_rows : vocab_size; }  // the logits' width
   MlpKind mlp = MlpKind::gated_silu;
   NormKind norm = NormKind::rmsnorm;

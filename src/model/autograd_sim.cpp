@@ -1,5 +1,7 @@
 #include "autograd_sim.hpp"
 
+#include <algorithm>
+
 #include <cstring>
 #include <map>
 
@@ -153,6 +155,7 @@ void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
                        std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved,
                        bytes_t bwd_workspace, std::uint8_t view_grads) {
   allocate_deferred(op);  // the matmul's output exists: its first cuBLAS call takes the workspace
+  last_node_recorded_ = false;
   if (!recording()) return;
   bool any_grad = false;
   for (TensorId i : inputs)
@@ -175,6 +178,11 @@ void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
     for (TensorId s : n.saved) ++tensors_[s].saved;
   }
   nodes_.push_back(n);
+  last_node_recorded_ = true;
+}
+
+void AutogradSim::split_last_workspace(std::uint8_t pieces) {
+  if (last_node_recorded_) nodes_.back().workspace_pieces = std::clamp<std::uint8_t>(pieces, 1, 8);
 }
 
 TensorId AutogradSim::grad_of(TensorId t) const {
@@ -310,8 +318,11 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
     for (TensorId o : n.outputs)
       if (grads_[o] != kNone) active = true;
     if (active) {
-      TensorId ws = kNone;
-      if (n.workspace) ws = make("backward workspace", n.workspace, Term::activations, n.op, "", "", false);
+      TensorId ws[8] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
+      if (n.workspace)
+        for (std::uint8_t p = 0; p < n.workspace_pieces; ++p)  // equal pieces, the first taking the remainder
+          ws[p] = make("backward workspace", n.workspace / n.workspace_pieces + (p == 0 ? n.workspace % n.workspace_pieces : 0),
+                       Term::activations, n.op, "", "", false);
       for (std::size_t slot = 0; slot < n.inputs.n; ++slot) {
         const TensorId i = n.inputs.v[slot];
         if (i != kNone && tensors_[i].requires_grad) {
@@ -320,7 +331,7 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
           allocate_deferred(n.op);  // after the first gradient a matmul computes
         }
       }
-      drop(ws);
+      for (TensorId w : ws) drop(w);
       for (TensorId o : n.outputs) {
         if (grads_[o] == kNone) continue;
         if (tensors_[o].param) continue;  // .grad of a parameter stays

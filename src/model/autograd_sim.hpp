@@ -138,6 +138,9 @@ class AutogradSim {
   // cannot add a later contribution into it in place. Under GradMode::off it does nothing.
   void node(const char* op, std::initializer_list<TensorId> inputs, std::initializer_list<TensorId> outputs,
             std::initializer_list<TensorId> saved, bytes_t bwd_workspace = 0, std::uint8_t view_grads = 0);
+  // The last recorded node's backward workspace is `pieces` equal temporaries alive together, each
+  // its own allocation (the caching allocator places them apart), rather than one block.
+  void split_last_workspace(std::uint8_t pieces);
   // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
   void transient(const char* name, bytes_t bytes, Term term = Term::activations, Role role = Role::temporary);
   // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
@@ -234,7 +237,9 @@ class AutogradSim {
     bytes_t workspace;
     int section;
     std::uint8_t view_grads;  // bit i: input i's gradient is a view (see node())
+    std::uint8_t workspace_pieces = 1;  // split_last_workspace
   };
+  bool last_node_recorded_ = false;  // the last node() call pushed a node (split_last_workspace)
   // A contribution that the input buffer must add out of place, after the node has run.
   struct PendingSum {
     TensorId input, incoming;

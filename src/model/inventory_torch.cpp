@@ -1013,6 +1013,7 @@ TensorId forward(Step& st, bool checkpoint) {
     sim.drop(l32);
     loss = sim.make("loss", 4, Term::logits_loss, "nll_loss", "fp32", "1", true);
     sim.node("NllLossBackward0", {lsm}, {loss}, {shift}, vocab_parallel ? mul(TV, 4, 2) : 0);
+    sim.split_last_workspace(2);  // (its two temporaries: tests/data/tp_fresh_snapshots/*tp-lp*)
     sim.drop(lsm);
     sim.drop(shift);
     sim.drop(logits);  // the output object is dropped once .loss is taken
@@ -1318,7 +1319,9 @@ void check_torch_coverage(const ModelSpec& m, const Job& job) {
 
 // The model's parameters as transformers allocates them (ModelSpec's tensor description), then
 // peft's adapters. Under LoRA the base is frozen (requires_grad=False) and the adapters are fp32.
-void build_parameters(Step& st) {
+// `building`: the model is being built (step 0's pass), not found built (a steady step's prologue,
+// which lists what step 0 left allocated).
+void build_parameters(Step& st, bool building) {
   AutogradSim& sim = st.sim;
   const ModelSpec& m = st.m;
   const bytes_t rank = st.job.lora_rank;
@@ -1326,16 +1329,66 @@ void build_parameters(Step& st) {
   const std::uint64_t S = st.dp->layout().shard;
   st.groups.assign(st.d.L + 1, {});
   const PipelineStage* stage = st.stage;
+  // Tensor parallelism on a model built on the device (the --tp measurements, without FSDP2 or a
+  // pipeline, whose modules are parallelized on the meta device): to_empty allocates every
+  // parameter whole, then parallelize_module replaces each sharded one, module by module in the
+  // plan's order, with its shard (made from the whole one, which is then freed). Nothing of it
+  // is left allocated, but the caching allocator keeps the whole parameters' segments (the
+  // snapshots in tests/data/tp_fresh_snapshots/: Llama 3.2 1B over 4 ranks holds 48 segments of
+  // a whole MLP projection, 64 MiB in fp32). pending_shards: each shard and the whole parameter
+  // its parallelize_module frees (kNone: none). A tied model's lm_head (untied_by_plan) gets a
+  // storage of its own from to_empty, freed at once when the script ties it again; the tied whole
+  // (the embedding's) goes when the last of the two modules holding it is sharded.
+  TensorId tied_whole = kNone;
+  const bool whole_first = building && st.job.parallel.tensor > 1 && !fsdp && !stage;
+  struct PendingShard {
+    std::uint64_t order;
+    TensorId shard, whole;
+  };
+  std::vector<PendingShard> pending_shards;
+  auto plan_order = [&](const ParamTensor& t, std::size_t group) -> std::uint64_t {
+    // the measured plan's order within a decoder layer (tools/torch_profile_dist.py apply_tp_layers):
+    // q, k, v, gate, up, then o and down; the embedding and lm_head after every layer
+    std::uint64_t within = 7;
+    switch (t.module) {
+      case Module::q: within = 0; break;
+      case Module::k: within = 1; break;
+      case Module::v: within = 2; break;
+      case Module::gate: within = 3; break;
+      case Module::up: within = 4; break;
+      case Module::o: within = 5; break;
+      case Module::down: within = 6; break;
+      case Module::embedding: return std::uint64_t{1} << 40;
+      case Module::lm_head: return (std::uint64_t{1} << 40) + 1;
+      default: break;
+    }
+    return group * 16 + within * 2 + (t.bias ? 1 : 0);
+  };
   // Under FSDP2 these are the unsharded parameters the forward uses (param_dtype), each one padded
   // storage of S shards; their gradients have the parameter's own size. The model is built on the
   // meta device (torchtitan's recipe, and the measurements'): fully_shard then allocates the shards
   // alone, and an unsharded parameter's storage first exists at its first all-gather.
   auto P = [&](const ParamTensor& t, std::size_t group) {
     const bytes_t n = t.elements();
+    const bool shard_later = whole_first && tp_sharded(t, st.job.parallel);
     const TensorId id =
         fsdp ? sim.meta_param("FSDP2 unsharded parameters (all-gathered)", mul(mul(S, fsdp_padded_shard(t, S)), st.r.param),
                               Term::other, st.r.param_name, rank == 0)
-             : sim.param("parameters", mul(n, st.r.param), Term::model_states, st.r.param_name, rank == 0);
+        : shard_later ? sim.meta_param("parameters", mul(n, st.r.param), Term::model_states, st.r.param_name, rank == 0)
+                      : sim.param("parameters", mul(n, st.r.param), Term::model_states, st.r.param_name, rank == 0);
+    if (shard_later) {  // the whole parameter to_empty allocated: the shard's bytes on every rank
+      TensorId whole = sim.alloc_raw("to_empty: a whole parameter, until parallelize_module shards it",
+                                     mul(n, st.r.param, st.job.parallel.tensor), Term::other, Role::workspace, "to_empty",
+                                     st.r.param_name, "");
+      if (m.untied_by_plan && t.module == Module::embedding) {  // lm_head still holds it after this shard
+        tied_whole = whole;
+        whole = kNone;
+      } else if (m.untied_by_plan && t.module == Module::lm_head) {  // to_empty's own storage, freed at the retie
+        sim.drop(whole);
+        whole = tied_whole;
+      }
+      pending_shards.push_back({plan_order(t, group), id, whole});
+    }
     if (fsdp) sim.set_grad_bytes(id, mul(n, st.r.param));
     // the plain parameters' optimizer steps after the DTensors' (optimizer_per_tensor_kind)
     if (!stage && optimizer_per_tensor_kind(st.job.parallel) && !dtensor_parameter(t, st.job.parallel)) sim.set_optimizer(id, 1);
@@ -1369,6 +1422,12 @@ void build_parameters(Step& st) {
     if (t.module == Module::lm_head) st.lm_head = P(t, 0);
   }
   if (stage && m.tied_embeddings) st.lm_head = P(outer.front(), 0);  // (shape of the embedding: V × h)
+  std::stable_sort(pending_shards.begin(), pending_shards.end(),
+                   [](const PendingShard& a, const PendingShard& b) { return a.order < b.order; });
+  for (const PendingShard& p : pending_shards) {  // parallelize_module: the shard, then the whole one goes
+    sim.restore_storage(p.shard);
+    if (p.whole != kNone) sim.drop(p.whole);
+  }
 }
 
 // Parameters of rank-r adapters (A: r × in, B: out × r) on every decoder projection.
@@ -1572,7 +1631,7 @@ class TrainPass {
 
   // The parameters (and adapters), the batch, and the whole segments the parameters hold.
   void load_model_and_batch() {
-    build_parameters(st_);
+    build_parameters(st_, !steady_);
     // SP's vocabulary-sharded embedding: its backward computes the whole V × h weight gradient
     // (Replicate) and keeps this rank's rows as a view of it (Replicate → Shard(0) narrows dim 0
     // without a copy), so the whole buffer lives as long as .grad (the snapshot frees it in zero_grad).

@@ -28,7 +28,7 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   put(m.num_kv_heads); put(m.head_dim); put(m.tied_embeddings); put(static_cast<std::uint64_t>(m.mlp));
   put(static_cast<std::uint64_t>(m.norm)); put(m.bias.qkv | (m.bias.o << 1) | (m.bias.mlp << 2));
   put(m.max_positions); put(m.norms_per_layer); put(m.qk_norm); put(std::bit_cast<std::uint64_t>(m.final_logit_softcap));
-  put(std::bit_cast<std::uint64_t>(m.attn_logit_softcap)); put(m.lm_head_rows);
+  put(std::bit_cast<std::uint64_t>(m.attn_logit_softcap)); put(m.lm_head_rows); put(m.untied_by_plan);
   put(m.sliding.window); put(m.sliding.every_nth); put(m.mla.kv_lora_rank); put(m.mla.qk_rope_head_dim);
   put(m.mla.q_lora_rank); put(m.mla.qk_nope_head_dim); put(m.mla.v_head_dim);
   put(static_cast<std::uint64_t>(j.mode)); put(static_cast<std::uint64_t>(j.precision));

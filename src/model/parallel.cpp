@@ -87,9 +87,11 @@ ModelSpec tp_local_spec(const ModelSpec& m, std::uint64_t t, bool sp, bool loss_
   local.intermediate_size /= t;
   if (sp) {
     local.vocab_size /= t;
+    local.untied_by_plan = m.tied_embeddings;
     local.tied_embeddings = false;
   } else if (loss_parallel) {  // lm_head alone is ColwiseParallel: its own shard, the embedding whole
     local.lm_head_rows = m.vocab_size / t;
+    local.untied_by_plan = m.tied_embeddings;
     local.tied_embeddings = false;
   }
   // head_dim stays: q_dim() = heads · head_dim shrinks with the heads
