@@ -84,40 +84,49 @@ struct Segment {
 // walk through a tree's nodes. Every block of a class is smaller than every block of a later
 // class, so the smallest block >= size is the first >= size in its class, else the first of the
 // next class that holds any. A block's size and address change only while it is out of the set.
+// Each array is kept in descending order, the best fit last: most of a class's blocks have one
+// size (a step's many equal tensors), the best fit is the block taken most often, and freed blocks
+// land nearer the low addresses too, so an insert or erase moves fewer entries behind it (the 8B
+// and 70B reserved replays: 25 per insert and 18 per erase of 77 on average, against 52 and 58
+// in ascending order). take_best_fit searches once where finding and erasing searched twice.
 class FreeBlocks {
  public:
   void insert(Block* b) {
     const Entry e{b->size, b->addr, b};
     const std::size_t c = size_class(b->size);
     auto& v = classes_[c];
-    v.insert(std::lower_bound(v.begin(), v.end(), e), e);
+    v.insert(position(v, e), e);
     held_[c / 64] |= std::uint64_t{1} << (c % 64);
   }
   void erase(Block* b) {
-    const Entry e{b->size, b->addr, b};
     const std::size_t c = size_class(b->size);
     auto& v = classes_[c];
-    auto it = std::lower_bound(v.begin(), v.end(), e);
+    const auto it = position(v, Entry{b->size, b->addr, b});
     if (it == v.end() || it->block != b) return;
-    v.erase(it);
-    if (v.empty()) held_[c / 64] &= ~(std::uint64_t{1} << (c % 64));
+    erase_at(c, it);
   }
-  // The smallest block of at least `size` bytes (lowest address among equals), nullptr if none.
-  Block* lower_bound(bytes_t size) const {
+  // Takes out and returns the smallest block of at least `size` bytes (lowest address among
+  // equals) if `take(block)` accepts it; nullptr (and nothing taken) otherwise.
+  template <class Take>
+  Block* take_best_fit(bytes_t size, Take&& take) {
     std::size_t c = size_class(size);
-    const auto& v = classes_[c];
-    auto it = std::lower_bound(v.begin(), v.end(), Entry{size, 0, nullptr});
-    if (it != v.end()) return it->block;
+    auto& v = classes_[c];
+    // the last entry >= (size, 0): in descending order, the one before the first below it
+    const auto below = std::partition_point(v.begin(), v.end(), [size](const Entry& e) { return e.size >= size; });
+    if (below != v.begin()) return take_at(c, below - 1, take);
     for (++c; c < kClasses; c = (c / 64 + 1) * 64) {  // the next class holding any
       const std::uint64_t w = held_[c / 64] & (~std::uint64_t{0} << (c % 64));
-      if (w) return classes_[c / 64 * 64 + static_cast<std::size_t>(std::countr_zero(w))].front().block;
+      if (w) {
+        const std::size_t next = c / 64 * 64 + static_cast<std::size_t>(std::countr_zero(w));
+        return take_at(next, classes_[next].end() - 1, take);
+      }
     }
     return nullptr;
   }
   template <class F>
   void for_each(F&& f) const {  // in (size, address) order
     for (const auto& v : classes_)
-      for (const Entry& e : v) f(e.block);
+      for (auto it = v.rbegin(); it != v.rend(); ++it) f(it->block);
   }
 
  private:
@@ -125,15 +134,30 @@ class FreeBlocks {
     bytes_t size;
     DeviceAddr addr;
     Block* block;
-    bool operator<(const Entry& o) const { return size != o.size ? size < o.size : addr < o.addr; }
+    // the arrays' order: descending by (size, address)
+    bool operator<(const Entry& o) const { return size != o.size ? size > o.size : addr > o.addr; }
   };
+  using Class = std::vector<Entry>;
+  static Class::iterator position(Class& v, const Entry& e) { return std::lower_bound(v.begin(), v.end(), e); }
+  template <class Take>
+  Block* take_at(std::size_t c, Class::iterator it, Take&& take) {
+    Block* b = it->block;
+    if (!take(b)) return nullptr;
+    erase_at(c, it);
+    return b;
+  }
+  void erase_at(std::size_t c, Class::iterator it) {
+    auto& v = classes_[c];
+    v.erase(it);
+    if (v.empty()) held_[c / 64] &= ~(std::uint64_t{1} << (c % 64));
+  }
   static constexpr std::size_t kClasses = 65 * 4;
   // Monotonic in the size: the bit length, then the two bits after the leading one.
   static std::size_t size_class(bytes_t size) {
     const auto w = static_cast<std::size_t>(std::bit_width(size));
     return w < 3 ? w * 4 : w * 4 + static_cast<std::size_t>((size >> (w - 3)) & 3);
   }
-  std::array<std::vector<Entry>, kClasses> classes_;
+  std::array<Class, kClasses> classes_;
   std::array<std::uint64_t, (kClasses + 63) / 64> held_{};
 };
 
@@ -311,11 +335,7 @@ struct CachingAllocator::Impl {
   // c10 get_free_block: the smallest cached block >= size in the pool, unless the policy's
   // oversize rules (max_split_size; unlimited by default) keep it for other requests.
   Block* get_free_block(Pool& pool, StreamId stream, bytes_t size) {
-    FreeBlocks& free_blocks = pool.of(stream).free_blocks;
-    Block* b = free_blocks.lower_bound(size);
-    if (!b || !policy.may_reuse(size, b->size)) return nullptr;
-    free_blocks.erase(b);
-    return b;
+    return pool.of(stream).free_blocks.take_best_fit(size, [&](const Block* b) { return policy.may_reuse(size, b->size); });
   }
 
   // c10 alloc_block: a new segment from the raw memory (or more pages in expandable mode).
