@@ -55,7 +55,10 @@ struct Block {
   Block* prev = nullptr;  // neighbours inside the same segment
   Block* next = nullptr;
   Segment* seg = nullptr;
-  AllocTag tag;
+  // The tensor that holds (or last held) the block; null when untagged, as every block of the
+  // reserved-memory replay is. Out of line, a Block is 64 bytes rather than 152: the replay
+  // reaches thousands of them.
+  std::unique_ptr<AllocTag> tag;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
@@ -95,13 +98,13 @@ class FreeBlocks {
     const Entry e{b->size, b->addr, b};
     const std::size_t c = size_class(b->size);
     auto& v = classes_[c];
-    v.insert(position(v, e), e);
+    v.insert(position(v, key(e.size, e.addr)), e);
     held_[c / 64] |= std::uint64_t{1} << (c % 64);
   }
   void erase(Block* b) {
     const std::size_t c = size_class(b->size);
     auto& v = classes_[c];
-    const auto it = position(v, Entry{b->size, b->addr, b});
+    const auto it = position(v, key(b->size, b->addr));
     if (it == v.end() || it->block != b) return;
     erase_at(c, it);
   }
@@ -111,8 +114,9 @@ class FreeBlocks {
   Block* take_best_fit(bytes_t size, Take&& take) {
     std::size_t c = size_class(size);
     auto& v = classes_[c];
-    // the last entry >= (size, 0): in descending order, the one before the first below it
-    const auto below = std::partition_point(v.begin(), v.end(), [size](const Entry& e) { return e.size >= size; });
+    // the last entry of at least `size` bytes, the one before the first not above (size, 0) (no
+    // block has address 0)
+    const auto below = position(v, key(size, 0));
     if (below != v.begin()) return take_at(c, below - 1, take);
     for (++c; c < kClasses; c = (c / 64 + 1) * 64) {  // the next class holding any
       const std::uint64_t w = held_[c / 64] & (~std::uint64_t{0} << (c % 64));
@@ -130,15 +134,18 @@ class FreeBlocks {
   }
 
  private:
+  using Key = unsigned __int128;  // (size, address) in one number, compared at once
+  static Key key(bytes_t size, DeviceAddr addr) { return Key{size} << 64 | addr; }
   struct Entry {
     bytes_t size;
     DeviceAddr addr;
     Block* block;
-    // the arrays' order: descending by (size, address)
-    bool operator<(const Entry& o) const { return size != o.size ? size > o.size : addr > o.addr; }
   };
   using Class = std::vector<Entry>;
-  static Class::iterator position(Class& v, const Entry& e) { return std::lower_bound(v.begin(), v.end(), e); }
+  // The first entry of `v` not above `k`: std::lower_bound in the descending order.
+  static Class::iterator position(Class& v, Key k) {
+    return std::lower_bound(v.begin(), v.end(), k, [](const Entry& e, Key k) { return key(e.size, e.addr) > k; });
+  }
   template <class Take>
   Block* take_at(std::size_t c, Class::iterator it, Take&& take) {
     Block* b = it->block;
@@ -301,16 +308,22 @@ struct CachingAllocator::Impl {
     b->allocated = false;
     b->prev = b->next = nullptr;
     b->seg = nullptr;
-    set_tag(b->tag, AllocTag{});
+    b->tag.reset();
     spare_blocks.push_back(b);
   }
-  // A block's tag; most callers (the reserved-memory replay) tag nothing, and then no string is
-  // copied.
-  static void set_tag(AllocTag& to, const AllocTag& from) {
-    if (from.op.empty() && from.tensor.empty() && from.phase.empty() && to.op.empty() && to.tensor.empty() &&
-        to.phase.empty())
-      return;
-    to = from;
+  // A block's tag; most callers (the reserved-memory replay) tag nothing, and then nothing is
+  // allocated or copied.
+  static void set_tag(Block& b, const AllocTag& tag) {
+    if (tag.op.empty() && tag.tensor.empty() && tag.phase.empty())
+      b.tag.reset();
+    else if (b.tag)
+      *b.tag = tag;
+    else
+      b.tag = std::make_unique<AllocTag>(tag);
+  }
+  static const AllocTag& tag_of(const Block& b) {
+    static const AllocTag untagged;
+    return b.tag ? *b.tag : untagged;
   }
 
   Pool& pool_for(bytes_t rounded) { return policy.is_small(rounded) ? small_pool : large_pool; }
@@ -533,7 +546,7 @@ struct CachingAllocator::Impl {
 
     b->allocated = true;
     b->requested = bytes;
-    set_tag(b->tag, tag);
+    set_tag(*b, tag);
     active.insert(b->addr, b);
     update(stats.allocated, as_i64(b->size));
     update(stats.active, as_i64(b->size));
@@ -551,8 +564,8 @@ struct CachingAllocator::Impl {
     active.erase(ptr);
     b->allocated = false;
     update(stats.allocated, -as_i64(b->size));
-    record(TraceEvent::Action::free_requested, b->addr, b->requested, b->tag, b->seg->stream);
-    record(TraceEvent::Action::free_completed, b->addr, b->requested, b->tag, b->seg->stream);
+    record(TraceEvent::Action::free_requested, b->addr, b->requested, tag_of(*b), b->seg->stream);
+    record(TraceEvent::Action::free_completed, b->addr, b->requested, tag_of(*b), b->seg->stream);
     free_block(b);
   }
 
@@ -604,7 +617,7 @@ struct CachingAllocator::Impl {
         bi.size = b->size;
         bi.requested_size = b->allocated ? b->requested : 0;
         bi.state = b->allocated ? BlockInfo::State::active_allocated : BlockInfo::State::inactive;
-        bi.tag = b->tag;
+        bi.tag = tag_of(*b);
         if (b->allocated) {
           info.allocated_size += b->size;
           info.active_size += b->size;
