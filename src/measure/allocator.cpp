@@ -321,10 +321,11 @@ struct CachingAllocator::Impl {
     else
       b.tag = std::make_unique<AllocTag>(tag);
   }
-  static const AllocTag& tag_of(const Block& b) {
-    static const AllocTag untagged;
-    return b.tag ? *b.tag : untagged;
+  static const AllocTag& untagged() {
+    static const AllocTag none;
+    return none;
   }
+  static const AllocTag& tag_of(const Block& b) { return b.tag ? *b.tag : untagged(); }
 
   Pool& pool_for(bytes_t rounded) { return policy.is_small(rounded) ? small_pool : large_pool; }
   Pool& pool_of(const Segment& seg) { return seg.small ? small_pool : large_pool; }
@@ -339,10 +340,10 @@ struct CachingAllocator::Impl {
     return last_time_us;
   }
 
-  void record(TraceEvent::Action action, std::uint64_t addr, std::uint64_t size, const AllocTag& tag = {},
+  // Inline, so that an allocator without history (the reserved replay's) pays a test per event.
+  void record(TraceEvent::Action action, std::uint64_t addr, std::uint64_t size, const AllocTag& tag = untagged(),
               StreamId stream = 0) {
-    if (!options.record_history) return;
-    history.push_back(TraceEvent{action, addr, size, now_us(), tag, stream});
+    if (options.record_history) history.push_back(TraceEvent{action, addr, size, now_us(), tag, stream});
   }
 
   // c10 get_free_block: the smallest cached block >= size in the pool, unless the policy's
@@ -373,7 +374,7 @@ struct CachingAllocator::Impl {
     segments.emplace(seg->base, std::move(seg));
     update(stats.reserved, as_i64(bytes));
     stats.num_segments += 1;
-    record(TraceEvent::Action::segment_alloc, b->addr, bytes, {}, stream);
+    record(TraceEvent::Action::segment_alloc, b->addr, bytes, untagged(), stream);
     return b;
   }
 
@@ -407,7 +408,7 @@ struct CachingAllocator::Impl {
     if (bytes > seg->virtual_size - seg->size) return nullptr;
     DeviceAddr at = seg->base + seg->size;
     if (!raw.map_range_at(at, bytes)) return nullptr;
-    record(TraceEvent::Action::segment_map, at, bytes, {}, stream);
+    record(TraceEvent::Action::segment_map, at, bytes, untagged(), stream);
     update(stats.reserved, as_i64(bytes));
     if (seg->size == 0) stats.num_segments += 1;
     seg->size += bytes;
@@ -446,7 +447,7 @@ struct CachingAllocator::Impl {
   void release_segment(Pool& pool, Block* b) {
     pool.free_blocks(b).erase(b);
     Segment* seg = b->seg;
-    record(TraceEvent::Action::segment_free, seg->base, seg->size, {}, seg->stream);
+    record(TraceEvent::Action::segment_free, seg->base, seg->size, untagged(), seg->stream);
     raw.raw_free_at(seg->base, seg->size);
     update(stats.reserved, -as_i64(seg->size));
     stats.num_segments -= 1;
@@ -475,7 +476,7 @@ struct CachingAllocator::Impl {
       free_blocks.insert(last);
     }
     raw.unmap_range_at(cut, bytes);
-    record(TraceEvent::Action::segment_unmap, cut, bytes, {}, seg.stream);
+    record(TraceEvent::Action::segment_unmap, cut, bytes, untagged(), seg.stream);
     update(stats.reserved, -as_i64(bytes));
     seg.size -= bytes;
     if (seg.size == 0) stats.num_segments -= 1;
@@ -642,7 +643,7 @@ DeviceAddr CachingAllocator::allocate_at(bytes_t bytes, const AllocTag& tag, Str
 
 void CachingAllocator::deallocate_at(DeviceAddr addr) { impl_->deallocate(addr); }
 
-AllocatorStats CachingAllocator::stats() const { return impl_->stats; }
+const AllocatorStats& CachingAllocator::stats() const { return impl_->stats; }
 
 void CachingAllocator::reset_peak_stats() {
   for (Stat* s : {&impl_->stats.allocated, &impl_->stats.reserved, &impl_->stats.active,

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -163,8 +164,11 @@ class Replay {
     pieces(info, bytes);
     if (!pieces_.empty()) {
       // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
-      const measure::AllocTag tag = record_ ? measure::AllocTag{info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"}
-                                            : measure::AllocTag{};
+      static const measure::AllocTag untagged;
+      std::optional<measure::AllocTag> tagged;
+      if (record_)
+        tagged = measure::AllocTag{info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
+      const measure::AllocTag& tag = tagged ? *tagged : untagged;
       if (h.n == 0 && pieces_.size() == 1) {
         h.n = 1;
         h.addr = alloc_.allocate_at(pieces_[0], tag, stream_of(info));
