@@ -9,7 +9,7 @@
 #include <limits>
 #include <array>
 #include <bit>
-#include <map>
+#include <deque>
 
 #include "membudget/error.hpp"
 
@@ -172,6 +172,45 @@ class FreeBlocks {
   std::array<std::uint64_t, (kClasses + 63) / 64> held_{};
 };
 
+// Every segment, owned here, in address order (for layout_hash and the snapshot). The order is
+// kept descending, so that a segment below all the others is appended: the replay's fake memory
+// hands out each segment below the last, and cudaMalloc mostly did on the H200 (fake_memory.hpp).
+// Segments live in a deque and a released one's place is reused: an 8B reserved replay makes
+// some 900 segments, and a map node and a heap object for each were some 5% of its time.
+class SegmentList {
+ public:
+  Segment* add(const Segment& s) {
+    Segment* seg;
+    if (spare_.empty()) {
+      seg = &store_.emplace_back(s);
+    } else {
+      seg = spare_.back();
+      spare_.pop_back();
+      *seg = s;
+    }
+    by_address_.insert(position(seg->base), seg);
+    return seg;
+  }
+  void remove(Segment* seg) {
+    by_address_.erase(position(seg->base) - 1);  // the one at seg->base precedes the first below it
+    spare_.push_back(seg);
+  }
+  template <class F>
+  void for_each(F&& f) const {  // in ascending address order
+    for (auto it = by_address_.rbegin(); it != by_address_.rend(); ++it) f(**it);
+  }
+
+ private:
+  // The first segment below `base`.
+  std::vector<Segment*>::iterator position(DeviceAddr base) {
+    return std::upper_bound(by_address_.begin(), by_address_.end(), base,
+                            [](DeviceAddr a, const Segment* s) { return a > s->base; });
+  }
+  std::deque<Segment> store_;
+  std::vector<Segment*> spare_;
+  std::vector<Segment*> by_address_;  // descending
+};
+
 // Live blocks by address (c10's active blocks): open addressing with linear probing, so that a
 // lookup is a multiply and a probe or two rather than a node of a std::unordered_map.
 class AddressMap {
@@ -275,7 +314,7 @@ struct CachingAllocator::Impl {
   AllocatorStats stats;
   Pool small_pool{true, {}};
   Pool large_pool{false, {}};
-  std::map<DeviceAddr, std::unique_ptr<Segment>> segments;  // by base address
+  SegmentList segments;
   AddressMap active;  // live blocks by address
   // Blocks are made and merged away at every split and free: they come from chunks owned here and
   // return to `spare_blocks`, rather than from new and delete.
@@ -287,14 +326,14 @@ struct CachingAllocator::Impl {
   Impl(RawMemory& r, AllocatorOptions o) : raw(r), options(o) {}
 
   ~Impl() {  // the blocks go with block_chunks
-    for (auto& [base, seg] : segments) {
-      if (seg->expandable) {
-        if (seg->size) raw.unmap_range_at(seg->base, seg->size);
-        raw.release_range_at(seg->base, seg->virtual_size);
+    segments.for_each([&](const Segment& seg) {
+      if (seg.expandable) {
+        if (seg.size) raw.unmap_range_at(seg.base, seg.size);
+        raw.release_range_at(seg.base, seg.virtual_size);
       } else {
-        raw.raw_free_at(seg->base, seg->size);
+        raw.raw_free_at(seg.base, seg.size);
       }
-    }
+    });
   }
 
   Block* new_block() {
@@ -365,17 +404,12 @@ struct CachingAllocator::Impl {
     asked = bytes;
     const DeviceAddr p = raw.raw_alloc_at(bytes);
     if (!p) return nullptr;
-    auto seg = std::make_unique<Segment>();
-    seg->base = p;
-    seg->size = bytes;
-    seg->small = pool.small;
-    seg->stream = stream;
+    Segment* seg = segments.add(Segment{.base = p, .size = bytes, .small = pool.small, .stream = stream});
     Block* b = new_block();
     b->addr = seg->base;
     b->size = bytes;
-    b->seg = seg.get();
+    b->seg = seg;
     seg->head = b;
-    segments.emplace(seg->base, std::move(seg));
     update(stats.reserved, as_i64(bytes));
     stats.num_segments += 1;
     record(TraceEvent::Action::segment_alloc, b->addr, bytes, untagged(), stream);
@@ -395,14 +429,7 @@ struct CachingAllocator::Impl {
         throw Error(ErrorKind::unsupported,
                     "expandable segments: the raw memory '" + raw.name() +
                         "' cannot reserve and map address ranges; run without expandable segments");
-      auto owned = std::make_unique<Segment>();
-      owned->base = base;
-      owned->virtual_size = virtual_size;
-      owned->small = pool.small;
-      owned->expandable = true;
-      owned->stream = stream;
-      seg = owned.get();
-      segments.emplace(seg->base, std::move(owned));
+      seg = segments.add(Segment{.base = base, .virtual_size = virtual_size, .small = pool.small, .expandable = true, .stream = stream});
       mine.expandable = seg;
     }
     Block* last = seg->tail();
@@ -456,7 +483,7 @@ struct CachingAllocator::Impl {
     update(stats.reserved, -as_i64(seg->size));
     stats.num_segments -= 1;
     delete_block(b);
-    segments.erase(seg->base);
+    segments.remove(seg);
   }
 
   void unmap_free_tail(Pool& pool, Segment& seg) {
@@ -608,8 +635,9 @@ struct CachingAllocator::Impl {
 
   std::vector<SegmentInfo> snapshot_segments() const {
     std::vector<SegmentInfo> out;
-    for (const auto& [base, seg] : segments) {
-      if (seg->size == 0) continue;
+    segments.for_each([&](const Segment& s) {
+      const Segment* seg = &s;
+      if (seg->size == 0) return;
       SegmentInfo info;
       info.address = seg->base;
       info.total_size = seg->size;
@@ -631,7 +659,7 @@ struct CachingAllocator::Impl {
         info.blocks.push_back(std::move(bi));
       }
       out.push_back(std::move(info));
-    }
+    });
     return out;
   }
 };
@@ -664,15 +692,15 @@ std::vector<SegmentInfo> CachingAllocator::segments() const { return impl_->snap
 std::uint64_t CachingAllocator::layout_hash() const {
   std::uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 0x100000001b3ull; h ^= h >> 29; };
-  for (const auto& [base, seg] : impl_->segments) {
-    mix(seg->base);
-    mix(seg->size);
-    mix(seg->stream);
-    for (const Block* b = seg->head; b; b = b->next) {
+  impl_->segments.for_each([&](const Segment& seg) {
+    mix(seg.base);
+    mix(seg.size);
+    mix(seg.stream);
+    for (const Block* b = seg.head; b; b = b->next) {
       mix(b->addr);
       mix(b->size * 2 + (b->allocated ? 1 : 0));
     }
-  }
+  });
   return h;
 }
 
