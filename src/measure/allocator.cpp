@@ -222,15 +222,14 @@ class AddressMap {
     slots_[i] = {a, b};
     ++count_;
   }
-  Block* find(DeviceAddr a) const {
+  // Removes a's entry and returns its block; nullptr (and nothing removed) if a has none. One
+  // probe sequence, then backward-shift deletion: no tombstones.
+  Block* take(DeviceAddr a) {
     if (slots_.empty()) return nullptr;
-    for (std::size_t i = home(a); slots_[i].addr; i = (i + 1) & mask_)
-      if (slots_[i].addr == a) return slots_[i].block;
-    return nullptr;
-  }
-  void erase(DeviceAddr a) {  // backward-shift deletion: no tombstones
     std::size_t i = home(a);
-    while (slots_[i].addr != a) i = (i + 1) & mask_;
+    for (; slots_[i].addr != a; i = (i + 1) & mask_)
+      if (!slots_[i].addr) return nullptr;
+    Block* const taken = slots_[i].block;
     for (std::size_t j = (i + 1) & mask_; slots_[j].addr; j = (j + 1) & mask_) {
       const std::size_t h = home(slots_[j].addr);
       // slot j's entry may move to the hole i unless its home lies cyclically in (i, j]
@@ -241,6 +240,7 @@ class AddressMap {
     }
     slots_[i] = {};
     --count_;
+    return taken;
   }
 
  private:
@@ -589,11 +589,10 @@ struct CachingAllocator::Impl {
 
   void deallocate(DeviceAddr ptr) {
     if (!ptr) return;
-    Block* b = active.find(ptr);
+    Block* b = active.take(ptr);
     if (!b)
       throw Error(ErrorKind::invalid_argument,
                   "deallocate: the pointer was not returned by this allocator or is already free");
-    active.erase(ptr);
     b->allocated = false;
     update(stats.allocated, -as_i64(b->size));
     record(TraceEvent::Action::free_requested, b->addr, b->requested, tag_of(*b), b->seg->stream);

@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -165,10 +164,9 @@ class Replay {
     if (!pieces_.empty()) {
       // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
       static const measure::AllocTag untagged;
-      std::optional<measure::AllocTag> tagged;
-      if (record_)
-        tagged = measure::AllocTag{info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
-      const measure::AllocTag& tag = tagged ? *tagged : untagged;
+      const measure::AllocTag& tag =
+          record_ ? (tag_ = {info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"})
+                  : untagged;
       if (h.n == 0 && pieces_.size() == 1) {
         h.n = 1;
         h.addr = alloc_.allocate_at(pieces_[0], tag, stream_of(info));
@@ -235,6 +233,7 @@ class Replay {
   std::vector<bytes_t> trainable_;
   bytes_t trainable_bytes_ = 0;
   std::vector<bytes_t> pieces_;
+  measure::AllocTag tag_;  // the allocation's tag when recording
   std::vector<Held> live_;                                // by tensor id: its blocks
   std::vector<std::vector<measure::DeviceAddr>> lists_;   // the blocks of tensors made of several
   std::unordered_map<CarryKey, std::vector<Held>, CarryHash> carried_;  // live after a step, by name and size
