@@ -85,8 +85,9 @@ struct Segment {
 // per class that holds any: a pool holds hundreds of free blocks while a step is replayed (some
 // 10^4 inserts and erases per step), and a search in one short contiguous array costs less than a
 // walk through a tree's nodes. Every block of a class is smaller than every block of a later
-// class, so the smallest block >= size is the first >= size in its class, else the first of the
-// next class that holds any. A block's size and address change only while it is out of the set.
+// class, so the smallest block >= size is the smallest >= size in its class, else the smallest
+// of the next class that holds any. A block's size and address change only while it is out of
+// the set.
 // Each array is kept in descending order, the best fit last: most of a class's blocks have one
 // size (a step's many equal tensors), the best fit is the block taken most often, and freed blocks
 // land nearer the low addresses too, so an insert or erase moves fewer entries behind it (the 8B
