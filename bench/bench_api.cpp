@@ -187,10 +187,12 @@ BENCHMARK(BM_predict_full_simulation)->Arg(8)->Arg(70)->Unit(benchmark::kMicrose
 // repeats (at least two steady steps: the second confirms the first), a new shape every call.
 // After the first call the streams come compiled (src/model/reserved.cpp, ReservedStream:
 // simulated once at probe shapes, the sizes evaluated at the shape), so the cost is the replay.
-// 2026-12-02, build machine, one run: 3.8 ms (8B) / 12.0 ms (70B), 11,100× / 34,600×
-// BM_estimate_new_shape/8 (347 ns); one steady step earlier the same day: 2.3 / 7.9 ms (6,400× /
-// 21,700× in its run); 2026-12-01, the step simulated at every shape: 8.5 / 27.6 ms. The issue's
-// goal, 1 ms, is not met.
+// 2026-12-03, build machine: 1.75 ms (8B) / 4.25 ms (70B), 9,500× / 23,200×
+// BM_estimate_new_shape/8 (183 ns), medians of three; the allocator before that day's speed-ups
+// (descending free-block classes tried from their end, sixteen per power of two, a 64-byte Block,
+// segments in a deque), run alternately: 2.54 / 7.40 ms (13,500× / 39,400×). 2026-12-02: 3.8 /
+// 12.0 ms (11,100× / 34,600×, 347 ns); one steady step earlier that day: 2.3 / 7.9 ms; 2026-12-01,
+// the step simulated at every shape: 8.5 / 27.6 ms. The goal, 1 ms, is not met.
 void BM_predict_reserved_new_shape(benchmark::State& state) {
   const ModelSpec& m = model_of(state.range(0));
   Job j;

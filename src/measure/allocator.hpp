@@ -164,7 +164,7 @@ class CachingAllocator {
   }
   void deallocate(void* ptr) { deallocate_at(reinterpret_cast<std::uintptr_t>(ptr)); }
 
-  AllocatorStats stats() const;
+  const AllocatorStats& stats() const;  // as of now (it changes with every call below)
   void reset_peak_stats();
   void empty_cache();  // release every entirely free segment
 

@@ -170,8 +170,10 @@ class Replay {
     pieces(info, bytes);
     if (!pieces_.empty()) {
       // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
-      const measure::AllocTag tag = record_ ? measure::AllocTag{info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"}
-                                            : measure::AllocTag{};
+      static const measure::AllocTag untagged;
+      const measure::AllocTag& tag =
+          record_ ? (tag_ = {info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"})
+                  : untagged;
       if (h.n == 0 && pieces_.size() == 1) {
         h.n = 1;
         h.addr = alloc_.allocate_at(pieces_[0], tag, stream_of(info));
@@ -244,6 +246,7 @@ class Replay {
   bytes_t trainable_bytes_ = 0;
   std::array<bytes_t, 2> optimizer_bytes_{};       // by optimizer
   std::vector<bytes_t> pieces_;
+  measure::AllocTag tag_;  // the allocation's tag when recording
   std::vector<Held> live_;                                // by tensor id: its blocks
   std::vector<std::vector<measure::DeviceAddr>> lists_;   // the blocks of tensors made of several
   std::unordered_map<CarryKey, std::vector<Held>, CarryHash> carried_;  // live after a step, by name and size
