@@ -38,7 +38,7 @@ layers' DTensor plan over T ranks, applied to the meta stage module before FSDP2
 does; the embedding, norms and lm_head replicated; no sequence parallelism), "ddp" (R > 1:
 DistributedDataParallel around each stage module over R replicas, "bucket_view" its
 gradient_as_bucket_view; the fake allreduce skipped by a communication hook),
-"snapshot": {"step": N}}]}. The mesh is ("pp", "dp", "tp"), TP innermost: stage s is played by
+"snapshot": {"step": N, "phase": "run" to record every step up to N}}]}. The mesh is ("pp", "dp", "tp"), TP innermost: stage s is played by
 rank s·D·R·T.
 
 Interleaved 1F1B (ScheduleInterleaved1F1B): rank r holds the V stage modules r, r + N, …,
@@ -239,15 +239,17 @@ class ActionTracker:
         return fn
 
 
-def run_step(mod, stages, sched, opt, x, rec, case, snap_path):
+def run_step(mod, stages, sched, opt, x, rec, case, snap_path, record=None):
+    """`snap_path`: dump the allocator's history there at the step's end; `record`: start recording
+    it at the step's start (default: when dumping, the step alone)."""
     import torch
 
     cuda = torch.cuda
     S, si = int(case["stages"]), int(case["stage"])
     whole = snap_path is not None
     cuda.synchronize()
-    if whole:
-        cuda.memory._record_memory_history(max_entries=400000, stacks="python")
+    if whole if record is None else record:
+        cuda.memory._record_memory_history(max_entries=1000000, stacks="python")
     rec["floor"] = cuda.memory_allocated()
     rec["reserved_at_start"] = cuda.memory_reserved()
     cuda.reset_peak_memory_stats()
@@ -326,7 +328,9 @@ def run_case(case, snapshot_dir):
             path = None
             if snap and snapshot_dir and snap.get("step") == i:
                 path = os.path.join(snapshot_dir, case["name"].replace("/", "_") + ".pickle")
-            run_step(mod, stages, sched, opt, x, rec, case, path)
+            # "phase": "run" records every step from the first to the end of step N
+            record = (i == 0) if snap and snapshot_dir and snap.get("phase") == "run" else None
+            run_step(mod, stages, sched, opt, x, rec, case, path, record)
             if i == 0:
                 res["optimizer_state_bytes"] = dist_tool.state_bytes(opt.opts)
         res["status"] = "ok"

@@ -249,11 +249,17 @@ void AutogradSim::grad_contribution(TensorId input, const char* op, bool view) {
     // allocated until then, and the sum is made after the node's incoming gradients are freed.
     pending_.push_back({input, make("gradient accumulation temporary", grad_bytes(input),
                                     tensors_[input].param ? Term::model_states : Term::activations,
-                                    Role::temporary, op, tensors_[input].dtype, "", false)});
+                                    Role::temporary, op, tensors_[input].dtype, "", false), false});
+  } else if (tensors_[input].param) {
+    // A parameter's later contribution: AccumulateGrad, a node of its own, adds it into .grad in
+    // place once this node has returned and released its incoming gradients (the Llama 3.1 8B
+    // pipeline stage's snapshot, tests/data/pp_fresh_snapshots/: lm_head's second microbatch
+    // gradient is freed after the logits' gradient).
+    pending_.push_back({input, make("gradient accumulation temporary", grad_bytes(input), Term::model_states,
+                                    Role::temporary, op, tensors_[input].dtype, "", false), true});
   } else {
     // A later contribution is computed into a temporary, then added in place.
-    transient("gradient accumulation temporary", grad_bytes(input),
-              tensors_[input].param ? Term::model_states : Term::activations);
+    transient("gradient accumulation temporary", grad_bytes(input), Term::activations);
   }
 }
 
@@ -344,8 +350,13 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
       release_if_dead(s);
     }
     n.saved = Ids();
-    // Out-of-place sums (see grad_contribution): old_var + var, then both operands die.
+    // Out-of-place sums (see grad_contribution): old_var + var, then both operands die; a
+    // parameter's .grad takes its contribution in place.
     for (const PendingSum& p : pending_) {
+      if (p.in_place) {
+        drop(p.incoming);
+        continue;
+      }
       const TensorId old = grads_[p.input];
       grads_[p.input] = make_grad(p.input, n.op);
       grad_view_[p.input] = 0;

@@ -243,6 +243,7 @@ class AutogradSim {
   // A contribution that the input buffer must add out of place, after the node has run.
   struct PendingSum {
     TensorId input, incoming;
+    bool in_place;  // a parameter's .grad: AccumulateGrad adds in place (no new sum)
   };
   static constexpr std::size_t kNoReplay = static_cast<std::size_t>(-1);
 
