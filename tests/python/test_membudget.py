@@ -53,6 +53,12 @@ def test_mixture_of_experts_keys():
     assert d["grouped_mm"]["model"]["active_parameters"] < d["grouped_mm"]["model"]["parameters"]
     with pytest.raises(Exception, match="has no mixture of experts"):
         membudget.predict(LLAMA_1B, experts="eager")
+    # expert parallelism: a rank holds 1/8 of the packed experts, the rest replicated
+    ep = membudget.predict(qwen3, batch=1, seq=256, precision="bf16", expert_parallel=8, rank=3)
+    assert ep["job"]["parallel"]["ep"] == 8 and ep["job"]["parallel"]["rank"] == 3
+    assert ep["breakdown"]["model_states"]["weights"] < d["grouped_mm"]["breakdown"]["model_states"]["weights"]
+    with pytest.raises(membudget.Error, match="not divisible by 3"):
+        membudget.predict(qwen3, batch=1, seq=256, ep=3)
 
 
 def test_fits_and_max_micro_batch():
