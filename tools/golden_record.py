@@ -78,6 +78,40 @@ def invocations():
                                           "--seq", "4096"]))
             runs.append(("max-batch", spec, ["--device", dev, "--precision", prec, "--seq", "2048",
                                              "--global-batch", "64", "--data-parallel", "2"]))
+    runs += parallel_invocations()
+    return runs
+
+
+def parallel_invocations():
+    """One rank of every modelled layout (added 2026-12-03, after the record's single-GPU grid):
+    dense models under DDP, ZeRO-1, FSDP2, HSDP, TP (with SP and the vocabulary-parallel loss),
+    FSDP2 × TP, pipelines and context parallelism; MoE models under FSDP2 and expert parallelism."""
+    dense = {
+        "configs/llama-3.2-1b.yaml": [],  # tied
+        "configs/hf/llama-3.1-8b.json": [],
+        "configs/hf/qwen2.5-0.5b.json": [],
+    }
+    layouts = [
+        ["--dp", "4"], ["--dp", "4", "--zero", "1", "--rank", "3"], ["--dp", "4", "--ddp-bucket-view"],
+        ["--fsdp", "8"], ["--fsdp", "8", "--reshard-after-forward", "false"], ["--dp", "2", "--fsdp", "4"],
+        ["--tp", "2"], ["--tp", "2", "--sp"], ["--tp", "2", "--loss-parallel"], ["--tp", "2", "--sp", "--loss-parallel"],
+        ["--fsdp", "2", "--tp", "2"], ["--pp", "2", "--precision", "bf16"],
+        ["--pp", "2", "--fsdp", "2", "--pp-schedule", "gpipe"], ["--pp", "2", "--tp", "2", "--precision", "bf16", "--rank", "3"],
+        ["--cp", "2", "--precision", "bf16"],
+    ]
+    runs = []
+    for spec in dense:
+        if not os.path.exists(os.path.join(ROOT, spec)):
+            continue
+        for lay in layouts:
+            runs.append(("predict", spec, ["--batch", "1", "--seq", "1024", *lay]))
+    moe = ["tests/data/hf/moe/qwen3-30b-a3b.json", "tests/data/hf/moe/mixtral-8x7b.json",
+           "tests/data/hf/moe/olmoe-1b-7b.json", "tests/data/hf/moe/qwen1.5-moe-a2.7b.json"]
+    for spec in moe:
+        for lay in (["--seq", "512", "--fsdp", "8"], ["--seq", "512", "--ep", "2"],
+                    ["--seq", "512", "--ep", "4", "--rank", "1", "--precision", "bf16"],
+                    ["--seq", "64", "--ep", "2", "--experts", "batched_mm"]):
+            runs.append(("predict", spec, ["--batch", "1", *lay]))
     return runs
 
 
