@@ -1134,7 +1134,8 @@ struct OptimizerCost {
   bytes_t transient = 0;  // temporaries at the peak of optimizer.step()
   // With an optimizer per tensor kind (optimizer_per_tensor_kind), stepped one after the other:
   // each one's state and temporaries (the sums are `state`, and `transient` for all but foreach,
-  // whose temporaries are per call and `transient` the larger call's); all 0 with one optimizer.
+  // whose temporaries are per call and `transient` the larger call's); unused with one optimizer.
+  bool per_kind = false;
   std::array<bytes_t, 2> state_of{}, transient_of{};
 };
 
@@ -1239,6 +1240,7 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
   }
   if (master) c.transient += mul(n, 4);  // fp32 copy of the bf16 gradients
   if (first_optimizer) {  // each optimizer's share of what is proportional to its parameters
+    c.per_kind = true;
     auto share = [&](bytes_t b) { return static_cast<bytes_t>(static_cast<unsigned __int128>(b) * first_optimizer / n); };
     c.state_of = {share(c.state), c.state - share(c.state)};
     if (impl != OptimizerImpl::foreach || job.optimizer != Optimizer::adamw)
@@ -1346,6 +1348,14 @@ void build_parameters(Step& st, bool building) {
     TensorId shard, whole;
   };
   std::vector<PendingShard> pending_shards;
+  // A rank built on the device (DDP, ZeRO-1, TP: tools/torch_profile_dist.py's materialise):
+  // to_empty gives a tied lm_head a storage of its own, freed at once when the script ties it
+  // again; its segment stays reserved (Llama 3.2 1B over 4 TP ranks, amp-bf16: 5,762 MiB reserved
+  // after the build, as measured, 4,760 without it).
+  auto lm_head_storage_until_retie = [&](bytes_t bytes) {
+    sim.drop(sim.alloc_raw("to_empty: a tied lm_head's own storage, until the retie", bytes, Term::other, Role::workspace,
+                           "to_empty", st.r.param_name, ""));
+  };
   auto plan_order = [&](const ParamTensor& t, std::size_t group) -> std::uint64_t {
     // the measured plan's order within a decoder layer (tools/torch_profile_dist.py apply_tp_layers):
     // q, k, v, gate, up, then o and down; the embedding and lm_head after every layer
@@ -1377,15 +1387,18 @@ void build_parameters(Step& st, bool building) {
         : shard_later ? sim.meta_param("parameters", mul(n, st.r.param), Term::model_states, st.r.param_name, rank == 0)
                       : sim.param("parameters", mul(n, st.r.param), Term::model_states, st.r.param_name, rank == 0);
     if (shard_later) {  // the whole parameter to_empty allocated: the shard's bytes on every rank
-      TensorId whole = sim.alloc_raw("to_empty: a whole parameter, until parallelize_module shards it",
-                                     mul(n, st.r.param, st.job.parallel.tensor), Term::other, Role::workspace, "to_empty",
-                                     st.r.param_name, "");
-      if (m.untied_by_plan && t.module == Module::embedding) {  // lm_head still holds it after this shard
-        tied_whole = whole;
-        whole = kNone;
-      } else if (m.untied_by_plan && t.module == Module::lm_head) {  // to_empty's own storage, freed at the retie
-        sim.drop(whole);
-        whole = tied_whole;
+      const bytes_t whole_bytes = mul(n, st.r.param, st.job.parallel.tensor);
+      TensorId whole = kNone;
+      if (m.untied_by_plan && t.module == Module::lm_head) {
+        lm_head_storage_until_retie(whole_bytes);
+        whole = tied_whole;  // the tied whole (the embedding's) goes with this last shard
+      } else {
+        whole = sim.alloc_raw("to_empty: a whole parameter, until parallelize_module shards it", whole_bytes, Term::other,
+                              Role::workspace, "to_empty", st.r.param_name, "");
+        if (m.untied_by_plan && t.module == Module::embedding) {  // lm_head still holds it after this shard
+          tied_whole = whole;
+          whole = kNone;
+        }
       }
       pending_shards.push_back({plan_order(t, group), id, whole});
     }
@@ -1422,14 +1435,9 @@ void build_parameters(Step& st, bool building) {
     if (t.module == Module::lm_head) st.lm_head = P(t, 0);
   }
   if (stage && m.tied_embeddings) st.lm_head = P(outer.front(), 0);  // (shape of the embedding: V × h)
-  // A rank built on the device (DDP, ZeRO-1, TP: tools/torch_profile_dist.py's materialise):
-  // to_empty gives a tied lm_head a storage of its own, freed at once when the script ties it
-  // again; its segment stays reserved (Llama 3.2 1B over 4 TP ranks, amp-bf16: 5,762 MiB reserved
-  // after the build, as measured, 4,760 without it). Under --sp or --loss-parallel the plan keeps
-  // the two apart (untied_by_plan above).
+  // (under --sp or --loss-parallel the plan keeps the two apart: its lm_head shard above)
   if (building && !fsdp && !stage && m.tied_embeddings && st.job.parallel.world() > 1)
-    sim.drop(sim.alloc_raw("to_empty: a tied lm_head's own storage, until the retie", mul(m.vocab_size, m.hidden_size, st.r.param),
-                           Term::other, Role::workspace, "to_empty", st.r.param_name, ""));
+    lm_head_storage_until_retie(mul(m.vocab_size, m.hidden_size, st.r.param));
   std::stable_sort(pending_shards.begin(), pending_shards.end(),
                    [](const PendingShard& a, const PendingShard& b) { return a.order < b.order; });
   for (const PendingShard& p : pending_shards) {  // parallelize_module: the shard, then the whole one goes
@@ -1676,7 +1684,7 @@ class TrainPass {
   // What a steady step finds allocated: the optimizer state (and the fp32 master copy), which stay
   // for the rest of the run, and both cuBLAS workspaces.
   void allocate_persistent_state() {
-    if (per_kind_optimizers()) {
+    if (oc_.per_kind) {
       allocate_optimizer_state(0);
       allocate_optimizer_state(1);
     } else {
@@ -1841,7 +1849,7 @@ class TrainPass {
       sim_.set_optimizer(tmp, optimizer);
       sim_.drop(tmp);
     };
-    if (!per_kind_optimizers()) {
+    if (!oc_.per_kind) {
       if (!steady_) allocate_optimizer_state();
       temporaries(oc_.transient, 0);
     } else {
@@ -1881,7 +1889,6 @@ class TrainPass {
 
  private:
   bool checkpointed() const { return st_.job.recompute == Recompute::full; }
-  bool per_kind_optimizers() const { return oc_.state_of[0] + oc_.state_of[1] > 0; }
   // PipelineStage's receive buffers, one per microbatch, made in the first step() and kept: the
   // activations from the previous stage (a leaf that requires grad: backward gives it the gradient
   // sent back) on every stage but the first, the gradients from the next on every stage but the last.

@@ -230,7 +230,7 @@ TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, 
   }
   sim.drop(weights);  // the block returns: routing_weights, selected_experts and `_` go
   sim.drop(indices);
-  if (local_indices != kNone) sim.drop(local_indices);
+  sim.drop(local_indices);  // (kNone without expert parallelism: nothing)
   if (run.kept_logits && !sim.replaying()) run.kept_logits->push_back(logits);  // the outputs hold them
   else sim.drop(logits);
   return out;
