@@ -153,6 +153,8 @@ struct ParameterCounts {
 
 struct ModelSpec {
   std::string name;                   // "llama-3.2-1b"
+  // How an error message names the model: its name, or "the model" for a spec without one.
+  std::string display_name() const { return name.empty() ? std::string("the model") : name; }
   std::string family;                 // "llama", "qwen2", "gemma2", …: the loader sets `quirks` from it
   std::uint64_t vocab_size = 0;       // 128256
   std::uint64_t hidden_size = 0;      // 2048

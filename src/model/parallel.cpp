@@ -18,7 +18,7 @@ namespace {
 void check_expert_parallel(const ModelSpec& m, const Job& job) {
   const std::uint64_t ep = job.parallel.expert;
   if (ep <= 1) return;
-  const std::string flag = "--ep " + std::to_string(ep) + ": " + (m.name.empty() ? std::string("the model") : m.name);
+  const std::string flag = "--ep " + std::to_string(ep) + ": " + m.display_name();
   if (!m.moe.enabled()) throw Error(ErrorKind::invalid_job, flag + " has no mixture of experts to shard");
   if (m.moe.experts % ep)
     throw Error(ErrorKind::invalid_job, flag + ": num_experts " + std::to_string(m.moe.experts) + " is not divisible by " +
@@ -37,7 +37,7 @@ void check_layout(const ModelSpec& m, const Job& job) {
   if (job.parallel.context > 1) {
     // ring attention takes SDPA's causal path: no mask, the attention transformers' Llama-style
     // layers run (measured on Llama and Qwen2)
-    const std::string model = m.name.empty() ? std::string("the model") : m.name;
+    const std::string model = m.display_name();
     auto refuse = [&](const std::string& what) {
       throw Error(ErrorKind::unsupported, "--cp: " + model + ": " + what + " is not modelled with context parallelism");
     };
@@ -74,7 +74,7 @@ void check_layout(const ModelSpec& m, const Job& job) {
                                             " (each rank keeps an equal share of the sequence)");
   even("vocab_size", m.vocab_size);
   if (m.quirks.embedding_scale || m.final_logit_softcap > 0 || m.sliding.enabled() || m.norms_per_layer >= 4)
-    throw Error(ErrorKind::unsupported, "--sp: " + (m.name.empty() ? std::string("the model") : m.name) +
+    throw Error(ErrorKind::unsupported, "--sp: " + m.display_name() +
                                             ": Gemma's norms and scales and sliding-window attention are not modelled "
                                             "with sequence parallelism (Llama-style layers are)");
 }

@@ -14,12 +14,12 @@ std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallel
     for (std::uint64_t c : p.pp_layers) sum += c;  // each ≤ 2^20 (set_parallel_option), at most 2^20 of them
     if (sum != L)
       throw Error(ErrorKind::invalid_job, "--pp-layers: the stages' layer counts add up to " + std::to_string(sum) + ", but " +
-                                              (m.name.empty() ? std::string("the model") : m.name) + " has " +
+                                              m.display_name() + " has " +
                                               std::to_string(L) + " decoder layers");
     return p.pp_layers;
   }
   if (L < n)
-    throw Error(ErrorKind::invalid_job, "--pp " + std::to_string(n) + ": " + (m.name.empty() ? std::string("the model") : m.name) +
+    throw Error(ErrorKind::invalid_job, "--pp " + std::to_string(n) + ": " + m.display_name() +
                                             " has only " + std::to_string(L) + " decoder layers, fewer than the " +
                                             std::to_string(n) + " stages");
   std::vector<std::uint64_t> counts(static_cast<std::size_t>(n), L / n);
@@ -129,7 +129,7 @@ std::uint64_t most_layers_in_flight(const PipelineStage& s) {
 void check_pipeline(const ModelSpec& m, const Job& job) {
   if (job.parallel.pipeline <= 1) return;
   stage_layer_counts(m, job.parallel);  // throws on a bad split
-  const std::string model = m.name.empty() ? std::string("the model") : m.name;
+  const std::string model = m.display_name();
   auto refuse = [&](const std::string& what) {
     throw Error(ErrorKind::unsupported, "--pp: " + model + ": " + what + " is not modelled with pipeline parallelism");
   };

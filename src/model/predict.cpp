@@ -28,14 +28,14 @@ void check_simulated(const ModelSpec& m, const Job& job) {
                         : job.router_aux_loss                  ? "--router-aux-loss"
                                                                : nullptr;
     if (given)
-      throw Error(ErrorKind::invalid_job, std::string(given) + ": " + (m.name.empty() ? std::string("the model") : m.name) +
+      throw Error(ErrorKind::invalid_job, std::string(given) + ": " + m.display_name() +
                                               " has no mixture of experts");
     return;
   }
   // Training: check_torch_coverage says which MoE jobs the inventory walks; the harness refuses MoE.
   if (job.mode == Mode::train) return;
   if (job.weights != DType::bf16 && job.weights != DType::fp16)
-    throw Error(ErrorKind::unsupported, (m.name.empty() ? std::string("the model") : m.name) + ": --weights " +
+    throw Error(ErrorKind::unsupported, m.display_name() + ": --weights " +
                                             to_string(job.weights) +
                                             " on a mixture of experts is not modelled (its experts are served in bf16 or fp16)");
 }

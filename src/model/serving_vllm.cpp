@@ -111,7 +111,7 @@ VllmMoe vllm_moe_block(const ModelSpec& m, std::uint64_t T) {
 
 bytes_t vllm_profile_activation_peak(const ModelSpec& m, std::uint64_t T, std::uint64_t seqs, DType weights) {
   if (m.moe.enabled() && m.moe_layers() > 0 && weights != DType::bf16 && weights != DType::fp16)
-    throw Error(ErrorKind::unsupported, (m.name.empty() ? std::string("the model") : m.name) + ": vLLM's " +
+    throw Error(ErrorKind::unsupported, m.display_name() + ": vLLM's " +
                                             to_string(weights) +
                                             " mixture-of-experts kernels (Marlin, fp8 Triton) are not modelled; the "
                                             "16-bit fused MoE is (--weights bf16)");
