@@ -537,8 +537,10 @@ struct CachingAllocator::Impl {
     throw Error(ErrorKind::out_of_memory, msg);
   }
 
-  DeviceAddr allocate(bytes_t bytes, const AllocTag& tag, StreamId stream) {
-    if (bytes == 0) return 0;  // as c10: a zero-byte allocation has no block
+  // A live block of `bytes` (nullptr for zero bytes, as c10: such an allocation has no block);
+  // allocate_at also enters it in `active`.
+  Block* allocate(bytes_t bytes, const AllocTag& tag, StreamId stream) {
+    if (bytes == 0) return nullptr;
     if (bytes > (bytes_t{1} << 62))
       throw Error(ErrorKind::invalid_argument,
                   "allocate: " + std::to_string(bytes) + " bytes for " + describe(tag) + " is absurd");
@@ -585,20 +587,30 @@ struct CachingAllocator::Impl {
     b->allocated = true;
     b->requested = bytes;
     set_tag(*b, tag);
-    active.insert(b->addr, b);
     update(stats.allocated, as_i64(b->size));
     update(stats.active, as_i64(b->size));
     update(stats.requested, as_i64(bytes));
     record(TraceEvent::Action::alloc, b->addr, bytes, tag, stream);
+    return b;
+  }
+
+  DeviceAddr allocate_at(bytes_t bytes, const AllocTag& tag, StreamId stream) {
+    Block* b = allocate(bytes, tag, stream);
+    if (!b) return 0;
+    active.insert(b->addr, b);
     return b->addr;
   }
 
-  void deallocate(DeviceAddr ptr) {
+  void deallocate_at(DeviceAddr ptr) {
     if (!ptr) return;
     Block* b = active.take(ptr);
     if (!b)
       throw Error(ErrorKind::invalid_argument,
                   "deallocate: the pointer was not returned by this allocator or is already free");
+    deallocate(b);
+  }
+
+  void deallocate(Block* b) {
     b->allocated = false;
     update(stats.allocated, -as_i64(b->size));
     record(TraceEvent::Action::free_requested, b->addr, b->requested, tag_of(*b), b->seg->stream);
@@ -675,10 +687,18 @@ CachingAllocator::CachingAllocator(RawMemory& raw, AllocatorOptions options)
 CachingAllocator::~CachingAllocator() = default;
 
 DeviceAddr CachingAllocator::allocate_at(bytes_t bytes, const AllocTag& tag, StreamId stream) {
-  return impl_->allocate(bytes, tag, stream);
+  return impl_->allocate_at(bytes, tag, stream);
 }
 
-void CachingAllocator::deallocate_at(DeviceAddr addr) { impl_->deallocate(addr); }
+void CachingAllocator::deallocate_at(DeviceAddr addr) { impl_->deallocate_at(addr); }
+
+BlockRef CachingAllocator::allocate_block(bytes_t bytes, const AllocTag& tag, StreamId stream) {
+  return BlockRef(impl_->allocate(bytes, tag, stream));
+}
+
+void CachingAllocator::deallocate_block(BlockRef block) {
+  if (block) impl_->deallocate(static_cast<Block*>(block.block_));
+}
 
 const AllocatorStats& CachingAllocator::stats() const { return impl_->stats; }
 

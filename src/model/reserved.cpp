@@ -160,8 +160,8 @@ class Replay {
   // in lists_).
   struct Held {
     std::uint32_t n = 0;
-    std::uint32_t list = 0;    // n > 1: lists_[list]
-    measure::DeviceAddr addr = 0;  // n == 1
+    std::uint32_t list = 0;     // n > 1: lists_[list]
+    measure::BlockRef block;    // n == 1
   };
   struct CarryKey {
     std::uint32_t name;  // ReplayScript::Tensor::name
@@ -196,9 +196,9 @@ class Replay {
   }
   void release(const Held& h) {
     if (h.n == 1)
-      alloc_.deallocate_at(h.addr);
+      alloc_.deallocate_block(h.block);
     else if (h.n > 1)
-      for (measure::DeviceAddr p : lists_[h.list]) alloc_.deallocate_at(p);
+      for (measure::BlockRef b : lists_[h.list]) alloc_.deallocate_block(b);
   }
 
   // One allocation or free of the script, `phase` the index of the phase it falls in (-1: before).
@@ -231,16 +231,16 @@ class Replay {
                   : untagged;
       if (h.n == 0 && pieces_.size() == 1) {
         h.n = 1;
-        h.addr = alloc_.allocate_at(pieces_[0], tag, tensor.stream);
+        h.block = alloc_.allocate_block(pieces_[0], tag, tensor.stream);
       } else {  // several pieces (or a tensor allocated again while live: its blocks add up)
         if (h.n <= 1) {
           const Held had = h;
           h.list = static_cast<std::uint32_t>(lists_.size());
           lists_.emplace_back();
-          if (had.n == 1) lists_.back().push_back(had.addr);
+          if (had.n == 1) lists_.back().push_back(had.block);
         }
         auto& list = lists_[h.list];
-        for (bytes_t piece : pieces_) list.push_back(alloc_.allocate_at(piece, tag, tensor.stream));
+        for (bytes_t piece : pieces_) list.push_back(alloc_.allocate_block(piece, tag, tensor.stream));
         h.n = static_cast<std::uint32_t>(list.size());
       }
     }
@@ -303,7 +303,7 @@ class Replay {
   std::vector<bytes_t> pieces_;
   measure::AllocTag tag_;  // the allocation's tag when recording
   std::vector<Held> live_;                                // by tensor id: its blocks
-  std::vector<std::vector<measure::DeviceAddr>> lists_;   // the blocks of tensors made of several
+  std::vector<std::vector<measure::BlockRef>> lists_;     // the blocks of tensors made of several
   std::unordered_map<CarryKey, std::vector<Held>, CarryHash> carried_;  // live after a step, by name and size
   bytes_t allocated_peak_ = 0;
 };
