@@ -129,6 +129,12 @@ class FreeBlocks {
     }
     return nullptr;
   }
+  void clear() {  // the classes keep their room
+    for (std::size_t w = 0; w < held_.size(); ++w)
+      for (std::uint64_t bits = held_[w]; bits; bits &= bits - 1)
+        classes_[w * 64 + static_cast<std::size_t>(std::countr_zero(bits))].clear();
+    held_ = {};
+  }
   template <class F>
   void for_each(F&& f) const {  // in (size, address) order
     for (const auto& v : classes_)
@@ -188,7 +194,9 @@ class SegmentList {
   Segment* add(const Segment& s) {
     Segment* seg;
     if (spare_.empty()) {
-      seg = &store_.emplace_back(s);
+      if (used_ == store_.size()) store_.emplace_back();
+      seg = &store_[used_++];
+      *seg = s;
     } else {
       seg = spare_.back();
       spare_.pop_back();
@@ -200,6 +208,11 @@ class SegmentList {
   void remove(Segment* seg) {
     by_address_.erase(position(seg->base) - 1);  // the one at seg->base precedes the first below it
     spare_.push_back(seg);
+  }
+  void clear() {  // the store keeps its room
+    used_ = 0;
+    spare_.clear();
+    by_address_.clear();
   }
   template <class F>
   void for_each(F&& f) const {  // in ascending address order
@@ -213,6 +226,7 @@ class SegmentList {
                             [](DeviceAddr a, const Segment* s) { return a > s->base; });
   }
   std::deque<Segment> store_;
+  std::size_t used_ = 0;  // store_'s segments in use or in spare_; the rest are room
   std::vector<Segment*> spare_;
   std::vector<Segment*> by_address_;  // descending
 };
@@ -227,6 +241,10 @@ class AddressMap {
     while (slots_[i].addr) i = (i + 1) & mask_;
     slots_[i] = {a, b};
     ++count_;
+  }
+  void clear() {  // the table keeps its room
+    if (count_) std::fill(slots_.begin(), slots_.end(), Slot{});
+    count_ = 0;
   }
   // Removes a's entry and returns its block; nullptr (and nothing removed) if a has none. One
   // probe sequence, then backward-shift deletion: no tombstones.
@@ -324,7 +342,9 @@ struct CachingAllocator::Impl {
   AddressMap active;  // live blocks by address
   // Blocks are made and merged away at every split and free: they come from chunks owned here and
   // return to `spare_blocks`, rather than from new and delete.
+  static constexpr std::size_t kBlockChunk = 256;
   std::vector<std::unique_ptr<Block[]>> block_chunks;
+  std::size_t blocks_used = 0;  // of block_chunks' blocks, in order: in use or in spare_blocks
   std::vector<Block*> spare_blocks;
   std::vector<TraceEvent> history;
   std::uint64_t last_time_us = 0;
@@ -335,7 +355,29 @@ struct CachingAllocator::Impl {
 
   Impl(RawMemory& r, AllocatorOptions o) : raw(r), options(o) {}
 
-  ~Impl() {  // the blocks go with block_chunks
+  ~Impl() { release_segments(); }  // the blocks go with block_chunks
+
+  // As constructed with `o`: every segment given back to the raw memory, every container kept
+  // with the room it has grown to.
+  void reset(const AllocatorOptions& o) {
+    release_segments();
+    segments.clear();
+    options = o;
+    stats = {};
+    for (Pool* pool : {&small_pool, &large_pool})
+      for (auto& stream : pool->streams)
+        if (stream) {
+          stream->free_blocks.clear();
+          stream->expandable = nullptr;
+        }
+    active.clear();
+    spare_blocks.clear();
+    blocks_used = 0;
+    history.clear();
+    last_time_us = 0;
+  }
+
+  void release_segments() {
     segments.for_each([&](const Segment& seg) {
       if (seg.expandable) {
         if (seg.size) raw.unmap_range_at(seg.base, seg.size);
@@ -346,14 +388,17 @@ struct CachingAllocator::Impl {
     });
   }
 
+  // A block as Block{} is (one deleted, else the next of the chunks).
   Block* new_block() {
-    if (spare_blocks.empty()) {
-      constexpr std::size_t kChunk = 256;
-      block_chunks.push_back(std::make_unique<Block[]>(kChunk));
-      for (std::size_t i = kChunk; i-- > 0;) spare_blocks.push_back(&block_chunks.back()[i]);
+    if (!spare_blocks.empty()) {
+      Block* b = spare_blocks.back();
+      spare_blocks.pop_back();
+      return b;
     }
-    Block* b = spare_blocks.back();
-    spare_blocks.pop_back();
+    if (blocks_used == block_chunks.size() * kBlockChunk) block_chunks.push_back(std::make_unique<Block[]>(kBlockChunk));
+    Block* b = &block_chunks[blocks_used / kBlockChunk][blocks_used % kBlockChunk];
+    ++blocks_used;
+    *b = Block{};  // (after a reset it may have been used)
     return b;
   }
   void delete_block(Block* b) {
@@ -724,6 +769,8 @@ void CachingAllocator::reset_peak_stats() {
 }
 
 void CachingAllocator::empty_cache() { impl_->release_cached_blocks(); }
+
+void CachingAllocator::reset(AllocatorOptions options) { impl_->reset(options); }
 
 const AllocatorPolicy& CachingAllocator::policy() const { return impl_->policy; }
 

@@ -185,6 +185,9 @@ class CachingAllocator {
   const AllocatorStats& stats() const;  // as of now (it changes with every call below)
   void reset_peak_stats();
   void empty_cache();  // release every entirely free segment
+  // Starts over as if constructed with `options` (every segment given back to the raw memory),
+  // keeping the room its containers have grown to: the reserved replay runs one per thread.
+  void reset(AllocatorOptions options = {});
 
   // The rounding, pools and split rules it follows (tests compute expectations with it).
   const AllocatorPolicy& policy() const;

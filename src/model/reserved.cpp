@@ -61,16 +61,18 @@ struct ReplayScript {
   std::vector<Tensor> tensors;      // by tensor id
   // The trainable parameters in the order their optimizer state is made: optimizer by optimizer.
   std::vector<std::uint32_t> trainable;
+  int state_pieces = 1;  // an optimizer-state lump's blocks per parameter: AdamW's exp_avg and exp_avg_sq
 
-  // Both passes' scripts; a tensor name gets one number in both (the steady step's prologue finds
-  // step 0's tensors by name and size).
-  static std::array<ReplayScript, 2> of(const std::array<SimTrace, 2>& traces) {
+  // Both passes' scripts of `job`; a tensor name gets one number in both (the steady step's
+  // prologue finds step 0's tensors by name and size).
+  static std::array<ReplayScript, 2> of(const std::array<SimTrace, 2>& traces, const Job& job) {
     std::array<ReplayScript, 2> out;
     std::unordered_map<std::string_view, std::uint32_t> names;
     for (std::size_t pass = 0; pass < 2; ++pass) {
       const SimTrace& trace = traces[pass];
       ReplayScript& script = out[pass];
       script.trace = &trace;
+      script.state_pieces = job.optimizer == Optimizer::adamw ? 2 : 1;
       script.tensors.resize(trace.tensors.size());
       std::vector<bool> skipped(trace.tensors.size());
       for (std::size_t t = 0; t < trace.tensors.size(); ++t) {
@@ -105,9 +107,18 @@ std::array<std::vector<bytes_t>, 2> recorded_sizes(const std::array<SimTrace, 2>
 
 class Replay {
  public:
-  Replay(const Job& job, const AllocatorPolicy& policy, bool record = false)
-      : job_(job), record_(record), alloc_(mem_, options(policy, record)) {}
+  explicit Replay(const AllocatorPolicy& policy, bool record = false) : record_(record), alloc_(mem_, options(policy, record)) {}
   const measure::CachingAllocator& allocator() const { return alloc_; }
+
+  // As constructed with `policy`, keeping the room its containers have grown to (a thread's
+  // replays reuse one: simulate_reserved).
+  void reset(const AllocatorPolicy& policy) {
+    alloc_.reset(options(policy, record_));
+    mem_.reset();
+    lists_used_ = 0;
+    carried_.clear();
+    allocated_peak_ = 0;
+  }
 
   // `sizes`: each tensor's bytes (the trace's own, or a compiled stream's evaluated at the shape:
   // ReservedStream). `timeline`: memory_reserved() after each event from the first phase start
@@ -221,7 +232,7 @@ class Replay {
         return;
       }
     }
-    pieces(tensor, bytes);
+    pieces(script, tensor, bytes);
     if (!pieces_.empty()) {
       // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
       static const measure::AllocTag untagged;
@@ -235,9 +246,8 @@ class Replay {
       } else {  // several pieces (or a tensor allocated again while live: its blocks add up)
         if (h.n <= 1) {
           const Held had = h;
-          h.list = static_cast<std::uint32_t>(lists_.size());
-          lists_.emplace_back();
-          if (had.n == 1) lists_.back().push_back(had.block);
+          h.list = new_list();
+          if (had.n == 1) lists_[h.list].push_back(had.block);
         }
         auto& list = lists_[h.list];
         for (bytes_t piece : pieces_) list.push_back(alloc_.allocate_block(piece, tag, tensor.stream));
@@ -254,17 +264,23 @@ class Replay {
     return o;
   }
   void reset_peak() { allocated_peak_ = static_cast<bytes_t>(alloc_.stats().allocated.current); }
+  // An empty list of lists_ (the next of those a reset left).
+  std::uint32_t new_list() {
+    if (lists_used_ == lists_.size()) lists_.emplace_back();
+    lists_[lists_used_].clear();
+    return static_cast<std::uint32_t>(lists_used_++);
+  }
 
   // The blocks PyTorch asks for to make the simulator's tensor `t` of `bytes`, into pieces_: the
   // optimizer's lumps (state, fp32 master copy, step temporaries) split over the trainable
   // parameters in proportion to their size, in parameter order, as torch.optim's zeros_like per
   // parameter and foreach lists allocate them (AdamW: exp_avg then exp_avg_sq).
-  void pieces(const ReplayScript::Tensor& t, bytes_t bytes) {
+  void pieces(const ReplayScript& script, const ReplayScript::Tensor& t, bytes_t bytes) {
     pieces_.clear();
     if (bytes == 0) return;
     int per_param = 0;
     if (t.role == Role::optimizer_state)
-      per_param = job_.optimizer == Optimizer::adamw ? 2 : 1;
+      per_param = script.state_pieces;
     else if (t.role == Role::master_weight || t.role == Role::optimizer_temporary)
       per_param = 1;
     // an optimizer's state and temporaries are its own parameters' (optimizer_per_tensor_kind:
@@ -291,7 +307,6 @@ class Replay {
     }
   }
 
-  const Job& job_;
   bool record_;
   const std::vector<bytes_t>* sizes_ = nullptr;
   FakeMemory mem_;
@@ -304,6 +319,7 @@ class Replay {
   measure::AllocTag tag_;  // the allocation's tag when recording
   std::vector<Held> live_;                                // by tensor id: its blocks
   std::vector<std::vector<measure::BlockRef>> lists_;     // the blocks of tensors made of several
+  std::size_t lists_used_ = 0;                            // lists_ in use since the last reset
   std::unordered_map<CarryKey, std::vector<Held>, CarryHash> carried_;  // live after a step, by name and size
   bytes_t allocated_peak_ = 0;
 };
@@ -417,7 +433,7 @@ class ReservedStream {
       }
     }
     out->traces_ = std::move(tr[0]);
-    out->scripts_ = ReplayScript::of(out->traces_);
+    out->scripts_ = ReplayScript::of(out->traces_, job);
     return out;
   }
 
@@ -462,8 +478,9 @@ ReservedResult replay_steps(Replay& replay, const std::array<ReplayScript, 2>& s
 }
 
 // The replay of steps simulated at the shape (`traces`, as simulate_torch_train records them).
-ReservedResult replay_traces(Replay& replay, const std::array<SimTrace, 2>& traces, std::vector<bytes_t>* timeline = nullptr) {
-  return replay_steps(replay, ReplayScript::of(traces), recorded_sizes(traces), timeline);
+ReservedResult replay_traces(Replay& replay, const std::array<SimTrace, 2>& traces, const Job& job,
+                             std::vector<bytes_t>* timeline = nullptr) {
+  return replay_steps(replay, ReplayScript::of(traces, job), recorded_sizes(traces), timeline);
 }
 
 }  // namespace
@@ -471,15 +488,15 @@ ReservedResult replay_traces(Replay& replay, const std::array<SimTrace, 2>& trac
 std::string predicted_snapshot_pickle(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
   std::array<SimTrace, 2> traces;
   simulate_torch_train(m, job, false, nullptr, &traces);
-  Replay replay(job, policy, true);
-  replay_traces(replay, traces);
+  Replay replay(policy, true);
+  replay_traces(replay, traces, job);
   return measure::snapshot_pickle(replay.allocator());
 }
 
 std::vector<bytes_t> reserved_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy) {
-  Replay replay(job, policy);
+  Replay replay(policy);
   std::vector<bytes_t> timeline;
-  replay_traces(replay, traces, &timeline);
+  replay_traces(replay, traces, job, &timeline);
   return timeline;
 }
 
@@ -487,7 +504,8 @@ ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const Alloc
   if (const ReservedStream* stream = ReservedStream::cached(m, job)) {
     thread_local std::array<std::vector<bytes_t>, 2> sizes;
     if (stream->sizes(job.batch, job.seq, sizes)) {
-      Replay replay(job, policy);
+      thread_local Replay replay(policy);
+      replay.reset(policy);
       return replay_steps(replay, stream->scripts(), sizes);
     }
   }
@@ -497,8 +515,8 @@ ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const Alloc
 ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
   std::array<SimTrace, 2> traces;
   simulate_torch_train(m, job, false, nullptr, &traces);
-  Replay replay(job, policy);
-  return replay_traces(replay, traces);
+  Replay replay(policy);
+  return replay_traces(replay, traces, job);
 }
 
 bool reserved_stream_compiles(const ModelSpec& m, const Job& job) { return ReservedStream::cached(m, job) != nullptr; }
