@@ -220,8 +220,9 @@ class SegmentList {
   }
 
  private:
-  // The first segment below `base`.
+  // The first segment below `base` (the end first: the usual new segment is the lowest).
   std::vector<Segment*>::iterator position(DeviceAddr base) {
+    if (by_address_.empty() || by_address_.back()->base > base) return by_address_.end();
     return std::upper_bound(by_address_.begin(), by_address_.end(), base,
                             [](DeviceAddr a, const Segment* s) { return a > s->base; });
   }
@@ -447,10 +448,16 @@ struct CachingAllocator::Impl {
     return last_time_us;
   }
 
-  // Inline, so that an allocator without history (the reserved replay's) pays a test per event.
+  // The test inline and the recording out of line, so that an allocator without history (the
+  // reserved replay's) pays a test per event rather than a call.
   void record(TraceEvent::Action action, std::uint64_t addr, std::uint64_t size, const AllocTag& tag = untagged(),
               StreamId stream = 0) {
-    if (options.record_history) history.push_back(TraceEvent{action, addr, size, now_us(), tag, stream});
+    if (options.record_history) [[unlikely]]
+      record_event(action, addr, size, tag, stream);
+  }
+  [[gnu::noinline]] void record_event(TraceEvent::Action action, std::uint64_t addr, std::uint64_t size,
+                                      const AllocTag& tag, StreamId stream) {
+    history.push_back(TraceEvent{action, addr, size, now_us(), tag, stream});
   }
 
   // c10 get_free_block: the smallest cached block >= size in the pool, unless the policy's
@@ -742,7 +749,7 @@ struct CachingAllocator::Impl {
 };
 
 CachingAllocator::CachingAllocator(RawMemory& raw, AllocatorOptions options)
-    : impl_(std::make_unique<Impl>(raw, options)) {}
+    : impl_(std::make_unique<Impl>(raw, options)), stats_(&impl_->stats) {}
 
 CachingAllocator::~CachingAllocator() = default;
 
@@ -760,7 +767,6 @@ void CachingAllocator::deallocate_block(BlockRef block) {
   if (block) impl_->deallocate(static_cast<Block*>(block.block_));
 }
 
-const AllocatorStats& CachingAllocator::stats() const { return impl_->stats; }
 
 void CachingAllocator::reset_peak_stats() {
   for (Stat* s : {&impl_->stats.allocated, &impl_->stats.reserved, &impl_->stats.active,

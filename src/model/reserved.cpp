@@ -49,7 +49,10 @@ struct ReplayScript {
   struct Tensor {
     std::uint32_t name = 0;  // the tensor's name as a number, the same in both passes' scripts
     measure::StreamId stream = 0;
-    Role role = Role::saved_activation;
+    // 0: one block. Else an optimizer's lump, a block per trainable parameter (AdamW's state: two,
+    // exp_avg and exp_avg_sq) in proportion to its size: Replay::pieces.
+    std::uint8_t per_param = 0;
+    bool own = false;  // the lump is split over its optimizer's parameters only, not every one
     std::uint8_t optimizer = 0;
   };
   const SimTrace* trace = nullptr;  // the tensors' names and ops, for the tags of a recorded replay
@@ -61,7 +64,6 @@ struct ReplayScript {
   std::vector<Tensor> tensors;      // by tensor id
   // The trainable parameters in the order their optimizer state is made: optimizer by optimizer.
   std::vector<std::uint32_t> trainable;
-  int state_pieces = 1;  // an optimizer-state lump's blocks per parameter: AdamW's exp_avg and exp_avg_sq
 
   // Both passes' scripts of `job`; a tensor name gets one number in both (the steady step's
   // prologue finds step 0's tensors by name and size).
@@ -72,13 +74,21 @@ struct ReplayScript {
       const SimTrace& trace = traces[pass];
       ReplayScript& script = out[pass];
       script.trace = &trace;
-      script.state_pieces = job.optimizer == Optimizer::adamw ? 2 : 1;
       script.tensors.resize(trace.tensors.size());
       std::vector<bool> skipped(trace.tensors.size());
       for (std::size_t t = 0; t < trace.tensors.size(); ++t) {
         const TensorInfo& info = trace.tensors[t];
-        script.tensors[t] = Tensor{names.try_emplace(info.name, static_cast<std::uint32_t>(names.size())).first->second,
-                                   static_cast<measure::StreamId>(info.stream), info.role, info.optimizer};
+        Tensor& tensor = script.tensors[t];
+        tensor.name = names.try_emplace(info.name, static_cast<std::uint32_t>(names.size())).first->second;
+        tensor.stream = static_cast<measure::StreamId>(info.stream);
+        if (info.role == Role::optimizer_state)
+          tensor.per_param = job.optimizer == Optimizer::adamw ? 2 : 1;
+        else if (info.role == Role::master_weight || info.role == Role::optimizer_temporary)
+          tensor.per_param = 1;
+        // an optimizer's state and temporaries are its own parameters' (optimizer_per_tensor_kind:
+        // one state lump and one temporary per optimizer), the master copy every parameter's
+        tensor.own = info.role == Role::optimizer_temporary || info.role == Role::optimizer_state;
+        tensor.optimizer = info.optimizer;
         skipped[t] = is(info.op, "caching allocator");
       }
       script.events.reserve(trace.events.size());
@@ -232,14 +242,13 @@ class Replay {
         return;
       }
     }
-    pieces(script, tensor, bytes);
-    if (!pieces_.empty()) {
-      // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
-      static const measure::AllocTag untagged;
-      const TensorInfo* info = record_ ? &script.trace->tensors[t] : nullptr;
-      const measure::AllocTag& tag =
-          record_ ? (tag_ = {info->op, info->name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"})
-                  : untagged;
+    if (h.n == 0 && tensor.per_param == 0) {  // the usual tensor: one block
+      if (bytes) {
+        h.n = 1;
+        h.block = alloc_.allocate_block(bytes, tag(script, t, phase), tensor.stream);
+      }
+    } else if (pieces(tensor, bytes); !pieces_.empty()) {
+      const measure::AllocTag& tag = this->tag(script, t, phase);
       if (h.n == 0 && pieces_.size() == 1) {
         h.n = 1;
         h.block = alloc_.allocate_block(pieces_[0], tag, tensor.stream);
@@ -263,6 +272,13 @@ class Replay {
     o.record_history = record;
     return o;
   }
+  // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
+  const measure::AllocTag& tag(const ReplayScript& script, std::size_t t, int phase) {
+    static const measure::AllocTag untagged;
+    if (!record_) return untagged;
+    const TensorInfo& info = script.trace->tensors[t];
+    return tag_ = {info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
+  }
   void reset_peak() { allocated_peak_ = static_cast<bytes_t>(alloc_.stats().allocated.current); }
   // An empty list of lists_ (the next of those a reset left).
   std::uint32_t new_list() {
@@ -275,17 +291,11 @@ class Replay {
   // optimizer's lumps (state, fp32 master copy, step temporaries) split over the trainable
   // parameters in proportion to their size, in parameter order, as torch.optim's zeros_like per
   // parameter and foreach lists allocate them (AdamW: exp_avg then exp_avg_sq).
-  void pieces(const ReplayScript& script, const ReplayScript::Tensor& t, bytes_t bytes) {
+  void pieces(const ReplayScript::Tensor& t, bytes_t bytes) {
     pieces_.clear();
     if (bytes == 0) return;
-    int per_param = 0;
-    if (t.role == Role::optimizer_state)
-      per_param = script.state_pieces;
-    else if (t.role == Role::master_weight || t.role == Role::optimizer_temporary)
-      per_param = 1;
-    // an optimizer's state and temporaries are its own parameters' (optimizer_per_tensor_kind:
-    // one state lump and one temporary per optimizer), the master copy every parameter's
-    const bool own = t.role == Role::optimizer_temporary || t.role == Role::optimizer_state;
+    const int per_param = t.per_param;
+    const bool own = t.own;
     const bytes_t over = own ? optimizer_bytes_[t.optimizer] : trainable_bytes_;
     if (per_param == 0 || over == 0) {
       pieces_.push_back(bytes);
