@@ -162,7 +162,10 @@ class Replay {
         if (first && steady) reset_peak();
         continue;
       }
-      apply(script, ev, steady, phase);
+      if (ev < 0)
+        free_tensor(static_cast<std::size_t>(~ev));
+      else
+        allocate_tensor(script, static_cast<std::size_t>(ev), steady, phase);
       if (timeline && phase >= 0) timeline->push_back(reserved());
     }
     if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
@@ -210,7 +213,7 @@ class Replay {
     for (auto& [key, held] : carried_) {
       auto it = wanted.find(key);
       const std::size_t keep = it == wanted.end() ? 0 : std::min(it->second, held.size());
-      // the prologue takes the last `keep` of them (apply pops from the back)
+      // the prologue takes the last `keep` of them (allocate_tensor pops from the back)
       for (std::size_t i = 0; i + keep < held.size(); ++i) release(held[i]);
       held.erase(held.begin(), held.end() - static_cast<std::ptrdiff_t>(keep));
     }
@@ -222,15 +225,14 @@ class Replay {
       for (measure::BlockRef b : lists_[h.list]) alloc_.deallocate_block(b);
   }
 
-  // One allocation or free of the script, `phase` the index of the phase it falls in (-1: before).
-  void apply(const ReplayScript& script, std::int32_t ev, bool steady, int phase) {
-    if (ev < 0) {
-      Held& h = live_[static_cast<std::size_t>(~ev)];
-      release(h);
-      h = Held{};
-      return;
-    }
-    const auto t = static_cast<std::size_t>(ev);
+  void free_tensor(std::size_t t) {
+    release(live_[t]);
+    live_[t] = Held{};
+  }
+  // The script's allocation of tensor t, `phase` the index of the phase it falls in (-1: before).
+  // (Inline in run's loop: as a call, its entry and exit were a tenth of the replay outside the
+  // allocator.)
+  [[gnu::always_inline]] void allocate_tensor(const ReplayScript& script, std::size_t t, bool steady, int phase) {
     const ReplayScript::Tensor& tensor = script.tensors[t];
     const bytes_t bytes = (*sizes_)[t];
     Held& h = live_[t];
@@ -274,8 +276,9 @@ class Replay {
   }
   // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
   const measure::AllocTag& tag(const ReplayScript& script, std::size_t t, int phase) {
-    static const measure::AllocTag untagged;
-    if (!record_) return untagged;
+    return record_ ? tag_of(script, t, phase) : untagged_;
+  }
+  const measure::AllocTag& tag_of(const ReplayScript& script, std::size_t t, int phase) {
     const TensorInfo& info = script.trace->tensors[t];
     return tag_ = {info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
   }
@@ -327,6 +330,7 @@ class Replay {
   std::array<bytes_t, 2> optimizer_bytes_{};       // by optimizer
   std::vector<bytes_t> pieces_;
   measure::AllocTag tag_;  // the allocation's tag when recording
+  const measure::AllocTag untagged_;
   std::vector<Held> live_;                                // by tensor id: its blocks
   std::vector<std::vector<measure::BlockRef>> lists_;     // the blocks of tensors made of several
   std::size_t lists_used_ = 0;                            // lists_ in use since the last reset
