@@ -187,12 +187,20 @@ BENCHMARK(BM_predict_full_simulation)->Arg(8)->Arg(70)->Unit(benchmark::kMicrose
 // repeats (at least two steady steps: the second confirms the first), a new shape every call.
 // After the first call the streams come compiled (src/model/reserved.cpp, ReservedStream:
 // simulated once at probe shapes, the sizes evaluated at the shape), so the cost is the replay.
-// 2026-12-03, build machine: 1.75 ms (8B) / 4.25 ms (70B), 9,500× / 23,200×
-// BM_estimate_new_shape/8 (183 ns), medians of three; the allocator before that day's speed-ups
-// (descending free-block classes tried from their end, sixteen per power of two, a 64-byte Block,
-// segments in a deque), run alternately: 2.54 / 7.40 ms (13,500× / 39,400×). 2026-12-02: 3.8 /
-// 12.0 ms (11,100× / 34,600×, 347 ns); one steady step earlier that day: 2.3 / 7.9 ms; 2026-12-01,
-// the step simulated at every shape: 8.5 / 27.6 ms. The goal, 1 ms, is not met.
+// 2026-12-03, later, build machine: 1.06 ms (8B) / 2.56 ms (70B), 5,800× / 14,100×
+// BM_estimate_new_shape/8 (181 ns), medians of five, against 1.66 / 4.07 ms for the code before
+// in the same run: each trace read once into a script, frees by block handle (no live-block
+// table), c10's default rounding as a mask, one Replay and allocator per thread reset between
+// calls, the event loop inline. What remains is the allocator itself, some 85%: about 27,000
+// (8B) and 68,000 (70B) allocations and frees over the three steps replayed (step 0 and two
+// steady steps; the layouts differ until the second's last free, so none can be cut short), some
+// 33 ns each, mostly the free-block classes' searches and moves and the blocks' cache misses.
+// Earlier that day: 1.75 / 4.25 ms (9,500× / 23,200×, 183 ns); the allocator before that day's
+// speed-ups (descending free-block classes tried from their end, sixteen per power of two, a
+// 64-byte Block, segments in a deque), run alternately: 2.54 / 7.40 ms (13,500× / 39,400×).
+// 2026-12-02: 3.8 / 12.0 ms (11,100× / 34,600×, 347 ns); one steady step earlier that day: 2.3 /
+// 7.9 ms; 2026-12-01, the step simulated at every shape: 8.5 / 27.6 ms. The goal, 1 ms,
+// is not met.
 void BM_predict_reserved_new_shape(benchmark::State& state) {
   const ModelSpec& m = model_of(state.range(0));
   Job j;

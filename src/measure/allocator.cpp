@@ -129,6 +129,12 @@ class FreeBlocks {
     }
     return nullptr;
   }
+  void clear() {  // the classes keep their room
+    for (std::size_t w = 0; w < held_.size(); ++w)
+      for (std::uint64_t bits = held_[w]; bits; bits &= bits - 1)
+        classes_[w * 64 + static_cast<std::size_t>(std::countr_zero(bits))].clear();
+    held_ = {};
+  }
   template <class F>
   void for_each(F&& f) const {  // in (size, address) order
     for (const auto& v : classes_)
@@ -188,7 +194,9 @@ class SegmentList {
   Segment* add(const Segment& s) {
     Segment* seg;
     if (spare_.empty()) {
-      seg = &store_.emplace_back(s);
+      if (used_ == store_.size()) store_.emplace_back();
+      seg = &store_[used_++];
+      *seg = s;
     } else {
       seg = spare_.back();
       spare_.pop_back();
@@ -201,18 +209,25 @@ class SegmentList {
     by_address_.erase(position(seg->base) - 1);  // the one at seg->base precedes the first below it
     spare_.push_back(seg);
   }
+  void clear() {  // the store keeps its room
+    used_ = 0;
+    spare_.clear();
+    by_address_.clear();
+  }
   template <class F>
   void for_each(F&& f) const {  // in ascending address order
     for (auto it = by_address_.rbegin(); it != by_address_.rend(); ++it) f(**it);
   }
 
  private:
-  // The first segment below `base`.
+  // The first segment below `base` (the end first: the usual new segment is the lowest).
   std::vector<Segment*>::iterator position(DeviceAddr base) {
+    if (by_address_.empty() || by_address_.back()->base > base) return by_address_.end();
     return std::upper_bound(by_address_.begin(), by_address_.end(), base,
                             [](DeviceAddr a, const Segment* s) { return a > s->base; });
   }
   std::deque<Segment> store_;
+  std::size_t used_ = 0;  // store_'s segments in use or in spare_; the rest are room
   std::vector<Segment*> spare_;
   std::vector<Segment*> by_address_;  // descending
 };
@@ -227,6 +242,10 @@ class AddressMap {
     while (slots_[i].addr) i = (i + 1) & mask_;
     slots_[i] = {a, b};
     ++count_;
+  }
+  void clear() {  // the table keeps its room
+    if (count_) std::fill(slots_.begin(), slots_.end(), Slot{});
+    count_ = 0;
   }
   // Removes a's entry and returns its block; nullptr (and nothing removed) if a has none. One
   // probe sequence, then backward-shift deletion: no tombstones.
@@ -324,14 +343,42 @@ struct CachingAllocator::Impl {
   AddressMap active;  // live blocks by address
   // Blocks are made and merged away at every split and free: they come from chunks owned here and
   // return to `spare_blocks`, rather than from new and delete.
+  static constexpr std::size_t kBlockChunk = 256;
   std::vector<std::unique_ptr<Block[]>> block_chunks;
+  std::size_t blocks_used = 0;  // of block_chunks' blocks, in order: in use or in spare_blocks
   std::vector<Block*> spare_blocks;
   std::vector<TraceEvent> history;
   std::uint64_t last_time_us = 0;
 
+  // round_size's case: a power-of-two unit and no roundup_power2_divisions
+  const bool plain_rounding = std::has_single_bit(policy.min_block_size) &&
+                              std::ranges::all_of(policy.roundup_power2_divisions, [](std::uint32_t d) { return d <= 1; });
+
   Impl(RawMemory& r, AllocatorOptions o) : raw(r), options(o) {}
 
-  ~Impl() {  // the blocks go with block_chunks
+  ~Impl() { release_segments(); }  // the blocks go with block_chunks
+
+  // As constructed with `o`: every segment given back to the raw memory, every container kept
+  // with the room it has grown to.
+  void reset(const AllocatorOptions& o) {
+    release_segments();
+    segments.clear();
+    options = o;
+    stats = {};
+    for (Pool* pool : {&small_pool, &large_pool})
+      for (auto& stream : pool->streams)
+        if (stream) {
+          stream->free_blocks.clear();
+          stream->expandable = nullptr;
+        }
+    active.clear();
+    spare_blocks.clear();
+    blocks_used = 0;
+    history.clear();
+    last_time_us = 0;
+  }
+
+  void release_segments() {
     segments.for_each([&](const Segment& seg) {
       if (seg.expandable) {
         if (seg.size) raw.unmap_range_at(seg.base, seg.size);
@@ -342,14 +389,17 @@ struct CachingAllocator::Impl {
     });
   }
 
+  // A block as Block{} is (one deleted, else the next of the chunks).
   Block* new_block() {
-    if (spare_blocks.empty()) {
-      constexpr std::size_t kChunk = 256;
-      block_chunks.push_back(std::make_unique<Block[]>(kChunk));
-      for (std::size_t i = kChunk; i-- > 0;) spare_blocks.push_back(&block_chunks.back()[i]);
+    if (!spare_blocks.empty()) {
+      Block* b = spare_blocks.back();
+      spare_blocks.pop_back();
+      return b;
     }
-    Block* b = spare_blocks.back();
-    spare_blocks.pop_back();
+    if (blocks_used == block_chunks.size() * kBlockChunk) block_chunks.push_back(std::make_unique<Block[]>(kBlockChunk));
+    Block* b = &block_chunks[blocks_used / kBlockChunk][blocks_used % kBlockChunk];
+    ++blocks_used;
+    *b = Block{};  // (after a reset it may have been used)
     return b;
   }
   void delete_block(Block* b) {
@@ -376,6 +426,15 @@ struct CachingAllocator::Impl {
   }
   static const AllocTag& tag_of(const Block& b) { return b.tag ? *b.tag : untagged(); }
 
+  // policy.round_size(bytes) (0 < bytes <= 2^62), its common case inline: with c10's defaults (no
+  // roundup_power2_divisions, 512-byte blocks) the rounding is a mask, where the general form (a
+  // division and the divisions' lookup) was some 5% of a reserved replay.
+  bytes_t round_size(bytes_t bytes) const {
+    const bytes_t unit = policy.min_block_size;
+    if (plain_rounding) return bytes <= unit ? unit : (bytes + unit - 1) & ~(unit - 1);
+    return policy.round_size(bytes);
+  }
+
   Pool& pool_for(bytes_t rounded) { return policy.is_small(rounded) ? small_pool : large_pool; }
   Pool& pool_of(const Segment& seg) { return seg.small ? small_pool : large_pool; }
 
@@ -389,16 +448,22 @@ struct CachingAllocator::Impl {
     return last_time_us;
   }
 
-  // Inline, so that an allocator without history (the reserved replay's) pays a test per event.
+  // The test inline and the recording out of line, so that an allocator without history (the
+  // reserved replay's) pays a test per event rather than a call.
   void record(TraceEvent::Action action, std::uint64_t addr, std::uint64_t size, const AllocTag& tag = untagged(),
               StreamId stream = 0) {
-    if (options.record_history) history.push_back(TraceEvent{action, addr, size, now_us(), tag, stream});
+    if (options.record_history) [[unlikely]]
+      record_event(action, addr, size, tag, stream);
+  }
+  [[gnu::noinline]] void record_event(TraceEvent::Action action, std::uint64_t addr, std::uint64_t size,
+                                      const AllocTag& tag, StreamId stream) {
+    history.push_back(TraceEvent{action, addr, size, now_us(), tag, stream});
   }
 
   // c10 get_free_block: the smallest cached block >= size in the pool, unless the policy's
   // oversize rules (max_split_size; unlimited by default) keep it for other requests.
-  Block* get_free_block(Pool& pool, StreamId stream, bytes_t size) {
-    return pool.of(stream).free_blocks.take_best_fit(size, [&](const Block* b) { return policy.may_reuse(size, b->size); });
+  Block* get_free_block(FreeBlocks& free_blocks, bytes_t size) {
+    return free_blocks.take_best_fit(size, [&](const Block* b) { return policy.may_reuse(size, b->size); });
   }
 
   // c10 alloc_block: a new segment from the raw memory (or more pages in expandable mode).
@@ -537,15 +602,19 @@ struct CachingAllocator::Impl {
     throw Error(ErrorKind::out_of_memory, msg);
   }
 
-  DeviceAddr allocate(bytes_t bytes, const AllocTag& tag, StreamId stream) {
-    if (bytes == 0) return 0;  // as c10: a zero-byte allocation has no block
+  // A live block of `bytes` (nullptr for zero bytes, as c10: such an allocation has no block);
+  // allocate_at also enters it in `active`.
+  Block* allocate(bytes_t bytes, const AllocTag& tag, StreamId stream) {
+    if (bytes == 0) return nullptr;
     if (bytes > (bytes_t{1} << 62))
       throw Error(ErrorKind::invalid_argument,
                   "allocate: " + std::to_string(bytes) + " bytes for " + describe(tag) + " is absurd");
-    const bytes_t size = policy.round_size(bytes);
+    const bytes_t size = round_size(bytes);
     Pool& pool = pool_for(size);
 
-    Block* b = get_free_block(pool, stream, size);
+    // the stream's free blocks: the block found or made, and the rest of it when split, are its
+    FreeBlocks& free_blocks = pool.of(stream).free_blocks;
+    Block* b = get_free_block(free_blocks, size);
     if (!b) {
       bytes_t asked = 0;
       b = alloc_block(pool, stream, size, false, asked);
@@ -571,7 +640,7 @@ struct CachingAllocator::Impl {
       if (b->next) b->next->prev = rest;
       b->next = rest;
       b->size = size;
-      pool.free_blocks(rest).insert(rest);
+      free_blocks.insert(rest);
       if (!expandable) {
         if (already_split)
           update(stats.inactive_split, -as_i64(size));  // an inactive split block shrinks
@@ -585,20 +654,30 @@ struct CachingAllocator::Impl {
     b->allocated = true;
     b->requested = bytes;
     set_tag(*b, tag);
-    active.insert(b->addr, b);
     update(stats.allocated, as_i64(b->size));
     update(stats.active, as_i64(b->size));
     update(stats.requested, as_i64(bytes));
     record(TraceEvent::Action::alloc, b->addr, bytes, tag, stream);
+    return b;
+  }
+
+  DeviceAddr allocate_at(bytes_t bytes, const AllocTag& tag, StreamId stream) {
+    Block* b = allocate(bytes, tag, stream);
+    if (!b) return 0;
+    active.insert(b->addr, b);
     return b->addr;
   }
 
-  void deallocate(DeviceAddr ptr) {
+  void deallocate_at(DeviceAddr ptr) {
     if (!ptr) return;
     Block* b = active.take(ptr);
     if (!b)
       throw Error(ErrorKind::invalid_argument,
                   "deallocate: the pointer was not returned by this allocator or is already free");
+    deallocate(b);
+  }
+
+  void deallocate(Block* b) {
     b->allocated = false;
     update(stats.allocated, -as_i64(b->size));
     record(TraceEvent::Action::free_requested, b->addr, b->requested, tag_of(*b), b->seg->stream);
@@ -608,13 +687,13 @@ struct CachingAllocator::Impl {
 
   // c10 free_block: merge with free neighbours, then account the inactive split bytes.
   void free_block(Block* b) {
-    Pool& pool = pool_of(*b->seg);
+    FreeBlocks& free_blocks = pool_of(*b->seg).free_blocks(b);  // its neighbours' too (one segment)
     const bytes_t original_size = b->size;
     const bytes_t requested = b->requested;
     std::int64_t split_change = 0;
     for (Block* candidate : {b->prev, b->next}) {
       if (!candidate || candidate->allocated) continue;
-      pool.free_blocks(candidate).erase(candidate);
+      free_blocks.erase(candidate);
       if (candidate == b->prev) {
         b->addr = candidate->addr;
         b->prev = candidate->prev;
@@ -631,7 +710,7 @@ struct CachingAllocator::Impl {
       delete_block(candidate);
     }
     b->requested = 0;
-    pool.free_blocks(b).insert(b);
+    free_blocks.insert(b);
     if (b->is_split()) split_change += as_i64(b->size);
     if (!b->seg->expandable) update(stats.inactive_split, split_change);
     update(stats.active, -as_i64(original_size));
@@ -670,17 +749,24 @@ struct CachingAllocator::Impl {
 };
 
 CachingAllocator::CachingAllocator(RawMemory& raw, AllocatorOptions options)
-    : impl_(std::make_unique<Impl>(raw, options)) {}
+    : impl_(std::make_unique<Impl>(raw, options)), stats_(&impl_->stats) {}
 
 CachingAllocator::~CachingAllocator() = default;
 
 DeviceAddr CachingAllocator::allocate_at(bytes_t bytes, const AllocTag& tag, StreamId stream) {
-  return impl_->allocate(bytes, tag, stream);
+  return impl_->allocate_at(bytes, tag, stream);
 }
 
-void CachingAllocator::deallocate_at(DeviceAddr addr) { impl_->deallocate(addr); }
+void CachingAllocator::deallocate_at(DeviceAddr addr) { impl_->deallocate_at(addr); }
 
-const AllocatorStats& CachingAllocator::stats() const { return impl_->stats; }
+BlockRef CachingAllocator::allocate_block(bytes_t bytes, const AllocTag& tag, StreamId stream) {
+  return BlockRef(impl_->allocate(bytes, tag, stream));
+}
+
+void CachingAllocator::deallocate_block(BlockRef block) {
+  if (block) impl_->deallocate(static_cast<Block*>(block.block_));
+}
+
 
 void CachingAllocator::reset_peak_stats() {
   for (Stat* s : {&impl_->stats.allocated, &impl_->stats.reserved, &impl_->stats.active,
@@ -689,6 +775,8 @@ void CachingAllocator::reset_peak_stats() {
 }
 
 void CachingAllocator::empty_cache() { impl_->release_cached_blocks(); }
+
+void CachingAllocator::reset(AllocatorOptions options) { impl_->reset(options); }
 
 const AllocatorPolicy& CachingAllocator::policy() const { return impl_->policy; }
 

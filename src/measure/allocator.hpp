@@ -147,6 +147,19 @@ struct SegmentInfo {
   std::vector<BlockInfo> blocks;  // in address order, covering the segment
 };
 
+// A live block as CachingAllocator::allocate_block hands it out, for deallocate_block; empty for a
+// zero-byte request.
+class BlockRef {
+ public:
+  BlockRef() = default;
+  explicit operator bool() const { return block_ != nullptr; }
+
+ private:
+  friend class CachingAllocator;
+  explicit BlockRef(void* block) : block_(block) {}
+  void* block_ = nullptr;
+};
+
 class CachingAllocator {
  public:
   explicit CachingAllocator(RawMemory& raw, AllocatorOptions options = {});
@@ -163,10 +176,18 @@ class CachingAllocator {
     return reinterpret_cast<void*>(static_cast<std::uintptr_t>(allocate_at(bytes, tag)));
   }
   void deallocate(void* ptr) { deallocate_at(reinterpret_cast<std::uintptr_t>(ptr)); }
+  // The same for a caller that keeps what it allocated (the reserved-memory replay): the block
+  // itself is the handle, so a free looks nothing up by address. Such a block is freed only by
+  // deallocate_block (deallocate_at does not know its address).
+  BlockRef allocate_block(bytes_t bytes, const AllocTag& tag = {}, StreamId stream = 0);
+  void deallocate_block(BlockRef block);
 
-  const AllocatorStats& stats() const;  // as of now (it changes with every call below)
+  const AllocatorStats& stats() const { return *stats_; }  // as of now (it changes with every call below)
   void reset_peak_stats();
   void empty_cache();  // release every entirely free segment
+  // Starts over as if constructed with `options` (every segment given back to the raw memory),
+  // keeping the room its containers have grown to: the reserved replay runs one per thread.
+  void reset(AllocatorOptions options = {});
 
   // The rounding, pools and split rules it follows (tests compute expectations with it).
   const AllocatorPolicy& policy() const;
@@ -185,6 +206,7 @@ class CachingAllocator {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  const AllocatorStats* stats_;  // impl_'s, inline: the reserved replay reads them at every event
 };
 
 }  // namespace membudget::measure

@@ -31,6 +31,7 @@ class FakeMemory final : public measure::RawMemory {
   void release_range_at(measure::DeviceAddr, bytes_t) override {}
   bool map_range_at(measure::DeviceAddr, bytes_t) override { return true; }
   void unmap_range_at(measure::DeviceAddr, bytes_t) override {}
+  void reset() { next_ = kTop; }  // addresses handed out again from the top
 
  private:
   measure::DeviceAddr bump(bytes_t bytes) {  // whole 2 MiB pages and a 2 MiB gap, below the last
@@ -38,7 +39,8 @@ class FakeMemory final : public measure::RawMemory {
     return next_;
   }
   // (2^52: room below for the 2^50 bytes capacity() reports, above any address a test compares)
-  measure::DeviceAddr next_ = measure::DeviceAddr{1} << 52;
+  static constexpr measure::DeviceAddr kTop = measure::DeviceAddr{1} << 52;
+  measure::DeviceAddr next_ = kTop;
 };
 
 }  // namespace membudget::detail

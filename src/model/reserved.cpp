@@ -43,51 +43,129 @@ namespace {
 
 bool is(const char* a, const char* b) { return std::strcmp(a, b) == 0; }
 
+// A recorded pass as the replay reads it: what replaying an event needs of its tensor, worked out
+// once per trace rather than at every event (a compiled stream keeps its two: ReservedStream).
+struct ReplayScript {
+  struct Tensor {
+    std::uint32_t name = 0;  // the tensor's name as a number, the same in both passes' scripts
+    measure::StreamId stream = 0;
+    // 0: one block. Else an optimizer's lump, a block per trainable parameter (AdamW's state: two,
+    // exp_avg and exp_avg_sq) in proportion to its size: Replay::pieces.
+    std::uint8_t per_param = 0;
+    bool own = false;  // the lump is split over its optimizer's parameters only, not every one
+    std::uint8_t optimizer = 0;
+  };
+  const SimTrace* trace = nullptr;  // the tensors' names and ops, for the tags of a recorded replay
+  // The trace's events (SimTrace::Event::t), less those of the simulator's "caching allocator"
+  // tensors (whole segments held by parameters and optimizer state, which it adds to
+  // memory_allocated() by hand): the replay's allocator makes those segments itself.
+  std::vector<std::int32_t> events;
+  std::vector<std::int8_t> phases;  // each phase start's phase, as its index in kTrainPhases (4: none of them)
+  std::vector<Tensor> tensors;      // by tensor id
+  // The trainable parameters in the order their optimizer state is made: optimizer by optimizer.
+  std::vector<std::uint32_t> trainable;
+
+  // Both passes' scripts of `job`; a tensor name gets one number in both (the steady step's
+  // prologue finds step 0's tensors by name and size).
+  static std::array<ReplayScript, 2> of(const std::array<SimTrace, 2>& traces, const Job& job) {
+    std::array<ReplayScript, 2> out;
+    std::unordered_map<std::string_view, std::uint32_t> names;
+    for (std::size_t pass = 0; pass < 2; ++pass) {
+      const SimTrace& trace = traces[pass];
+      ReplayScript& script = out[pass];
+      script.trace = &trace;
+      script.tensors.resize(trace.tensors.size());
+      std::vector<bool> skipped(trace.tensors.size());
+      for (std::size_t t = 0; t < trace.tensors.size(); ++t) {
+        const TensorInfo& info = trace.tensors[t];
+        Tensor& tensor = script.tensors[t];
+        tensor.name = names.try_emplace(info.name, static_cast<std::uint32_t>(names.size())).first->second;
+        tensor.stream = static_cast<measure::StreamId>(info.stream);
+        if (info.role == Role::optimizer_state)
+          tensor.per_param = job.optimizer == Optimizer::adamw ? 2 : 1;
+        else if (info.role == Role::master_weight || info.role == Role::optimizer_temporary)
+          tensor.per_param = 1;
+        // an optimizer's state and temporaries are its own parameters' (optimizer_per_tensor_kind:
+        // one state lump and one temporary per optimizer), the master copy every parameter's
+        tensor.own = info.role == Role::optimizer_temporary || info.role == Role::optimizer_state;
+        tensor.optimizer = info.optimizer;
+        skipped[t] = is(info.op, "caching allocator");
+      }
+      script.events.reserve(trace.events.size());
+      for (const SimTrace::Event& ev : trace.events)
+        if (ev.t == SimTrace::kPhase || !skipped[static_cast<std::size_t>(ev.t < 0 ? ~ev.t : ev.t)])
+          script.events.push_back(ev.t);
+      for (Phase p : trace.phases)
+        script.phases.push_back(static_cast<std::int8_t>(std::find(std::begin(kTrainPhases), std::end(kTrainPhases), p) -
+                                                         std::begin(kTrainPhases)));
+      for (std::uint8_t o = 0; o < 2; ++o)
+        for (std::size_t t = 0; t < trace.tensors.size(); ++t)
+          if (trace.tensors[t].param && trace.tensors[t].requires_grad && trace.tensors[t].optimizer == o)
+            script.trainable.push_back(static_cast<std::uint32_t>(t));
+    }
+    return out;
+  }
+};
+
+// The tensors' own bytes in each pass (a stream's come from ReservedStream::sizes instead).
+std::array<std::vector<bytes_t>, 2> recorded_sizes(const std::array<SimTrace, 2>& traces) {
+  std::array<std::vector<bytes_t>, 2> out;
+  for (std::size_t pass = 0; pass < 2; ++pass)
+    for (const TensorInfo& info : traces[pass].tensors) out[pass].push_back(info.bytes);
+  return out;
+}
+
 class Replay {
  public:
-  Replay(const Job& job, const AllocatorPolicy& policy, bool record = false)
-      : job_(job), record_(record), alloc_(mem_, options(policy, record)) {}
+  explicit Replay(const AllocatorPolicy& policy, bool record = false) : record_(record), alloc_(mem_, options(policy, record)) {}
   const measure::CachingAllocator& allocator() const { return alloc_; }
 
-  // `timeline`: memory_reserved() after each event from the first phase start on (predict --plot).
-  // `sizes`: each tensor's bytes when not trace.tensors[t].bytes (a compiled stream's, evaluated
-  // at the shape: ReservedStream).
-  void run(const SimTrace& trace, bool steady, std::array<bytes_t, 4>& phase_reserved,
-           std::vector<bytes_t>* timeline = nullptr, const std::vector<bytes_t>* sizes = nullptr) {
-    sizes_ = sizes;
-    // the trainable parameters in the order their optimizer state is made: optimizer by optimizer
+  // As constructed with `policy`, keeping the room its containers have grown to (a thread's
+  // replays reuse one: simulate_reserved).
+  void reset(const AllocatorPolicy& policy) {
+    alloc_.reset(options(policy, record_));
+    mem_.reset();
+    lists_used_ = 0;
+    carried_.clear();
+    allocated_peak_ = 0;
+  }
+
+  // `sizes`: each tensor's bytes (the trace's own, or a compiled stream's evaluated at the shape:
+  // ReservedStream). `timeline`: memory_reserved() after each event from the first phase start
+  // on (predict --plot).
+  void run(const ReplayScript& script, const std::vector<bytes_t>& sizes, bool steady, std::array<bytes_t, 4>& phase_reserved,
+           std::vector<bytes_t>* timeline = nullptr) {
+    sizes_ = &sizes;
     trainable_.clear();
     trainable_optimizer_.clear();
     trainable_bytes_ = 0;
     optimizer_bytes_ = {};
-    for (std::uint8_t o = 0; o < 2; ++o)
-      for (std::size_t t = 0; t < trace.tensors.size(); ++t)
-        if (trace.tensors[t].param && trace.tensors[t].requires_grad && trace.tensors[t].optimizer == o) {
-          trainable_.push_back(bytes_of(trace, t));
-          trainable_optimizer_.push_back(o);
-          trainable_bytes_ += trainable_.back();
-          optimizer_bytes_[o] += trainable_.back();
-        }
-    live_.assign(trace.tensors.size(), Held{});
+    for (std::uint32_t t : script.trainable) {
+      trainable_.push_back(sizes[t]);
+      trainable_optimizer_.push_back(script.tensors[t].optimizer);
+      trainable_bytes_ += sizes[t];
+      optimizer_bytes_[script.tensors[t].optimizer] += sizes[t];
+    }
+    live_.assign(script.tensors.size(), Held{});
     // The phase being replayed (its index in kTrainPhases), -1 before the first. A phase that
     // recurs (a pipeline schedule's forwards and backwards) reports the reserved memory at the end
     // of its last occurrence (reserved never shrinks without empty_cache).
     int phase = -1;
     std::size_t phase_events = 0;
-    auto phase_index = [](Phase p) {
-      return static_cast<int>(std::find(std::begin(kTrainPhases), std::end(kTrainPhases), p) - std::begin(kTrainPhases));
-    };
-    if (timeline) timeline->reserve(timeline->size() + trace.events.size());
-    if (steady) release_not_carried_over(trace);
-    for (const SimTrace::Event& ev : trace.events) {
-      if (ev.t == SimTrace::kPhase) {
+    if (timeline) timeline->reserve(timeline->size() + script.events.size());
+    if (steady) release_not_carried_over(script);
+    for (const std::int32_t ev : script.events) {
+      if (ev == SimTrace::kPhase) {
         if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
         const bool first = phase < 0;
-        phase = phase_index(trace.phases.at(phase_events++));
+        phase = script.phases.at(phase_events++);
         if (first && steady) reset_peak();
         continue;
       }
-      apply(trace, ev, steady, phase);
+      if (ev < 0)
+        free_tensor(static_cast<std::size_t>(~ev));
+      else
+        allocate_tensor(script, static_cast<std::size_t>(ev), steady, phase);
       if (timeline && phase >= 0) timeline->push_back(reserved());
     }
     if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
@@ -95,7 +173,7 @@ class Replay {
     // tensor order (the prologue takes the last of each).
     carried_.clear();
     for (std::size_t t = 0; t < live_.size(); ++t)
-      if (live_[t].n) carried_[CarryKey{trace.tensors[t].name, bytes_of(trace, t)}].push_back(live_[t]);
+      if (live_[t].n) carried_[CarryKey{script.tensors[t].name, sizes[t]}].push_back(live_[t]);
   }
 
   bytes_t reserved() const { return static_cast<bytes_t>(alloc_.stats().reserved.current); }
@@ -106,17 +184,17 @@ class Replay {
   // in lists_).
   struct Held {
     std::uint32_t n = 0;
-    std::uint32_t list = 0;    // n > 1: lists_[list]
-    measure::DeviceAddr addr = 0;  // n == 1
+    std::uint32_t list = 0;     // n > 1: lists_[list]
+    measure::BlockRef block;    // n == 1
   };
   struct CarryKey {
-    std::string_view name;
+    std::uint32_t name;  // ReplayScript::Tensor::name
     bytes_t bytes;
     bool operator==(const CarryKey&) const = default;
   };
   struct CarryHash {
     std::size_t operator()(const CarryKey& k) const noexcept {
-      return std::hash<std::string_view>{}(k.name) ^ (std::hash<bytes_t>{}(k.bytes) * 0x9e3779b97f4a7c15ull);
+      return (k.name * 0x9e3779b97f4a7c15ull) ^ (k.bytes * 0xff51afd7ed558ccdull);
     }
   };
 
@@ -124,68 +202,66 @@ class Replay {
   // of that name and size) was freed between the two: DDP's step-0 bucket of every parameter, which
   // Reducer::rebuild_buckets frees before it allocates the rebuilt buckets at the second forward.
   // Freed here, before the prologue allocates what it does not find carried.
-  void release_not_carried_over(const SimTrace& trace) {
+  void release_not_carried_over(const ReplayScript& script) {
     std::unordered_map<CarryKey, std::size_t, CarryHash> wanted;
-    for (const SimTrace::Event& ev : trace.events) {
-      if (ev.t == SimTrace::kPhase) break;
-      if (ev.t < 0) continue;
-      const TensorInfo& info = trace.tensors[static_cast<std::size_t>(ev.t)];
-      if (!is(info.op, "caching allocator")) ++wanted[CarryKey{info.name, bytes_of(trace, static_cast<std::size_t>(ev.t))}];
+    for (const std::int32_t ev : script.events) {
+      if (ev == SimTrace::kPhase) break;
+      if (ev < 0) continue;
+      const auto t = static_cast<std::size_t>(ev);
+      ++wanted[CarryKey{script.tensors[t].name, (*sizes_)[t]}];
     }
     for (auto& [key, held] : carried_) {
       auto it = wanted.find(key);
       const std::size_t keep = it == wanted.end() ? 0 : std::min(it->second, held.size());
-      // the prologue takes the last `keep` of them (apply pops from the back)
+      // the prologue takes the last `keep` of them (allocate_tensor pops from the back)
       for (std::size_t i = 0; i + keep < held.size(); ++i) release(held[i]);
       held.erase(held.begin(), held.end() - static_cast<std::ptrdiff_t>(keep));
     }
   }
   void release(const Held& h) {
     if (h.n == 1)
-      alloc_.deallocate_at(h.addr);
+      alloc_.deallocate_block(h.block);
     else if (h.n > 1)
-      for (measure::DeviceAddr p : lists_[h.list]) alloc_.deallocate_at(p);
+      for (measure::BlockRef b : lists_[h.list]) alloc_.deallocate_block(b);
   }
 
-  // One allocation or free of the stream, `phase` the index of the phase it falls in (-1: before).
-  void apply(const SimTrace& trace, const SimTrace::Event& ev, bool steady, int phase) {
-    if (ev.t < 0) {
-      Held& h = live_[static_cast<std::size_t>(~ev.t)];
-      release(h);
-      h = Held{};
-      return;
-    }
-    const TensorInfo& info = trace.tensors[static_cast<std::size_t>(ev.t)];
-    if (is(info.op, "caching allocator")) return;
-    const bytes_t bytes = bytes_of(trace, static_cast<std::size_t>(ev.t));
-    Held& h = live_[static_cast<std::size_t>(ev.t)];
+  void free_tensor(std::size_t t) {
+    release(live_[t]);
+    live_[t] = Held{};
+  }
+  // The script's allocation of tensor t, `phase` the index of the phase it falls in (-1: before).
+  // (Inline in run's loop: as a call, its entry and exit were a tenth of the replay outside the
+  // allocator.)
+  [[gnu::always_inline]] void allocate_tensor(const ReplayScript& script, std::size_t t, bool steady, int phase) {
+    const ReplayScript::Tensor& tensor = script.tensors[t];
+    const bytes_t bytes = (*sizes_)[t];
+    Held& h = live_[t];
     if (steady && phase < 0) {  // the steady step's prologue: what step 0 left allocated
-      auto it = carried_.find(CarryKey{info.name, bytes});
+      auto it = carried_.find(CarryKey{tensor.name, bytes});
       if (it != carried_.end() && !it->second.empty()) {
         h = it->second.back();
         it->second.pop_back();
         return;
       }
     }
-    pieces(info, bytes);
-    if (!pieces_.empty()) {
-      // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
-      static const measure::AllocTag untagged;
-      const measure::AllocTag& tag =
-          record_ ? (tag_ = {info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"})
-                  : untagged;
+    if (h.n == 0 && tensor.per_param == 0) {  // the usual tensor: one block
+      if (bytes) {
+        h.n = 1;
+        h.block = alloc_.allocate_block(bytes, tag(script, t, phase), tensor.stream);
+      }
+    } else if (pieces(tensor, bytes); !pieces_.empty()) {
+      const measure::AllocTag& tag = this->tag(script, t, phase);
       if (h.n == 0 && pieces_.size() == 1) {
         h.n = 1;
-        h.addr = alloc_.allocate_at(pieces_[0], tag, stream_of(info));
+        h.block = alloc_.allocate_block(pieces_[0], tag, tensor.stream);
       } else {  // several pieces (or a tensor allocated again while live: its blocks add up)
         if (h.n <= 1) {
           const Held had = h;
-          h.list = static_cast<std::uint32_t>(lists_.size());
-          lists_.emplace_back();
-          if (had.n == 1) lists_.back().push_back(had.addr);
+          h.list = new_list();
+          if (had.n == 1) lists_[h.list].push_back(had.block);
         }
         auto& list = lists_[h.list];
-        for (bytes_t piece : pieces_) list.push_back(alloc_.allocate_at(piece, tag, stream_of(info)));
+        for (bytes_t piece : pieces_) list.push_back(alloc_.allocate_block(piece, tag, tensor.stream));
         h.n = static_cast<std::uint32_t>(list.size());
       }
     }
@@ -198,23 +274,31 @@ class Replay {
     o.record_history = record;
     return o;
   }
-  static measure::StreamId stream_of(const TensorInfo& t) { return static_cast<measure::StreamId>(t.stream); }
+  // predict --snapshot: each block names its phase, tensor and op (no strings otherwise)
+  const measure::AllocTag& tag(const ReplayScript& script, std::size_t t, int phase) {
+    return record_ ? tag_of(script, t, phase) : untagged_;
+  }
+  const measure::AllocTag& tag_of(const ReplayScript& script, std::size_t t, int phase) {
+    const TensorInfo& info = script.trace->tensors[t];
+    return tag_ = {info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
+  }
   void reset_peak() { allocated_peak_ = static_cast<bytes_t>(alloc_.stats().allocated.current); }
+  // An empty list of lists_ (the next of those a reset left).
+  std::uint32_t new_list() {
+    if (lists_used_ == lists_.size()) lists_.emplace_back();
+    lists_[lists_used_].clear();
+    return static_cast<std::uint32_t>(lists_used_++);
+  }
 
-  bytes_t bytes_of(const SimTrace& trace, std::size_t t) const { return sizes_ ? (*sizes_)[t] : trace.tensors[t].bytes; }
-
-  // The blocks PyTorch asks for to make the simulator's tensor `t` of `bytes`, into pieces_.
-  void pieces(const TensorInfo& t, bytes_t bytes) {
+  // The blocks PyTorch asks for to make the simulator's tensor `t` of `bytes`, into pieces_: the
+  // optimizer's lumps (state, fp32 master copy, step temporaries) split over the trainable
+  // parameters in proportion to their size, in parameter order, as torch.optim's zeros_like per
+  // parameter and foreach lists allocate them (AdamW: exp_avg then exp_avg_sq).
+  void pieces(const ReplayScript::Tensor& t, bytes_t bytes) {
     pieces_.clear();
     if (bytes == 0) return;
-    int per_param = 0;
-    if (t.role == Role::optimizer_state)
-      per_param = job_.optimizer == Optimizer::adamw ? 2 : 1;
-    else if (t.role == Role::master_weight || t.role == Role::optimizer_temporary)
-      per_param = 1;
-    // an optimizer's state and temporaries are its own parameters' (optimizer_per_tensor_kind:
-    // one state lump and one temporary per optimizer), the master copy every parameter's
-    const bool own = t.role == Role::optimizer_temporary || t.role == Role::optimizer_state;
+    const int per_param = t.per_param;
+    const bool own = t.own;
     const bytes_t over = own ? optimizer_bytes_[t.optimizer] : trainable_bytes_;
     if (per_param == 0 || over == 0) {
       pieces_.push_back(bytes);
@@ -236,7 +320,6 @@ class Replay {
     }
   }
 
-  const Job& job_;
   bool record_;
   const std::vector<bytes_t>* sizes_ = nullptr;
   FakeMemory mem_;
@@ -247,8 +330,10 @@ class Replay {
   std::array<bytes_t, 2> optimizer_bytes_{};       // by optimizer
   std::vector<bytes_t> pieces_;
   measure::AllocTag tag_;  // the allocation's tag when recording
+  const measure::AllocTag untagged_;
   std::vector<Held> live_;                                // by tensor id: its blocks
-  std::vector<std::vector<measure::DeviceAddr>> lists_;   // the blocks of tensors made of several
+  std::vector<std::vector<measure::BlockRef>> lists_;     // the blocks of tensors made of several
+  std::size_t lists_used_ = 0;                            // lists_ in use since the last reset
   std::unordered_map<CarryKey, std::vector<Held>, CarryHash> carried_;  // live after a step, by name and size
   bytes_t allocated_peak_ = 0;
 };
@@ -288,8 +373,8 @@ class ReservedStream {
     return PlanCache<ReservedStream, 16>::mine().get(m, job, static_cast<std::uint64_t>(StepPlan::regime(m, job)), compile);
   }
 
-  // The recorded streams (the first probe's), whose tensors' bytes sizes() replaces.
-  const std::array<SimTrace, 2>& traces() const { return traces_; }
+  // The recorded streams (the first probe's) as the replay reads them; sizes() gives their bytes.
+  const std::array<ReplayScript, 2>& scripts() const { return scripts_; }
   // Every tensor's bytes at (b, seq); false where the shape is not the plan's (a sequence that is
   // not a multiple of seq_unit) or a size does not fit 64 bits: simulate it.
   bool sizes(std::uint64_t b, std::uint64_t seq, std::array<std::vector<bytes_t>, 2>& out) const {
@@ -362,6 +447,7 @@ class ReservedStream {
       }
     }
     out->traces_ = std::move(tr[0]);
+    out->scripts_ = ReplayScript::of(out->traces_, job);
     return out;
   }
 
@@ -372,6 +458,7 @@ class ReservedStream {
   }
 
   std::array<SimTrace, 2> traces_;
+  std::array<ReplayScript, 2> scripts_;  // of traces_
   std::array<std::vector<Mono>, 2> mono_;
   std::uint64_t seq_unit_ = 1;
 };
@@ -383,18 +470,17 @@ constexpr int kMaxSteadySteps = 8;
 // grow the reserved memory after an earlier one placed the blocks differently (FSDP2 under
 // amp-bf16 grows at its second and third steps: tests/data/torch_train_fsdp_reserved_fakepg_h200.json),
 // so the first steady step is not enough; kMaxSteadySteps bounds a layout that never repeats.
-// `sizes`: the tensors' bytes where not the traces' own; `timeline`: memory_reserved() after each
-// event of the last steady step.
-ReservedResult replay_steps(Replay& replay, const std::array<SimTrace, 2>& traces,
-                            const std::array<std::vector<bytes_t>, 2>* sizes = nullptr,
-                            std::vector<bytes_t>* timeline = nullptr) {
+// `sizes`: the tensors' bytes in each pass; `timeline`: memory_reserved() after each event of the
+// last steady step.
+ReservedResult replay_steps(Replay& replay, const std::array<ReplayScript, 2>& scripts,
+                            const std::array<std::vector<bytes_t>, 2>& sizes, std::vector<bytes_t>* timeline = nullptr) {
   ReservedResult r;
-  replay.run(traces[0], false, r.step0, nullptr, sizes ? &(*sizes)[0] : nullptr);
+  replay.run(scripts[0], sizes[0], false, r.step0);
   std::uint64_t layout = replay.allocator().layout_hash();
   for (int i = 0; i < kMaxSteadySteps; ++i) {
     const bytes_t before = replay.reserved();
     if (timeline) timeline->clear();
-    replay.run(traces[1], true, r.steady, timeline, sizes ? &(*sizes)[1] : nullptr);
+    replay.run(scripts[1], sizes[1], true, r.steady, timeline);
     r.steady_steps = i + 1;
     const std::uint64_t now = replay.allocator().layout_hash();
     if (replay.reserved() == before && now == layout) break;
@@ -405,20 +491,26 @@ ReservedResult replay_steps(Replay& replay, const std::array<SimTrace, 2>& trace
   return r;
 }
 
+// The replay of steps simulated at the shape (`traces`, as simulate_torch_train records them).
+ReservedResult replay_traces(Replay& replay, const std::array<SimTrace, 2>& traces, const Job& job,
+                             std::vector<bytes_t>* timeline = nullptr) {
+  return replay_steps(replay, ReplayScript::of(traces, job), recorded_sizes(traces), timeline);
+}
+
 }  // namespace
 
 std::string predicted_snapshot_pickle(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
   std::array<SimTrace, 2> traces;
   simulate_torch_train(m, job, false, nullptr, &traces);
-  Replay replay(job, policy, true);
-  replay_steps(replay, traces);
+  Replay replay(policy, true);
+  replay_traces(replay, traces, job);
   return measure::snapshot_pickle(replay.allocator());
 }
 
 std::vector<bytes_t> reserved_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy) {
-  Replay replay(job, policy);
+  Replay replay(policy);
   std::vector<bytes_t> timeline;
-  replay_steps(replay, traces, nullptr, &timeline);
+  replay_traces(replay, traces, job, &timeline);
   return timeline;
 }
 
@@ -426,8 +518,9 @@ ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const Alloc
   if (const ReservedStream* stream = ReservedStream::cached(m, job)) {
     thread_local std::array<std::vector<bytes_t>, 2> sizes;
     if (stream->sizes(job.batch, job.seq, sizes)) {
-      Replay replay(job, policy);
-      return replay_steps(replay, stream->traces(), &sizes);
+      thread_local Replay replay(policy);
+      replay.reset(policy);
+      return replay_steps(replay, stream->scripts(), sizes);
     }
   }
   return simulate_reserved_full(m, job, policy);
@@ -436,8 +529,8 @@ ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const Alloc
 ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
   std::array<SimTrace, 2> traces;
   simulate_torch_train(m, job, false, nullptr, &traces);
-  Replay replay(job, policy);
-  return replay_steps(replay, traces);
+  Replay replay(policy);
+  return replay_traces(replay, traces, job);
 }
 
 bool reserved_stream_compiles(const ModelSpec& m, const Job& job) { return ReservedStream::cached(m, job) != nullptr; }
