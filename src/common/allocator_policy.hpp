@@ -89,7 +89,7 @@ struct AllocatorPolicy {
 
  private:
   constexpr bytes_t divisions_for(bytes_t bytes) const {
-    const int log2 = std::bit_width(bytes) - 1;
+    const int log2 = static_cast<int>(std::bit_width(bytes)) - 1;
     const int index = log2 < 20 ? 0 : log2 - 20 > 15 ? 15 : log2 - 20;  // 2^20 = 1 MiB
     return roundup_power2_divisions[static_cast<std::size_t>(index)];
   }

@@ -352,7 +352,8 @@ struct CachingAllocator::Impl {
 
   // round_size's case: a power-of-two unit and no roundup_power2_divisions
   const bool plain_rounding = std::has_single_bit(policy.min_block_size) &&
-                              std::ranges::all_of(policy.roundup_power2_divisions, [](std::uint32_t d) { return d <= 1; });
+                              std::all_of(std::begin(policy.roundup_power2_divisions), std::end(policy.roundup_power2_divisions),
+                                          [](std::uint32_t d) { return d <= 1; });  // (the web build's libc++ has no ranges::all_of)
 
   Impl(RawMemory& r, AllocatorOptions o) : raw(r), options(o) {}
 
