@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
@@ -174,7 +175,29 @@ TEST_CASE("reserved_peak of single-GPU steps measured in fresh processes") {
     CHECK(std::fabs(e.err) <= 0.04);
     within += std::fabs(e.err) <= 0.0035;
   }
-  CHECK(within >= 12);
+  // 2026-12-03, since an add's backward hands its gradient through: 10 within 0.35%; Qwen2.5
+  // 1.5B amp-bf16 full −3.2% and Qwen2.5 7B bf16 full −2.7% (each −0.04% before: one logits-sized
+  // segment fewer than the run, whose MLP gradients took the freed log-softmax gradient's segment;
+  // both snapshots in tests/data/handthrough_snapshots/), Llama 3.1 8B +4.0% as before.
+  CHECK(within >= 10);
+}
+
+// The MoE, experts-implementation and optimizer-implementation steps that the replay missed by
+// more than 3% when their files ran many cases in one process, each measured again alone in a fresh
+// process with a whole-run snapshot (tools/device/reserved_alone_run.sh, tests/data/reserved_alone/).
+// 2026-12-03: 7 of 13 within 0.5%; the for-loop AdamW −4.7% (amp-bf16) and +6.8% (bf16), the
+// for-loop Adafactor +10.4% (bf16, whose optimizer phase the model over-predicts), Qwen3-30B-A3B's
+// eager experts in bf16 −5.4% and its 4-layer amp-bf16 full-recompute step −3.5%.
+TEST_CASE("reserved_peak of MoE and optimizer-implementation steps measured alone") {
+  const auto errs = reserved_errors("tests/data/reserved_alone/torch_train_reserved_alone_h200.json");
+  CHECK(errs.size() == 13);
+  int within = 0;
+  for (const Err& e : errs) {
+    CAPTURE(e.name);
+    CHECK(std::fabs(e.err) <= 0.11);
+    within += std::fabs(e.err) <= 0.005;
+  }
+  CHECK(within >= 7);
 }
 
 // What the replay is fed: the trace's order of allocations around a thread's first matmul, and a
@@ -209,6 +232,43 @@ TEST_CASE("the trace: a thread's cuBLAS workspace follows its first matmul's out
   CHECK(allocated[0] == "loss gradient");
   CHECK(std::string(sim.info(trace.events[before + 1].t).op) == "LinearBackward");
   CHECK(allocated[2] == "workspace");
+}
+
+// AddBackward0 launches nothing: it hands its incoming gradient to each addend of the sum's size
+// and dtype. A residual stream's gradient is then one buffer from the loss down, summed into in
+// place (the pipeline stages' whole-run snapshots, tests/data/pp_fresh_snapshots/: the last
+// stage's input gradient is the block allocated at the first layer's backward).
+TEST_CASE("the trace: an add hands its gradient through; a residual stream's gradient is one buffer") {
+  using namespace membudget::detail;
+  AutogradSim sim(false);
+  SimTrace trace;
+  sim.record_to(&trace);
+  const TensorId w = sim.param("embedding", 4 * MiB, Term::model_states, "bf16");
+  TensorId x = sim.make("x0", MiB, Term::activations, "embedding", "bf16", "b·s·h", true);
+  sim.node("EmbeddingBackward0", {w}, {x}, {});
+  const TensorId bias = sim.make("bias-like addend", 64 * 1024, Term::activations, "input", "bf16", "h", true);
+  for (int layer = 0; layer < 2; ++layer) {
+    const TensorId branch = sim.make("branch", MiB, Term::activations, "mul", "bf16", "b·s·h", true);
+    sim.node("MulBackward0", {x}, {branch}, {});  // x's second contribution: computed, added in place
+    const TensorId h = sim.make("h", MiB, Term::activations, "add", "bf16", "b·s·h", true);
+    sim.pass_through_node("AddBackward0", {x, branch}, h);
+    sim.drop(x);
+    sim.drop(branch);
+    x = h;
+  }
+  const TensorId y = sim.make("y", MiB, Term::activations, "add", "bf16", "b·s·h", true);
+  sim.pass_through_node("AddBackward1", {x, bias}, y);  // the broadcast addend gets a reduced gradient of its own
+  sim.drop(x);
+  const TensorId loss = sim.make("loss", 4, Term::logits_loss, "sum", "fp32", "1", true);
+  sim.node("SumBackward0", {y}, {loss}, {});
+  const std::size_t before = trace.events.size();
+  sim.backward(loss);
+  std::map<std::string, int> allocated;
+  for (std::size_t k = before; k < trace.events.size(); ++k)
+    if (trace.events[k].t >= 0) ++allocated[sim.info(trace.events[k].t).name];
+  CHECK(allocated["activation gradients"] == 2);  // y's (SumBackward0), the bias's; none at the adds
+  CHECK(allocated["gradient accumulation temporary"] == 2);  // MulBackward0's, added in place
+  CHECK(allocated["parameter gradients (.grad)"] == 1);
 }
 
 TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {

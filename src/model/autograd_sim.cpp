@@ -181,8 +181,16 @@ void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
   last_node_recorded_ = true;
 }
 
-void AutogradSim::split_last_workspace(std::uint8_t pieces) {
-  if (last_node_recorded_) nodes_.back().workspace_pieces = std::clamp<std::uint8_t>(pieces, 1, 8);
+void AutogradSim::pass_through_node(const char* op, std::initializer_list<TensorId> inputs, TensorId output,
+                                    std::initializer_list<TensorId> saved) {
+  node(op, inputs, {output}, saved);
+  if (last_node_recorded_) nodes_.back().hands_through = true;
+}
+
+void AutogradSim::split_last_workspace(std::uint8_t pieces, std::uint8_t freed_before_gradient) {
+  if (!last_node_recorded_) return;
+  nodes_.back().workspace_pieces = std::clamp<std::uint8_t>(pieces, 1, 8);
+  nodes_.back().pieces_freed_before_gradient = freed_before_gradient;
 }
 
 TensorId AutogradSim::grad_of(TensorId t) const {
@@ -214,6 +222,14 @@ void AutogradSim::drop_grad(TensorId param) {
   grads_[param] = kNone;
 }
 
+TensorId AutogradSim::handed_through(TensorId incoming, TensorId input) const {
+  if (incoming == kNone || tensors_[input].param) return kNone;  // AccumulateGrad would copy a shared one
+  const TensorInfo& g = tensors_[incoming];
+  const char* dtype = tensors_[input].dtype;
+  const bool same_dtype = !*g.dtype || !*dtype || std::strcmp(g.dtype, dtype) == 0;
+  return g.bytes == grad_bytes(input) && same_dtype ? incoming : kNone;
+}
+
 TensorId AutogradSim::make_grad(TensorId input, const char* op) {
   const auto& ti = tensors_[input];
   TensorInfo g;
@@ -237,29 +253,48 @@ TensorId AutogradSim::make_grad(TensorId input, const char* op) {
 // mm_mat2_backward's (gradᵀ·x)ᵀ, transposed again by TBackward0; its input gradient is the
 // reshape of a 2-D mm by ViewBackward0) shares its storage with the base that the view's ViewInfo
 // keeps alive (views made in no-grad backward are still autograd views), so its storage count is
-// two and the sum is out of place: the old buffer, the new contribution and the sum coexist. The
-// sum is a plain tensor, so later contributions are added to it in place.
-void AutogradSim::grad_contribution(TensorId input, const char* op, bool view) {
-  if (grads_[input] == kNone) {
-    grads_[input] = make_grad(input, op);
-    grad_view_[input] = view ? 1 : 0;
-  } else if (grad_view_[input]) {
-    // The engine adds to the input buffer after the node returns (Engine::evaluate_function:
-    // call_function, then release_variables, then InputBuffer::add): the contribution stays
-    // allocated until then, and the sum is made after the node's incoming gradients are freed.
-    pending_.push_back({input, make("gradient accumulation temporary", grad_bytes(input),
-                                    tensors_[input].param ? Term::model_states : Term::activations,
-                                    Role::temporary, op, tensors_[input].dtype, "", false), false});
-  } else if (tensors_[input].param) {
+// two. A gradient handed through (pass_through_node) is shared while another buffer holds it too.
+void AutogradSim::grad_contribution(TensorId input, const char* op, bool view, TensorId through) {
+  const TensorId old = grads_[input];
+  if (old == kNone) {
+    if (through != kNone) {
+      hold(through);
+      grads_[input] = through;
+    } else {
+      grads_[input] = make_grad(input, op);
+      grad_view_[input] = view ? 1 : 0;
+    }
+    return;
+  }
+  const bool param = tensors_[input].param;
+  const bool old_shared = grad_view_[input] || tensors_[old].holders > 1;
+  if (param && !old_shared) {
     // A parameter's later contribution: AccumulateGrad, a node of its own, adds it into .grad in
     // place once this node has returned and released its incoming gradients (the Llama 3.1 8B
     // pipeline stage's snapshot, tests/data/pp_fresh_snapshots/: lm_head's second microbatch
     // gradient is freed after the logits' gradient).
     pending_.push_back({input, make("gradient accumulation temporary", grad_bytes(input), Term::model_states,
                                     Role::temporary, op, tensors_[input].dtype, "", false), true});
+    return;
+  }
+  if (!old_shared) {
+    // old_var.add_(var): a contribution handed through costs nothing; a computed one is a
+    // temporary, added in place.
+    if (through == kNone) transient("gradient accumulation temporary", grad_bytes(input), Term::activations);
+    return;
+  }
+  // The engine adds to the input buffer after the node returns (Engine::evaluate_function:
+  // call_function, then release_variables, then InputBuffer::add): the contribution stays
+  // allocated until then, and the sum, old_var + var unless the node's release left old_var with
+  // one reference, is made after the node's incoming gradients are freed. The sum is a plain
+  // tensor, so later contributions go into it in place.
+  if (through != kNone) {
+    hold(through);
+    pending_.push_back({input, through, false});
   } else {
-    // A later contribution is computed into a temporary, then added in place.
-    transient("gradient accumulation temporary", grad_bytes(input), Term::activations);
+    pending_.push_back({input, make("gradient accumulation temporary", grad_bytes(input),
+                                    param ? Term::model_states : Term::activations, Role::temporary, op,
+                                    tensors_[input].dtype, "", false), false});
   }
 }
 
@@ -329,15 +364,21 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
         for (std::uint8_t p = 0; p < n.workspace_pieces; ++p)  // equal pieces, the first taking the remainder
           ws[p] = make("backward workspace", n.workspace / n.workspace_pieces + (p == 0 ? n.workspace % n.workspace_pieces : 0),
                        Term::activations, n.op, "", "", false);
+      for (std::uint8_t p = 0; p < n.workspace_pieces; ++p)
+        if ((n.pieces_freed_before_gradient >> p) & 1u) {
+          drop(ws[p]);
+          ws[p] = kNone;
+        }
+      const TensorId incoming = n.hands_through ? grads_[n.outputs.v[0]] : kNone;
       for (std::size_t slot = 0; slot < n.inputs.n; ++slot) {
         const TensorId i = n.inputs.v[slot];
         if (i != kNone && tensors_[i].requires_grad) {
           if (grads_[i] == kNone) grad_holders.push_back(i);
-          grad_contribution(i, n.op, (n.view_grads >> slot) & 1u);
+          grad_contribution(i, n.op, (n.view_grads >> slot) & 1u, handed_through(incoming, i));
           allocate_deferred(n.op);  // after the first gradient a matmul computes
         }
       }
-      for (TensorId w : ws) drop(w);
+      for (std::size_t p = std::size(ws); p-- > 0;) drop(ws[p]);  // the last allocated first
       for (TensorId o : n.outputs) {
         if (grads_[o] == kNone) continue;
         if (tensors_[o].param) continue;  // .grad of a parameter stays
@@ -353,11 +394,13 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
     // Out-of-place sums (see grad_contribution): old_var + var, then both operands die; a
     // parameter's .grad takes its contribution in place.
     for (const PendingSum& p : pending_) {
-      if (p.in_place) {
+      const TensorId old = grads_[p.input];
+      // Decided now that the node's incoming gradients are released: a buffer that an add shared
+      // with this node's own input may have become the last reference (old_var.add_(var)).
+      if (p.in_place || (!grad_view_[p.input] && tensors_[old].holders == 1)) {
         drop(p.incoming);
         continue;
       }
-      const TensorId old = grads_[p.input];
       grads_[p.input] = make_grad(p.input, n.op);
       grad_view_[p.input] = 0;
       drop(old);

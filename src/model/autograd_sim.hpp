@@ -138,9 +138,20 @@ class AutogradSim {
   // cannot add a later contribution into it in place. Under GradMode::off it does nothing.
   void node(const char* op, std::initializer_list<TensorId> inputs, std::initializer_list<TensorId> outputs,
             std::initializer_list<TensorId> saved, bytes_t bwd_workspace = 0, std::uint8_t view_grads = 0);
-  // The last recorded node's backward workspace is `pieces` equal temporaries alive together, each
-  // its own allocation (the caching allocator places them apart), rather than one block.
-  void split_last_workspace(std::uint8_t pieces);
+  // A node whose backward launches nothing and hands its incoming gradient to each input as the
+  // same tensor, where the input has the output's size and dtype (else it gets a reduced or cast
+  // copy): an add (AddBackward0, AddBackward1; a broadcast or promoted addend gets its own), or
+  // loss_parallel's log-softmax backward. Autograd's input buffers then share that one tensor, so
+  // a residual stream's gradient is one buffer from the loss down, summed into in place layer
+  // after layer (see grad_contribution).
+  void pass_through_node(const char* op, std::initializer_list<TensorId> inputs, TensorId output,
+                         std::initializer_list<TensorId> saved = {});
+  // The last recorded node's backward workspace is `pieces` equal temporaries, each its own
+  // allocation (the caching allocator places them apart), allocated in order before its input
+  // gradients. Bit i of `freed_before_gradient` frees piece i before the gradients are made (a
+  // temporary of an expression whose result is the gradient); the others are freed after them,
+  // the last allocated first.
+  void split_last_workspace(std::uint8_t pieces, std::uint8_t freed_before_gradient = 0);
   // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
   void transient(const char* name, bytes_t bytes, Term term = Term::activations, Role role = Role::temporary);
   // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
@@ -238,6 +249,8 @@ class AutogradSim {
     int section;
     std::uint8_t view_grads;  // bit i: input i's gradient is a view (see node())
     std::uint8_t workspace_pieces = 1;  // split_last_workspace
+    std::uint8_t pieces_freed_before_gradient = 0;
+    bool hands_through = false;         // pass_through_node: the incoming gradient is passed on, not copied
   };
   bool last_node_recorded_ = false;  // the last node() call pushed a node (split_last_workspace)
   // A contribution that the input buffer must add out of place, after the node has run.
@@ -259,7 +272,10 @@ class AutogradSim {
   void allocate(TensorId t);
   void release_if_dead(TensorId t);
   void note_peak();
-  void grad_contribution(TensorId input, const char* op, bool view);
+  // The node's incoming gradient when it is handed to `input` as is (pass_through_node), else kNone.
+  TensorId handed_through(TensorId incoming, TensorId input) const;
+  // `through`: the node's incoming gradient, handed on as this input's contribution (pass_through_node).
+  void grad_contribution(TensorId input, const char* op, bool view, TensorId through);
   bytes_t grad_bytes(TensorId input) const;
   TensorId make_grad(TensorId input, const char* op);
 

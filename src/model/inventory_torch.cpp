@@ -215,7 +215,7 @@ struct Step {
       sim.drop(f);
       sim.drop(rw);
       TensorId a = sim.make("aux loss: router probability sums", mul(E, 4), Term::activations, "add", "fp32", "E", true);
-      sim.node("AddBackward0", {acc, s}, {a}, {});
+      sim.pass_through_node("AddBackward0", {acc, s}, a);
       sim.drop(acc);
       sim.drop(s);
       acc = a;
@@ -224,7 +224,7 @@ struct Step {
     sim.node("MulBackward0 (tokens per expert x router probability)", {acc}, {aux}, {});
     sim.drop(acc);
     TensorId total = sim.make("loss", 4, Term::logits_loss, "add", "fp32", "1", true);
-    sim.node("AddBackward0", {loss, aux}, {total}, {});
+    sim.pass_through_node("AddBackward0", {loss, aux}, total);
     sim.drop(aux);
     sim.drop(loss);
     sim.drop(topv);  // the function returns
@@ -355,7 +355,7 @@ struct Step {
     const bytes_t yb = sim.info(y).bytes / mul(d.T, out);
     const bytes_t sb = std::max(yb, lb);
     TensorId sum = sim.make("LoRA: base + adapter", mul(d.T, out, sb), Term::activations, "add", "", "b·s·out", true);
-    sim.node("AddBackward0", {y, sc}, {sum}, {});
+    sim.pass_through_node("AddBackward0", {y, sc}, sum);
     sim.drop(y);
     sim.drop(sc);
     if (sb == yb) return sum;
@@ -823,7 +823,7 @@ struct Step {
     }
     const bytes_t mb = std::max(e, r.resid);
     TensorId msk = sim.make("attention scores + mask", mul(bas2, mb), Term::activations, "add", "", "b·a·s·s", true);
-    sim.node("AddBackward0", {scl}, {msk}, {});
+    sim.pass_through_node("AddBackward0", {scl}, msk);
     sim.drop(scl);
     sim.drop(mask);
     TensorId sm32 = sim.make("softmax output fp32 (saved)", mul(bas2, 4), Term::activations, "softmax(float32)", "fp32",
@@ -999,8 +999,11 @@ TensorId forward(Step& st, bool checkpoint) {
     TensorId shift = sim.make("shifted labels", mul(d.T, 8), Term::other, Role::input, "pad + contiguous", "int64", "b·s", false);
     // loss_parallel() (torch/distributed/tensor/parallel/loss.py) on the vocabulary shards:
     // _log_softmax computes x − max (kept until the result), its exp, then x − max − log Σexp;
-    // _nll_loss_and_log_softmax_backward makes the input gradient directly (with two more
-    // shard-sized temporaries), and log_softmax's own backward passes it on.
+    // _nll_loss_and_log_softmax_backward makes the input gradient directly, as
+    // (grad_input + exp(x)) * grad_output with grad_input = zeros_like(x) alive throughout: the
+    // exp dies once the sum exists, the sum once the gradient does, then grad_input (the Llama
+    // 3.1 8B rank's snapshot, tests/data/tp_fresh_snapshots/*tp-lp*). log_softmax's backward
+    // handler computes nothing: it passes that gradient on.
     TensorId shifted = kNone;
     if (vocab_parallel) {
       shifted = sim.make("loss_parallel: logits − max (until the log-softmax)", mul(TV, 4), Term::logits_loss, "_log_softmax",
@@ -1008,12 +1011,15 @@ TensorId forward(Step& st, bool checkpoint) {
       sim.transient("loss_parallel: exp(logits − max)", mul(TV, 4), Term::logits_loss, Role::temporary);
     }
     TensorId lsm = sim.make("log-softmax output (saved by the loss)", mul(TV, 4), Term::logits_loss, "log_softmax", "fp32", "b·s·V", true);
-    sim.node("LogSoftmaxBackward0", {l32}, {lsm}, {lsm});
+    if (vocab_parallel)
+      sim.pass_through_node("LogSoftmaxBackward0 (loss_parallel)", {l32}, lsm, {lsm});  // the node still saves it
+    else
+      sim.node("LogSoftmaxBackward0", {l32}, {lsm}, {lsm});
     sim.drop(shifted);
     sim.drop(l32);
     loss = sim.make("loss", 4, Term::logits_loss, "nll_loss", "fp32", "1", true);
-    sim.node("NllLossBackward0", {lsm}, {loss}, {shift}, vocab_parallel ? mul(TV, 4, 2) : 0);
-    sim.split_last_workspace(2);  // (its two temporaries: tests/data/tp_fresh_snapshots/*tp-lp*)
+    sim.node("NllLossBackward0", {lsm}, {loss}, {shift}, vocab_parallel ? mul(TV, 4, 3) : 0);
+    sim.split_last_workspace(3, 0b010);  // grad_input, exp(x) (freed first), their sum
     sim.drop(lsm);
     sim.drop(shift);
     sim.drop(logits);  // the output object is dropped once .loss is taken

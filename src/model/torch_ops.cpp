@@ -80,7 +80,7 @@ TensorId TorchOps::rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t widt
                                                "fp32", "h", false);
     TensorId w1 = sim.make(name("gemma norm (1 + w) (saved)", "gemma norm (1 + w)"), mul(width, 4), Term::activations,
                            "1.0 + w.float()", "fp32", "h", true);
-    sim.node("AddBackward1", {w}, {w1}, {});
+    sim.pass_through_node("AddBackward1", {w}, w1);
     sim.drop(w32);
     TensorId y32 = sim.make(in_b == 4 ? tag : "gemma norm fp32 output", mul(Tw, 4), Term::activations, "hs * (1 + w)",
                             "fp32", "b·s·h", true);
@@ -161,7 +161,7 @@ TensorId TorchOps::rotary(TensorId t, TensorId cos, TensorId sin, bytes_t width,
   const bool partial = m.quirks.partial_rotary;
   TensorId e = sim.make(partial ? "rotary q*cos + rot*sin" : tname, mul(T, width, rb), Term::activations, "add", "",
                         "b·s·n·hd", true);
-  sim.node("AddBackward0", {a1, a2}, {e}, {});
+  sim.pass_through_node("AddBackward0", {a1, a2}, e);
   sim.drop(a1);
   sim.drop(a2);
   if (partial) {
@@ -180,7 +180,7 @@ TensorId TorchOps::rotary(TensorId t, TensorId cos, TensorId sin, bytes_t width,
 
 TensorId TorchOps::residual_add(TensorId residual, TensorId branch, bytes_t eb, const char* dtype, const char* tname) {
   TensorId out = sim.make(tname, mul(T, m.hidden_size, eb), Term::activations, "residual add", dtype, "b·s·h", true);
-  sim.node("AddBackward0", {residual, branch}, {out}, {});
+  sim.pass_through_node("AddBackward0", {residual, branch}, out);
   return out;
 }
 
@@ -257,7 +257,7 @@ TensorId TorchOps::add_outputs(TensorId a, TensorId b, const char* what, const c
   const bytes_t Th = mul(T, m.hidden_size);
   const bytes_t ob = std::max(sim.info(a).bytes, sim.info(b).bytes) / Th;
   TensorId sum = sim.make(what, mul(Th, ob), Term::activations, "add", dtype, "b·s·h", true);
-  sim.node("AddBackward0", {a, b}, {sum}, {});
+  sim.pass_through_node("AddBackward0", {a, b}, sum);
   sim.drop(a);
   sim.drop(b);
   return sum;
@@ -407,7 +407,7 @@ TensorId TorchOps::route_deepseek_v3(TensorId logits, TensorId* indices) {
     sim.node("SumBackward1", {w}, {sum}, {});
     TensorId den = sim.make(name("router top-k denominator (saved by div)", "router top-k denominator"), mul(T, lb),
                             Term::activations, "add", "", "b·s·1", true);
-    sim.node("AddBackward1", {sum}, {den}, {});
+    sim.pass_through_node("AddBackward1", {sum}, den);
     sim.drop(sum);
     TensorId div = sim.make(name("router top-k weights before /= (saved by div)", "router top-k weights / sum"), mul(Tk, lb),
                             Term::activations, "div_", "", "b·s·k", true);
