@@ -67,6 +67,17 @@ std::vector<Err> reserved_errors(const char* rel) {
   return out;
 }
 
+// CHECKs every case within `bound`; returns how many are within `tight`.
+int count_within(const std::vector<Err>& errs, double bound, double tight) {
+  int within = 0;
+  for (const Err& e : errs) {
+    CAPTURE(e.name);
+    CHECK(std::fabs(e.err) <= bound);
+    within += std::fabs(e.err) <= tight;
+  }
+  return within;
+}
+
 }  // namespace
 
 // The measured distribution (2026-12-01, every case of the seven files): see docs/accuracy.md.
@@ -147,13 +158,7 @@ TEST_CASE("reserved_peak with and without expandable segments, the same steps") 
     CAPTURE(f);
     const auto errs = reserved_errors(f);
     CHECK(errs.size() == 7);
-    int within_half = 0;
-    for (const Err& e : errs) {
-      CAPTURE(e.name);
-      CHECK(std::fabs(e.err) <= 0.045);
-      within_half += std::fabs(e.err) <= 0.005;
-    }
-    CHECK(within_half >= 6);
+    CHECK(count_within(errs, 0.045, 0.005) >= 6);
   }
 }
 
@@ -169,12 +174,7 @@ TEST_CASE("reserved_peak of single-GPU steps measured in fresh processes") {
   const auto fresh = reserved_errors("tests/data/reserved_fresh/torch_train_reserved_fresh_h200.json");
   errs.insert(errs.end(), fresh.begin(), fresh.end());
   CHECK(errs.size() == 13);
-  int within = 0;
-  for (const Err& e : errs) {
-    CAPTURE(e.name);
-    CHECK(std::fabs(e.err) <= 0.04);
-    within += std::fabs(e.err) <= 0.0035;
-  }
+  const int within = count_within(errs, 0.04, 0.0035);
   // 2026-12-03, since an add's backward hands its gradient through: 10 within 0.35%; Qwen2.5
   // 1.5B amp-bf16 full −3.2% and Qwen2.5 7B bf16 full −2.7% (each −0.04% before: one logits-sized
   // segment fewer than the run, whose MLP gradients took the freed log-softmax gradient's segment;
@@ -191,13 +191,7 @@ TEST_CASE("reserved_peak of single-GPU steps measured in fresh processes") {
 TEST_CASE("reserved_peak of MoE and optimizer-implementation steps measured alone") {
   const auto errs = reserved_errors("tests/data/reserved_alone/torch_train_reserved_alone_h200.json");
   CHECK(errs.size() == 13);
-  int within = 0;
-  for (const Err& e : errs) {
-    CAPTURE(e.name);
-    CHECK(std::fabs(e.err) <= 0.11);
-    within += std::fabs(e.err) <= 0.005;
-  }
-  CHECK(within >= 7);
+  CHECK(count_within(errs, 0.11, 0.005) >= 7);
 }
 
 // What the replay is fed: the trace's order of allocations around a thread's first matmul, and a
