@@ -206,10 +206,11 @@ TEST_CASE("FSDP2's reserved memory: ranks measured in a fresh process land withi
   check_file("tests/data/torch_train_pp_reserved_fakepg_h200.json", 0.02,
              [](const nlohmann::json& c) { return !fsdp4_last_stage(c); }, l, 0.07, -0.006);
   CHECK(l.cases == 1);
-  // the same run's interleaved 1F1B first rank with full recompute (no FSDP2): +5.3% alone too
+  // the same run's interleaved 1F1B first rank with full recompute (no FSDP2): −0.4% alone since
+  // each stage module's optimizer steps its own parameters (+5.3% before: stage_optimizer)
   Worst i;
   check_file("tests/data/torch_train_pp_reserved_fakepg_h200.json", 0.01, [](const nlohmann::json& c) { return !interleaved(c); }, i,
-             0.06, 0.04);
+             0.006, -0.006);
   CHECK(i.cases == 1);
 }
 
@@ -400,9 +401,11 @@ TEST_CASE("pipeline stages under GPipe and 1F1B land within 1% of the fake-proce
 // Llama 3.2 1B, Qwen2.5 1.5B and Llama 3.1 8B (8 layers).
 TEST_CASE("ranks of interleaved 1F1B pipelines land within 1% of the fake-process-group measurement") {
   Worst w;
-  // reserved: within 1.7% but on two first ranks (+5.2% with full recompute, +4.5% on the 8B),
-  // where the replay keeps a larger block of the first chunk's activations cached than c10 did
-  check_file("tests/data/torch_train_pp_interleaved_fakepg_h200.json", 0.01, none, w, 0.06, -0.02);
+  // reserved: within 0.7% (2026-12-03) since each stage module's optimizer makes its own state and
+  // temporaries for its own parameters, module after module (stage_optimizer; the replay split one
+  // module's temporaries over both modules' parameters before: +5.3% with full recompute, +4.4%
+  // and +3.1% on the 8B, −1.0% over 4 ranks)
+  check_file("tests/data/torch_train_pp_interleaved_fakepg_h200.json", 0.01, none, w, 0.007, -0.007);
   CHECK(w.cases >= 14);
   report(w, "interleaved pipeline ranks");
 }
@@ -445,10 +448,10 @@ TEST_CASE("ranks of pipelines with FSDP2 within the stages land within 1% of the
 // Qwen2.5 1.5B and Llama 3.1 8B (8 layers).
 TEST_CASE("ranks of pipelines beside tensor parallelism, FSDP2 × TP and DDP land within 2% of the fake-process-group measurement") {
   Worst w;
-  // reserved: TP's and DDP's stages within 1.7%; FSDP2 × TP's within 0.6% but Llama 3.2 1B's
-  // amp-bf16 last stage, −6.6% after other cases in one process (its first stage is +0.20% measured
-  // alone, the FSDP2 test above; tools/device/dist_fresh_run.sh measures this one alone, not run yet)
-  check_file("tests/data/torch_train_pp_tp_ddp_fakepg_h200.json", 0.02, none, w, 0.02, -0.07);
+  // reserved (2026-12-03): every stage within 1.7%, since the adds hand their gradient through (Llama
+  // 3.2 1B's amp-bf16 FSDP2 × TP last stage was −6.6%) and each stage module's optimizers step their
+  // own parameters (the GPipe × TP full-recompute stage was +1.5%, the 8B's 1F1B × TP 4 −1.35%)
+  check_file("tests/data/torch_train_pp_tp_ddp_fakepg_h200.json", 0.02, none, w, 0.017, -0.017);
   CHECK(w.cases == 30);
   CHECK(std::fabs(w.steady) <= 0.012);  // measured: Qwen2.5's FSDP2 floor −1.16%, every Llama phase within 0.4%
   report(w, "pipeline × TP, × FSDP2 × TP and × DDP ranks");

@@ -1138,11 +1138,12 @@ struct OptimizerCost {
   bytes_t state = 0;      // persistent
   bytes_t master = 0;     // fp32 master copy
   bytes_t transient = 0;  // temporaries at the peak of optimizer.step()
-  // With an optimizer per tensor kind (optimizer_per_tensor_kind), stepped one after the other:
-  // each one's state and temporaries (the sums are `state`, and `transient` for all but foreach,
-  // whose temporaries are per call and `transient` the larger call's); unused with one optimizer.
-  bool per_kind = false;
-  std::array<bytes_t, 2> state_of{}, transient_of{};
+  // With several optimizers stepped one after the other (one per tensor kind,
+  // optimizer_per_tensor_kind; one per pipeline stage module, and per kind within it): each one's
+  // state and temporaries (the sums are `state`, and `transient` for all but foreach, whose
+  // temporaries are per call and `transient` the largest call's). Empty with one optimizer.
+  std::vector<bytes_t> state_of, transient_of;
+  bool several() const { return !state_of.empty(); }
 };
 
 // Elements of the largest trainable parameter tensor: the model's, or (LoRA) its adapters'.
@@ -1165,7 +1166,7 @@ std::uint64_t largest_trainable(const ModelSpec& m, std::uint64_t lora_rank) {
 // `largest_tensor`: the elements of the largest of them (the for-loop's temporaries);
 // `per_step_call`: the most elements one step() call takes (foreach's temporaries).
 OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params, std::uint64_t largest_tensor,
-                             std::uint64_t per_step_call, std::uint64_t first_optimizer) {
+                             std::uint64_t per_step_call, const std::vector<std::uint64_t>& per_optimizer) {
   OptimizerCost c;
   const bytes_t n = params;
   const Recipe recipe = recipe_of(job.precision);
@@ -1181,7 +1182,7 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
         // _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)
         // (adam.py:791) for every parameter of the call at once; the rest is in place
         c.transient = mul(per_step_call, sb);
-        if (first_optimizer) c.transient_of = {mul(first_optimizer, sb), mul(n - first_optimizer, sb)};
+        for (std::uint64_t e : per_optimizer) c.transient_of.push_back(mul(e, sb));
       } else if (impl == OptimizerImpl::for_loop)
         // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         // (adam.py:545): sqrt() and the division's result are both live, for one parameter at a
@@ -1245,12 +1246,23 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
     }
   }
   if (master) c.transient += mul(n, 4);  // fp32 copy of the bf16 gradients
-  if (first_optimizer) {  // each optimizer's share of what is proportional to its parameters
-    c.per_kind = true;
-    auto share = [&](bytes_t b) { return static_cast<bytes_t>(static_cast<unsigned __int128>(b) * first_optimizer / n); };
-    c.state_of = {share(c.state), c.state - share(c.state)};
-    if (impl != OptimizerImpl::foreach || job.optimizer != Optimizer::adamw)
-      c.transient_of = {share(c.transient), c.transient - share(c.transient)};
+  if (per_optimizer.size() > 1) {  // each optimizer's share of what is proportional to its parameters
+    auto shares = [&](bytes_t b) {
+      std::vector<bytes_t> out;
+      bytes_t given = 0;
+      for (std::size_t o = 0; o < per_optimizer.size(); ++o) {
+        const bytes_t share = o + 1 == per_optimizer.size()
+                                  ? b - given
+                                  : static_cast<bytes_t>(static_cast<unsigned __int128>(b) * per_optimizer[o] / n);
+        out.push_back(share);
+        given += share;
+      }
+      return out;
+    };
+    c.state_of = shares(c.state);
+    if (impl != OptimizerImpl::foreach || job.optimizer != Optimizer::adamw) c.transient_of = shares(c.transient);
+  } else {
+    c.transient_of.clear();
   }
   return c;
 }
@@ -1323,6 +1335,29 @@ void check_torch_coverage(const ModelSpec& m, const Job& job) {
   // parallelism is refused by check_layout).
   if (m.moe.enabled() && job.lora_rank)
     throw Error(ErrorKind::unsupported, "--lora: adapters on a mixture of experts are not modelled");
+}
+
+// A pipeline stage's optimizers (tools/torch_profile_pp.py, torchtitan's OptimizersContainer): one
+// per stage module, stepped module after module; under tensor parallelism without FSDP2 one per
+// tensor kind within each (DTensor, then plain: fused AdamW refuses the two in one call).
+std::size_t stage_optimizer_kinds(const RankLayout& l) { return l.tensor > 1 && l.strategy != DataStrategy::fsdp ? 2 : 1; }
+std::uint8_t stage_optimizer(const RankLayout& l, const Parallelism& p, const ParamTensor& t, std::size_t chunk) {
+  const std::size_t kinds = stage_optimizer_kinds(l);
+  const std::size_t o = chunk * kinds + (kinds == 2 && !tp_sharded(t, p) ? 1 : 0);
+  if (o > 255) throw Error(ErrorKind::unsupported, "a pipeline rank with more than 255 optimizers (stage modules) is not modelled");
+  return static_cast<std::uint8_t>(o);
+}
+
+// The stage module (chunk) holding a parameter built into `group` (0: the embedding, final norm
+// and lm_head; 1 + i: the rank's decoder layer i, counted over its chunks in order).
+std::size_t stage_chunk_of(const PipelineStage& s, const ParamTensor& t, std::size_t group) {
+  if (group == 0) return t.module == Module::embedding && s.first() ? 0 : s.chunks.size() - 1;
+  std::uint64_t before = 0;
+  for (std::size_t c = 0; c < s.chunks.size(); ++c) {
+    before += s.chunks[c].layers;
+    if (group - 1 < before) return c;
+  }
+  return s.chunks.size() - 1;
 }
 
 // The model's parameters as transformers allocates them (ModelSpec's tensor description), then
@@ -1409,8 +1444,12 @@ void build_parameters(Step& st, bool building) {
       pending_shards.push_back({plan_order(t, group), id, whole});
     }
     if (fsdp) sim.set_grad_bytes(id, mul(n, st.r.param));
-    // the plain parameters' optimizer steps after the DTensors' (optimizer_per_tensor_kind)
-    if (!stage && optimizer_per_tensor_kind(st.job.parallel) && !dtensor_parameter(t, st.job.parallel)) sim.set_optimizer(id, 1);
+    // the plain parameters' optimizer steps after the DTensors' (optimizer_per_tensor_kind); a
+    // pipeline stage's modules each have their own (stage_optimizer)
+    if (stage)
+      sim.set_optimizer(id, stage_optimizer(st.dp->layout(), st.job.parallel, t, stage_chunk_of(*stage, t, group)));
+    else if (optimizer_per_tensor_kind(st.job.parallel) && !dtensor_parameter(t, st.job.parallel))
+      sim.set_optimizer(id, 1);
     st.groups[group].push_back({id, t});
     return id;
   };
@@ -1542,26 +1581,27 @@ SegmentTails segment_tails(const Step& st, const ModelSpec& sizing, const RankLa
 // optimizers, since torch.optim's fused AdamW refuses DTensor and plain tensors in one call.
 struct Trainable {
   std::uint64_t elements = 0, largest = 0, per_step_call = 0;
-  std::uint64_t first_optimizer = 0;  // with an optimizer per tensor kind: the DTensors' elements (else 0)
+  // With several optimizers (stage_optimizer, optimizer_per_tensor_kind): each one's elements, in
+  // the order they step; empty with one.
+  std::vector<std::uint64_t> per_optimizer;
 };
 Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l, const PipelineStage* stage) {
   if (stage) {
     // the stage modules' own parameters (their local shards under FSDP2), each module stepped by
     // its own optimizer; under tensor parallelism without FSDP2 two per module (DTensor and plain)
-    const bool two_optimizers = l.tensor > 1 && l.strategy != DataStrategy::fsdp;
-    std::uint64_t n = 0, largest = 0, per_call = 0;
-    for (std::size_t c = 0; c < stage->chunks.size(); ++c) {
-      std::uint64_t module = 0, sharded = 0;
+    Trainable out;
+    out.per_optimizer.assign(stage->chunks.size() * stage_optimizer_kinds(l), 0);
+    for (std::size_t c = 0; c < stage->chunks.size(); ++c)
       for (const ParamTensor& t : stage_tensors(sizing, *stage, c)) {
         const std::uint64_t mine = l.strategy == DataStrategy::fsdp ? fsdp_local_shard(t, l.shard, l.shard_rank) : t.elements();
-        module = checked_add(module, mine, "pipeline stage parameters");
-        if (tp_sharded(t, job.parallel)) sharded += mine;  // ≤ module
-        largest = std::max(largest, mine);
+        std::uint64_t& o = out.per_optimizer[stage_optimizer(l, job.parallel, t, c)];
+        o = checked_add(o, mine, "pipeline stage parameters");
+        out.elements = checked_add(out.elements, mine, "pipeline stage parameters");
+        out.largest = std::max(out.largest, mine);
       }
-      n = checked_add(n, module, "pipeline stage parameters");
-      per_call = std::max(per_call, two_optimizers ? std::max(sharded, module - sharded) : module);
-    }
-    return {n, largest, per_call};
+    out.per_step_call = *std::max_element(out.per_optimizer.begin(), out.per_optimizer.end());
+    if (out.per_optimizer.size() == 1) out.per_optimizer.clear();
+    return out;
   }
   if (job.lora_rank) {
     const std::uint64_t n = lora_parameters(sizing, job.lora_rank);
@@ -1589,7 +1629,7 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
   std::uint64_t dtensors = 0;
   for (const ParamTensor& t : model_tensors(sizing))
     if (dtensor_parameter(t, job.parallel)) dtensors = checked_add(dtensors, t.elements(), "DTensor parameters");
-  return {n, largest_trainable(sizing, 0), std::max(dtensors, n - dtensors), dtensors};
+  return {n, largest_trainable(sizing, 0), std::max(dtensors, n - dtensors), {dtensors, n - dtensors}};
 }
 
 }  // namespace
@@ -1676,7 +1716,7 @@ class TrainPass {
     st_.labels = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
     const Trainable tr = trainable_elements(st_.job, sizing_, layout_, st_.stage);
-    oc_ = optimizer_cost(st_.job, sizing_, tr.elements, tr.largest, tr.per_step_call, tr.first_optimizer);
+    oc_ = optimizer_cost(st_.job, sizing_, tr.elements, tr.largest, tr.per_step_call, tr.per_optimizer);
     tails_ = segment_tails(st_, sizing_, layout_, stage_ ? stage_->layers : sizing_.num_layers);
     if (layout_.offload) {  // FSDP2's CPUOffloadPolicy: the optimizer steps host tensors; nothing of it on the GPU
       host_state_ = checked_add(oc_.state, oc_.master, "host optimizer state");
@@ -1690,9 +1730,8 @@ class TrainPass {
   // What a steady step finds allocated: the optimizer state (and the fp32 master copy), which stay
   // for the rest of the run, and both cuBLAS workspaces.
   void allocate_persistent_state() {
-    if (oc_.per_kind) {
-      allocate_optimizer_state(0);
-      allocate_optimizer_state(1);
+    if (oc_.several()) {
+      for (std::size_t o = 0; o < oc_.state_of.size(); ++o) allocate_optimizer_state(static_cast<std::uint8_t>(o));
     } else {
       allocate_optimizer_state();
     }
@@ -1845,8 +1884,9 @@ class TrainPass {
   }
 
   // optimizer.step(), then zero_grad(set_to_none=True).
-  // torch.optim creates its state lazily in the first step(); with an optimizer per tensor kind
-  // each step() makes its own parameters' state, then its temporaries, one optimizer after the other.
+  // torch.optim creates its state lazily in the first step(); with several optimizers (per tensor
+  // kind, per pipeline stage module) each step() makes its own parameters' state, then its
+  // temporaries, one optimizer after the other.
   void optimizer_step() {
     sim_.begin_phase(Phase::optimizer_peak);
     auto temporaries = [&](bytes_t bytes, std::uint8_t optimizer) {
@@ -1855,13 +1895,13 @@ class TrainPass {
       sim_.set_optimizer(tmp, optimizer);
       sim_.drop(tmp);
     };
-    if (!oc_.per_kind) {
+    if (!oc_.several()) {
       if (!steady_) allocate_optimizer_state();
       temporaries(oc_.transient, 0);
     } else {
-      for (std::uint8_t o = 0; o < 2; ++o) {
-        if (!steady_) allocate_optimizer_state(o);
-        temporaries(oc_.transient_of[o], o);
+      for (std::size_t o = 0; o < oc_.state_of.size(); ++o) {
+        if (!steady_) allocate_optimizer_state(static_cast<std::uint8_t>(o));
+        temporaries(oc_.transient_of.empty() ? 0 : oc_.transient_of[o], static_cast<std::uint8_t>(o));
       }
     }
     for (TensorId g : grad_ids_) sim_.drop(g);
@@ -1916,13 +1956,13 @@ class TrainPass {
                                             "b·s·h", false));
       }
   }
-  // The optimizer state and master copy: all of it, or (an optimizer per tensor kind) optimizer o's.
+  // The optimizer state and master copy: all of it, or (several optimizers) optimizer o's.
   void allocate_optimizer_state(std::optional<std::uint8_t> o = std::nullopt) {
     const TensorId state = sim_.alloc_raw("optimizer state", o ? oc_.state_of[*o] : oc_.state, Term::model_states,
                                           Role::optimizer_state, "optimizer", "", "");
     if (o) {
       sim_.set_optimizer(state, *o);
-      if (*o == 0) return;  // (no master copy beside sharded state; the segment tails once, after the last)
+      if (*o + 1u < oc_.state_of.size()) return;  // (the master copy and the segment tails once, after the last)
     }
     sim_.alloc_raw("master weights (fp32)", oc_.master, Term::model_states, Role::master_weight, "optimizer", "fp32", "");
     sim_.alloc_raw("allocator: whole segments held by optimizer state", tails_.state, Term::other, Role::workspace,

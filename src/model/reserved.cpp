@@ -98,10 +98,11 @@ struct ReplayScript {
       for (Phase p : trace.phases)
         script.phases.push_back(static_cast<std::int8_t>(std::find(std::begin(kTrainPhases), std::end(kTrainPhases), p) -
                                                          std::begin(kTrainPhases)));
-      for (std::uint8_t o = 0; o < 2; ++o)
-        for (std::size_t t = 0; t < trace.tensors.size(); ++t)
-          if (trace.tensors[t].param && trace.tensors[t].requires_grad && trace.tensors[t].optimizer == o)
-            script.trainable.push_back(static_cast<std::uint32_t>(t));
+      for (std::size_t t = 0; t < trace.tensors.size(); ++t)
+        if (trace.tensors[t].param && trace.tensors[t].requires_grad) script.trainable.push_back(static_cast<std::uint32_t>(t));
+      std::stable_sort(script.trainable.begin(), script.trainable.end(), [&](std::uint32_t a, std::uint32_t b) {
+        return trace.tensors[a].optimizer < trace.tensors[b].optimizer;
+      });
     }
     return out;
   }
@@ -139,7 +140,7 @@ class Replay {
     trainable_.clear();
     trainable_optimizer_.clear();
     trainable_bytes_ = 0;
-    optimizer_bytes_ = {};
+    optimizer_bytes_.assign(script.trainable.empty() ? 0 : script.tensors[script.trainable.back()].optimizer + 1u, 0);
     for (std::uint32_t t : script.trainable) {
       trainable_.push_back(sizes[t]);
       trainable_optimizer_.push_back(script.tensors[t].optimizer);
@@ -299,7 +300,7 @@ class Replay {
     if (bytes == 0) return;
     const int per_param = t.per_param;
     const bool own = t.own;
-    const bytes_t over = own ? optimizer_bytes_[t.optimizer] : trainable_bytes_;
+    const bytes_t over = !own ? trainable_bytes_ : t.optimizer < optimizer_bytes_.size() ? optimizer_bytes_[t.optimizer] : 0;
     if (per_param == 0 || over == 0) {
       pieces_.push_back(bytes);
       return;
@@ -327,7 +328,7 @@ class Replay {
   std::vector<bytes_t> trainable_;                 // the trainable parameters' bytes, in state order
   std::vector<std::uint8_t> trainable_optimizer_;  // and the optimizer of each
   bytes_t trainable_bytes_ = 0;
-  std::array<bytes_t, 2> optimizer_bytes_{};       // by optimizer
+  std::vector<bytes_t> optimizer_bytes_;           // by optimizer
   std::vector<bytes_t> pieces_;
   measure::AllocTag tag_;  // the allocation's tag when recording
   const measure::AllocTag untagged_;
