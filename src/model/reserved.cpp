@@ -54,6 +54,13 @@ struct ReplayScript {
     std::uint8_t per_param = 0;
     bool own = false;  // the lump is split over its optimizer's parameters only, not every one
     std::uint8_t optimizer = 0;
+    bool state = false;  // its optimizer's state lump (its size scales the one-at-a-time temporaries)
+    // The for-loop AdamW's temporaries (_single_tensor_adam, adam.py:545: denom =
+    // (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)): per parameter in turn, the sqrt and
+    // the quotient, each the parameter's exp_avg_sq in size; the sqrt dies with the statement, the
+    // quotient when the next parameter's replaces it (the snapshots in tests/data/reserved_alone/).
+    // The simulated step counts only their peak (the largest parameter's two); the replay runs them.
+    bool one_parameter_at_a_time = false;
   };
   const SimTrace* trace = nullptr;  // the tensors' names and ops, for the tags of a recorded replay
   // The trace's events (SimTrace::Event::t), less those of the simulator's "caching allocator"
@@ -89,6 +96,10 @@ struct ReplayScript {
         // one state lump and one temporary per optimizer), the master copy every parameter's
         tensor.own = info.role == Role::optimizer_temporary || info.role == Role::optimizer_state;
         tensor.optimizer = info.optimizer;
+        tensor.state = info.role == Role::optimizer_state;
+        tensor.one_parameter_at_a_time = info.role == Role::optimizer_temporary && job.optimizer == Optimizer::adamw &&
+                                         effective_optimizer_impl(job) == OptimizerImpl::for_loop &&
+                                         !recipe_of(job.precision).master && job.lora_rank == 0;
         skipped[t] = is(info.op, "caching allocator");
       }
       script.events.reserve(trace.events.size());
@@ -128,6 +139,7 @@ class Replay {
     mem_.reset();
     lists_used_ = 0;
     carried_.clear();
+    state_bytes_.clear();
     allocated_peak_ = 0;
   }
 
@@ -237,6 +249,10 @@ class Replay {
     const ReplayScript::Tensor& tensor = script.tensors[t];
     const bytes_t bytes = (*sizes_)[t];
     Held& h = live_[t];
+    if (tensor.state) {  // an optimizer's state, made or (a steady step's prologue) found carried
+      if (tensor.optimizer >= state_bytes_.size()) state_bytes_.resize(tensor.optimizer + 1u, 0);
+      state_bytes_[tensor.optimizer] = bytes;
+    }
     if (steady && phase < 0) {  // the steady step's prologue: what step 0 left allocated
       auto it = carried_.find(CarryKey{tensor.name, bytes});
       if (it != carried_.end() && !it->second.empty()) {
@@ -244,6 +260,10 @@ class Replay {
         it->second.pop_back();
         return;
       }
+    }
+    if (tensor.one_parameter_at_a_time) {
+      run_one_parameter_at_a_time(script, t, tensor, steady, phase);
+      return;
     }
     if (h.n == 0 && tensor.per_param == 0) {  // the usual tensor: one block
       if (bytes) {
@@ -267,6 +287,32 @@ class Replay {
       }
     }
     if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
+  }
+
+  // ReplayScript::Tensor::one_parameter_at_a_time: each of the optimizer's parameters' sqrt and
+  // quotient, the quotient freed after the next parameter's sqrt; nothing is left allocated.
+  void run_one_parameter_at_a_time(const ReplayScript& script, std::size_t t, const ReplayScript::Tensor& tensor, bool steady,
+                                   int phase) {
+    const bytes_t state = tensor.optimizer < state_bytes_.size() ? state_bytes_[tensor.optimizer] : 0;
+    const bytes_t over = tensor.optimizer < optimizer_bytes_.size() ? optimizer_bytes_[tensor.optimizer] : 0;
+    if (state == 0 || over == 0) return;
+    const measure::AllocTag& tag = this->tag(script, t, phase);
+    measure::BlockRef previous{};
+    bool has_previous = false;
+    for (std::size_t i = 0; i < trainable_.size(); ++i) {
+      if (trainable_optimizer_[i] != tensor.optimizer) continue;
+      // the parameter's exp_avg_sq: its share of the state (exp_avg and exp_avg_sq)
+      const bytes_t each = static_cast<bytes_t>(static_cast<unsigned __int128>(state) * trainable_[i] / over / 2);
+      if (each == 0) continue;
+      const measure::BlockRef sqrt = alloc_.allocate_block(each, tag, tensor.stream);
+      const measure::BlockRef quotient = alloc_.allocate_block(each, tag, tensor.stream);
+      if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
+      alloc_.deallocate_block(sqrt);
+      if (has_previous) alloc_.deallocate_block(previous);
+      previous = quotient;
+      has_previous = true;
+    }
+    if (has_previous) alloc_.deallocate_block(previous);
   }
 
   static measure::AllocatorOptions options(const AllocatorPolicy& policy, bool record) {
@@ -329,6 +375,7 @@ class Replay {
   std::vector<std::uint8_t> trainable_optimizer_;  // and the optimizer of each
   bytes_t trainable_bytes_ = 0;
   std::vector<bytes_t> optimizer_bytes_;           // by optimizer
+  std::vector<bytes_t> state_bytes_;               // each optimizer's state lump, once allocated
   std::vector<bytes_t> pieces_;
   measure::AllocTag tag_;  // the allocation's tag when recording
   const measure::AllocTag untagged_;
