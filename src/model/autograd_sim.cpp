@@ -268,13 +268,17 @@ void AutogradSim::grad_contribution(TensorId input, const char* op, bool view, T
   }
   const bool param = tensors_[input].param;
   const bool old_shared = grad_view_[input] || tensors_[old].holders > 1;
+  // the contribution this node computes, alive until the input buffer takes it after the node
+  auto computed = [&] {
+    return make("gradient accumulation temporary", grad_bytes(input), param ? Term::model_states : Term::activations,
+                Role::temporary, op, tensors_[input].dtype, "", false);
+  };
   if (param && !old_shared) {
     // A parameter's later contribution: AccumulateGrad, a node of its own, adds it into .grad in
     // place once this node has returned and released its incoming gradients (the Llama 3.1 8B
     // pipeline stage's snapshot, tests/data/pp_fresh_snapshots/: lm_head's second microbatch
     // gradient is freed after the logits' gradient).
-    pending_.push_back({input, make("gradient accumulation temporary", grad_bytes(input), Term::model_states,
-                                    Role::temporary, op, tensors_[input].dtype, "", false), true});
+    pending_.push_back({input, computed(), true});
     return;
   }
   if (!old_shared) {
@@ -292,9 +296,7 @@ void AutogradSim::grad_contribution(TensorId input, const char* op, bool view, T
     hold(through);
     pending_.push_back({input, through, false});
   } else {
-    pending_.push_back({input, make("gradient accumulation temporary", grad_bytes(input),
-                                    param ? Term::model_states : Term::activations, Role::temporary, op,
-                                    tensors_[input].dtype, "", false), false});
+    pending_.push_back({input, computed(), false});
   }
 }
 

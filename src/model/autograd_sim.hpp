@@ -55,9 +55,11 @@ struct TensorInfo {
   Term term = Term::activations;
   Role role = Role::saved_activation;
   AllocStream stream = AllocStream::compute;
-  // A trainable parameter's optimizer (and an optimizer temporary's), in the order they step: 0,
-  // or 1 for the plain tensors beside DTensors (optimizer_per_tensor_kind, parallel.hpp: under
-  // tensor and expert parallelism torch.optim takes an optimizer per kind, the DTensors' first).
+  // A trainable parameter's optimizer (and an optimizer state's or temporary's), numbered in the
+  // order they step: 0 with one optimizer; 1 for the plain tensors beside DTensors
+  // (optimizer_per_tensor_kind, parallel.hpp: under tensor and expert parallelism torch.optim
+  // takes an optimizer per kind, the DTensors' first); a pipeline stage module's otherwise
+  // (stage_optimizer, inventory_torch.cpp).
   std::uint8_t optimizer = 0;
   bool param = false;
   bool requires_grad = false;

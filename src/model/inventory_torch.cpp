@@ -1182,7 +1182,6 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
         // _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)
         // (adam.py:791) for every parameter of the call at once; the rest is in place
         c.transient = mul(per_step_call, sb);
-        for (std::uint64_t e : per_optimizer) c.transient_of.push_back(mul(e, sb));
       } else if (impl == OptimizerImpl::for_loop)
         // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         // (adam.py:545): sqrt() and the division's result are both live, for one parameter at a
@@ -1260,9 +1259,10 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
       return out;
     };
     c.state_of = shares(c.state);
-    if (impl != OptimizerImpl::foreach || job.optimizer != Optimizer::adamw) c.transient_of = shares(c.transient);
-  } else {
-    c.transient_of.clear();
+    if (impl == OptimizerImpl::foreach && job.optimizer == Optimizer::adamw)
+      for (std::uint64_t e : per_optimizer) c.transient_of.push_back(mul(e, sb));  // per call: its own parameters
+    else
+      c.transient_of = shares(c.transient);
   }
   return c;
 }
@@ -1901,7 +1901,7 @@ class TrainPass {
     } else {
       for (std::size_t o = 0; o < oc_.state_of.size(); ++o) {
         if (!steady_) allocate_optimizer_state(static_cast<std::uint8_t>(o));
-        temporaries(oc_.transient_of.empty() ? 0 : oc_.transient_of[o], static_cast<std::uint8_t>(o));
+        temporaries(oc_.transient_of[o], static_cast<std::uint8_t>(o));
       }
     }
     for (TensorId g : grad_ids_) sim_.drop(g);

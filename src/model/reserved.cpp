@@ -92,8 +92,8 @@ struct ReplayScript {
           tensor.per_param = job.optimizer == Optimizer::adamw ? 2 : 1;
         else if (info.role == Role::master_weight || info.role == Role::optimizer_temporary)
           tensor.per_param = 1;
-        // an optimizer's state and temporaries are its own parameters' (optimizer_per_tensor_kind:
-        // one state lump and one temporary per optimizer), the master copy every parameter's
+        // an optimizer's state and temporaries are its own parameters' (one state lump and one
+        // temporary per optimizer: TensorInfo::optimizer), the master copy every parameter's
         tensor.own = info.role == Role::optimizer_temporary || info.role == Role::optimizer_state;
         tensor.optimizer = info.optimizer;
         tensor.state = info.role == Role::optimizer_state;
@@ -293,8 +293,8 @@ class Replay {
   // quotient, the quotient freed after the next parameter's sqrt; nothing is left allocated.
   void run_one_parameter_at_a_time(const ReplayScript& script, std::size_t t, const ReplayScript::Tensor& tensor, bool steady,
                                    int phase) {
-    const bytes_t state = tensor.optimizer < state_bytes_.size() ? state_bytes_[tensor.optimizer] : 0;
-    const bytes_t over = tensor.optimizer < optimizer_bytes_.size() ? optimizer_bytes_[tensor.optimizer] : 0;
+    const bytes_t state = of_optimizer(state_bytes_, tensor.optimizer);
+    const bytes_t over = of_optimizer(optimizer_bytes_, tensor.optimizer);
     if (state == 0 || over == 0) return;
     const measure::AllocTag& tag = this->tag(script, t, phase);
     measure::BlockRef previous{};
@@ -313,6 +313,11 @@ class Replay {
       has_previous = true;
     }
     if (has_previous) alloc_.deallocate_block(previous);
+  }
+
+  // An optimizer's entry of a by-optimizer figure; 0 for an optimizer with no parameters.
+  static bytes_t of_optimizer(const std::vector<bytes_t>& by_optimizer, std::uint8_t o) {
+    return o < by_optimizer.size() ? by_optimizer[o] : 0;
   }
 
   static measure::AllocatorOptions options(const AllocatorPolicy& policy, bool record) {
@@ -346,7 +351,7 @@ class Replay {
     if (bytes == 0) return;
     const int per_param = t.per_param;
     const bool own = t.own;
-    const bytes_t over = !own ? trainable_bytes_ : t.optimizer < optimizer_bytes_.size() ? optimizer_bytes_[t.optimizer] : 0;
+    const bytes_t over = own ? of_optimizer(optimizer_bytes_, t.optimizer) : trainable_bytes_;
     if (per_param == 0 || over == 0) {
       pieces_.push_back(bytes);
       return;
