@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "membudget/budget.hpp"
+#include "optimizer_loop.hpp"
 
 namespace membudget::detail {
 
@@ -85,6 +86,10 @@ struct SimTrace {
   // (TorchStepResult's after_forward figures; a pipeline stage notes the moment with the most
   // microbatches in flight): the compiled plans take their activation groups at the same place.
   std::size_t after_forward = std::numeric_limits<std::size_t>::max();
+  // The for-loop optimizer's allocations parameter by parameter (optimizer_loop.hpp), which the
+  // replay runs in place of the step's "optimizer temporaries" tensor; empty where that tensor is
+  // the temporaries as they are allocated.
+  std::vector<LoopOp> optimizer_loop;
 };
 
 // Whether autograd records the graph: `record` (a training forward) or `off` (inference_mode).

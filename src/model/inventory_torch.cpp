@@ -20,6 +20,7 @@
 #include "autograd_sim.hpp"
 #include "data_parallel.hpp"
 #include "inventory.hpp"
+#include "optimizer_loop.hpp"
 #include "parallel.hpp"
 #include "pipeline.hpp"
 #include "predictors.hpp"
@@ -1144,6 +1145,9 @@ struct OptimizerCost {
   // temporaries are per call and `transient` the largest call's). Empty with one optimizer.
   std::vector<bytes_t> state_of, transient_of;
   bool several() const { return !state_of.empty(); }
+  // A for-loop whose temporaries are modelled parameter by parameter (Adafactor's): `transient` is
+  // its peak, and the reserved-memory replay runs it in place of the temporaries' one block.
+  std::vector<LoopOp> loop;
 };
 
 // Elements of the largest trainable parameter tensor: the model's, or (LoRA) its adapters'.
@@ -1211,11 +1215,10 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
       // torch.optim.Adafactor: factored second moment over the last two dimensions (row and column
       // vectors; a packed (E, out, in) expert tensor keeps E of each) for matrices, full for
       // vectors; no first moment. (The vectors' state is not counted: norms are a few KiB.)
-      bytes_t rows_cols = 0, largest = 0;
+      bytes_t rows_cols = 0;
       auto factored = [&](const ParamTensor& t) {
         if (!t.projection()) return;
         rows_cols = checked_add(rows_cols, checked_mul(t.count, t.in + t.out, "Adafactor state"), "Adafactor state");
-        largest = std::max(largest, t.elements());
       };
       // layers alike but for a mixture of experts' dense layers: one of each kind, times its count
       const std::uint64_t moe_layers = m.moe_layers();
@@ -1235,16 +1238,21 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
         // every matrix at once and [v.clone() ...] (_adafactor.py:589) for every vector: one
         // parameter-sized list, updated in place
         c.transient = mul(n, sb);
-      else
-        // the for-loop (torch's default for Adafactor, _adafactor.py:639): one temporary per
-        // tensor, counted here as two fp32 copies of the largest projection. Measured
-        // (torch_train_optimizer_impl_h200.json), the step holds the largest parameter's
-        // var_estimate (_adafactor.py:402, the embedding) plus 8·h² bytes: this figure is not that.
-        c.transient = mul(largest, 4, 2);
+      else {
+        // the for-loop (torch's default for Adafactor, _adafactor.py:639), parameter by parameter:
+        // the peak is one parameter's var_estimate still bound while the next one's column norm
+        // stages its partial sums (the embedding's, 501 MiB in bf16, and 32 MiB for Llama 3.2 1B's
+        // first q_proj), or while the next var_estimate is made
+        c.loop = adafactor_for_loop(registered_tensors(m), sb);
+        c.transient = loop_peak(c.loop);
+      }
       break;
     }
   }
-  if (master) c.transient += mul(n, 4);  // fp32 copy of the bf16 gradients
+  if (master) {
+    c.transient += mul(n, 4);  // fp32 copy of the bf16 gradients
+    c.loop.clear();            // (one block with the loop's peak in the replay, as other temporaries)
+  }
   if (per_optimizer.size() > 1) {  // each optimizer's share of what is proportional to its parameters
     auto shares = [&](bytes_t b) {
       std::vector<bytes_t> out;
@@ -1672,6 +1680,7 @@ class TrainPass {
         sizing_(sizing),
         steady_(steady) {
     if (trace) sim_.record_to(trace);
+    trace_ = trace;
     st_.dp = &dp_;
     st_.masked = sliding_window_mask(m, job);
     auto& d = st_.d;
@@ -1723,6 +1732,7 @@ class TrainPass {
       oc_ = {};
       tails_ = {};
     }
+    if (trace_) trace_->optimizer_loop = oc_.loop;
     sim_.alloc_raw("allocator: whole segments held by parameters", tails_.params, Term::other, Role::workspace,
                    "caching allocator");
   }
@@ -1988,6 +1998,7 @@ class TrainPass {
   Step st_;
   const ModelSpec& sizing_;
   bool steady_;
+  SimTrace* trace_ = nullptr;  // where the step is recorded (for the replay), if anywhere
   OptimizerCost oc_;
   SegmentTails tails_;
   bytes_t weights_ = 0, floor_ = 0, grads_ = 0, buckets_ = 0, host_state_ = 0;

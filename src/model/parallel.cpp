@@ -117,6 +117,33 @@ std::vector<ParamTensor> model_tensors(const ModelSpec& m) {
   return out;
 }
 
+std::vector<ParamTensor> registered_tensors(const ModelSpec& m) {
+  auto rank = [&](const ParamTensor& t) {
+    switch (t.module) {
+      case Module::attn_norm:
+      case Module::mlp_norm:
+      case Module::attn_out_norm:
+      case Module::mlp_out_norm: return 4;  // the decoder layer's own norms, after its blocks
+      case Module::o: return m.quirks.fused_qkv ? 0 : 1;
+      case Module::router: return 3;
+      case Module::gate: case Module::up: case Module::gate_up: case Module::down: case Module::fc1: case Module::fc2:
+      case Module::experts_gate_up: case Module::experts_down: return 2;
+      case Module::shared_gate: case Module::shared_up: case Module::shared_down: case Module::shared_expert_gate: return 3;
+      default: return 1;  // the attention's
+    }
+  };
+  std::vector<ParamTensor> out;
+  const auto outer = m.outer_tensors();
+  out.push_back(outer.front());  // the embedding
+  for (std::uint64_t il = 0; il < m.num_layers; ++il) {
+    std::vector<ParamTensor> layer = m.layer_tensors(il);
+    std::stable_sort(layer.begin(), layer.end(), [&](const ParamTensor& a, const ParamTensor& b) { return rank(a) < rank(b); });
+    out.insert(out.end(), layer.begin(), layer.end());
+  }
+  out.insert(out.end(), outer.begin() + 1, outer.end());
+  return out;
+}
+
 std::uint64_t dim0_rows(const ParamTensor& t) {
   // nn.Embedding's weight is (V, h) — its `in` is the vocabulary; nn.Linear's is (out, in); a
   // vector is its own dim 0; packed experts (E, out, in) have the experts.

@@ -85,6 +85,11 @@ inline std::uint64_t rank_seq(const Job& job) { return job.seq / job.parallel.co
 // Every parameter tensor of the model once, in module order: the embedding, layer 0 … L−1, the final
 // norm, an untied lm_head (a tied lm_head is the embedding).
 std::vector<ParamTensor> model_tensors(const ModelSpec& m);
+// The same tensors in model.parameters() order, as transformers registers each decoder layer's
+// modules: the attention (Phi-3's o_proj before its qkv_proj), the MLP or MoE block (the routed
+// experts before the router, as qwen3_moe), then the layer's norms. A for-loop optimizer steps them
+// in this order (optimizer_loop.hpp). (model_tensors keeps the data-flow order within a layer.)
+std::vector<ParamTensor> registered_tensors(const ModelSpec& m);
 
 // FSDP2 chunks each parameter on dim 0 with torch.chunk: every rank stores ⌈dim0 / S⌉ rows
 // (padded; _fsdp_param.py, _init_sharded_param), and rank r's real rows are those of its chunk.

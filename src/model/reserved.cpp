@@ -61,6 +61,9 @@ struct ReplayScript {
     // quotient when the next parameter's replaces it (the snapshots in tests/data/reserved_alone/).
     // The simulated step counts only their peak (the largest parameter's two); the replay runs them.
     bool one_parameter_at_a_time = false;
+    // The for-loop's temporaries the trace records allocation by allocation (SimTrace::optimizer_loop,
+    // Adafactor's), run in place of the tensor; nothing is left allocated.
+    bool runs_loop = false;
   };
   const SimTrace* trace = nullptr;  // the tensors' names and ops, for the tags of a recorded replay
   // The trace's events (SimTrace::Event::t), less those of the simulator's "caching allocator"
@@ -100,6 +103,7 @@ struct ReplayScript {
         tensor.one_parameter_at_a_time = info.role == Role::optimizer_temporary && job.optimizer == Optimizer::adamw &&
                                          effective_optimizer_impl(job) == OptimizerImpl::for_loop &&
                                          !recipe_of(job.precision).master && job.lora_rank == 0;
+        tensor.runs_loop = info.role == Role::optimizer_temporary && !trace.optimizer_loop.empty();
         skipped[t] = is(info.op, "caching allocator");
       }
       script.events.reserve(trace.events.size());
@@ -265,6 +269,10 @@ class Replay {
       run_one_parameter_at_a_time(script, t, tensor, steady, phase);
       return;
     }
+    if (tensor.runs_loop) {
+      run_loop(script, t, tensor, steady, phase);
+      return;
+    }
     if (h.n == 0 && tensor.per_param == 0) {  // the usual tensor: one block
       if (bytes) {
         h.n = 1;
@@ -313,6 +321,20 @@ class Replay {
       has_previous = true;
     }
     if (has_previous) alloc_.deallocate_block(previous);
+  }
+
+  // ReplayScript::Tensor::runs_loop: the trace's optimizer loop, block by block.
+  void run_loop(const ReplayScript& script, std::size_t t, const ReplayScript::Tensor& tensor, bool steady, int phase) {
+    const measure::AllocTag& tag = this->tag(script, t, phase);
+    for (const LoopOp& op : script.trace->optimizer_loop) {
+      if (op.id >= loop_blocks_.size()) loop_blocks_.resize(op.id + 1u);
+      if (op.bytes == 0) {
+        alloc_.deallocate_block(loop_blocks_[op.id]);
+        continue;
+      }
+      loop_blocks_[op.id] = alloc_.allocate_block(op.bytes, tag, tensor.stream);
+      if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
+    }
   }
 
   // An optimizer's entry of a by-optimizer figure; 0 for an optimizer with no parameters.
@@ -382,6 +404,7 @@ class Replay {
   std::vector<bytes_t> optimizer_bytes_;           // by optimizer
   std::vector<bytes_t> state_bytes_;               // each optimizer's state lump, once allocated
   std::vector<bytes_t> pieces_;
+  std::vector<measure::BlockRef> loop_blocks_;  // run_loop's blocks, by LoopOp::id
   measure::AllocTag tag_;  // the allocation's tag when recording
   const measure::AllocTag untagged_;
   std::vector<Held> live_;                                // by tensor id: its blocks

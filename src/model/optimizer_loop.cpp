@@ -1,0 +1,172 @@
+// src/model/optimizer_loop.cpp: see optimizer_loop.hpp.
+#include "optimizer_loop.hpp"
+
+#include <algorithm>
+#include <bit>
+
+#include "autograd_sim.hpp"
+#include "membudget/bytes.hpp"
+
+namespace membudget::detail {
+
+namespace {
+
+std::uint64_t div_up(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+// ATen's last_pow2: the largest power of two not above n, at least 1
+std::uint64_t last_pow2(std::uint64_t n) { return std::max<std::uint64_t>(1, std::bit_floor(n)); }
+
+// Allocations numbered as they are made.
+class LoopRecorder {
+ public:
+  std::uint32_t alloc(bytes_t bytes) {
+    const auto id = next_++;
+    ops_.push_back({id, bytes});
+    return id;
+  }
+  void free(std::uint32_t id) { ops_.push_back({id, 0}); }
+  // A reduction's staging buffer and semaphores: made inside the kernel launch, after its output,
+  // and freed when it returns.
+  void staging(const ReduceStaging& s) {
+    if (s.buffer == 0) return;
+    const std::uint32_t buffer = alloc(s.buffer), semaphores = alloc(s.semaphores);
+    free(semaphores);
+    free(buffer);
+  }
+  std::vector<LoopOp> take() { return std::move(ops_); }
+
+ private:
+  std::vector<LoopOp> ops_;
+  std::uint32_t next_ = 0;
+};
+
+// A Python name the loop rebinds every parameter: the new tensor is made while the old one is still
+// bound, and the old one dies when the assignment completes.
+class Rebound {
+ public:
+  void bind(LoopRecorder& r, std::uint32_t id) {
+    if (bound_) r.free(held_);
+    held_ = id;
+    bound_ = true;
+  }
+  void release(LoopRecorder& r) {
+    if (bound_) r.free(held_);
+    bound_ = false;
+  }
+
+ private:
+  std::uint32_t held_ = 0;
+  bool bound_ = false;
+};
+
+}  // namespace
+
+ReduceStaging cuda_reduce_staging(std::uint64_t outputs, std::uint64_t inputs_per_output, bool along_fastest,
+                                  std::uint64_t inner_outputs) {
+  constexpr std::uint64_t kMaxThreads = 512, kWarp = 32, kInputVec = 4;
+  constexpr std::uint64_t kMinValuesPerThread = 16, kMaxValuesPerThread = 256;
+  if (outputs == 0 || inputs_per_output == 0) return {};
+  // block.x along the fastest-moving dimension: the reduced one, or the outputs
+  std::uint64_t dim0 = along_fastest ? inputs_per_output : outputs;
+  const std::uint64_t dim1 = along_fastest ? outputs : inputs_per_output;
+  std::uint64_t output_vec = 1;
+  if (along_fastest) {
+    if (dim0 > 128) dim0 /= kInputVec;  // "vectorize along input"
+  } else {
+    // "vectorize along output" (get_output_vec_size): 4, 2 or 1, dividing the contiguous extent
+    const std::uint64_t inner = inner_outputs ? inner_outputs : outputs;
+    output_vec = inner % 4 == 0 ? 4 : inner % 2 == 0 ? 2 : 1;
+    dim0 /= output_vec;
+  }
+  // ReduceConfig::set_block_dimension
+  const std::uint64_t max_threads = kMaxThreads / output_vec;
+  const std::uint64_t dim0_pow2 = dim0 < max_threads ? last_pow2(dim0) : max_threads;
+  const std::uint64_t dim1_pow2 = dim1 < max_threads ? last_pow2(dim1) : max_threads;
+  std::uint64_t block_width = std::min(dim0_pow2, kWarp);
+  const std::uint64_t block_height = std::min(dim1_pow2, max_threads / block_width);
+  block_width = std::min(dim0_pow2, max_threads / block_height);
+  const std::uint64_t threads = block_width * block_height;
+  // the lanes split the input (block_x_reduce) or the outputs; the warps split the input when
+  // each thread is left at least warp_split_threshold values
+  std::uint64_t step_input = 1, step_output = 1;
+  (along_fastest ? step_input : step_output) *= block_width;
+  const bool warps_split_input = div_up(inputs_per_output, step_input) >= std::min(block_height * 16, kMaxValuesPerThread);
+  (warps_split_input ? step_input : step_output) *= block_height;
+  // the blocks split the input too (a reduction through global memory) when each thread still has
+  // max_values_per_thread values and the grid leaves SMs idle
+  const std::uint64_t target_grid = kReduceSms * (kReduceThreadsPerSm / threads);
+  const std::uint64_t grid_x = div_up(outputs / output_vec, step_output);
+  const std::uint64_t values_per_thread = div_up(inputs_per_output, step_input);
+  if (!warps_split_input || values_per_thread < kMaxValuesPerThread || grid_x > target_grid) return {};
+  const std::uint64_t ctas_per_output =
+      std::max(std::min(div_up(target_grid, grid_x), div_up(values_per_thread, kMinValuesPerThread)),
+               div_up(values_per_thread, kMaxValuesPerThread));
+  if (ctas_per_output <= 1) return {};
+  // global_memory_size: an accumulator per output and block; per lane and vector too when the
+  // lanes do not reduce among themselves
+  bytes_t buffer = checked_product("reduction staging", 4, outputs, ctas_per_output);
+  if (!along_fastest) buffer = checked_mul(buffer, block_width * output_vec, "reduction staging");
+  return {buffer, checked_mul(4, grid_x, "reduction semaphores")};
+}
+
+std::vector<LoopOp> adafactor_for_loop(const std::vector<ParamTensor>& tensors, bytes_t elem) {
+  LoopRecorder r;
+  Rebound row_mean, col_mean, grad_squared, update;
+  // tensor.norm(2).item() (_adafactor.py:381, 415): a 0-d result, the reduction's staging
+  auto full_norm = [&](std::uint64_t n) {
+    const std::uint32_t out = r.alloc(elem);
+    r.staging(cuda_reduce_staging(1, n, true));
+    r.free(out);
+  };
+  for (const ParamTensor& t : tensors) {
+    const std::uint64_t n = t.elements();
+    const bytes_t bytes = checked_mul(n, elem, "Adafactor temporaries");
+    full_norm(n);  // alpha's param.norm(2)
+    if (t.projection()) {
+      // factored over the last two dimensions: nn.Embedding's weight is (V, h), nn.Linear's
+      // (out, in), packed experts (E, out, in)
+      const std::uint64_t rows = t.module == Module::embedding ? t.in : t.out;
+      const std::uint64_t cols = t.module == Module::embedding ? t.out : t.in;
+      const std::uint64_t E = t.count;
+      // row_mean = torch.norm(grad, dim=-1, keepdim=True)... (_adafactor.py:393)
+      const std::uint32_t row = r.alloc(checked_product("Adafactor row mean", E, rows, elem));
+      r.staging(cuda_reduce_staging(E * rows, cols, true));
+      row_mean.bind(r, row);
+      // col_mean = torch.norm(grad, dim=-2, keepdim=True)... (_adafactor.py:398): a strided
+      // reduction, the one with a large staging buffer (32 MiB for a 2048 × 2048 matrix)
+      const std::uint32_t col = r.alloc(checked_product("Adafactor column mean", E, cols, elem));
+      r.staging(cuda_reduce_staging(E * cols, rows, false, cols));
+      col_mean.bind(r, col);
+      // var_estimate = row_var @ col_var (_adafactor.py:402), divided by row_var.mean(dim=-2)
+      const std::uint32_t var = r.alloc(bytes);
+      const std::uint32_t mean = r.alloc(checked_mul(E, elem, "Adafactor row variance mean"));
+      r.staging(cuda_reduce_staging(E, rows, true));
+      r.free(mean);
+      update.bind(r, var);  // update = var_estimate.clamp_(...) (_adafactor.py:413): in place
+    } else {
+      grad_squared.bind(r, r.alloc(bytes));  // grad * grad
+      update.bind(r, r.alloc(bytes));        // var_estimate = variance.clone()
+    }
+    full_norm(n);  // update.norm(2)
+  }
+  for (Rebound* name : {&row_mean, &col_mean, &grad_squared, &update}) name->release(r);
+  return r.take();
+}
+
+bytes_t loop_peak(const std::vector<LoopOp>& ops) {
+  std::vector<bytes_t> held;
+  bytes_t live = 0, peak = 0;
+  for (const LoopOp& op : ops) {
+    if (op.id >= held.size()) held.resize(op.id + 1u, 0);
+    if (op.bytes) {
+      held[op.id] = own_segment_block(op.bytes);
+      live += held[op.id];
+      peak = std::max(peak, live);
+    } else {
+      live -= held[op.id];
+      held[op.id] = 0;
+    }
+  }
+  return peak;
+}
+
+}  // namespace membudget::detail
