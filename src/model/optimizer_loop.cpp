@@ -127,14 +127,16 @@ std::vector<LoopOp> adafactor_for_loop(const std::vector<ParamTensor>& tensors, 
       const std::uint64_t rows = t.module == Module::embedding ? t.in : t.out;
       const std::uint64_t cols = t.module == Module::embedding ? t.out : t.in;
       const std::uint64_t E = t.count;
+      const std::uint64_t row_means = checked_mul(E, rows, "Adafactor row mean");
+      const std::uint64_t col_means = checked_mul(E, cols, "Adafactor column mean");
       // row_mean = torch.norm(grad, dim=-1, keepdim=True)... (_adafactor.py:393)
-      const std::uint32_t row = r.alloc(checked_product("Adafactor row mean", E, rows, elem));
-      r.staging(cuda_reduce_staging(E * rows, cols, true));
+      const std::uint32_t row = r.alloc(checked_mul(row_means, elem, "Adafactor row mean"));
+      r.staging(cuda_reduce_staging(row_means, cols, true));
       row_mean.bind(r, row);
       // col_mean = torch.norm(grad, dim=-2, keepdim=True)... (_adafactor.py:398): a strided
       // reduction, the one with a large staging buffer (32 MiB for a 2048 × 2048 matrix)
-      const std::uint32_t col = r.alloc(checked_product("Adafactor column mean", E, cols, elem));
-      r.staging(cuda_reduce_staging(E * cols, rows, false, cols));
+      const std::uint32_t col = r.alloc(checked_mul(col_means, elem, "Adafactor column mean"));
+      r.staging(cuda_reduce_staging(col_means, rows, false, cols));
       col_mean.bind(r, col);
       // var_estimate = row_var @ col_var (_adafactor.py:402), divided by row_var.mean(dim=-2)
       const std::uint32_t var = r.alloc(bytes);
