@@ -128,8 +128,9 @@ TEST_CASE("reserved_peak against memory_reserved() after the steady step, every 
 // batched_mm experts and the auxiliary loss) and the optimizer implementations
 // (torch_train_optimizer_impl_h200.json: foreach, fused and for-loop AdamW, SGD with momentum,
 // Adafactor on Llama 3.2 1B and Qwen2.5 1.5B), each file measured in one process (the cases beyond
-// 3% were measured again alone: the next test). 2026-12-03: MoE 26 of 26 and 17 of 21 within 3%,
-// every case within 6.4% (the 2-layer eager and batched_mm steps up to +6.3%; Qwen3-30B-A3B
+// 3% were measured again alone: the next test). 2026-12-03: MoE 26 of 26 and 18 of 21 within 3%,
+// every case within 6.4% (the 2-layer amp-bf16 eager and batched_mm steps up to +6.3%; the bf16
+// eager Qwen3-30B-A3B −5.4% before the mask's sum counted one mask-sized temporary, not two; Qwen3-30B-A3B
 // amp-bf16 full was +3.6% before the adds handed their gradient through, Mixtral bf16 full +4.4%
 // before grouped_mm's weight gradient came first); optimizer implementations 27 of 36 within 3%,
 // every case within 6.5% (Llama 3.2 1B's amp-bf16 for-loop Adafactor −6.5%, 0.00% alone; Qwen2.5's
@@ -144,7 +145,7 @@ TEST_CASE("reserved_peak of MoE steps and of every optimizer implementation") {
     double worst;
   };
   for (const File& f : {File{"tests/data/torch_train_moe_h200.json", 26, 26, 0.04},
-                        File{"tests/data/torch_train_moe_impl_h200.json", 21, 17, 0.065},
+                        File{"tests/data/torch_train_moe_impl_h200.json", 21, 18, 0.065},
                         File{"tests/data/torch_train_optimizer_impl_h200.json", 36, 27, 0.066}}) {
     CAPTURE(f.path);
     const auto errs = reserved_errors(f.path);
@@ -196,14 +197,16 @@ TEST_CASE("reserved_peak of single-GPU steps measured in fresh processes") {
 // The MoE, experts-implementation and optimizer-implementation steps that the replay missed by
 // more than 3% when their files ran many cases in one process, each measured again alone in a fresh
 // process with a whole-run snapshot (tools/device/reserved_alone_run.sh, tests/data/reserved_alone/).
-// 2026-12-03: 10 of 13 within 0.5%, the for-loop AdamW among them (−4.7% in amp-bf16 and +6.8% in
-// bf16 before the replay ran its temporaries one parameter at a time, as its snapshots show) and
-// the for-loop Adafactor (+10.4% in bf16 before its loop ran parameter by parameter); Qwen3-30B-A3B's
-// eager experts +1.5% (amp-bf16) and −5.4% (bf16) and its 4-layer amp-bf16 full-recompute step −3.5%.
+// 2026-12-03: 11 of 13 within 0.5%, the for-loop AdamW among them (−4.7% in amp-bf16 and +6.8% in
+// bf16 before the replay ran its temporaries one parameter at a time, as its snapshots show), the
+// for-loop Adafactor (+10.4% in bf16 before its loop ran parameter by parameter) and Qwen3-30B-A3B's
+// bf16 eager experts (−5.4% before the mask's sum counted one mask-sized temporary, not two: the
+// backward's cuBLAS workspace then lands where the run's does); its amp-bf16 eager experts +1.5% and
+// its 4-layer amp-bf16 full-recompute step −3.5%.
 TEST_CASE("reserved_peak of MoE and optimizer-implementation steps measured alone") {
   const auto errs = reserved_errors("tests/data/reserved_alone/torch_train_reserved_alone_h200.json");
   CHECK(errs.size() == 13);
-  CHECK(count_within(errs, 0.055, 0.005) >= 10);
+  CHECK(count_within(errs, 0.035, 0.005) >= 11);
 }
 
 // What the replay is fed: the trace's order of allocations around a thread's first matmul, and a

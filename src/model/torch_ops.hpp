@@ -331,7 +331,9 @@ TensorId TorchOps::eager_experts(TensorId x, TensorId weights, TensorId gate_up,
   TensorId fin = sim.make("experts: output (zeros_like, index_add_ in place)", checked_product("activation size", T, h, xb),
                           Term::activations, "zeros_like", "", "b·s·h", true);
   TensorId mask = sim.make("experts: one-hot expert mask", mask_bytes, Term::activations, "one_hot", "int64", "T·k·E", false);
-  sim.transient("experts: the mask's sum over tokens and slots", checked_product("activation size", mask_bytes, 2));
+  // expert_mask.sum(dim=(-1, -2)) on the permuted mask: one mask-sized temporary (the snapshots at
+  // 1,024 and 2,048 tokens: 8 and 16 MiB beside an 8 and 16 MiB mask)
+  sim.transient("experts: the mask's sum over tokens and slots", mask_bytes);
   const bytes_t hit = routing == Routing::worst ? std::min(k, E) : std::min(E, S);
   const bytes_t base = routing == Routing::worst ? T : S / hit, extra = routing == Routing::worst ? 0 : S % hit;
   const bytes_t slice_gu = checked_product("activation size", 2 * I, h, wb), slice_dn = checked_product("activation size", h, I, wb);
