@@ -1466,8 +1466,10 @@ void build_parameters(Step& st, bool building) {
   // on the last only; the last stage of a tied model keeps lm_head as a tensor of its own.
   if (!stage || stage->first()) st.emb = P(outer.front(), 0);
   st.layers.resize(st.d.L);
+  // each layer's parameters in the order transformers registers its modules, the order from_config
+  // allocates them and torch.optim makes their state in (Phi-3: o_proj before qkv_proj; the norms last)
   for (std::size_t il = 0; il < st.layers.size(); ++il)
-    for (const ParamTensor& t : m.layer_tensors(st.model_layer(il))) {
+    for (const ParamTensor& t : registered_layer_tensors(m, st.model_layer(il))) {
       TensorId* slot = slot_of(st.layers[il], t);
       if (!slot) throw Error(ErrorKind::unsupported, std::string("internal: no inventory slot for ") + to_string(t.module));
       *slot = P(t, il + 1);

@@ -117,7 +117,7 @@ std::vector<ParamTensor> model_tensors(const ModelSpec& m) {
   return out;
 }
 
-std::vector<ParamTensor> registered_tensors(const ModelSpec& m) {
+std::vector<ParamTensor> registered_layer_tensors(const ModelSpec& m, std::uint64_t il) {
   auto rank = [&](const ParamTensor& t) {
     switch (t.module) {
       case Module::attn_norm:
@@ -132,12 +132,17 @@ std::vector<ParamTensor> registered_tensors(const ModelSpec& m) {
       default: return 1;  // the attention's
     }
   };
+  std::vector<ParamTensor> layer = m.layer_tensors(il);
+  std::stable_sort(layer.begin(), layer.end(), [&](const ParamTensor& a, const ParamTensor& b) { return rank(a) < rank(b); });
+  return layer;
+}
+
+std::vector<ParamTensor> registered_tensors(const ModelSpec& m) {
   std::vector<ParamTensor> out;
   const auto outer = m.outer_tensors();
   out.push_back(outer.front());  // the embedding
   for (std::uint64_t il = 0; il < m.num_layers; ++il) {
-    std::vector<ParamTensor> layer = m.layer_tensors(il);
-    std::stable_sort(layer.begin(), layer.end(), [&](const ParamTensor& a, const ParamTensor& b) { return rank(a) < rank(b); });
+    const std::vector<ParamTensor> layer = registered_layer_tensors(m, il);
     out.insert(out.end(), layer.begin(), layer.end());
   }
   out.insert(out.end(), outer.begin() + 1, outer.end());

@@ -90,6 +90,8 @@ std::vector<ParamTensor> model_tensors(const ModelSpec& m);
 // experts before the router, as qwen3_moe), then the layer's norms. A for-loop optimizer steps them
 // in this order (optimizer_loop.hpp). (model_tensors keeps the data-flow order within a layer.)
 std::vector<ParamTensor> registered_tensors(const ModelSpec& m);
+// Decoder layer il's tensors in that order.
+std::vector<ParamTensor> registered_layer_tensors(const ModelSpec& m, std::uint64_t il);
 
 // FSDP2 chunks each parameter on dim 0 with torch.chunk: every rank stores ⌈dim0 / S⌉ rows
 // (padded; _fsdp_param.py, _init_sharded_param), and rank r's real rows are those of its chunk.
