@@ -53,7 +53,10 @@ TensorId TorchOps::rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t widt
     sim.hold(hs32);
   }
   TensorId sq = sim.make("rmsnorm pow output", mul(Tw, 4), Term::activations, "pow", "fp32", "b·s·h", true);
-  sim.node("PowBackward0", {hs32}, {sq}, {hs32}, mul(Tw, 4));
+  // pow_backward: grad * (2 * x.pow(1)): x.pow(1) and 2 * x.pow(1) are both alive while the
+  // gradient is made (the C++ full expression's temporaries), freed after it in reverse order
+  sim.node("PowBackward0", {hs32}, {sq}, {hs32}, mul(Tw, 8));
+  sim.split_last_workspace(2);
   TensorId var = sim.make("rmsnorm variance", mul(Tg, 4), Term::activations, "mean", "fp32", "b·s", true);
   sim.node("MeanBackward1", {sq}, {var}, {});
   sim.drop(sq);

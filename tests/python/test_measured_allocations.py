@@ -1,0 +1,120 @@
+"""Allocations the prediction makes, against whole-run snapshots measured on the H200.
+
+The predicted snapshot (`predict --snapshot`) replays the simulated step allocation by allocation;
+where a mechanism makes buffers no tensor accounts for (a for-loop optimizer's temporaries, CUDA
+reduction staging, a backward's scratch), its allocations are compared with the measured ones,
+one for one or by count.
+
+tests/data/reserved_alone/ and tests/data/adafactor_loop/ hold torch.optim.Adafactor(foreach=False)
+stepping seven models (tools/device/reserved_alone_run.sh, adafactor_loop_run.sh): the predicted
+loop's allocations must be the measured last step's, in order: each parameter's norms and their
+reduction staging buffers (ATen's setReduceConfig), its row and column means, its var_estimate, in
+model.parameters() order.
+"""
+import gzip
+import json
+import os
+import pickle
+import subprocess
+
+import pytest
+
+CLI = os.environ.get("MEMBUDGET_CLI")
+SRC = os.environ.get("MEMBUDGET_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def loop_allocations(trace, in_loop):
+    """The requested sizes (rounded to 512 B, as the allocator rounds them) of the last step's loop:
+    the last run of allocations `in_loop` with no other allocation between them."""
+    runs, current, other_since = [], [], False
+    for e in trace:
+        if e["action"] != "alloc":
+            continue
+        if in_loop(e.get("frames") or []):
+            if other_since and current:
+                runs.append(current)
+                current = []
+            current.append((e["size"] + 511) // 512 * 512)
+            other_since = False
+        else:
+            other_since = True
+    runs.append(current)
+    return runs
+
+
+ADAFACTOR_LOOPS = [  # (snapshot, config, overrides, batch, seq, precision)
+    ("reserved_alone/llama-3.2-1b_bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/llama-3.2-1b.json", None, 1, 512, "bf16"),
+    ("reserved_alone/llama-3.2-1b_amp-bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/llama-3.2-1b.json", None, 1, 512,
+     "amp-bf16"),
+    # tests/data/adafactor_loop/ (tools/device/adafactor_loop_run.sh): biases between the weights,
+    # Phi-3's o_proj before its qkv_proj, Gemma 2's four norms, packed experts before the router,
+    # an untied lm_head in amp-bf16
+    ("adafactor_loop/qwen2.5-1.5b_bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/qwen2.5-1.5b.json", None, 1, 512, "bf16"),
+    ("adafactor_loop/phi-3-mini-4k_L8_bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/phi-3-mini-4k.json",
+     {"num_hidden_layers": 8}, 1, 512, "bf16"),
+    ("adafactor_loop/gemma-2-2b_bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/gemma-2-2b.json", None, 1, 512, "bf16"),
+    ("adafactor_loop/qwen3-30b-a3b_L2_bf16_none_flash_adafactor_for-loop_b1s64", "tests/data/hf/moe/qwen3-30b-a3b.json",
+     {"num_hidden_layers": 2}, 1, 64, "bf16"),
+    ("adafactor_loop/tinyllama-1.1b_amp-bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/tinyllama-1.1b.json", None, 1,
+     512, "amp-bf16"),
+]
+
+
+@pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
+@pytest.mark.parametrize("snapshot,config,overrides,batch,seq,precision", ADAFACTOR_LOOPS)
+def test_adafactor_for_loop_allocates_what_torch_does(tmp_path, snapshot, config, overrides, batch, seq, precision):
+    with gzip.open(os.path.join(SRC, "tests/data", snapshot + ".pickle.gz")) as f:
+        measured = pickle.load(f)["device_traces"][0]
+    config_path = os.path.join(SRC, config)
+    if overrides:  # the measured model: the config with its depth reduced
+        with open(config_path) as f:
+            spec = json.load(f)
+        spec.update(overrides)
+        config_path = tmp_path / "config.json"
+        with open(config_path, "w") as f:
+            json.dump(spec, f)
+    predicted_path = tmp_path / "predicted.pickle"
+    out = subprocess.run([CLI, "predict", str(config_path), "--batch", str(batch), "--seq", str(seq),
+                          "--precision", precision, "--optimizer", "adafactor", "--optimizer-impl", "for-loop",
+                          "--snapshot", str(predicted_path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    with open(predicted_path, "rb") as f:
+        predicted = pickle.load(f)["device_traces"][0]
+
+    measured_runs = loop_allocations(measured, lambda frames: any(
+        fr.get("name") == "_single_tensor_adafactor" for fr in frames))
+    predicted_runs = loop_allocations(predicted, lambda frames: any(
+        "optimizer temporaries" in fr.get("name", "") for fr in frames))
+    # one loop per step: step 0 and the steady steps
+    assert len(measured_runs) == 3 and len(predicted_runs) >= 2
+    assert len(measured_runs[-1]) > 200  # a dozen or more allocations per parameter
+    assert predicted_runs[-1] == measured_runs[-1]
+
+
+@pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
+def test_norm_backward_fp32_temporaries_are_the_measured_ones(tmp_path):
+    """Llama 3.1 8B, bf16, full recompute, 4 × 4096 (tests/data/reserved_8b_snapshot/): each
+    RMSNorm's backward runs in fp32, and its PowBackward0 holds two fp32 b·s·h temporaries besides
+    its result (x.pow(1) and 2 * x.pow(1)). The predicted snapshot allocates fp32 b·s·h blocks
+    (256 MiB) exactly as often per step as the measured one."""
+    with gzip.open(os.path.join(SRC, "tests/data/reserved_8b_snapshot/llama-3.1-8b_bf16_full_flash_adamw_b4s4096.pickle.gz")) as f:
+        measured = pickle.load(f)["device_traces"][0]
+    predicted_path = tmp_path / "predicted.pickle"
+    out = subprocess.run([CLI, "predict", os.path.join(SRC, "configs/hf/llama-3.1-8b.json"), "--batch", "4", "--seq", "4096",
+                          "--precision", "bf16", "--recompute", "full", "--snapshot", str(predicted_path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    with open(predicted_path, "rb") as f:
+        predicted = pickle.load(f)["device_traces"][0]
+
+    def allocations_of(trace, size):
+        return sum(1 for e in trace if e["action"] == "alloc" and e["size"] == size)
+
+    tokens, hidden, vocab = 4 * 4096, 4096, 128256
+    # each step allocates four fp32 b·s·V loss tensors (the upcast, the log-softmax and two gradients)
+    steps = lambda trace: allocations_of(trace, tokens * vocab * 4) / 4
+    assert steps(measured) == 3 and steps(predicted) >= 2
+    fp32_activation = tokens * hidden * 4  # 256 MiB
+    per_step = allocations_of(measured, fp32_activation) / steps(measured)
+    assert per_step >= 7 * 65  # seven per norm backward: 32 layers × 2 norms + the final norm
+    assert allocations_of(predicted, fp32_activation) == per_step * steps(predicted)
