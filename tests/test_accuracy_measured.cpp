@@ -196,6 +196,14 @@ TEST_CASE("the for-loop Adafactor on five more architectures lands within 1% too
               {"qwen2.5-1.5b/bf16/", Phase::forward_peak, -0.025, 0.0, true}});
 }
 
+// The for-loop AdamW where neighbouring MLP projections make the step's peak: Llama 3.2 1B with a
+// 32,000 vocabulary and 32,768-wide MLP at 4 layers (tools/matrices/adamw_loop_h200.json), where
+// one projection's quotient beside the next one's sqrt and quotient (384 MiB in bf16) tops the
+// embedding's two (250 MiB). The largest parameter's two were 1.7% low.
+TEST_CASE("the for-loop AdamW over neighbouring MLP projections lands within 1% too") {
+  check_file("tests/data/adamw_loop/torch_train_adamw_loop_h200.json", 2);
+}
+
 // Mixture-of-experts models (transformers 5.17's grouped_mm experts), random weights, depth reduced
 // to fit (tools/matrices/moe_h200.json): Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B (shared expert and its
 // gate), OLMoE-1B-7B (full-width q/k norms), Mixtral 8x7B (fp32 routing weights) and

@@ -209,14 +209,16 @@ TEST_CASE("reserved_peak of MoE and optimizer-implementation steps measured alon
   CHECK(count_within(errs, 0.035, 0.005) >= 11);
 }
 
-// The for-loop Adafactor on five architectures, each alone in a fresh process
+// The for-loop optimizers, each step alone in a fresh process: Adafactor on five architectures
 // (tests/data/adafactor_loop/: Qwen2.5 1.5B, Phi-3 mini at 8 layers, Gemma 2 2B, Qwen3-30B-A3B at 2
-// layers, TinyLlama in amp-bf16): the replay runs the loop allocation by allocation.
-// 2026-12-03: every one within 0.05%.
-TEST_CASE("reserved_peak of the for-loop Adafactor on five architectures, each measured alone") {
-  const auto errs = reserved_errors("tests/data/adafactor_loop/torch_train_adafactor_loop_h200.json");
-  CHECK(errs.size() == 5);
-  CHECK(count_within(errs, 0.005, 0.001) >= 5);
+// layers, TinyLlama in amp-bf16) and AdamW over a wide MLP (tests/data/adamw_loop/): the replay runs
+// each loop allocation by allocation. 2026-12-03: every one within 0.05%.
+TEST_CASE("reserved_peak of the for-loop optimizers on more architectures, each measured alone") {
+  std::vector<Err> errs = reserved_errors("tests/data/adafactor_loop/torch_train_adafactor_loop_h200.json");
+  const auto adamw = reserved_errors("tests/data/adamw_loop/torch_train_adamw_loop_h200.json");
+  errs.insert(errs.end(), adamw.begin(), adamw.end());
+  CHECK(errs.size() == 7);
+  CHECK(count_within(errs, 0.005, 0.001) >= 7);
 }
 
 // What the replay is fed: the trace's order of allocations around a thread's first matmul, and a

@@ -1168,9 +1168,11 @@ std::uint64_t largest_trainable(const ModelSpec& m, std::uint64_t lora_rank) {
 // are torch 2.11.0's torch/optim/ sources (tools/device/optimizer_impl_run.sh keeps a copy), and
 // tests/data/torch_train_optimizer_impl_h200.json measures each.
 // `largest_tensor`: the elements of the largest of them (the for-loop's temporaries);
-// `per_step_call`: the most elements one step() call takes (foreach's temporaries).
+// `per_step_call`: the most elements one step() call takes (foreach's temporaries); `whole_model`:
+// one optimizer steps every parameter of `m`, whole, in model.parameters() order (one GPU, DDP).
 OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t params, std::uint64_t largest_tensor,
-                             std::uint64_t per_step_call, const std::vector<std::uint64_t>& per_optimizer) {
+                             std::uint64_t per_step_call, const std::vector<std::uint64_t>& per_optimizer,
+                             bool whole_model) {
   OptimizerCost c;
   const bytes_t n = params;
   const Recipe recipe = recipe_of(job.precision);
@@ -1186,12 +1188,21 @@ OptimizerCost optimizer_cost(const Job& job, const ModelSpec& m, std::uint64_t p
         // _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)
         // (adam.py:791) for every parameter of the call at once; the rest is in place
         c.transient = mul(per_step_call, sb);
-      } else if (impl == OptimizerImpl::for_loop)
+      } else if (impl == OptimizerImpl::for_loop) {
         // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         // (adam.py:545): sqrt() and the division's result are both live, for one parameter at a
-        // time; the peak holds the largest parameter's two, each a block of its own
-        // (own_segment_block: a 501 MiB bf16 embedding takes a 502 MiB block, as measured)
-        c.transient = mul(own_segment_block(mul(largest_tensor, sb)), 2);
+        // time, and `denom` keeps the quotient until the next parameter's replaces it. Over a
+        // whole model the loop runs parameter by parameter (a large MLP projection's quotient
+        // beside the next one's two can top the embedding's two); over shards, the largest
+        // parameter's two, each a block of its own (own_segment_block: a 501 MiB bf16 embedding
+        // takes a 502 MiB block, as measured)
+        if (whole_model) {
+          c.loop = adamw_for_loop(registered_tensors(m), sb);
+          c.transient = loop_peak(c.loop);
+        } else {
+          c.transient = mul(own_segment_block(mul(largest_tensor, sb)), 2);
+        }
+      }
       // fused: torch._fused_adamw_ (adam.py:878) updates in place, no parameter-sized temporary
       // (its state["step"] lives on the device, adam.py:168: a 512-byte block per parameter
       // tensor, 75 KB for Llama 3.2 1B, not counted)
@@ -1594,6 +1605,7 @@ struct Trainable {
   // With several optimizers (stage_optimizer, optimizer_per_tensor_kind): each one's elements, in
   // the order they step; empty with one.
   std::vector<std::uint64_t> per_optimizer;
+  bool whole_model = false;  // one optimizer over every parameter, whole (one GPU, DDP)
 };
 Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l, const PipelineStage* stage) {
   if (stage) {
@@ -1635,7 +1647,8 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
   }
   const std::uint64_t n = sizing.parameters().total;
   // (under sequence parallelism every parameter is a DTensor, the norms' replicated: one optimizer)
-  if (!optimizer_per_tensor_kind(job.parallel)) return {n, largest_trainable(sizing, 0), n};
+  if (!optimizer_per_tensor_kind(job.parallel))  // (sequence parallelism's DTensors are shards)
+    return {n, largest_trainable(sizing, 0), n, {}, job.parallel.tensor == 1 && job.parallel.expert == 1};
   std::uint64_t dtensors = 0;
   for (const ParamTensor& t : model_tensors(sizing))
     if (dtensor_parameter(t, job.parallel)) dtensors = checked_add(dtensors, t.elements(), "DTensor parameters");
@@ -1727,7 +1740,7 @@ class TrainPass {
     st_.labels = sim_.make("input_ids and labels", mul(T, 8), Term::other, Role::input, "inputs", "int64", "b·s", false);
     // The optimizer holds the trainable parameters: all of them, or the sizing model's fp32 adapters.
     const Trainable tr = trainable_elements(st_.job, sizing_, layout_, st_.stage);
-    oc_ = optimizer_cost(st_.job, sizing_, tr.elements, tr.largest, tr.per_step_call, tr.per_optimizer);
+    oc_ = optimizer_cost(st_.job, sizing_, tr.elements, tr.largest, tr.per_step_call, tr.per_optimizer, tr.whole_model);
     tails_ = segment_tails(st_, sizing_, layout_, stage_ ? stage_->layers : sizing_.num_layers);
     if (layout_.offload) {  // FSDP2's CPUOffloadPolicy: the optimizer steps host tensors; nothing of it on the GPU
       host_state_ = checked_add(oc_.state, oc_.master, "host optimizer state");

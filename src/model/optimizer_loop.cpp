@@ -102,6 +102,20 @@ std::vector<LoopOp> adafactor_for_loop(const std::vector<ParamTensor>& tensors, 
   return r.take();
 }
 
+std::vector<LoopOp> adamw_for_loop(const std::vector<ParamTensor>& tensors, bytes_t elem) {
+  LoopRecorder r;
+  Rebound denom;
+  for (const ParamTensor& t : tensors) {
+    const bytes_t bytes = checked_mul(t.elements(), elem, "AdamW temporaries");
+    const std::uint32_t sqrt = r.alloc(bytes);
+    const std::uint32_t quotient = r.alloc(bytes);
+    r.free(sqrt);
+    denom.bind(r, quotient);
+  }
+  denom.release(r);
+  return r.take();
+}
+
 bytes_t loop_peak(const std::vector<LoopOp>& ops) {
   std::vector<bytes_t> held;
   bytes_t live = 0, peak = 0;

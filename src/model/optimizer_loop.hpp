@@ -27,6 +27,12 @@ struct LoopOp {
 // factored state `elem` bytes per value (the optimizer's state dtype: the parameters' own).
 std::vector<LoopOp> adafactor_for_loop(const std::vector<ParamTensor>& tensors, bytes_t elem);
 
+// torch.optim.AdamW's for-loop step (_single_tensor_adam, adam.py:545: denom =
+// (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)) over `tensors` in model.parameters()
+// order, its state `elem` bytes per value: per parameter the sqrt, then the quotient `denom` keeps
+// until the next parameter's; the sqrt dies with the statement.
+std::vector<LoopOp> adamw_for_loop(const std::vector<ParamTensor>& tensors, bytes_t elem);
+
 // The most bytes memory_allocated() counts above the loop's start at any point of `ops` (each
 // block as the allocator counts it, given a segment of its own: own_segment_block).
 bytes_t loop_peak(const std::vector<LoopOp>& ops);

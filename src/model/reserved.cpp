@@ -100,7 +100,8 @@ struct ReplayScript {
         tensor.own = info.role == Role::optimizer_temporary || info.role == Role::optimizer_state;
         tensor.optimizer = info.optimizer;
         tensor.state = info.role == Role::optimizer_state;
-        tensor.one_parameter_at_a_time = info.role == Role::optimizer_temporary && job.optimizer == Optimizer::adamw &&
+        tensor.one_parameter_at_a_time = info.role == Role::optimizer_temporary && trace.optimizer_loop.empty() &&
+                                         job.optimizer == Optimizer::adamw &&
                                          effective_optimizer_impl(job) == OptimizerImpl::for_loop &&
                                          !recipe_of(job.precision).master && job.lora_rank == 0;
         tensor.runs_loop = info.role == Role::optimizer_temporary && !trace.optimizer_loop.empty();
