@@ -1145,8 +1145,9 @@ struct OptimizerCost {
   // temporaries are per call and `transient` the largest call's). Empty with one optimizer.
   std::vector<bytes_t> state_of, transient_of;
   bool several() const { return !state_of.empty(); }
-  // A for-loop whose temporaries are modelled parameter by parameter (Adafactor's): `transient` is
-  // its peak, and the reserved-memory replay runs it in place of the temporaries' one block.
+  // A for-loop whose temporaries are modelled parameter by parameter (Adafactor's; AdamW's over a
+  // whole model): `transient` is its peak, and the reserved-memory replay runs it in place of the
+  // temporaries' one block.
   std::vector<LoopOp> loop;
 };
 

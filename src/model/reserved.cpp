@@ -55,14 +55,15 @@ struct ReplayScript {
     bool own = false;  // the lump is split over its optimizer's parameters only, not every one
     std::uint8_t optimizer = 0;
     bool state = false;  // its optimizer's state lump (its size scales the one-at-a-time temporaries)
-    // The for-loop AdamW's temporaries (_single_tensor_adam, adam.py:545: denom =
+    // The for-loop AdamW's temporaries over shards (FSDP2, ZeRO-1, TP, a pipeline stage: over a
+    // whole model the trace records them, runs_loop) (_single_tensor_adam, adam.py:545: denom =
     // (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)): per parameter in turn, the sqrt and
     // the quotient, each the parameter's exp_avg_sq in size; the sqrt dies with the statement, the
     // quotient when the next parameter's replaces it (the snapshots in tests/data/reserved_alone/).
     // The simulated step counts only their peak (the largest parameter's two); the replay runs them.
     bool one_parameter_at_a_time = false;
-    // The for-loop's temporaries the trace records allocation by allocation (SimTrace::optimizer_loop,
-    // Adafactor's), run in place of the tensor; nothing is left allocated.
+    // The for-loop's temporaries the trace records allocation by allocation (SimTrace::optimizer_loop:
+    // Adafactor's; AdamW's over a whole model), run in place of the tensor; nothing is left allocated.
     bool runs_loop = false;
   };
   const SimTrace* trace = nullptr;  // the tensors' names and ops, for the tags of a recorded replay
