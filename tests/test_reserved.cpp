@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
@@ -62,6 +63,16 @@ std::vector<Err> reserved_errors(const char* rel) {
     out.push_back({c["name"].get<std::string>(), (predicted - measured) / measured});
     if (std::getenv("MEMBUDGET_RESERVED_VERBOSE"))  // one line per case
       std::printf("%+7.2f%%  %s\n", out.back().err * 100, out.back().name.c_str());
+  }
+  return out;
+}
+
+// The cases of several files, one after the other.
+std::vector<Err> reserved_errors(std::initializer_list<const char*> files) {
+  std::vector<Err> out;
+  for (const char* f : files) {
+    const auto errs = reserved_errors(f);
+    out.insert(out.end(), errs.begin(), errs.end());
   }
   return out;
 }
@@ -182,9 +193,8 @@ TEST_CASE("reserved_peak with and without expandable segments, the same steps") 
 // workspace at its first matmul and computed a linear's weight gradient before its input's, Llama
 // 3.2 1B SGD was −9.6%, Llama 3.1 8B at 8,192 tokens −4.5% and Llama 3.2 3B +2.8%.
 TEST_CASE("reserved_peak of single-GPU steps measured in fresh processes") {
-  std::vector<Err> errs = reserved_errors("tests/data/reserved_snapshots/reserved_full_h200.json");
-  const auto fresh = reserved_errors("tests/data/reserved_fresh/torch_train_reserved_fresh_h200.json");
-  errs.insert(errs.end(), fresh.begin(), fresh.end());
+  const auto errs = reserved_errors({"tests/data/reserved_snapshots/reserved_full_h200.json",
+                                     "tests/data/reserved_fresh/torch_train_reserved_fresh_h200.json"});
   CHECK(errs.size() == 13);
   const int within = count_within(errs, 0.04, 0.0035);
   // 2026-12-03, since an add's backward hands its gradient through: 10 within 0.35%; Qwen2.5
@@ -214,9 +224,8 @@ TEST_CASE("reserved_peak of MoE and optimizer-implementation steps measured alon
 // layers, TinyLlama in amp-bf16) and AdamW over a wide MLP (tests/data/adamw_loop/): the replay runs
 // each loop allocation by allocation. 2026-12-03: every one within 0.05%.
 TEST_CASE("reserved_peak of the for-loop optimizers on more architectures, each measured alone") {
-  std::vector<Err> errs = reserved_errors("tests/data/adafactor_loop/torch_train_adafactor_loop_h200.json");
-  const auto adamw = reserved_errors("tests/data/adamw_loop/torch_train_adamw_loop_h200.json");
-  errs.insert(errs.end(), adamw.begin(), adamw.end());
+  const auto errs = reserved_errors({"tests/data/adafactor_loop/torch_train_adafactor_loop_h200.json",
+                                     "tests/data/adamw_loop/torch_train_adamw_loop_h200.json"});
   CHECK(errs.size() == 7);
   CHECK(count_within(errs, 0.005, 0.001) >= 7);
 }

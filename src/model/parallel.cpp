@@ -107,14 +107,24 @@ bool tp_sharded(const ParamTensor& t, const Parallelism& p) {
   }
 }
 
-std::vector<ParamTensor> model_tensors(const ModelSpec& m) {
+namespace {
+// The embedding, each decoder layer's tensors as `layer_of` lists them, the final norm, an untied lm_head.
+template <class LayerOf>
+std::vector<ParamTensor> whole_model(const ModelSpec& m, LayerOf&& layer_of) {
   std::vector<ParamTensor> out;
   const auto outer = m.outer_tensors();
   out.push_back(outer.front());  // the embedding
-  for (std::uint64_t il = 0; il < m.num_layers; ++il)
-    for (const ParamTensor& t : m.layer_tensors(il)) out.push_back(t);
+  for (std::uint64_t il = 0; il < m.num_layers; ++il) {
+    const std::vector<ParamTensor> layer = layer_of(il);
+    out.insert(out.end(), layer.begin(), layer.end());
+  }
   out.insert(out.end(), outer.begin() + 1, outer.end());
   return out;
+}
+}  // namespace
+
+std::vector<ParamTensor> model_tensors(const ModelSpec& m) {
+  return whole_model(m, [&](std::uint64_t il) { return m.layer_tensors(il); });
 }
 
 std::vector<ParamTensor> registered_layer_tensors(const ModelSpec& m, std::uint64_t il) {
@@ -138,15 +148,7 @@ std::vector<ParamTensor> registered_layer_tensors(const ModelSpec& m, std::uint6
 }
 
 std::vector<ParamTensor> registered_tensors(const ModelSpec& m) {
-  std::vector<ParamTensor> out;
-  const auto outer = m.outer_tensors();
-  out.push_back(outer.front());  // the embedding
-  for (std::uint64_t il = 0; il < m.num_layers; ++il) {
-    const std::vector<ParamTensor> layer = registered_layer_tensors(m, il);
-    out.insert(out.end(), layer.begin(), layer.end());
-  }
-  out.insert(out.end(), outer.begin() + 1, outer.end());
-  return out;
+  return whole_model(m, [&](std::uint64_t il) { return registered_layer_tensors(m, il); });
 }
 
 std::uint64_t dim0_rows(const ParamTensor& t) {
