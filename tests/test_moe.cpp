@@ -385,11 +385,15 @@ TEST_CASE("--ep N: a rank's packed experts are 1/N of them, the rest as on one G
   e.parallel.expert = 0;
   refused(e, ErrorKind::invalid_job, "--ep: must be at least 1");
   e.parallel.expert = 4;
-  for (auto other : {&Parallelism::tensor, &Parallelism::data, &Parallelism::fsdp, &Parallelism::pipeline}) {
+  for (auto other : {&Parallelism::tensor, &Parallelism::data, &Parallelism::pipeline, &Parallelism::context}) {
     Job x = e;
     x.parallel.*other = 2;
-    refused(x, ErrorKind::unsupported, "expert parallelism is modelled alone");
+    refused(x, ErrorKind::unsupported, "expert parallelism is modelled alone or with FSDP2 across it");
   }
+  Job offload = e;
+  offload.parallel.fsdp = 2;
+  offload.parallel.fsdp_offload = true;
+  refused(offload, ErrorKind::unsupported, "--fsdp-offload");
   Job eager = e;
   eager.experts = ExpertsImpl::eager;
   refused(eager, ErrorKind::unsupported, "--experts eager");
@@ -406,6 +410,47 @@ TEST_CASE("--ep N: a rank's packed experts are 1/N of them, the rest as on one G
   Job dse = e;
   dse.parallel.expert = 2;
   refused(dse, ErrorKind::unsupported, "DeepSeek's routers", &ds);
+}
+
+TEST_CASE("--ep E --fsdp F: FSDP2 shards each rank's share of the experts and every other parameter F ways") {
+  ModelSpec m = load_model(test::source_path("tests/data/hf/moe/qwen3-30b-a3b.json"));
+  m.num_layers = 2;
+  Job j;
+  j.batch = 1;
+  j.seq = 512;
+  j.precision = Precision::bf16;
+  j.parallel.expert = 4;
+  const Budget ep = predict(m, j);
+  for (std::uint64_t f : {2u, 4u}) {
+    CAPTURE(f);
+    Job x = j;
+    x.parallel.fsdp = f;
+    // Qwen3-30B-A3B's dims divide evenly: each rank stores 1/F of the --ep rank's parameters (and
+    // their state), up to each shard's 512-byte rounding
+    const Budget b = predict(m, x);
+    const double tensors = 2 * 16 + 3;  // per layer at most 16, plus the embedding, norm and lm_head
+    CHECK(static_cast<double>(b.states.weights * f) == doctest::Approx(static_cast<double>(ep.states.weights)).epsilon(tensors * 512 * f / 1.9e9));
+    CHECK(static_cast<double>(b.states.optimizer * f) == doctest::Approx(static_cast<double>(ep.states.optimizer)).epsilon(2 * tensors * 512 * f / 3.8e9));
+    CHECK(b.parameters.total == ep.parameters.total);
+    // the ranks of one expert-parallel group (r / E the same) hold alike; so do the fsdp indices here
+    for (std::uint64_t r : {std::uint64_t{0}, std::uint64_t{3}, 4 * f - 1}) {
+      Job y = x;
+      y.parallel.rank = r;
+      CHECK(predict(m, y).phase(Phase::backward_peak) == b.phase(Phase::backward_peak));
+    }
+  }
+  // an uneven split: 32 local experts over 3 shards stores 11 rows on every rank, the last holds 10
+  ModelSpec olmoe = load_model(test::source_path("tests/data/hf/moe/olmoe-1b-7b.json"));
+  olmoe.num_layers = 2;
+  Job u = j;
+  u.parallel.expert = 2;
+  u.parallel.fsdp = 3;
+  u.parallel.rank = 0;
+  const Budget first = predict(olmoe, u);
+  u.parallel.rank = 5;
+  const Budget last = predict(olmoe, u);
+  CHECK(last.states.weights == first.states.weights);  // the padded storage
+  CHECK(last.states.optimizer < first.states.optimizer);  // the state of its own rows
 }
 
 TEST_CASE("CLI and YAML: --ep and job.parallel.ep echo in the JSON") {

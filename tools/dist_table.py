@@ -62,6 +62,9 @@ def flags_of(j):
         f += ["--dp", str(W), "--zero", "1"]
     elif st == "ep":  # transformers' expert parallelism
         f += ["--ep", str(W)] + (["--experts", j["experts_implementation"]] if j.get("experts_implementation") else [])
+    elif st == "ep_fsdp":  # expert parallelism within, FSDP2 across
+        f += ["--fsdp", str(W // j["ep"]), "--ep", str(j["ep"]), "--reshard-after-forward", "true" if j.get("reshard", True) else "false"]
+        f += ["--experts", j["experts_implementation"]] if j.get("experts_implementation") else []
     elif st == "tp":
         f += ["--tp", str(W)] + (["--sp"] if j.get("sp") else []) + (["--loss-parallel"] if j.get("loss_parallel") else [])
     else:

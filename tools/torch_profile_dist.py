@@ -47,10 +47,12 @@ Strategies (a case's "strategy"), with the mapping membudget's flags make onto t
             the rest replicated, the same tokens on every rank); --ep W. The experts (DTensors)
             and the plain parameters get one AdamW each, as under tp ("one_optimizer": true
             gives all of them to one).
+    ep_fsdp the same expert parallelism over "ep" E ranks within, FSDP2 across over W/E (an
+            (fsdp, ep) mesh, fully_shard on every decoder layer and the root); --fsdp W/E --ep E.
 
 Matrix file: {"defaults": {...}, "cases": [{"name", "config", "overrides", "batch", "seq",
 "precision", "recompute", "strategy", "world", "rank", "replicate", "reshard", "bucket_view",
-"sp", "loss_parallel", "offload", "optimizer_impl", "experts_implementation", "one_optimizer", "snapshot": {"step": N, "phase": "step"|"run"}}]}. Results are rewritten after every case.
+"sp", "loss_parallel", "offload", "optimizer_impl", "experts_implementation", "one_optimizer", "ep", "snapshot": {"step": N, "phase": "step"|"run"}}]}. Results are rewritten after every case.
 """
 from __future__ import annotations
 
@@ -268,6 +270,29 @@ def build(case, cfgd):
 
         dc = DistributedConfig(tp_size=W, enable_expert_parallel=True)
         model = type(model).maybe_distribute_model(model, dc, init_device_mesh("cuda", (W,)))
+        materialise(model)
+    elif strategy == "ep_fsdp":  # transformers' expert parallelism within, FSDP2 across (the fsdp_tp analogue)
+        # An (fsdp, ep) mesh of W/E × E ranks: DistributedConfig(tp_size=E, enable_expert_parallel=True)
+        # on the ep dimension (as "ep" above: each rank holds E-th of the experts, DTensors), then
+        # FSDP2 over the fsdp dimension on every decoder layer and the root: the rank's share of the
+        # experts and every other parameter sharded W/E ways. The ranks of one ep group run the same
+        # tokens (transformers' expert parallelism all-reduces the experts' output); each fsdp index
+        # its own. All on the meta model, then random storage.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers.distributed.configuration_utils import DistributedConfig
+
+        E = int(case["ep"])
+        mesh = init_device_mesh("cuda", (W // E, E), mesh_dim_names=("fsdp", "ep"))
+        dc = DistributedConfig(tp_size=E, enable_expert_parallel=True)
+        model = type(model).maybe_distribute_model(model, dc, mesh["ep"])
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if amp else MixedPrecisionPolicy())
+        kw = {"mesh": mesh["fsdp"], "reshard_after_forward": bool(case["reshard"]), "mp_policy": mp}
+        for layer in model.model.layers:
+            fully_shard(layer, **kw)
+        fully_shard(model, **kw)
+        amp = False
         materialise(model)
     elif strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP

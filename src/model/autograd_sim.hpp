@@ -62,6 +62,10 @@ struct TensorInfo {
   // takes an optimizer per kind, the DTensors' first); a pipeline stage module's otherwise
   // (stage_optimizer, inventory_torch.cpp).
   std::uint8_t optimizer = 0;
+  // A trainable parameter's elements in this rank's optimizer state when its share of the state is
+  // not in proportion to `bytes`: an FSDP2 rank's own chunk (fsdp_local_shard), where the storage
+  // is the padded one (the last ranks of an uneven split hold fewer rows than they store). 0: bytes.
+  std::uint64_t state_elements = 0;
   bool param = false;
   bool requires_grad = false;
   int holders = 0;  // Python references / autocast cache
@@ -135,6 +139,7 @@ class AutogradSim {
   void set_grad_bytes(TensorId t, bytes_t b) { tensors_[t].grad_bytes = b; }
   void set_stream(TensorId t, AllocStream s) { tensors_[t].stream = s; }
   void set_optimizer(TensorId t, std::uint8_t o) { tensors_[t].optimizer = o; }
+  void set_state_elements(TensorId t, std::uint64_t n) { tensors_[t].state_elements = n; }
   // Frees a parameter's gradient (FSDP2 reduce-scatters it away, DDP's bucket view replaces it).
   void drop_grad(TensorId param);
   // Records a backward node: `inputs` receive gradients (those that require grad), `outputs` send

@@ -1463,7 +1463,10 @@ void build_parameters(Step& st, bool building) {
       }
       pending_shards.push_back({plan_order(t, group), id, whole});
     }
-    if (fsdp) sim.set_grad_bytes(id, mul(n, st.r.param));
+    if (fsdp) {
+      sim.set_grad_bytes(id, mul(n, st.r.param));
+      sim.set_state_elements(id, fsdp_local_shard(t, S, st.dp->layout().shard_rank));
+    }
     // the plain parameters' optimizer steps after the DTensors' (optimizer_per_tensor_kind); a
     // pipeline stage's modules each have their own (stage_optimizer)
     if (stage)

@@ -195,14 +195,14 @@ void validate_parallel(const Job& j) {
     if (j.loss == Loss::chunked) throw unsupported(cp + " with --loss chunked: not modelled");
   }
   if (p.zero_stage < 0 || p.zero_stage > 3) throw bad("--zero", "the ZeRO stage must be 0, 1, 2 or 3");
-  if (p.expert > 1 && (p.tensor > 1 || p.pipeline > 1 || p.data > 1 || p.fsdp > 1 || p.context > 1 || p.zero_stage != 0))
-    // transformers 5.17 composes its expert parallelism with its own FSDP2 (fsdp_size) and
-    // torchtitan shards experts over its data-parallel ranks with an all-to-all dispatch: neither
-    // is modelled yet
-    throw unsupported("--ep " + std::to_string(p.expert) + " with --tp, --pp, --dp, --fsdp, --cp or --zero: expert "
-                      "parallelism is modelled alone, as transformers 5.17 runs it (DistributedConfig(tp_size=N, "
-                      "enable_expert_parallel=True)); beside data parallelism and with torchtitan's all-to-all "
-                      "dispatch it is not modelled yet");
+  if (p.expert > 1 && (p.tensor > 1 || p.pipeline > 1 || p.data > 1 || p.context > 1 || p.zero_stage != 0 || p.fsdp_offload))
+    // transformers 5.17's expert parallelism alone, or with FSDP2 across the expert-parallel
+    // groups (the (fsdp, ep) mesh, as --fsdp × --tp). torchtitan borrows its ep ranks from the
+    // data-parallel ones and dispatches tokens all-to-all: not modelled yet.
+    throw unsupported("--ep " + std::to_string(p.expert) + " with --tp, --pp, --dp, --cp, --zero or --fsdp-offload: expert "
+                      "parallelism is modelled alone or with FSDP2 across it (--ep E [--fsdp F]: transformers 5.17's "
+                      "DistributedConfig(tp_size=E, enable_expert_parallel=True) on the ep dimension of an (fsdp, ep) "
+                      "mesh); torchtitan's all-to-all dispatch is not modelled yet");
   // Not modelled yet: refused by name, never answered as if unsharded.
   // torchtitan's layouts with TP: FSDP2 (or HSDP) across, TP within. PyTorch's DDP does not take
   // DTensor parameters (torchtitan: "DDP has not supported > 1D parallelism"), and ZeRO-2/3 with

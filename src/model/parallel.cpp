@@ -265,7 +265,7 @@ std::vector<std::vector<std::uint64_t>> distinct_ranks(const ModelSpec& m, const
       shard_groups(tensors, l.shard, l.strategy == DataStrategy::zero1 ? &parts : nullptr);
   groups.resize(group_count(group_of_shard));
   for (std::uint64_t r = 0; r < l.world; ++r)
-    groups[group_of_shard[l.strategy == DataStrategy::ddp ? 0 : static_cast<std::size_t>((r / l.tensor) % l.shard)]].push_back(r);
+    groups[group_of_shard[l.strategy == DataStrategy::ddp ? 0 : static_cast<std::size_t>((r / l.inner()) % l.shard)]].push_back(r);
   return groups;
 }
 
@@ -281,12 +281,12 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
   l.pipeline = p.pipeline;
   if (l.world == 1) return l;
   // every tensor-parallel (or expert-parallel) rank holds the same shares
-  if ((p.tensor > 1 && p.fsdp <= 1) || p.pipeline > 1 || p.expert > 1) {
+  if (((p.tensor > 1 || p.expert > 1) && p.fsdp <= 1) || p.pipeline > 1) {
     l.rank = p.rank.value_or(0);
     if (p.pipeline > 1 && p.fsdp > 1) {  // FSDP2 within each stage: the ("pp", "dp", "tp") mesh
       l.strategy = DataStrategy::fsdp;
       l.shard = p.fsdp;
-      l.shard_rank = (l.rank / l.tensor) % l.shard;
+      l.shard_rank = (l.rank / l.inner()) % l.shard;
     } else if (p.pipeline > 1 && p.data > 1) {  // DDP around each stage module
       l.strategy = DataStrategy::ddp;
     }
@@ -319,8 +319,8 @@ RankLayout layout_of(const ModelSpec& m, const Job& job) {
     l.rank = best;
   }  // FSDP2: rank 0 holds full chunks of every parameter, the most
   // HSDP's mesh is (replicate, shard): rank r is shard r mod S of replica r / S. FSDP2 with tensor
-  // parallelism: the mesh is (dp, tp), rank r shards index r / t of the dp dimension.
-  l.shard_rank = l.strategy == DataStrategy::ddp ? 0 : (l.rank / l.tensor) % l.shard;
+  // (expert) parallelism: the mesh is (dp, tp) ((fsdp, ep)), rank r shards index r / t of the dp dimension.
+  l.shard_rank = l.strategy == DataStrategy::ddp ? 0 : (l.rank / l.inner()) % l.shard;
   return l;
 }
 

@@ -30,6 +30,10 @@ struct RankLayout {
   std::uint64_t pipeline = 1;   // pipeline stages (pipeline.hpp); the rank is the stage
   std::uint64_t rank = 0;       // the global rank predicted
   std::uint64_t shard_rank = 0; // its index in the shard group (FSDP2) or the partition (ZeRO-1)
+
+  // The ranks of the innermost mesh dimension, which share a data-parallel index: tensor- or
+  // expert-parallel (the two are not combined).
+  std::uint64_t inner() const { return tensor * expert; }
 };
 
 // The layout of a validated job; the rank is the job's, else the most loaded (most_loaded_rank; a
@@ -69,13 +73,13 @@ bool tp_sharded(const ParamTensor& t, const Parallelism& p);
 inline bool ep_sharded(const ParamTensor& t, const Parallelism& p) {
   return p.expert > 1 && (t.module == Module::experts_gate_up || t.module == Module::experts_down);
 }
-// Tensor parallelism without sequence parallelism, FSDP2 or a pipeline, and expert parallelism,
-// leave some parameters plain beside the DTensors: torch.optim takes one optimizer per kind (one
+// Tensor parallelism without sequence parallelism, FSDP2 or a pipeline, and expert parallelism
+// without FSDP2, leave some parameters plain beside the DTensors: torch.optim takes one optimizer per kind (one
 // over both fails, "got mixed torch.Tensor and DTensor"; fused AdamW refuses them too), the
 // DTensors' stepped first (tools/torch_profile_dist.py, as measured). Each makes its state and its
 // foreach temporaries for its own parameters.
 inline bool optimizer_per_tensor_kind(const Parallelism& p) {
-  return (p.tensor > 1 && !p.sequence_parallel && p.fsdp <= 1 && p.pipeline <= 1) || p.expert > 1;
+  return (p.tensor > 1 && !p.sequence_parallel && p.fsdp <= 1 && p.pipeline <= 1) || (p.expert > 1 && p.fsdp <= 1);
 }
 inline bool dtensor_parameter(const ParamTensor& t, const Parallelism& p) { return tp_sharded(t, p) || ep_sharded(t, p); }
 

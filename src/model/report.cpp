@@ -98,7 +98,10 @@ std::string layout_label(const Parallelism& p) {
   const std::string n = std::to_string(p.world());
   if (p.expert > 1)
     return "expert parallel over " + n + " ranks (transformers' ep_plan: experts / " + std::to_string(p.expert) +
-           " per rank, the rest replicated)";
+           " per rank, the rest replicated" +
+           (p.fsdp > 1 ? ", FSDP2 across over " + std::to_string(p.fsdp) + (p.reshard_after_forward ? "" : ", no reshard after forward")
+                       : std::string()) +
+           ")";
   if (p.tensor > 1 && p.pipeline <= 1) {
     // the data-parallel dimension across the TP groups: FSDP2, or HSDP
     const std::string across = p.fsdp <= 1 ? ""

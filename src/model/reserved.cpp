@@ -75,6 +75,9 @@ struct ReplayScript {
   std::vector<Tensor> tensors;      // by tensor id
   // The trainable parameters in the order their optimizer state is made: optimizer by optimizer.
   std::vector<std::uint32_t> trainable;
+  // Each one's share of its optimizer's lumps (state, temporaries): its elements in the state where
+  // the trace gives them (TensorInfo::state_elements: an FSDP2 rank's own chunk), else 0 (its bytes).
+  std::vector<std::uint64_t> state_weight;
 
   // Both passes' scripts of `job`; a tensor name gets one number in both (the steady step's
   // prologue finds step 0's tensors by name and size).
@@ -120,6 +123,7 @@ struct ReplayScript {
       std::stable_sort(script.trainable.begin(), script.trainable.end(), [&](std::uint32_t a, std::uint32_t b) {
         return trace.tensors[a].optimizer < trace.tensors[b].optimizer;
       });
+      for (std::uint32_t t : script.trainable) script.state_weight.push_back(trace.tensors[t].state_elements);
     }
     return out;
   }
@@ -159,11 +163,13 @@ class Replay {
     trainable_optimizer_.clear();
     trainable_bytes_ = 0;
     optimizer_bytes_.assign(script.trainable.empty() ? 0 : script.tensors[script.trainable.back()].optimizer + 1u, 0);
-    for (std::uint32_t t : script.trainable) {
-      trainable_.push_back(sizes[t]);
+    for (std::size_t i = 0; i < script.trainable.size(); ++i) {
+      const std::uint32_t t = script.trainable[i];
+      const bytes_t weight = script.state_weight[i] ? script.state_weight[i] : sizes[t];
+      trainable_.push_back(weight);
       trainable_optimizer_.push_back(script.tensors[t].optimizer);
-      trainable_bytes_ += sizes[t];
-      optimizer_bytes_[script.tensors[t].optimizer] += sizes[t];
+      trainable_bytes_ += weight;
+      optimizer_bytes_[script.tensors[t].optimizer] += weight;
     }
     live_.assign(script.tensors.size(), Held{});
     // The phase being replayed (its index in kTrainPhases), -1 before the first. A phase that
@@ -400,7 +406,7 @@ class Replay {
   const std::vector<bytes_t>* sizes_ = nullptr;
   FakeMemory mem_;
   measure::CachingAllocator alloc_;
-  std::vector<bytes_t> trainable_;                 // the trainable parameters' bytes, in state order
+  std::vector<bytes_t> trainable_;                 // the trainable parameters' shares of the state (ReplayScript::state_weight), in state order
   std::vector<std::uint8_t> trainable_optimizer_;  // and the optimizer of each
   bytes_t trainable_bytes_ = 0;
   std::vector<bytes_t> optimizer_bytes_;           // by optimizer
