@@ -246,7 +246,9 @@ TEST_CASE("MoE ranks of FSDP2, HSDP, DDP and ZeRO-1 land within 1% of the fake-p
 // Ranks measured again, each alone in a fresh process (tools/device/ep_tp_fresh_run.sh), whose
 // first measurement ran after other cases in one process: four tensor-parallel ranks and the
 // FSDP2 and pipeline ranks whose in-process reserved figures the replay missed most (+17%, +10%).
-// Reserved, 2026-12-03, all 8 within 0.06%. Before an add's backward handed its gradient through
+// Reserved, 2026-12-03, 7 within 0.06%, and Llama 3.1 8B's vocabulary-parallel rank over 4 (L8)
+// −0.17%, one 20 MiB segment of 11,590 MiB fewer, since the rotary embedding's matmul takes step
+// 0's cuBLAS workspace (as its snapshot shows; 0.00% while the first linear took it). Before an add's backward handed its gradient through
 // (a residual stream's gradient one buffer, the pipeline stage's input gradient allocated at its
 // first layer's backward), the pipeline ranks were −3.1% (Llama 3.1 8B's last of 4 stages) and
 // −6.6% (Llama 3.2 1B, 1F1B × TP 2 × FSDP2 2, amp-bf16); before the vocabulary-parallel loss's
@@ -255,7 +257,7 @@ TEST_CASE("MoE ranks of FSDP2, HSDP, DDP and ZeRO-1 land within 1% of the fake-p
 // replay's lm_head gradient took the freed to_empty segment the embedding's gradient needed).
 TEST_CASE("ranks measured again alone: TP, FSDP2 and pipeline ranks") {
   Worst w;
-  check_file("tests/data/torch_train_tp_fresh_fakepg_h200.json", 0.02, none, w, 0.001, -0.001);
+  check_file("tests/data/torch_train_tp_fresh_fakepg_h200.json", 0.02, none, w, 0.001, -0.002);
   check_file("tests/data/torch_train_dist_fresh_fakepg_h200.json", 0.02, none, w, 0.001, -0.001);
   check_file("tests/data/torch_train_pp_fresh_fakepg_h200.json", 0.02, none, w, 0.001, -0.001);
   CHECK(w.cases == 8);
@@ -287,8 +289,23 @@ TEST_CASE("expert-parallel ranks land within 1.5% of the fake-process-group meas
 // each rank alone in a fresh process): OLMoE, Qwen3-MoE, Mixtral and Qwen1.5-MoE over 4 to 8
 // ranks, bf16 and amp-bf16, recompute none and full, without reshard, batched_mm, and an uneven
 // split (32 local experts over 3 shards: the last rank holds 10 of the 11 rows it stores). Every
-// phase within 0.3%; reserved within 0.7% (2026-12-03; the uneven last rank was −6.5% while the
-// replay split the optimizer state in proportion to the padded storage, not the rank's own rows).
+// phase within 0.3%; reserved within 0.2% (2026-12-03; the uneven last rank was −6.5% while the
+// replay split the optimizer state in proportion to the padded storage, not the rank's own rows,
+// and −0.65% before the rotary embedding's matmul took step 0's cuBLAS workspace).
+// The last ranks of an uneven FSDP2 split, each measured alone (tools/matrices/fsdp_uneven_h200.json,
+// tests/data/fsdp_uneven/, whole-run snapshots of two): OLMoE (4 layers) over 3 FSDP2 ranks, alone
+// and across 2 expert-parallel ranks, amp-bf16 and bf16 with full recompute, the first and the last
+// fsdp index (64 experts over 3: 22, 22 and 20 rows; 32 local over 3: 11, 11 and 10). Reserved,
+// 2026-12-03: within 0.6% (the last plain rank +9.75% and the last EP rank −7.04% before the replay
+// built the padded shards as to_empty and FSDP2's re-padding do and took step 0's cuBLAS workspace at
+// the rotary embedding's matmul).
+TEST_CASE("the last ranks of an uneven FSDP2 split land within 1%") {
+  Worst w;
+  check_file("tests/data/fsdp_uneven/torch_train_fsdp_uneven_fakepg_h200.json", 0.01, none, w, 0.01, -0.01, 0.01);
+  CHECK(w.cases == 6);
+  report(w, "uneven FSDP2 ranks");
+}
+
 TEST_CASE("expert-parallel ranks with FSDP2 across land within 1% of the fake-process-group measurement") {
   Worst w;
   check_file("tests/data/torch_train_ep_fsdp_fakepg_h200.json", 0.01, none, w, 0.01, -0.01, 0.01);

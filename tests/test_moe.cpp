@@ -4,6 +4,7 @@
 // per token, and what is refused until the MoE block's step is simulated.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -13,6 +14,7 @@
 #include "membudget/api.hpp"
 #include "membudget/budget.hpp"
 #include "membudget/serving.hpp"
+#include "model/parallel.hpp"
 
 using namespace membudget;
 
@@ -243,6 +245,45 @@ moe:
   bad("normalize_top_k: true", "normalize_top_k: true\n  dense_layers: [1, -2]", "moe.dense_layers");
   bad("normalize_top_k: true", "normalize_top_k: true\n  router: sinkhorn", "moe.router");
   bad("normalize_top_k: true", "normalize_top_k: true\n  gating: 2", "unknown key");
+}
+
+// transformers 5.17's MoE blocks: Mixtral's, Qwen2-MoE's and OLMoE's __init__ assign self.gate, then
+// self.experts; Qwen3-MoE's and DeepSeek's self.experts, then self.gate (model.parameters() order,
+// which the measured optimizer state of OLMoE and Qwen3-30B-A3B follows: tests/data/fsdp_uneven/,
+// tests/data/reserved_alone/).
+TEST_CASE("the MoE block's registration order: the router before the experts where transformers registers it so") {
+  struct Family {
+    const char* config;
+    bool router_first;
+  };
+  for (const Family& f : {Family{"tests/data/hf/moe/mixtral-8x7b.json", true}, Family{"tests/data/hf/moe/olmoe-1b-7b.json", true},
+                          Family{"tests/data/hf/moe/qwen1.5-moe-a2.7b.json", true}, Family{"tests/data/hf/moe/qwen3-30b-a3b.json", false},
+                          Family{"tests/data/hf/moe/deepseek-v2-lite.json", false}}) {
+    CAPTURE(f.config);
+    const ModelSpec m = load_model(test::source_path(f.config));
+    CHECK(m.moe.router_first == f.router_first);
+    const std::uint64_t moe_layer = m.moe.first_dense;  // DeepSeek's first layers are dense
+    const auto layer = detail::registered_layer_tensors(m, moe_layer);
+    auto first = [&](auto&& is) {
+      return std::find_if(layer.begin(), layer.end(), [&](const ParamTensor& t) { return is(t.module); }) - layer.begin();
+    };
+    const auto router = first([](Module x) { return x == Module::router; });
+    const auto experts = first([](Module x) { return x == Module::experts_gate_up || x == Module::experts_down; });
+    const auto shared = first([](Module x) { return x == Module::shared_gate || x == Module::shared_up || x == Module::shared_down; });
+    const auto norm = first([](Module x) { return x == Module::attn_norm || x == Module::mlp_norm; });
+    REQUIRE(router < static_cast<std::ptrdiff_t>(layer.size()));
+    REQUIRE(experts < static_cast<std::ptrdiff_t>(layer.size()));
+    CHECK((router < experts) == f.router_first);
+    if (m.moe.shared_ff) CHECK(shared > std::max(router, experts));  // the shared expert after both
+    CHECK(norm > std::max(router, experts));                          // the layer's norms last
+  }
+  // YAML: moe.router_first, false unless given
+  const std::string yaml = "name: tiny-moe\nfamily: llama\nvocab_size: 1000\nhidden_size: 64\nintermediate_size: 128\n"
+                           "num_layers: 2\nnum_heads: 4\nnum_kv_heads: 4\nmax_positions: 512\nmoe:\n  experts: 4\n  top_k: 2\n"
+                           "  expert_ff: 32\n";
+  CHECK_FALSE(parse_model_yaml(yaml, "m.yaml").moe.router_first);
+  CHECK(parse_model_yaml(yaml + "  router_first: true\n", "m.yaml").moe.router_first);
+  CHECK_THROWS_WITH_AS(parse_model_yaml(yaml + "  router_first: 3\n", "m.yaml"), doctest::Contains("moe.router_first"), Error);
 }
 
 TEST_CASE("DeepSeek-V2's group-limited routing: the group scores and masks are temporaries, nothing more is kept") {

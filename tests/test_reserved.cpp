@@ -176,12 +176,30 @@ TEST_CASE("reserved_peak of MoE steps and of every optimizer implementation") {
 // the 14 within 0.3%; Llama 3.2 1B bf16 full recompute with expandable segments is +4.02%. (Before
 // the cuBLAS workspaces moved to their first matmul: 11 of 14 within 0.3%, Qwen2.5 1.5B −2.79%,
 // +3.28% and −3.62%.)
+// 2026-12-03, since the rotary embedding's matmul takes step 0's cuBLAS workspace: 12 of 14,
+// Qwen2.5 1.5B amp-bf16 full recompute at 2 × 2048 with expandable segments −3.5% in this process
+// (+0.38% measured alone, below).
 TEST_CASE("reserved_peak with and without expandable segments, the same steps") {
   for (const char* f : {"tests/data/torch_train_reserved_h200.json", "tests/data/torch_train_reserved_expandable_h200.json"}) {
     CAPTURE(f);
     const auto errs = reserved_errors(f);
     CHECK(errs.size() == 7);
-    CHECK(count_within(errs, 0.045, 0.005) >= 6);
+    CHECK(count_within(errs, 0.045, 0.005) >= 5);
+  }
+}
+
+// The same seven steps, each measured alone in a fresh process, as a user's run starts
+// (tools/device/reserved_expandable_alone_run.sh, tests/data/reserved_expandable_alone/, with a
+// whole-run snapshot of the Qwen2.5 step each way). 2026-12-03: all 14 within 0.4% (Qwen2.5 1.5B
+// amp-bf16 full recompute with expandable segments +0.38%; +4.0% while the first linear, not the
+// rotary embedding's matmul, took the cuBLAS workspace).
+TEST_CASE("reserved_peak with and without expandable segments, each step measured alone") {
+  for (const char* f : {"tests/data/reserved_expandable_alone/torch_train_reserved_alone_default_h200.json",
+                        "tests/data/reserved_expandable_alone/torch_train_reserved_alone_expandable_h200.json"}) {
+    CAPTURE(f);
+    const auto errs = reserved_errors(f);
+    CHECK(errs.size() == 7);
+    CHECK(count_within(errs, 0.005, 0.005) == 7);
   }
 }
 

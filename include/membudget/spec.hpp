@@ -57,6 +57,11 @@ struct MixtureOfExperts {
   std::uint64_t shared_ff = 0;       // a shared expert's MLP width beside the routed ones (0: none);
                                      // Qwen1.5-MoE: 5632, DeepSeek-V2-Lite: 2 × 1408
   bool shared_gate = false;          // Qwen2-MoE's sigmoid gate on the shared expert (h → 1)
+  // The MoE block registers its router before the routed experts (Mixtral's, Qwen2-MoE's and
+  // OLMoE's SparseMoeBlock: self.gate, then self.experts); Qwen3-MoE and DeepSeek register the
+  // experts first. model.parameters() follows it, and with it the order parameters are built, and
+  // an optimizer makes its state and steps.
+  bool router_first = false;
   bool router_bias = false;          // DeepSeek-V3's noaux_tc routing: an e_score_correction_bias buffer (E fp32)
   std::uint64_t first_dense = 0;     // layers 0 … first_dense − 1 are dense (DeepSeek first_k_dense_replace)
   std::uint64_t sparse_step = 1;     // MoE on every step-th layer (Qwen decoder_sparse_step: (il + 1) % step == 0)

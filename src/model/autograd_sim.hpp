@@ -124,6 +124,9 @@ class AutogradSim {
   // matmul node recorded in a forward, including a recompute's, or the first matmul gradient a
   // backward computes).
   void allocate_at_next_matmul(const char* name, bytes_t bytes);
+  // A matmul outside autograd (the rotary embedding's inv_freq @ positions, under no_grad): it
+  // records no node, but its cuBLAS call takes a workspace deferred to the next matmul.
+  void matmul_without_grad() { allocate_deferred("BmmBackward0"); }
   // A parameter whose storage is not on the GPU yet (a model built on the meta device, as FSDP2's
   // recipes build it): nothing is allocated until restore_storage.
   TensorId meta_param(const char* name, bytes_t bytes, Term term, const char* dtype, bool requires_grad = true,

@@ -17,17 +17,38 @@ void DataParallelSim::add_group(std::vector<std::pair<TensorId, ParamTensor>> pa
   groups_.push_back(std::move(g));
 }
 
-void DataParallelSim::shard() {
+void DataParallelSim::shard(bool building) {
   // fully_shard keeps each parameter's padded dim-0 chunk as its own tensor (_init_sharded_param:
   // new_zeros(padded_sharded_size)); the unsharded parameter (built on the meta device: never
   // allocated yet) is an empty storage until the first all-gather.
   // Under CPUOffloadPolicy the shards are pinned host tensors instead.
-  for (const Group& g : groups_)
+  // Built on the meta device, the shards get their storage from to_empty, module by module: each
+  // the rank's own rows, unpadded. Where those are fewer than the padded chunk (the last ranks of
+  // an uneven split), FSDPModule._apply then pads them (FSDPParam.reset_sharded_param: a padded
+  // chunk, the rows copied in, the unpadded storage freed), parameter by parameter after the
+  // unit's to_empty. The freed storages stay cached: OLMoE's last rank of three holds a segment
+  // per layer the size of its unpadded experts' gate_up (tests/data/fsdp_uneven/).
+  for (const Group& g : groups_) {
+    std::vector<std::pair<TensorId, bytes_t>> to_pad;  // the unpadded storage (kNone: none) and the padded bytes
     for (const auto& [id, t] : g.params) {
       const bytes_t shard = times(fsdp_padded_shard(t, l_.shard), stored_);
-      if (l_.offload) host_params_ = checked_add(host_params_, shard, "FSDP2 host shards");
-      else sim_.alloc_raw("FSDP2 sharded parameters", shard, Term::model_states, Role::parameter, "fully_shard");
+      const bytes_t own = times(fsdp_local_shard(t, l_.shard, l_.shard_rank), stored_);
+      if (l_.offload) {
+        host_params_ = checked_add(host_params_, shard, "FSDP2 host shards");
+      } else if (building && own != shard) {
+        to_pad.push_back({own ? sim_.alloc_raw("to_empty: the rank's own rows, until FSDP2 pads them", own, Term::other,
+                                               Role::workspace, "to_empty")
+                              : kNone,
+                          shard});
+      } else {
+        sim_.alloc_raw("FSDP2 sharded parameters", shard, Term::model_states, Role::parameter, "fully_shard");
+      }
     }
+    for (const auto& [unpadded, shard] : to_pad) {
+      sim_.alloc_raw("FSDP2 sharded parameters", shard, Term::model_states, Role::parameter, "fully_shard");
+      if (unpadded != kNone) sim_.drop(unpadded);
+    }
+  }
 }
 
 void DataParallelSim::allocate_buckets(const std::vector<ParamTensor>& params, bool steady) {

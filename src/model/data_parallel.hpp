@@ -31,8 +31,9 @@ class DataParallelSim {
   // lm_head; 1 + i is decoder layer i) with their descriptions. After the last group: shard().
   void add_group(std::vector<std::pair<TensorId, ParamTensor>> params);
   // The model as fully_shard leaves it: the sharded parameters (ps rows each, padded) allocated,
-  // the unsharded storage freed.
-  void shard();
+  // the unsharded storage freed. `building`: as to_empty and FSDP2's re-padding make them (step 0);
+  // else found built (a steady step's prologue).
+  void shard(bool building);
 
   // DDP: the gradient buckets of the wrapped module's parameters (the model's, or a pipeline
   // stage's), allocated when DistributedDataParallel is built (step 0's one bucket of every

@@ -886,22 +886,51 @@ TensorId embed_tokens(Step& st, TensorId* inputs_embeds) {
 // DeepSeek-V2's rotary embedding returns freqs_cis instead: complex64, s × rope/2. DeepSeek-V3's
 // returns cos and sin over the rotary dims only. Sets st.cos and st.sin (and records them as this
 // graph's).
+// Under no_grad, in fp32 (autocast off), for one sequence (position_ids is cache_position[None]):
+// the positions as float, freqs = inv_freq @ positions (the step's first matmul: step 0's forward
+// cuBLAS workspace is taken here: the whole-run snapshots in tests/data/reserved_alone/,
+// reserved_expandable_alone/ and fsdp_uneven/),
+// emb = cat(freqs, freqs), cos = emb.cos() * attention_scaling and the same for sin, then each cast
+// to the hidden states' dtype (no copy when that is fp32). The temporaries go when the function
+// returns, in the order they were made.
 void rotary_embeddings(Step& st) {
   auto& sim = st.sim;
   const auto& d = st.d;
   const auto& r = st.r;
   st.sin = kNone;
-  if (st.m.mla.enabled() && !st.m.quirks.complex_rotary) {
-    const bytes_t rope = st.m.mla.qk_rope_head_dim;
-    st.cos = sim.make("rotary cos/sin", mul(d.s, rope, r.resid), Term::activations, "rotary", r.resid_name, "s·rope", false);
-    st.sin = sim.make("rotary cos/sin", mul(d.s, rope, r.resid), Term::activations, "rotary", r.resid_name, "s·rope", false);
-  } else if (st.m.mla.enabled()) {
-    st.cos = sim.make("rotary freqs_cis (complex64)", mul(d.s, st.m.mla.qk_rope_head_dim / 2, 8), Term::activations, "rotary",
-                      "complex64", "s·rope/2", false);
+  const bool complex = st.m.mla.enabled() && st.m.quirks.complex_rotary;
+  const bytes_t rot = st.m.mla.enabled() ? st.m.mla.qk_rope_head_dim : d.hd;  // the rotary dims
+  const char* shape = st.m.mla.enabled() ? "s·rope" : "s·hd";
+  auto temporary = [&](const char* name, bytes_t bytes) {
+    return sim.make(name, bytes, Term::other, Role::workspace, "rotary", "fp32", "s", false);
+  };
+  std::vector<TensorId> temporaries;
+  temporaries.push_back(temporary("rotary: positions as float", mul(d.s, 4)));
+  temporaries.push_back(temporary("rotary: inv_freq @ positions", mul(d.s, rot / 2, 4)));
+  sim.matmul_without_grad();
+  if (complex) {  // torch.polar(torch.ones_like(freqs), freqs)
+    const TensorId ones = temporary("rotary: ones_like(freqs)", mul(d.s, rot / 2, 4));
+    st.cos = sim.make("rotary freqs_cis (complex64)", mul(d.s, rot / 2, 8), Term::activations, "rotary", "complex64",
+                      "s·rope/2", false);
+    sim.drop(ones);
   } else {
-    st.cos = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
-    st.sin = sim.make("rotary cos/sin", mul(d.s, d.hd, r.resid), Term::activations, "rotary", r.resid_name, "s·hd", false);
+    temporaries.push_back(temporary("rotary: cat(freqs, freqs)", mul(d.s, rot, 4)));
+    auto fp32_of = [&](const char* name) {  // emb.cos() (or .sin()), then × attention_scaling
+      const TensorId raw = temporary(name, mul(d.s, rot, 4));
+      const TensorId scaled = sim.make("rotary cos/sin", mul(d.s, rot, 4), Term::activations, "rotary", "fp32", shape, false);
+      sim.drop(raw);
+      return scaled;
+    };
+    st.cos = fp32_of("rotary: emb.cos()");
+    st.sin = fp32_of("rotary: emb.sin()");
+    if (r.resid != 4) {
+      temporaries.push_back(st.cos);
+      temporaries.push_back(st.sin);
+      st.cos = sim.make("rotary cos/sin", mul(d.s, rot, r.resid), Term::activations, "rotary", r.resid_name, shape, false);
+      st.sin = sim.make("rotary cos/sin", mul(d.s, rot, r.resid), Term::activations, "rotary", r.resid_name, shape, false);
+    }
   }
+  for (TensorId t : temporaries) sim.drop(t);
   st.graph_rotary.push_back({st.cos, st.sin});
 }
 
@@ -1729,7 +1758,7 @@ class TrainPass {
       sim_.set_grad_bytes(st_.emb, mul(st_.d.V, st_.job.parallel.tensor, st_.d.h, st_.r.param));
     if (dp_.fsdp()) {
       for (auto& g : st_.groups) dp_.add_group(std::move(g));
-      dp_.shard();
+      dp_.shard(!steady_);
     }
     weights_ = sim_.live();
     if (dp_.ddp()) {

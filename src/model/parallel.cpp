@@ -133,12 +133,13 @@ std::vector<ParamTensor> registered_layer_tensors(const ModelSpec& m, std::uint6
       case Module::attn_norm:
       case Module::mlp_norm:
       case Module::attn_out_norm:
-      case Module::mlp_out_norm: return 4;  // the decoder layer's own norms, after its blocks
+      case Module::mlp_out_norm: return 5;  // the decoder layer's own norms, after its blocks
       case Module::o: return m.quirks.fused_qkv ? 0 : 1;
-      case Module::router: return 3;
-      case Module::gate: case Module::up: case Module::gate_up: case Module::down: case Module::fc1: case Module::fc2:
-      case Module::experts_gate_up: case Module::experts_down: return 2;
-      case Module::shared_gate: case Module::shared_up: case Module::shared_down: case Module::shared_expert_gate: return 3;
+      case Module::gate: case Module::up: case Module::gate_up: case Module::down: case Module::fc1: case Module::fc2: return 2;
+      // the MoE block: its router and routed experts in the order it registers them, then its shared expert
+      case Module::router: return m.moe.router_first ? 2 : 3;
+      case Module::experts_gate_up: case Module::experts_down: return m.moe.router_first ? 3 : 2;
+      case Module::shared_gate: case Module::shared_up: case Module::shared_down: case Module::shared_expert_gate: return 4;
       default: return 1;  // the attention's
     }
   };

@@ -243,11 +243,16 @@ class Replay {
       held.erase(held.begin(), held.end() - static_cast<std::ptrdiff_t>(keep));
     }
   }
+  // A lump's pieces go last first: a foreach result is a Python list, whose deallocation drops
+  // its items from the end (CPython's list_dealloc; the optimizer's temporaries in the snapshot of
+  // OLMoE's uneven FSDP2 ranks, tests/data/fsdp_uneven/: freed in the reverse of their allocation).
   void release(const Held& h) {
-    if (h.n == 1)
+    if (h.n == 1) {
       alloc_.deallocate_block(h.block);
-    else if (h.n > 1)
-      for (measure::BlockRef b : lists_[h.list]) alloc_.deallocate_block(b);
+    } else if (h.n > 1) {
+      const auto& blocks = lists_[h.list];
+      for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) alloc_.deallocate_block(*b);
+    }
   }
 
   void free_tensor(std::size_t t) {

@@ -649,6 +649,7 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
           }
       }
     }
+    e.router_first = t == "mixtral" || t == "qwen2_moe" || t == "olmoe";
     e.top_k = r.req_uint("num_experts_per_tok");
     e.output_router_logits = r.opt_bool("output_router_logits").value_or(false);
   }

@@ -313,7 +313,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     const auto e = r.mapping(*m, "moe.",
                              {"experts", "top_k", "expert_ff", "shared_ff", "shared_gate", "first_dense", "sparse_step",
                               "dense_layers", "normalize_top_k", "weights_fp32", "output_router_logits", "router",
-                              "groups", "group_top_k"});
+                              "groups", "group_top_k", "router_first"});
     MixtureOfExperts& x = s.moe;
     x.experts = r.req_uint(e, "experts");
     if (x.experts == 0)  // 0 would silently mean a dense model: remove the section instead
@@ -327,6 +327,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     x.sparse_step = r.opt_uint(e, "sparse_step", "moe.sparse_step").value_or(1);
     x.normalize_top_k = r.opt_bool(e, "normalize_top_k", "moe.normalize_top_k").value_or(false);
     x.weights_fp32 = r.opt_bool(e, "weights_fp32", "moe.weights_fp32").value_or(false);
+    x.router_first = r.opt_bool(e, "router_first", "moe.router_first").value_or(false);
     x.output_router_logits = r.opt_bool(e, "output_router_logits", "moe.output_router_logits").value_or(false);
     const std::string router = r.opt_string(e, "router", "moe.router").value_or("softmax_top_k");
     x.groups = r.opt_uint(e, "groups", "moe.groups").value_or(1);
