@@ -446,11 +446,17 @@ TEST_CASE("--ep N: a rank's packed experts are 1/N of them, the rest as on one G
   refused(master, ErrorKind::unsupported, "bf16-master");
   const ModelSpec dense = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
   refused(e, ErrorKind::invalid_job, "has no mixture of experts", &dense);
+  // DeepSeek's routers are expert-parallel too (measured: tests/data/torch_train_ep_deepseek_fakepg_h200.json)
   ModelSpec ds = load_model(test::source_path("tests/data/hf/moe/deepseek-v2-lite.json"));
   ds.num_layers = 2;
   Job dse = e;
   dse.parallel.expert = 2;
-  refused(dse, ErrorKind::unsupported, "DeepSeek's routers", &ds);
+  const Budget ds_one = predict(ds, j);
+  const Budget ds_ep = predict(ds, dse);
+  CHECK(ds_ep.states.weights < ds_one.states.weights);
+  CHECK(ds_ep.parameters.total == ds_one.parameters.total);
+  dse.parallel.expert = 3;
+  refused(dse, ErrorKind::invalid_job, "num_experts 64 is not divisible by 3", &ds);
 }
 
 TEST_CASE("--ep E --fsdp F: FSDP2 shards each rank's share of the experts and every other parameter F ways") {

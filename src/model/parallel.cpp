@@ -13,8 +13,9 @@ namespace membudget::detail {
 
 namespace {
 // transformers 5.17's expert parallelism on the models it was measured on (docs/moe.md): the
-// softmax top-k routers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) whose outputs its ep_router
-// masks, and the grouped_mm and batched_mm experts, which skip the sentinel pairs it makes.
+// routers whose outputs its ep_router masks (the softmax top-k routers of Mixtral, Qwen2-MoE,
+// Qwen3-MoE and OLMoE, and DeepSeek-V2's and V3's), and the grouped_mm and batched_mm experts,
+// which skip the sentinel pairs it makes.
 void check_expert_parallel(const ModelSpec& m, const Job& job) {
   const std::uint64_t ep = job.parallel.expert;
   if (ep <= 1) return;
@@ -23,9 +24,6 @@ void check_expert_parallel(const ModelSpec& m, const Job& job) {
   if (m.moe.experts % ep)
     throw Error(ErrorKind::invalid_job, flag + ": num_experts " + std::to_string(m.moe.experts) + " is not divisible by " +
                                             std::to_string(ep) + " (each rank holds an equal share of the experts)");
-  if (m.moe.router != MixtureOfExperts::Router::softmax_top_k)
-    throw Error(ErrorKind::unsupported, flag + ": DeepSeek's routers under expert parallelism are not modelled (the softmax "
-                                               "top-k routers of Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE are)");
   if (job.experts == ExpertsImpl::eager)
     throw Error(ErrorKind::unsupported, flag + ": --experts eager under expert parallelism is not modelled (grouped_mm and "
                                                "batched_mm are)");
