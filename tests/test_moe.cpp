@@ -376,13 +376,25 @@ TEST_CASE("quantized serving weights count every matrix of a packed expert tenso
 // packed expert tensor; everything else is replicated and every rank runs the same tokens. The
 // measured ranks are held by test_distributed; here the mechanism against the model's own tensor
 // description, and the layouts that are refused.
-TEST_CASE("--ep N: a rank's packed experts are 1/N of them, the rest as on one GPU; other layouts refused") {
+namespace {
+// Qwen3-30B-A3B cut to two layers and a bf16 step of 512 tokens: the expert-parallel tests' job.
+ModelSpec qwen3_moe_two_layers() {
   ModelSpec m = load_model(test::source_path("tests/data/hf/moe/qwen3-30b-a3b.json"));
   m.num_layers = 2;
+  return m;
+}
+Job short_bf16_step() {
   Job j;
   j.batch = 1;
   j.seq = 512;
   j.precision = Precision::bf16;
+  return j;
+}
+}  // namespace
+
+TEST_CASE("--ep N: a rank's packed experts are 1/N of them, the rest as on one GPU; other layouts refused") {
+  const ModelSpec m = qwen3_moe_two_layers();
+  const Job j = short_bf16_step();
   // the packed experts' bytes on one GPU, from the tensor description
   std::uint64_t experts = 0;
   for (std::size_t il = 0; il < m.num_layers; ++il)
@@ -460,12 +472,8 @@ TEST_CASE("--ep N: a rank's packed experts are 1/N of them, the rest as on one G
 }
 
 TEST_CASE("--ep E --fsdp F: FSDP2 shards each rank's share of the experts and every other parameter F ways") {
-  ModelSpec m = load_model(test::source_path("tests/data/hf/moe/qwen3-30b-a3b.json"));
-  m.num_layers = 2;
-  Job j;
-  j.batch = 1;
-  j.seq = 512;
-  j.precision = Precision::bf16;
+  const ModelSpec m = qwen3_moe_two_layers();
+  Job j = short_bf16_step();
   j.parallel.expert = 4;
   const Budget ep = predict(m, j);
   for (std::uint64_t f : {2u, 4u}) {
