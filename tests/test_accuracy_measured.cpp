@@ -184,7 +184,7 @@ TEST_CASE("each optimizer implementation lands within 1% too") {
 }
 
 // torch.optim.Adafactor's for-loop on five more architectures, each alone in a fresh process
-// (tools/matrices/adafactor_loop_h200.json, tools/device/adafactor_loop_run.sh): Qwen2.5 1.5B
+// (tools/matrices/adafactor_loop_h200.json, tools/device/alone_run.sh with tools/matrices/adafactor_loop_h200.json): Qwen2.5 1.5B
 // (biases between the weights), Phi-3 mini at 8 layers (o_proj registered before qkv_proj),
 // Gemma 2 2B (four norms per layer, a 256k vocabulary), Qwen3-30B-A3B at 2 layers (packed experts,
 // registered before the router), TinyLlama in amp-bf16 (an untied lm_head). The optimizer phase is

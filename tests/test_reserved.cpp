@@ -224,7 +224,7 @@ TEST_CASE("reserved_peak of single-GPU steps measured in fresh processes") {
 
 // The MoE, experts-implementation and optimizer-implementation steps that the replay missed by
 // more than 3% when their files ran many cases in one process, each measured again alone in a fresh
-// process with a whole-run snapshot (tools/device/reserved_alone_run.sh, tests/data/reserved_alone/).
+// process with a whole-run snapshot (tools/device/alone_run.sh with tools/matrices/reserved_alone_h200.json, tests/data/reserved_alone/).
 // 2026-12-03: 11 of 13 within 0.5%, the for-loop AdamW among them (−4.7% in amp-bf16 and +6.8% in
 // bf16 before the replay ran its temporaries one parameter at a time, as its snapshots show), the
 // for-loop Adafactor (+10.4% in bf16 before its loop ran parameter by parameter) and Qwen3-30B-A3B's

@@ -90,8 +90,9 @@ inline std::uint64_t rank_seq(const Job& job) { return job.seq / job.parallel.co
 // norm, an untied lm_head (a tied lm_head is the embedding).
 std::vector<ParamTensor> model_tensors(const ModelSpec& m);
 // The same tensors in model.parameters() order, as transformers registers each decoder layer's
-// modules: the attention (Phi-3's o_proj before its qkv_proj), the MLP or MoE block (the routed
-// experts before the router, as qwen3_moe), then the layer's norms. A for-loop optimizer steps them
+// modules: the attention (Phi-3's o_proj before its qkv_proj), the MLP or MoE block (its router and
+// routed experts in the order the block registers them, MixtureOfExperts::router_first, then its
+// shared expert), then the layer's norms. A for-loop optimizer steps them
 // in this order (optimizer_loop.hpp). (model_tensors keeps the data-flow order within a layer.)
 std::vector<ParamTensor> registered_tensors(const ModelSpec& m);
 // Decoder layer il's tensors in that order.

@@ -6,7 +6,7 @@ reduction staging, a backward's scratch), its allocations are compared with the 
 one for one or by count.
 
 tests/data/reserved_alone/ and tests/data/adafactor_loop/ hold torch.optim.Adafactor(foreach=False)
-stepping seven models (tools/device/reserved_alone_run.sh, adafactor_loop_run.sh): the predicted
+stepping seven models (tools/device/alone_run.sh with tools/matrices/reserved_alone_h200.json and adafactor_loop_h200.json): the predicted
 loop's allocations must be the measured last step's, in order: each parameter's norms and their
 reduction staging buffers (ATen's setReduceConfig), its row and column means, its var_estimate, in
 model.parameters() order.
@@ -46,7 +46,7 @@ FOR_LOOPS = [  # (snapshot, config, overrides, batch, seq, precision, optimizer)
     ("reserved_alone/llama-3.2-1b_bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/llama-3.2-1b.json", None, 1, 512, "bf16", "adafactor"),
     ("reserved_alone/llama-3.2-1b_amp-bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/llama-3.2-1b.json", None, 1, 512,
      "amp-bf16", "adafactor"),
-    # tests/data/adafactor_loop/ (tools/device/adafactor_loop_run.sh): biases between the weights,
+    # tests/data/adafactor_loop/ (tools/device/alone_run.sh with tools/matrices/adafactor_loop_h200.json): biases between the weights,
     # Phi-3's o_proj before its qkv_proj, Gemma 2's four norms, packed experts before the router,
     # an untied lm_head in amp-bf16
     ("adafactor_loop/qwen2.5-1.5b_bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/qwen2.5-1.5b.json", None, 1, 512, "bf16", "adafactor"),
@@ -58,7 +58,7 @@ FOR_LOOPS = [  # (snapshot, config, overrides, batch, seq, precision, optimizer)
     ("adafactor_loop/tinyllama-1.1b_amp-bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/tinyllama-1.1b.json", None, 1,
      512, "amp-bf16", "adafactor"),
     # torch.optim.AdamW(foreach=False): its own two snapshots in tests/data/reserved_alone/, and
-    # tests/data/adamw_loop/ (tools/device/adamw_loop_run.sh), where neighbouring MLP projections,
+    # tests/data/adamw_loop/ (tools/device/alone_run.sh with tools/matrices/adamw_loop_h200.json), where neighbouring MLP projections,
     # not the embedding, make the peak
     ("reserved_alone/llama-3.2-1b_bf16_none_flash_adamw_for-loop_b1s512", "configs/hf/llama-3.2-1b.json", None, 1, 512, "bf16",
      "adamw"),
