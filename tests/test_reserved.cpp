@@ -155,8 +155,12 @@ TEST_CASE("reserved_peak of MoE steps and of every optimizer implementation") {
     int within3;
     double worst;
   };
-  for (const File& f : {File{"tests/data/torch_train_moe_h200.json", 26, 26, 0.04},
-                        File{"tests/data/torch_train_moe_impl_h200.json", 21, 18, 0.065},
+  // 2026-12-03, since the replay follows autograd's engine closely (docs/accuracy.md, "The step as
+  // autograd runs it"): Qwen3-30B-A3B's 4-layer amp-bf16 full-recompute step +3.55% in its file
+  // (0.00% alone, below) and OLMoE's 4-layer bf16 full recompute with the auxiliary loss −6.3%
+  // (+0.6% before) are the two that left 3% in these files.
+  for (const File& f : {File{"tests/data/torch_train_moe_h200.json", 26, 25, 0.04},
+                        File{"tests/data/torch_train_moe_impl_h200.json", 21, 17, 0.065},
                         File{"tests/data/torch_train_optimizer_impl_h200.json", 36, 27, 0.066}}) {
     CAPTURE(f.path);
     const auto errs = reserved_errors(f.path);
@@ -190,17 +194,20 @@ TEST_CASE("reserved_peak with and without expandable segments, the same steps") 
 
 // The same seven steps, each measured alone in a fresh process, as a user's run starts
 // (tools/device/reserved_expandable_alone_run.sh, tests/data/reserved_expandable_alone/, with a
-// whole-run snapshot of the Qwen2.5 step each way). 2026-12-03: all 14 within 0.4% (Qwen2.5 1.5B
-// amp-bf16 full recompute with expandable segments +0.38%; +4.0% while the first linear, not the
-// rotary embedding's matmul, took the cuBLAS workspace).
+// whole-run snapshot of the Qwen2.5 step each way). 2026-12-03: 13 of 14 within 0.2% (Qwen2.5 1.5B
+// amp-bf16 full recompute with expandable segments +0.19%, +0.38% before the replay followed
+// autograd's engine). The same step without them is +3.2%, where it was 0.00%: its snapshot's
+// allocations and frees are now the replay's, event for event, and the difference is a tie. Two
+// 12 MiB free blocks fit the MLP's first input cast; c10 takes the one at the lower address, and
+// the CUDA driver put the newer 12 MiB segment in a hole above the parameters, not below the older
+// 24 MiB one as the replay's addresses do (docs/accuracy.md).
 TEST_CASE("reserved_peak with and without expandable segments, each step measured alone") {
-  for (const char* f : {"tests/data/reserved_expandable_alone/torch_train_reserved_alone_default_h200.json",
-                        "tests/data/reserved_expandable_alone/torch_train_reserved_alone_expandable_h200.json"}) {
-    CAPTURE(f);
-    const auto errs = reserved_errors(f);
-    CHECK(errs.size() == 7);
-    CHECK(count_within(errs, 0.005, 0.005) == 7);
-  }
+  const auto plain = reserved_errors("tests/data/reserved_expandable_alone/torch_train_reserved_alone_default_h200.json");
+  CHECK(plain.size() == 7);
+  CHECK(count_within(plain, 0.035, 0.005) >= 6);
+  const auto expandable = reserved_errors("tests/data/reserved_expandable_alone/torch_train_reserved_alone_expandable_h200.json");
+  CHECK(expandable.size() == 7);
+  CHECK(count_within(expandable, 0.005, 0.005) == 7);
 }
 
 // Single-GPU steps measured in fresh processes, as a user's run starts
@@ -214,12 +221,11 @@ TEST_CASE("reserved_peak of single-GPU steps measured in fresh processes") {
   const auto errs = reserved_errors({"tests/data/reserved_snapshots/reserved_full_h200.json",
                                      "tests/data/reserved_fresh/torch_train_reserved_fresh_h200.json"});
   CHECK(errs.size() == 13);
-  const int within = count_within(errs, 0.04, 0.0035);
-  // 2026-12-03, since an add's backward hands its gradient through: 10 within 0.35%; Qwen2.5
-  // 1.5B amp-bf16 full −3.2% and Qwen2.5 7B bf16 full −2.7% (each −0.04% before: one logits-sized
-  // segment fewer than the run, whose MLP gradients took the freed log-softmax gradient's segment;
-  // both snapshots in tests/data/handthrough_snapshots/), Llama 3.1 8B +4.0% as before.
-  CHECK(within >= 10);
+  // 2026-12-03, since the replay follows autograd's engine (docs/accuracy.md): all 13 within 0.5%,
+  // most to the MiB. Before, Qwen2.5 1.5B amp-bf16 full was −3.2%, Qwen2.5 7B bf16 full −2.7% and
+  // Llama 3.1 8B bf16 full at 4 × 4096 +4.0% (their whole-run snapshots are in
+  // tests/data/handthrough_snapshots/ and tests/data/reserved_8b_snapshot/).
+  CHECK(count_within(errs, 0.005, 0.005) == 13);
 }
 
 // The MoE, experts-implementation and optimizer-implementation steps that the replay missed by
@@ -231,10 +237,12 @@ TEST_CASE("reserved_peak of single-GPU steps measured in fresh processes") {
 // bf16 eager experts (−5.4% before the mask's sum counted one mask-sized temporary, not two: the
 // backward's cuBLAS workspace then lands where the run's does); its amp-bf16 eager experts +1.5% and
 // its 4-layer amp-bf16 full-recompute step −3.5%.
+// 2026-12-03, later: 12 of 13 within 0.2%, the 4-layer full-recompute step 0.00% (−3.5% before the
+// replay followed autograd's engine); the amp-bf16 eager experts +1.5%.
 TEST_CASE("reserved_peak of MoE and optimizer-implementation steps measured alone") {
   const auto errs = reserved_errors("tests/data/reserved_alone/torch_train_reserved_alone_h200.json");
   CHECK(errs.size() == 13);
-  CHECK(count_within(errs, 0.035, 0.005) >= 11);
+  CHECK(count_within(errs, 0.016, 0.002) >= 12);
 }
 
 // The for-loop optimizers, each step alone in a fresh process: Adafactor on five architectures

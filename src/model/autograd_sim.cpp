@@ -70,6 +70,17 @@ void AutogradSim::release_if_dead(TensorId t) {
   live_ -= ti.rounded;
   if (explain_) log_.push_back(~t);
   if (trace_) trace_->events.push_back({~t, section_});
+  if (ti.base != kNone) drop(ti.base);  // a view lets go of the storage it views
+}
+
+TensorId AutogradSim::view_of(TensorId base, const char* name, bytes_t grad_bytes, const char* dtype) {
+  TensorId v = make(name, 0, Term::activations, "view", dtype, "", true);
+  set_grad_bytes(v, grad_bytes);
+  if (base != kNone && tensors_[v].alive) {
+    tensors_[v].base = base;
+    hold(base);
+  }
+  return v;
 }
 
 TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, const char* op,
@@ -95,8 +106,29 @@ TensorInfo AutogradSim::describe(const char* name, bytes_t bytes, Term term, Rol
 TensorId AutogradSim::make(const char* name, bytes_t bytes, Term term, Role role, const char* op,
                            const char* dtype, const char* shape, bool requires_grad) {
   TensorId id = add(describe(name, bytes, term, role, op, dtype, shape, requires_grad));
+  if (replay_stopped_) return id;  // the recompute has stopped: never allocated (see stop_replay)
+  if (replay_cursor_ != kNoReplay && replay_cursor_ == replay_stop_) {
+    deferred_outputs_.push_back(id);
+    return id;
+  }
   allocate(id);
   return id;
+}
+
+void AutogradSim::stop_replay(std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved) {
+  bool saves_output = false;
+  for (TensorId s : saved)
+    for (TensorId o : outputs)
+      if (s != kNone && s == o) saves_output = true;
+  // An op packs its saved inputs before its kernel runs (autograd records the node first), so the
+  // stop comes before the outputs exist; an op that saves its result has made it by then.
+  if (saves_output)
+    for (TensorId t : deferred_outputs_) {
+      allocate(t);
+      release_if_dead(t);  // a temporary made and dropped before the node recorded
+    }
+  deferred_outputs_.clear();
+  replay_stopped_ = true;
 }
 
 TensorId AutogradSim::param(const char* name, bytes_t bytes, Term term, const char* dtype,
@@ -154,6 +186,7 @@ void AutogradSim::allocate_deferred(const char* op) {
 void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
                        std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved,
                        bytes_t bwd_workspace, std::uint8_t view_grads) {
+  if (replay_stopped_) return;
   allocate_deferred(op);  // the matmul's output exists: its first cuBLAS call takes the workspace
   last_node_recorded_ = false;
   if (!recording()) return;
@@ -167,12 +200,16 @@ void AutogradSim::node(const char* op, std::initializer_list<TensorId> inputs,
     if (o != kNone && !any_grad) tensors_[o].requires_grad = false;
   if (!any_grad) return;
   if (replaying()) {
+    const bool stop = replay_cursor_ == replay_stop_;
     Node& n = nodes_.at(replay_cursor_++);
     n.saved = Ids(saved, true);
+    n.saved_unpacked_once = true;
     for (TensorId s : n.saved) ++tensors_[s].saved;
+    if (stop) stop_replay(outputs, saved);
     return;
   }
   Node n{op, Ids(inputs), Ids(outputs), {}, bwd_workspace, section_, view_grads};
+  n.saves = Ids(saved, true).n > 0;
   if (!discard_saves_) {
     n.saved = Ids(saved, true);  // kNone: a tensor saved only for a gradient nobody needs
     for (TensorId s : n.saved) ++tensors_[s].saved;
@@ -191,6 +228,47 @@ void AutogradSim::split_last_workspace(std::uint8_t pieces, std::uint8_t freed_b
   if (!last_node_recorded_) return;
   nodes_.back().workspace_pieces = std::clamp<std::uint8_t>(pieces, 1, 8);
   nodes_.back().pieces_freed_before_gradient = freed_before_gradient;
+}
+
+void AutogradSim::release_saved(Node& n) {
+  for (TensorId s : n.saved) {
+    --tensors_[s].saved;
+    release_if_dead(s);
+  }
+  n.saved = Ids();
+}
+
+void AutogradSim::workspace_after_gradients(LaunchSize size) {
+  if (!last_node_recorded_) return;
+  Node& n = nodes_.back();
+  n.workspace_slot = kNoSlot;
+  n.workspace = launch_bytes(size);
+  n.workspace_launch = size;
+  n.workspace_pieces = 1;
+}
+
+void AutogradSim::promote_last_gradient(std::uint8_t slot, bytes_t computed_bytes) {
+  if (!last_node_recorded_) return;
+  nodes_.back().promoted_slot = slot;
+  nodes_.back().promoted_bytes = computed_bytes;
+}
+
+void AutogradSim::workspace_before_gradient(std::uint8_t slot) {
+  if (last_node_recorded_) nodes_.back().workspace_slot = slot;
+}
+
+void AutogradSim::views_through_node(const char* op, std::initializer_list<TensorId> inputs, TensorId output) {
+  node(op, inputs, {output}, {});
+  if (last_node_recorded_) nodes_.back().views_through = true;
+}
+
+void AutogradSim::reduce_last_gradient(std::uint8_t slot, bool from_workspace, std::array<LaunchSize, 2> temporaries) {
+  if (!last_node_recorded_) return;
+  Node& n = nodes_.back();
+  if (slot >= n.inputs.n) throw Error(ErrorKind::unsupported, "internal: reduced gradient of a missing input");
+  n.reduced_slot = slot;
+  n.reduced_from_workspace = from_workspace;
+  n.reduction_temporaries = temporaries;
 }
 
 TensorId AutogradSim::grad_of(TensorId t) const {
@@ -260,6 +338,7 @@ void AutogradSim::grad_contribution(TensorId input, const char* op, bool view, T
     if (through != kNone) {
       hold(through);
       grads_[input] = through;
+      grad_view_[input] = view ? 1 : 0;  // a narrow of the incoming gradient (views_through_node)
     } else {
       grads_[input] = make_grad(input, op);
       grad_view_[input] = view ? 1 : 0;
@@ -283,8 +362,11 @@ void AutogradSim::grad_contribution(TensorId input, const char* op, bool view, T
   }
   if (!old_shared) {
     // old_var.add_(var): a contribution handed through costs nothing; a computed one is a
-    // temporary, added in place.
-    if (through == kNone) transient("gradient accumulation temporary", grad_bytes(input), Term::activations);
+    // temporary, added in place once the node has returned, so it outlives the node's later
+    // gradients (Qwen2.5 1.5B's q_proj: its input's contribution is freed after its weight's
+    // gradient is made, tests/data/reserved_alone/qwen2.5-1.5b_bf16_none_flash_sgd-momentum_foreach_b1s512.pickle.gz
+    // events 2998-3006)
+    if (through == kNone) pending_.push_back({input, computed(), true});
     return;
   }
   // The engine adds to the input buffer after the node returns (Engine::evaluate_function:
@@ -334,6 +416,20 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
           ready_after[k].push_back(i);
         }
   }
+  // Each checkpointed region's recompute trigger (its last node that saves: see below) and the
+  // node after which its frame goes (its first that saves), in the order backward reaches them.
+  std::vector<std::pair<std::size_t, const Region*>> triggers;
+  std::vector<std::pair<std::size_t, TensorId>> frames;
+  for (const auto& r : regions_) {
+    std::size_t last = r.end_node, first_saving = r.first_node;
+    while (last-- > r.first_node && !nodes_[last].saves) {}
+    while (first_saving < r.end_node && !nodes_[first_saving].saves) ++first_saving;
+    if (last >= r.first_node && last < r.end_node) triggers.push_back({last, &r});
+    if (r.frame != kNone) frames.push_back({first_saving < r.end_node ? first_saving : r.end_node - 1, r.frame});
+  }
+  std::sort(triggers.begin(), triggers.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(frames.begin(), frames.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::size_t next_trigger = 0, next_frame = 0;
   int section_run = -1;  // the section of the last node run (hooks_.section)
   for (std::size_t k = end; k-- > first;) {
     if (hooks_.section && nodes_[k].section != section_run) {
@@ -341,19 +437,24 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
       hooks_.section(*this, hooks_.ctx, section_run, nodes_[k].section);
       section_run = nodes_[k].section;
     }
-    // Entering a checkpointed region from its end: recompute its forward first.
-    if (recompute) {
-      for (const auto& r : regions_) {
-        if (r.end_node == k + 1 && r.end_node > r.first_node) {
-          replay_cursor_ = r.first_node;
-          section_ = nodes_[r.first_node].section;
-          recompute(*this, ctx, r.index);
-          if (replay_cursor_ != r.end_node)
-            throw Error(ErrorKind::unsupported,
-                        "internal: recompute replay did not match the checkpointed region");
-          replay_cursor_ = kNoReplay;
-        }
-      }
+    // A checkpointed region recomputes its forward when backward first unpacks one of its saved
+    // tensors, i.e. before its last node that saves (the nodes after it, an add that hands its
+    // gradient through or casts it, run first: the Qwen2.5 1.5B amp-bf16 full-recompute step
+    // makes the residual add's bf16 gradient before the layer's recompute,
+    // tests/data/reserved_expandable_alone/, event 4820), and stops once that node's saved tensors
+    // are packed again (stop_replay). A region that saves nothing is never recomputed.
+    while (next_trigger < triggers.size() && triggers[next_trigger].first > k) ++next_trigger;  // outside this graph
+    for (; next_trigger < triggers.size() && triggers[next_trigger].first == k; ++next_trigger) {
+      if (!recompute) continue;
+      const Region& r = *triggers[next_trigger].second;
+      replay_cursor_ = r.first_node;
+      replay_stop_ = k;
+      section_ = nodes_[r.first_node].section;
+      recompute(*this, ctx, r.index);
+      if (!replay_stopped_)
+        throw Error(ErrorKind::unsupported, "internal: recompute replay did not reach the checkpointed region's last saving node");
+      replay_cursor_ = replay_stop_ = kNoReplay;
+      replay_stopped_ = false;
     }
     Node& n = nodes_[k];
     section_ = n.section;
@@ -362,22 +463,77 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
       if (grads_[o] != kNone) active = true;
     if (active) {
       TensorId ws[8] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
-      if (n.workspace)
+      auto make_workspace = [&] {
         for (std::uint8_t p = 0; p < n.workspace_pieces; ++p)  // equal pieces, the first taking the remainder
           ws[p] = make("backward workspace", n.workspace / n.workspace_pieces + (p == 0 ? n.workspace % n.workspace_pieces : 0),
                        Term::activations, n.op, "", "", false);
-      for (std::uint8_t p = 0; p < n.workspace_pieces; ++p)
-        if ((n.pieces_freed_before_gradient >> p) & 1u) {
-          drop(ws[p]);
-          ws[p] = kNone;
-        }
-      const TensorId incoming = n.hands_through ? grads_[n.outputs.v[0]] : kNone;
-      for (std::size_t slot = 0; slot < n.inputs.n; ++slot) {
+        if (n.workspace_launch.kind != LaunchSize::Kind::none) tensors_[ws[0]].launch = n.workspace_launch;
+        for (std::uint8_t p = 0; p < n.workspace_pieces; ++p)
+          if ((n.pieces_freed_before_gradient >> p) & 1u) {
+            drop(ws[p]);
+            ws[p] = kNone;
+          }
+      };
+      const bool reduced = n.reduced_slot != kNoSlot;
+      // the workspace is made before input `workspace_slot`'s gradient (after every gradient when
+      // that is past the last input), or as the reduced input's product
+      const bool ws_at_reduced = reduced && n.reduced_from_workspace;
+      const bool ws_placed = n.workspace && !ws_at_reduced;
+      const TensorId incoming = n.hands_through || n.views_through ? grads_[n.outputs.v[0]] : kNone;
+      auto gradient = [&](std::size_t slot) {
         const TensorId i = n.inputs.v[slot];
-        if (i != kNone && tensors_[i].requires_grad) {
-          if (grads_[i] == kNone) grad_holders.push_back(i);
-          grad_contribution(i, n.op, (n.view_grads >> slot) & 1u, handed_through(incoming, i));
-          allocate_deferred(n.op);  // after the first gradient a matmul computes
+        if (i == kNone || !tensors_[i].requires_grad) return false;
+        if (grads_[i] == kNone) grad_holders.push_back(i);
+        if (n.views_through) {
+          grad_contribution(i, n.op, true, incoming);  // a narrow of the incoming gradient
+          return true;
+        }
+        grad_contribution(i, n.op, (n.view_grads >> slot) & 1u, handed_through(incoming, i));
+        allocate_deferred(n.op);  // after the first gradient a matmul computes
+        return true;
+      };
+      const bool promoted = n.promoted_slot != kNoSlot && n.inputs.v[n.promoted_slot] != kNone &&
+                            tensors_[n.inputs.v[n.promoted_slot]].requires_grad;
+      TensorId promoted_product = kNone;
+      for (std::size_t slot = 0; slot < n.inputs.n; ++slot) {
+        if (ws_placed && slot == n.workspace_slot) make_workspace();
+        if (slot == n.reduced_slot) {
+          if (n.workspace && ws_at_reduced) make_workspace();  // the broadcast factor's full-size product, reduced below
+        } else if (promoted && slot == n.promoted_slot) {
+          promoted_product = make("gradient in the product's dtype (cast after the node)", n.promoted_bytes,
+                                  Term::activations, Role::temporary, n.op, "fp32", "", false);
+        } else {
+          gradient(slot);
+        }
+      }
+      if (ws_placed && n.workspace_slot >= n.inputs.n) make_workspace();
+      if (n.saved_unpacked_once) release_saved(n);
+      // autograd's validate_outputs, input by input in the function's order (the reverse of the
+      // order this node computes them): a broadcast input's reduction (its product freed once
+      // reduced), a promoted input's cast (the product's dtype freed after)
+      for (std::size_t slot = n.inputs.n; slot-- > 0;) {
+        if (reduced && slot == n.reduced_slot && gradient(slot)) {
+          // the kernel's temporaries, made at every shape (empty where the kernel needs none) so
+          // that the step's stream is the same at every shape
+          TensorId made[2] = {kNone, kNone};
+          for (int p = 0; p < 2; ++p) {
+            const LaunchSize& l = n.reduction_temporaries[p];
+            if (l.kind == LaunchSize::Kind::none) continue;
+            const bool sums = l.kind == LaunchSize::Kind::reduce_buffer || l.kind == LaunchSize::Kind::embedding_partial_sums;
+            made[p] = make(sums ? "kernel temporaries: partial sums" : "kernel temporaries: offsets and semaphores",
+                           launch_bytes(l), Term::activations, Role::temporary, n.op, "", "", false);
+            tensors_[made[p]].launch = l;
+          }
+          drop(made[1]);
+          drop(made[0]);
+          if (ws_at_reduced) {
+            for (std::size_t p = std::size(ws); p-- > 0;) drop(ws[p]);
+            std::fill(std::begin(ws), std::end(ws), kNone);
+          }
+        }
+        if (promoted && slot == n.promoted_slot) {
+          gradient(slot);
+          drop(promoted_product);
         }
       }
       for (std::size_t p = std::size(ws); p-- > 0;) drop(ws[p]);  // the last allocated first
@@ -388,11 +544,9 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
         grads_[o] = kNone;
       }
     }
-    for (TensorId s : n.saved) {
-      --tensors_[s].saved;
-      release_if_dead(s);
-    }
-    n.saved = Ids();
+    release_saved(n);
+    while (next_frame < frames.size() && frames[next_frame].first > k) ++next_frame;
+    for (; next_frame < frames.size() && frames[next_frame].first == k; ++next_frame) drop(frames[next_frame].second);
     // Out-of-place sums (see grad_contribution): old_var + var, then both operands die; a
     // parameter's .grad takes its contribution in place.
     for (const PendingSum& p : pending_) {

@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda_reduce.hpp"
 #include "membudget/budget.hpp"
 #include "optimizer_loop.hpp"
 
@@ -66,6 +67,10 @@ struct TensorInfo {
   // not in proportion to `bytes`: an FSDP2 rank's own chunk (fsdp_local_shard), where the storage
   // is the padded one (the last ranks of an uneven split hold fewer rows than they store). 0: bytes.
   std::uint64_t state_elements = 0;
+  // A kernel's temporary sized by its launch configuration (cuda_reduce.hpp): `bytes` is
+  // launch_bytes(launch) at this shape, and the compiled plans evaluate it at theirs.
+  LaunchSize launch;
+  TensorId base = kNone;  // a view's storage, which it keeps alive (AutogradSim::view_of)
   bool param = false;
   bool requires_grad = false;
   int holders = 0;  // Python references / autocast cache
@@ -140,6 +145,9 @@ class AutogradSim {
   void restore_storage(TensorId t);
   bool storage_alive(TensorId t) const { return tensors_[t].alive; }
   void set_grad_bytes(TensorId t, bytes_t b) { tensors_[t].grad_bytes = b; }
+  // A view of `base` (no storage of its own, a gradient of `grad_bytes`): it holds `base` until it
+  // dies itself, saved or not, as a PyTorch view keeps its base's storage.
+  TensorId view_of(TensorId base, const char* name, bytes_t grad_bytes, const char* dtype);
   void set_stream(TensorId t, AllocStream s) { tensors_[t].stream = s; }
   void set_optimizer(TensorId t, std::uint8_t o) { tensors_[t].optimizer = o; }
   void set_state_elements(TensorId t, std::uint64_t n) { tensors_[t].state_elements = n; }
@@ -167,6 +175,29 @@ class AutogradSim {
   // temporary of an expression whose result is the gradient); the others are freed after them,
   // the last allocated first.
   void split_last_workspace(std::uint8_t pieces, std::uint8_t freed_before_gradient = 0);
+  // The last recorded node's input `slot` is broadcast (a norm's weight, a bias): its gradient is
+  // reduced to its shape after the node has computed every gradient (autograd's validate_outputs
+  // sums it to the input's shape), and the reduction's kernel allocates `temporaries` (its staging
+  // buffer and semaphores: reduce_launch) right after that gradient, freed last first.
+  // `from_workspace`: the unreduced gradient is the node's workspace (a MulBackward0 factor's
+  // full-size product), made when the node reaches that input in its order; otherwise it is the
+  // incoming gradient itself (addmm's bias). Also a gradient a kernel makes with temporaries of its
+  // own (the embedding's partial segments), from_workspace false.
+  void reduce_last_gradient(std::uint8_t slot, bool from_workspace, std::array<LaunchSize, 2> temporaries);
+  // The last recorded node computes input `slot`'s gradient in a wider dtype than the input's
+  // (`computed_bytes`: a 16-bit factor times an fp32 one) and autograd casts it to the input's
+  // dtype after the node (validate_outputs), then frees the wide one (Qwen3's k_norm under
+  // amp-bf16: 8 MiB in fp32, the weight's reduction, then the 4 MiB bf16 gradient).
+  void promote_last_gradient(std::uint8_t slot, bytes_t computed_bytes);
+  // The last recorded node allocates its input gradients before its workspace (flash attention's
+  // backward: dq, dk, dv, then the fp32 accumulators), of `size` (one request).
+  void workspace_after_gradients(LaunchSize size);
+  // The last recorded node makes its workspace just before input `slot`'s gradient (a
+  // tensor-parallel linear's all-reduce copy, after the weight's gradient and in its input's place).
+  void workspace_before_gradient(std::uint8_t slot);
+  // A node whose backward hands each input a view of its incoming gradient (CatBackward0's
+  // narrows): nothing is allocated, and the incoming gradient lives until every view is consumed.
+  void views_through_node(const char* op, std::initializer_list<TensorId> inputs, TensorId output);
   // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
   void transient(const char* name, bytes_t bytes, Term term = Term::activations, Role role = Role::temporary);
   // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
@@ -190,12 +221,17 @@ class AutogradSim {
 
   // ---- backward ----
   using RecomputeFn = void (*)(AutogradSim&, void* ctx, int region);
+  // `frame`: what the checkpoint frame holds (the layer's input), one reference the simulation drops
+  // when the frame goes: once the region's first node that saves has run and released its saved
+  // tensors, the last unpack handle of the region (Qwen2.5 7B full recompute: each layer's input is
+  // freed in input_layernorm's PowBackward0, tests/data/handthrough_snapshots/, event 3977).
   struct Region {
     std::size_t first_node, end_node;
     int index;
+    TensorId frame = kNone;
   };
-  void add_recompute_region(std::size_t first_node, std::size_t end_node, int index) {
-    regions_.push_back({first_node, end_node, index});
+  void add_recompute_region(std::size_t first_node, std::size_t end_node, int index, TensorId frame = kNone) {
+    regions_.push_back({first_node, end_node, index, frame});
   }
   // Runs backward from `root` (the loss). recompute(sim, ctx, region) must re-create the region's
   // saved tensors by calling node() again for exactly the region's nodes, in order, while
@@ -266,7 +302,21 @@ class AutogradSim {
     std::uint8_t workspace_pieces = 1;  // split_last_workspace
     std::uint8_t pieces_freed_before_gradient = 0;
     bool hands_through = false;         // pass_through_node: the incoming gradient is passed on, not copied
+    bool saves = false;                 // saves a tensor (also where discard_saves drops it)
+    bool views_through = false;         // views_through_node
+    // its saved tensors came from a checkpoint's recompute: unpacking hands each out once (the
+    // frame forgets it), so they die with the backward function's locals, before autograd
+    // reduces its gradients (validate_outputs) — not when the node releases its variables
+    bool saved_unpacked_once = false;
+    std::uint8_t workspace_slot = 0;    // made before this input's gradient (kNoSlot: after all)
+    LaunchSize workspace_launch{};      // its size's parts (one piece)
+    std::uint8_t reduced_slot = kNoSlot;  // reduce_last_gradient
+    bool reduced_from_workspace = false;
+    std::array<LaunchSize, 2> reduction_temporaries{};
+    std::uint8_t promoted_slot = kNoSlot;  // promote_last_gradient
+    bytes_t promoted_bytes = 0;
   };
+  static constexpr std::uint8_t kNoSlot = 0xff;
   bool last_node_recorded_ = false;  // the last node() call pushed a node (split_last_workspace)
   // A contribution that the input buffer must add out of place, after the node has run.
   struct PendingSum {
@@ -305,6 +355,16 @@ class AutogradSim {
   std::vector<char> grad_view_;  // tensor → its gradient buffer is a view (cannot be added to in place)
   std::vector<PendingSum> pending_;  // out-of-place sums of the node being run
   std::size_t replay_cursor_ = kNoReplay;
+  // torch.utils.checkpoint's early stop (non-reentrant, early_stop=True): the recompute raises as
+  // soon as the region's last saved tensor is packed again, so nothing after that node runs.
+  // replay_stop_: that node; replay_stopped_: it has run, and what the region's code still makes
+  // is never allocated; deferred_outputs_: what was made for the stop node before it recorded
+  // (its outputs, allocated only if it saves one of them: inputs are packed before the kernel).
+  std::size_t replay_stop_ = kNoReplay;
+  bool replay_stopped_ = false;
+  std::vector<TensorId> deferred_outputs_;
+  void stop_replay(std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved);
+  void release_saved(Node& n);
   bytes_t live_ = 0;
   std::vector<PhasePeak> phases_;
   int section_ = 0;

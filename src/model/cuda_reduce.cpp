@@ -62,4 +62,32 @@ ReduceStaging cuda_reduce_staging(std::uint64_t outputs, std::uint64_t inputs_pe
   return {buffer, checked_mul(4, grid_x, "reduction semaphores")};
 }
 
+bytes_t launch_bytes(const LaunchSize& l) {
+  const auto [a0, a1, a2] = l.args;
+  switch (l.kind) {
+    case LaunchSize::Kind::none: return 0;
+    case LaunchSize::Kind::reduce_buffer: return cuda_reduce_staging(a0, a1, l.along_fastest, a2).buffer;
+    case LaunchSize::Kind::reduce_semaphores: return cuda_reduce_staging(a0, a1, l.along_fastest, a2).semaphores;
+    case LaunchSize::Kind::sum: return checked_add(checked_add(a0, a1, "kernel workspace"), a2, "kernel workspace");
+    case LaunchSize::Kind::embedding_partial_sums:
+    case LaunchSize::Kind::embedding_partial_offsets: {
+      // up to 3,072 indices (without scale_grad_by_freq) one kernel adds the rows straight into
+      // the zeroed gradient: no sort, no segments
+      if (a0 <= 3072) return 0;
+      constexpr std::uint64_t kRowsPerThread = 10;  // NROWS_PER_THREAD
+      const std::uint64_t segments = a0 / kRowsPerThread + std::min(a0, a1);
+      if (l.kind == LaunchSize::Kind::embedding_partial_offsets) return checked_mul(segments, 8, "embedding partial segments");
+      return checked_product("embedding partial sums", segments, a2, 4);
+    }
+  }
+  return 0;
+}
+
+std::array<LaunchSize, 2> reduce_launch(std::uint64_t outputs, std::uint64_t inputs_per_output, bool along_fastest,
+                                        std::uint64_t inner_outputs) {
+  const std::array<std::uint64_t, 3> args{outputs, inputs_per_output, inner_outputs};
+  return {LaunchSize{LaunchSize::Kind::reduce_buffer, along_fastest, args},
+          LaunchSize{LaunchSize::Kind::reduce_semaphores, along_fastest, args}};
+}
+
 }  // namespace membudget::detail

@@ -8,6 +8,7 @@
 // 4 × 4096 tokens.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "membudget/bytes.hpp"
@@ -31,5 +32,35 @@ inline constexpr std::uint64_t kReduceSms = 132;
 inline constexpr std::uint64_t kReduceThreadsPerSm = 2048;
 ReduceStaging cuda_reduce_staging(std::uint64_t outputs, std::uint64_t inputs_per_output, bool along_fastest,
                                   std::uint64_t inner_outputs = 0);
+
+// A temporary whose size a CUDA kernel derives from its launch configuration rather than from a
+// tensor's shape: its arguments are monomials in the micro-batch and the sequence, its bytes are
+// not (they start at some size, saturate, or round). The simulation keeps the arguments with the
+// tensor so that the compiled plans and streams evaluate the kernel's rule at any shape
+// (plan_common.hpp, Kind::launch; reserved.cpp).
+struct LaunchSize {
+  enum class Kind : std::uint8_t {
+    none,
+    reduce_buffer,      // cuda_reduce_staging's buffer: outputs, inputs per output, inner outputs
+    reduce_semaphores,  // its semaphores: the same arguments
+    // embedding_dense_backward_cuda (EmbeddingBackwardKernel.cu) sizes its partial segments for the
+    // most there can be, numel / NROWS_PER_THREAD + min(numel, num_weights), to avoid a device
+    // sync: their fp32 sums (× the row width) and their offsets (int64); none up to 3,072 indices,
+    // which one kernel adds straight into the gradient. Arguments: indices, embedding rows, row width.
+    embedding_partial_sums,
+    embedding_partial_offsets,
+    sum,  // a request of several parts of different shapes (flash attention's backward workspace)
+  };
+  Kind kind = Kind::none;
+  bool along_fastest = false;  // reduce_*
+  std::array<std::uint64_t, 3> args{};
+  bool operator==(const LaunchSize&) const = default;
+};
+// The bytes at these arguments (Error(overflow) past 2^64).
+bytes_t launch_bytes(const LaunchSize& l);
+// The reduction of `outputs` values of `inputs_per_output` each (cuda_reduce_staging's arguments):
+// its buffer, then its semaphores.
+std::array<LaunchSize, 2> reduce_launch(std::uint64_t outputs, std::uint64_t inputs_per_output, bool along_fastest,
+                                        std::uint64_t inner_outputs = 0);
 
 }  // namespace membudget::detail

@@ -240,13 +240,23 @@ struct Step {
   // *keys'* dtype; the cache holds them until the model's output dies and the layer goes on with
   // the copies (`key` and `value` are rebound; the originals go). `value_src`: what the values'
   // cat reads (Phi-3's qkv_proj output, of which `value` is the slice).
+  // `narrow_grads`: the cat's backward hands the new keys and values narrows of its gradient
+  // (cat_tensors_backward; the cache's earlier part is empty), which is how the Llama-style
+  // attention records it (the latent attention still counts a copy).
   void cache_update(TensorId& key, TensorId& value, TensorId value_src, bytes_t key_width, bytes_t value_width,
-                    const char* key_name, const char* value_name, const char* key_shape, const char* value_shape) {
+                    const char* key_name, const char* value_name, const char* key_shape, const char* value_shape,
+                    bool narrow_grads = false) {
     const bytes_t kb = sim.info(key).bytes / mul(d.T, key_width);
+    // (a source of another dtype, the values promoted to fp32 keys under autocast, gets the narrow
+    // cast back: a copy)
+    auto cat = [&](TensorId src, TensorId out, bytes_t src_width) {
+      if (narrow_grads && sim.logical_bytes(src) == mul(d.T, src_width, kb)) sim.views_through_node("CatBackward0", {src}, out);
+      else sim.node("CatBackward0", {src}, {out}, {});
+    };
     TensorId kc = sim.make(key_name, mul(d.T, key_width, kb), Term::activations, "cat", "", key_shape, true);
-    sim.node("CatBackward0", {key}, {kc}, {});
+    cat(key, kc, key_width);
     TensorId vc = sim.make(value_name, mul(d.T, value_width, kb), Term::activations, "cat", "", value_shape, true);
-    sim.node("CatBackward0", {value_src}, {vc}, {});
+    cat(value_src, vc, value_width);
     sim.drop(key);
     sim.drop(value);
     key = kc;
@@ -316,9 +326,12 @@ struct Step {
   TensorId linear(TensorId x, bytes_t in, bytes_t out, TensorId w, TensorId bias, const char* name,
                   const char* shape, const Adapter* ad = nullptr, bytes_t out_b = 0, bytes_t bwd_ws = 0, bytes_t rows = 0) {
     const bytes_t n = rows ? rows : d.T;
-    TensorId xin = cast_input(x, mul(n, in), "linear inputs (autocast bf16 copies)");
-    TensorId wc = weight(w);
+    // autocast's wrapper casts the arguments of linear(input, weight, bias) in one pack expansion,
+    // which GCC evaluates right to left: the bias, the weight, then the input (the 4.5 MiB q_proj
+    // weight copy before the 6 MiB input copy in the snapshot above, events 73-74)
     TensorId bc = bias == kNone ? kNone : weight(bias);
+    TensorId wc = weight(w);
+    TensorId xin = cast_input(x, mul(n, in), "linear inputs (autocast bf16 copies)");
     const bytes_t ob = r.autocast || out_b == 0 ? r.compute : out_b;
     TorchOps op = ops();
     op.T = n;
@@ -368,8 +381,9 @@ struct Step {
   }
 
   // RMSNorm (TorchOps::rmsnorm) over the hidden size, or `width` values per token in `rows` groups.
-  TensorId rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t width = 0, bytes_t rows = 1) {
-    return ops().rmsnorm(x, w, tag, width == 0 ? d.h : width, rows);
+  // `in_b`: the input's element bytes where `x` is a view (0: from its size)
+  TensorId rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t width = 0, bytes_t rows = 1, bytes_t in_b = 0) {
+    return ops().rmsnorm(x, w, tag, width == 0 ? d.h : width, rows, in_b);
   }
 
   void layer(std::size_t i, TensorId x, TensorId* out) {
@@ -438,6 +452,7 @@ struct Step {
     // come back as full-size slice_backward buffers), and SDPA makes v contiguous.
     const bool fused = m.quirks.fused_qkv;
     TensorId q, k, v, qkv = kNone;
+    TensorId q_storage = kNone, k_storage = kNone, v_storage = kNone;  // under views (below)
     if (fused) {
       qkv = linear(n1, d.h, d.qd + 2 * d.kvd, p.q, p.qb, "qkv_proj output (sliced into q, k, v)", "b·s·(q+2kv)");
       q = k = qkv;
@@ -451,37 +466,52 @@ struct Step {
         sim.node("CloneBackward", {qkv}, {v}, {});
       }
     } else {
+      // q_proj(x).view(hidden_shape).transpose(1, 2), and k's and v's alike. Where the gradient
+      // comes back contiguous in b·a·s·hd the view's backward copies it to b·s·h before the
+      // projection's: q's and k's (the rotary's SliceBackward0 makes them), and v's when the
+      // DynamicCache's cat made the values contiguous (the Llama 3.2 1B snapshot below, events
+      // 2046-2065: v's 0.5 MiB copy, then k's, then q's 2 MiB, each just before its projection's
+      // gradients). Projections that stay views here are the storage the names below drop.
+      auto transposed = [&](TensorId t, TensorId* storage) {
+        *storage = t;
+        TensorId tv = sim.view_of(t, "projection output (transposed view)", sim.logical_bytes(t), sim.info(t).dtype);
+        sim.node("ViewBackward0 (copy of the transposed gradient)", {t}, {tv}, {});
+        return tv;
+      };
+      // Qwen3's and OLMoE's q/k norms (RMSNorm over head_dim, or over all of q and k) run on each
+      // projection before the next: q_norm(q_proj(x)), then k_norm(k_proj(x)), then v_proj(x)
+      // (tests/data/reserved_alone/qwen3-30b-a3b_L4_amp-bf16_full_flash_adamw_b1s4096.pickle.gz,
+      // events 103-107: k_proj's casts and output after q_norm's)
+      // (the view's copy comes after the norm's backward there: Qwen3-30B-A3B's k, events 1810-1815)
+      auto qk_norm = [&](TensorId t, TensorId* storage, TensorId w, const char* name, bytes_t width, bytes_t heads) {
+        const bytes_t eb = sim.info(*storage).bytes / mul(d.T, width);
+        TensorId tn = rmsnorm(t, w, name, width, m.quirks.qk_norm_full_width ? 1 : heads, eb);
+        sim.drop(t);  // the projection's output, a temporary of the expression
+        sim.drop(*storage);
+        *storage = kNone;
+        return tn;
+      };
       const bytes_t ws = tp_input_grad_allreduce();
       q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, ws);
+      q = transposed(q, &q_storage);
+      if (m.qk_norm) q = qk_norm(q, &q_storage, p.q_norm, "q_norm output", d.qd, d.a);
       k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak, 0, ws);
+      k = transposed(k, &k_storage);
+      if (m.qk_norm) k = qk_norm(k, &k_storage, p.k_norm, "k_norm output", d.kvd, d.kva);
       v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, ws);
-    }
-    // Not yet as transformers does it: input_layernorm's output lives until self_attn returns
-    // (after o_proj; the serving walk drops it there), and it matters where the projections do not
-    // save it (an fp32 norm output under autocast, a frozen base under LoRA): the free of the fp32
-    // norm output carries the decoder layer's `hidden_states, _ = self.self_attn(...)` frame, after
-    // o_proj's output, in tests/data/gaps/gemma-2-2b_amp-bf16_none_flash_adamw_b1s2048.pickle.gz.
-    // Moving it changes unmeasured LoRA / autocast predictions and is left for a measured change.
-    sim.drop(n1);
-    if (m.qk_norm) {  // Qwen3: RMSNorm over head_dim on q and k, before rotary; OLMoE: over all of q and k
-      const bool full = m.quirks.qk_norm_full_width;
-      TensorId qn = rmsnorm(q, p.q_norm, "q_norm output", d.qd, full ? 1 : d.a);
-      sim.drop(q);
-      q = qn;
-      TensorId kn = rmsnorm(k, p.k_norm, "k_norm output", d.kvd, full ? 1 : d.kva);
-      sim.drop(k);
-      k = kn;
+      if (kv_cached()) v = transposed(v, &v_storage);
     }
     // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
     // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
     auto rotary = [&](TensorId t, bytes_t width, const char* name) {
-      const bytes_t eb = t == qkv ? r.compute : sim.info(t).bytes / mul(d.T, width);
+      const bytes_t eb = t == qkv ? r.compute : sim.logical_bytes(t) / mul(d.T, width);
       return ops().rotary(t, cos, sin, width, eb, r.resid, name);
     };
+    // query_states, key_states = apply_rotary_pos_emb(...): both products exist before the names
+    // are rebound, which frees the projections' outputs (q's, then k's)
     TensorId qe = rotary(q, d.qd, "q after rotary");
-    sim.drop(q);
     TensorId ke = rotary(k, d.kvd, "k after rotary");
-    sim.drop(k);
+    for (TensorId t : {q, q_storage, k, k_storage}) sim.drop(t);
     // LlamaModel creates a DynamicCache when config.use_cache is true, also in training (HF turns
     // it off only under gradient checkpointing). DynamicLayer.update concatenates the new keys and
     // values onto empty tensors created in the *keys'* dtype and hands the concatenations to
@@ -489,11 +519,9 @@ struct Step {
     // are promoted). The cache holds them until the model's output dies.
     if (kv_cached())
       cache_update(ke, v, fused ? qkv : v, d.kvd, d.kvd, "DynamicCache keys (torch.cat copy)",
-                   "DynamicCache values (torch.cat copy, keys' dtype)", "b·kv·s·hd", "b·kv·s·hd");
+                   "DynamicCache values (torch.cat copy, keys' dtype)", "b·kv·s·hd", "b·kv·s·hd", !fused);
+    sim.drop(v_storage);  // value_states now names the cache's copy
     TensorId att = attention(qe, ke, v);
-    sim.drop(qe);
-    sim.drop(ke);
-    sim.drop(v);
     // attn_output.transpose(1, 2).contiguous(): cuDNN writes its output in q's layout (flash in
     // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj
     // saves; Phi-3's partial-rotary cat makes q contiguous b·a·s·hd, and then it is a copy, saved by
@@ -507,7 +535,16 @@ struct Step {
     }
     TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
     sim.drop(attc);
-    return tp_row_output(o, "SP reduce-scatter of o_proj output");
+    o = tp_row_output(o, "SP reduce-scatter of o_proj output");
+    // The attention returns: its locals query_states, key_states and value_states go, then the
+    // decoder layer's `hidden_states, _ = self.self_attn(...)` frees input_layernorm's output. Both
+    // matter where nothing saved them (the checkpointed forward, an fp32 norm output or fp32 rotary
+    // products under autocast), as the step-0 forward of
+    // tests/data/handthrough_snapshots/qwen2.5-1.5b_amp-bf16_full_flash_adamw_b1s2048.pickle.gz shows
+    // (events 123-156: the frees of q, k and v carry `_call_impl`, the norm output's the layer's
+    // line after o_proj's output was made).
+    for (TensorId t : {qe, ke, v, n1}) sim.drop(t);
+    return o;
   }
 
   // DeepSeek-V3's rotary on a latent-attention view `x` (width values per token, `eb` bytes each):
@@ -679,9 +716,10 @@ struct Step {
       v = vr;
     }
     const bytes_t kw = repeat ? d.qd : d.kvd;
-    TensorId q = cast_input(qe, d.qd * d.T, "sdpa inputs (bf16 casts of q, k)");
-    TensorId k = cast_input(ke, kw * d.T, "sdpa inputs (bf16 casts of q, k)");
+    // autocast casts value, key, then query (right to left, as linear's arguments above)
     TensorId vin = cast_input(v, kw * d.T, "sdpa inputs (bf16 cast of the cached fp32 values)");
+    TensorId k = cast_input(ke, kw * d.T, "sdpa inputs (bf16 casts of q, k)");
+    TensorId q = cast_input(qe, d.qd * d.T, "sdpa inputs (bf16 casts of q, k)");
     if (repeat) {
       sim.drop(ke);
       sim.drop(v);
@@ -719,6 +757,10 @@ struct Step {
         sim.node("CudnnAttentionBackward (attn_bias)", {q, k, v}, {out}, {q, k, v, out, lse, bias}, ws);
       } else {
         sim.node("FlashAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
+        // dq, dk, dv, then the accumulators (Qwen2.5 7B: 56, 8, 8, 224.9 MiB) in one request 256
+        // bytes larger than they are (the same on Llama 3.2 1B, Llama 3.1 8B and Qwen2.5 1.5B and
+        // 7B: 8,454,400 bytes for the 1B at 512 tokens), which rounds it up a block
+        sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
       }
       sim.drop(lse);
       sim.drop(bias);
@@ -861,8 +903,7 @@ namespace {
 
 // Forward of layers, final norm, lm_head and loss. Returns the loss tensor.
 // inputs_embeds = embed_tokens(input_ids): the embedding saves only the indices. Gemma scales the
-// embeddings by sqrt(h): a new tensor, and *inputs_embeds (which the model's forward keeps
-// referenced until the layers are done) is the unscaled one.
+// embeddings by sqrt(h): a new tensor, and *inputs_embeds is the unscaled one (kNone otherwise).
 TensorId embed_tokens(Step& st, TensorId* inputs_embeds) {
   auto& sim = st.sim;
   const auto& d = st.d;
@@ -870,6 +911,15 @@ TensorId embed_tokens(Step& st, TensorId* inputs_embeds) {
   TensorId x = sim.make("embedding output", mul(d.T, d.h, r.param), Term::activations, "embedding",
                         r.param_name, "b·s·h", true);
   sim.node("EmbeddingBackward0", {st.emb}, {x}, {st.input_ids});
+  {
+    // embedding_dense_backward_cuda: the rows × h gradient, then its partial segments' offsets and
+    // fp32 sums, sized for the most segments there can be (Qwen2.5 7B at 8,192 tokens: 72,088 bytes
+    // and 123.2 MiB after the 1,039.5 MiB gradient, tests/data/handthrough_snapshots/, events 12964-12982)
+    using K = LaunchSize::Kind;
+    const std::array<std::uint64_t, 3> args{sim.info(x).bytes / mul(d.h, r.param), sim.logical_bytes(st.emb) / mul(d.h, r.param), d.h};
+    sim.reduce_last_gradient(0, false, {LaunchSize{K::embedding_partial_offsets, false, args},
+                                        LaunchSize{K::embedding_partial_sums, false, args}});
+  }
   // SP: RowwiseParallel(input_layouts=Replicate, output_layouts=Shard(1)): the vocabulary shard's
   // lookup is a partial sum over the whole sequence, reduce-scattered onto this rank's part
   if (st.sp()) x = st.sp_reduce_scatter(x, "SP reduce-scatter of the embedding output");
@@ -937,7 +987,8 @@ void rotary_embeddings(Step& st) {
 // The decoder layers [begin, end) on x (which they consume; default all): each layer's output
 // replaces its input. Under torch.utils.checkpoint(use_reentrant=False) the saved tensors are
 // dropped and the layer input (held by the checkpoint frame) is kept; backward re-runs the layer
-// first (recompute_layer).
+// when it first unpacks one of them (recompute_layer; AutogradSim::backward says when it starts,
+// stops and lets the input go).
 TensorId decoder_layers(Step& st, TensorId x, bool checkpoint, std::size_t begin = 0, std::size_t end = SIZE_MAX) {
   auto& sim = st.sim;
   for (std::size_t i = begin; i < std::min<std::size_t>(end, st.d.L); ++i) {
@@ -949,8 +1000,8 @@ TensorId decoder_layers(Step& st, TensorId x, bool checkpoint, std::size_t begin
       sim.set_discard_saves(true);
       st.layer(i, x, &out);
       sim.set_discard_saves(false);
-      sim.add_recompute_region(first, sim.node_count(), static_cast<int>(st.layer_inputs.size()));
-      st.layer_inputs.push_back(x);  // keep holding x
+      sim.add_recompute_region(first, sim.node_count(), static_cast<int>(st.layer_inputs.size()), x);
+      st.layer_inputs.push_back(x);  // keep holding x: the simulation drops it with the frame
       st.recompute_sites.push_back({st.graph_rotary.size() - 1, i});
     } else {
       st.layer(i, x, &out);
@@ -969,6 +1020,14 @@ TensorId forward(Step& st, bool checkpoint) {
   st.dp->pre_forward(0);  // the root (embedding, final norm, lm_head) is all-gathered first
   TensorId inputs_embeds = kNone;
   TensorId x = embed_tokens(st, &inputs_embeds);
+  // LlamaModel.forward's local inputs_embeds (the embedding's output, or Gemma's unscaled one)
+  // lives until the forward returns, after the final norm: freed there even where no layer saves
+  // it (tests/data/reserved_alone/qwen2.5-1.5b_bf16_none_flash_sgd-momentum_foreach_b1s512.pickle.gz,
+  // event 12904: the embedding output freed by the output-capturing wrapper after the norm)
+  if (inputs_embeds == kNone) {
+    inputs_embeds = x;
+    sim.hold(x);
+  }
   rotary_embeddings(st);
   // Sliding-window attention (Mistral, Phi-3: the window on every layer; Gemma 2: on every other
   // layer) through SDPA: create_sliding_window_causal_mask skips the mask and lets SDPA use
@@ -982,12 +1041,12 @@ TensorId forward(Step& st, bool checkpoint) {
                        "create_sliding_window_causal_mask", "bool", "b·1·s·s", false);
   x = decoder_layers(st, x, checkpoint);
   sim.set_section(static_cast<int>(d.L) + 1);  // after the layers
-  sim.drop(inputs_embeds);
   // LlamaModel returns the final norm output as last_hidden_state: the CausalLM forward holds it
   // (and the DynamicCache) until it returns, i.e. through the loss.
   TensorId hn = st.stream_norm(x, st.final_norm, "final norm output");
   sim.drop(x);
-  if (!checkpoint) sim.drop(st.mask);  // the model's forward returns
+  sim.drop(inputs_embeds);  // the model's forward returns
+  if (!checkpoint) sim.drop(st.mask);
   sim.hold(hn);
   TensorId loss = kNone;
   // the logits' vocabulary: the whole of it (SP gathers lm_head's shards), or this rank's shard
@@ -1161,7 +1220,6 @@ void recompute_layer(AutogradSim& sim, void* ctx, int region) {
   st.layer(layer, st.layer_inputs[region], &out);
   st.clear_cast_cache();
   sim.drop(out);
-  sim.drop(st.layer_inputs[region]);  // the checkpoint frame releases its input
 }
 
 struct OptimizerCost {

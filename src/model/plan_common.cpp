@@ -49,6 +49,12 @@ bool basis_values(const std::vector<Basis>& basis, std::uint64_t b, std::uint64_
       if (x == 0) zero = true;
       else over |= __builtin_mul_overflow(v, x, &v);
     };
+    if (e.kind == Kind::launch) {
+      bytes_t raw = 0;
+      if (!launch_value(e, b, s, &raw) || raw > std::numeric_limits<std::uint64_t>::max() - 511) return false;
+      out[k] = (raw + 511) / 512 * 512;
+      continue;
+    }
     if (e.kind != Kind::constant) {
       for (unsigned n = 0; n < e.i; ++n) times(b);
       for (unsigned n = 0; n < e.j; ++n) times(s);
@@ -80,6 +86,74 @@ int find_or_add(std::vector<Basis>& basis, const Basis& e) {
   return static_cast<int>(basis.size() - 1);
 }
 }  // namespace
+
+Basis fit_launch(std::span<const LaunchSize> at_probes, std::span<const Probe> p) {
+  if (at_probes.empty() || at_probes.size() != p.size()) throw Fail{};
+  Basis e;
+  e.kind = Kind::launch;
+  e.launch = at_probes[0];
+  for (std::size_t k = 0; k < 3; ++k) {
+    std::array<bytes_t, 8> v{};
+    if (p.size() > v.size()) throw Fail{};
+    for (std::size_t q = 0; q < p.size(); ++q) {
+      if (at_probes[q].kind != e.launch.kind || at_probes[q].along_fastest != e.launch.along_fastest) throw Fail{};
+      v[q] = at_probes[q].args[k];
+    }
+    const Monomial mo = fit_monomial(std::span<const bytes_t>(v.data(), p.size()), p);
+    e.launch.args[k] = mo.c;
+    e.arg_i[k] = static_cast<std::uint8_t>(mo.i);
+    e.arg_j[k] = static_cast<std::uint8_t>(mo.j);
+  }
+  return e;
+}
+
+bool launch_value(const Basis& e, std::uint64_t b, std::uint64_t s, bytes_t* out) {
+  LaunchSize at = e.launch;
+  for (std::size_t k = 0; k < 3; ++k) {
+    std::uint64_t v = at.args[k];
+    for (unsigned n = 0; n < e.arg_i[k]; ++n)
+      if (__builtin_mul_overflow(v, b, &v)) return false;
+    for (unsigned n = 0; n < e.arg_j[k]; ++n)
+      if (__builtin_mul_overflow(v, s, &v)) return false;
+    at.args[k] = v;
+  }
+  // a reduction's buffer and semaphores come in pairs of components with the same arguments:
+  // the kernel's configuration is worked out once for both
+  thread_local LaunchSize last_at;
+  thread_local bytes_t last_bytes[2] = {0, 0};
+  const bool reduce = at.kind == LaunchSize::Kind::reduce_buffer || at.kind == LaunchSize::Kind::reduce_semaphores;
+  if (reduce) {
+    LaunchSize key = at;
+    key.kind = LaunchSize::Kind::reduce_buffer;
+    if (!(key == last_at)) {
+      try {
+        const ReduceStaging r = cuda_reduce_staging(at.args[0], at.args[1], at.along_fastest, at.args[2]);
+        last_bytes[0] = r.buffer;
+        last_bytes[1] = r.semaphores;
+      } catch (const Error&) {  // past 2^64
+        last_at = {};
+        return false;
+      }
+      last_at = key;
+    }
+    *out = last_bytes[at.kind == LaunchSize::Kind::reduce_semaphores ? 1 : 0];
+    return true;
+  }
+  try {
+    *out = launch_bytes(at);
+  } catch (const Error&) {  // past 2^64
+    return false;
+  }
+  return true;
+}
+
+Contribution launch_contribution(const Basis& launch, std::vector<Basis>& basis) {
+  Contribution out;
+  out.component[0] = find_or_add(basis, launch);
+  out.coef[0] = 1;
+  out.n = 1;
+  return out;
+}
 
 Contribution contribution(bytes_t c, unsigned i, unsigned j, unsigned l, std::vector<Basis>& basis) {
   const auto u8 = [](unsigned v) { return static_cast<std::uint8_t>(v); };

@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "cuda_reduce.hpp"
 #include "membudget/bytes.hpp"
 
 namespace membudget::detail::plan {
@@ -30,11 +31,15 @@ struct Probe {
   std::uint64_t b, s;
 };
 
-enum class Kind : std::uint8_t { constant, exact, rounded };
+enum class Kind : std::uint8_t { constant, exact, rounded, launch };
 struct Basis {
   Kind kind = Kind::constant;
   std::uint8_t i = 0, j = 0, l = 0;  // b^i · s^j · (s + 1)^l
   bytes_t c = 0;                     // rounded: the size class's coefficient
+  // launch: a kernel's temporary (cuda_reduce.hpp), launch_bytes of its arguments, each
+  // launch.args[k] · b^arg_i[k] · s^arg_j[k], rounded up to 512
+  LaunchSize launch;
+  std::array<std::uint8_t, 3> arg_i{}, arg_j{};
   bool operator==(const Basis&) const = default;
 };
 
@@ -58,6 +63,11 @@ struct Monomial {
 Monomial fit_monomial(std::span<const bytes_t> v, std::span<const Probe> p);
 // The basis at (b, s); false when a component does not fit 64 bits.
 bool basis_values(const std::vector<Basis>& basis, std::uint64_t b, std::uint64_t s, std::uint64_t* out);
+// A launch component (Kind::launch) fitted to a temporary's arguments at the probes (Fail when an
+// argument is not a monomial or the rule differs), and its bytes at (b, s) before the allocator's
+// rounding (false when they do not fit 64 bits).
+Basis fit_launch(std::span<const LaunchSize> at_probes, std::span<const Probe> p);
+bool launch_value(const Basis& e, std::uint64_t b, std::uint64_t s, bytes_t* out);
 inline u128 dot(const std::uint64_t* row, const std::uint64_t* vals, std::size_t n) {
   u128 acc = 0;
   for (std::size_t k = 0; k < n; ++k) acc += static_cast<u128>(row[k]) * vals[k];
@@ -83,6 +93,8 @@ struct Contribution {
 // (b·(s+1) = b·s + b), so that a vector with more of it dominates one with less. Throws Fail when
 // the basis would exceed kMaxBasis.
 Contribution contribution(bytes_t c, unsigned i, unsigned j, unsigned l, std::vector<Basis>& basis);
+// The contribution of a launch-sized temporary (fit_launch's component, once).
+Contribution launch_contribution(const Basis& launch, std::vector<Basis>& basis);
 
 // The live vector while replaying an allocation stream: apply(t, alloc) adds or removes tensor t's
 // contribution. Throws Fail for a stream that frees what is not live (or allocates twice).

@@ -481,6 +481,10 @@ class ReservedStream {
       o.resize(mono.size());
       for (std::size_t t = 0; t < mono.size(); ++t) {
         const Mono& mo = mono[t];
+        if (mo.launch >= 0) {  // a kernel's temporary: its rule at the shape
+          if (!plan::launch_value(launch_[static_cast<std::size_t>(mo.launch)], b, s, &o[t])) return false;
+          continue;
+        }
         if (mo.c == 0 || mo.ij == 0) {
           o[t] = mo.c;
           continue;
@@ -498,6 +502,7 @@ class ReservedStream {
   struct Mono {
     bytes_t c = 0;
     std::uint8_t ij = 0;  // 4 · i + j: the size is c · b^i · s^j
+    std::int32_t launch = -1;  // else launch_[launch]'s value (a kernel's temporary)
   };
 
   static bool same_tensor(const TensorInfo& a, const TensorInfo& b) {
@@ -530,6 +535,13 @@ class ReservedStream {
       auto& mono = out->mono_[pass];
       mono.resize(t0.tensors.size());
       for (std::size_t t = 0; t < t0.tensors.size(); ++t) {
+        if (t0.tensors[t].launch.kind != LaunchSize::Kind::none) {
+          std::array<LaunchSize, 4> at;
+          for (std::size_t k = 0; k < probes.size(); ++k) at[k] = tr[k][pass].tensors[t].launch;
+          mono[t].launch = static_cast<std::int32_t>(out->launch_.size());
+          out->launch_.push_back(plan::fit_launch(at, probes));
+          continue;
+        }
         std::array<bytes_t, 4> v;
         for (std::size_t k = 0; k < probes.size(); ++k) v[k] = tr[k][pass].tensors[t].bytes;
         mono[t] = classify(v, probes);
@@ -549,6 +561,7 @@ class ReservedStream {
   std::array<SimTrace, 2> traces_;
   std::array<ReplayScript, 2> scripts_;  // of traces_
   std::array<std::vector<Mono>, 2> mono_;
+  std::vector<plan::Basis> launch_;  // the kernels' temporaries (Mono::launch)
   std::uint64_t seq_unit_ = 1;
 };
 

@@ -83,9 +83,16 @@ void classify_set(SimSet& ss, const std::array<Probe, 3>& probes, std::vector<Ba
         throw Fail{};
     auto& con = ss.contrib[pass];
     con.resize(t0.tensors.size());
-    for (std::size_t t = 0; t < t0.tensors.size(); ++t)
+    for (std::size_t t = 0; t < t0.tensors.size(); ++t) {
+      if (t0.tensors[t].launch.kind != LaunchSize::Kind::none) {  // a kernel's temporary: its rule
+        const std::array<LaunchSize, 3> at{t0.tensors[t].launch, ss.traces[1][pass].tensors[t].launch,
+                                           ss.traces[2][pass].tensors[t].launch};
+        con[t] = launch_contribution(fit_launch(at, probes), basis);
+        continue;
+      }
       con[t] = classify(t0.tensors[t].bytes, ss.traces[1][pass].tensors[t].bytes, ss.traces[2][pass].tensors[t].bytes,
                         probes, basis);
+    }
   }
 }
 

@@ -44,6 +44,8 @@ TensorId TorchOps::rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t widt
   const bytes_t Tw = mul(T, width), Tg = mul(T, groups);
   const bytes_t in_b = in_bytes ? in_bytes : sim.info(x).bytes / Tw;  // element bytes of the input
   const bool gemma = m.quirks.norm_weight_offset;
+  // the weight's gradient: the per-token products summed over the tokens (and groups)
+  auto weight_staging = [&](bytes_t n) { return reduce_launch(n, Tw / n, false, n); };
   TensorId hs32 = x;  // .to(float32) of an fp32 tensor is the tensor itself
   if (in_b != 4) {
     hs32 = sim.make(name("rmsnorm fp32 input copy (saved by pow, mul)", "rmsnorm fp32 input copy"), mul(Tw, 4),
@@ -72,7 +74,10 @@ TensorId TorchOps::rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t widt
   TensorId n32 = sim.make(n32_saved ? name("rmsnorm normalized (saved by weight mul)", "rmsnorm normalized")
                                     : "rmsnorm normalized fp32",
                           mul(Tw, 4), Term::activations, "hs * rsqrt", "fp32", "b·s·h", true);
-  sim.node("MulBackward0", {hs32, rs}, {n32}, {hs32, rs}, mul(Tw, 4));
+  // MulBackward0 computes other's gradient first (here rsqrt's: the full product, reduced over the
+  // width once the node returns), then self's; see reduce_last_gradient
+  sim.node("MulBackward0", {rs, hs32}, {n32}, {hs32, rs}, mul(Tw, 4));
+  sim.reduce_last_gradient(0, true, reduce_launch(Tg, width / groups, true));
   sim.drop(hs32);
   sim.drop(rs);
   if (gemma) {
@@ -89,7 +94,8 @@ TensorId TorchOps::rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t widt
                             "fp32", "b·s·h", true);
     if (sim.recording()) {
       const bool w1g = grad(w1), n32g = grad(n32);
-      sim.node("MulBackward0", {n32, w1}, {y32}, {w1g ? n32 : kNone, n32g ? w1 : kNone}, w1g ? mul(Tw, 4) : 0);
+      sim.node("MulBackward0", {w1, n32}, {y32}, {w1g ? n32 : kNone, n32g ? w1 : kNone}, w1g ? mul(Tw, 4) : 0);
+      sim.reduce_last_gradient(0, true, weight_staging(width / groups));
     }
     sim.drop(w1);
     sim.drop(n32);
@@ -113,7 +119,12 @@ TensorId TorchOps::rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t widt
   // normalised input and no per-token product to sum into its gradient.
   if (sim.recording()) {
     const bool wg = grad(w), ng = grad(nc);
-    sim.node("MulBackward0", {w, nc}, {y}, {ng ? w : kNone, wg ? nc : kNone}, wg ? mul(Tw, out_b) : 0);
+    // other's (the normalized input's) gradient first, then the weight's full product, summed over
+    // the tokens after the node returns (tests/data/handthrough_snapshots/qwen2.5-7b_bf16_full_flash_adamw_b2s4096.pickle.gz,
+    // events 3597-3607: 56 MiB, 56 MiB, the 7 KiB gradient, its 133 MiB staging, the product freed)
+    sim.node("MulBackward0", {nc, w}, {y}, {ng ? w : kNone, wg ? nc : kNone}, wg ? mul(Tw, out_b) : 0);
+    sim.reduce_last_gradient(1, true, weight_staging(width / groups));
+    if (out_b != in_b) sim.promote_last_gradient(0, mul(Tw, out_b));  // a 16-bit input times an fp32 weight
   }
   sim.drop(nc);
   sim.drop(n32);  // the function returns: hidden_states and variance go
@@ -140,7 +151,21 @@ TensorId TorchOps::linear(TensorId xin, TensorId w, TensorId bias, bytes_t out, 
     // inputs in the order autograd computes their gradients: the weight's first (MmBackward0's
     // mat2 before its self, as the snapshots show: lm_head's V×h gradient, then the autograd
     // thread's cuBLAS workspace at step 0, then the input's)
-    sim.node("LinearBackward", {w, xin, bias}, {y}, {wg ? xin : kNone, xg ? w : kNone}, xg ? bwd_ws : 0, kLinearViewGrads);
+    if (bias == kNone) {
+      sim.node("LinearBackward", {w, xin}, {y}, {wg ? xin : kNone, xg ? w : kNone}, xg ? bwd_ws : 0, kLinearViewGrads);
+      // The input gradient's all-reduce (bwd_ws) clones it after the node and frees the original:
+      // in the allocator that is the same as the copy made in the gradient's place, after the
+      // weight's (tests/data/tp_fresh_snapshots/llama-3.1-8b_tp-lp_w4r0_bf16_none_b1s2048_L8_alone.pickle.gz,
+      // events 1227-1233: 2 MiB, 16 MiB, its 16 MiB clone, the first freed)
+      sim.workspace_before_gradient(1);
+    } else {
+      // with a bias, aten::linear is addmm: AddmmBackward0 computes the input's gradient, then the
+      // weight's, and the bias's is the incoming gradient summed over the tokens after it returns
+      // (the Qwen2.5 7B snapshot above: 56 MiB, 3.5 MiB, then k_proj's 1 KiB bias gradient and its
+      // 32 MiB staging)
+      sim.node("LinearBackward", {xin, w, bias}, {y}, {wg ? xin : kNone, xg ? w : kNone}, xg ? bwd_ws : 0, kLinearViewGrads);
+      sim.reduce_last_gradient(2, false, reduce_launch(out, T, false, out));
+    }
   }
   return y;
 }
@@ -151,15 +176,30 @@ TensorId TorchOps::linear(TensorId xin, TensorId w, TensorId bias, bytes_t out, 
 TensorId TorchOps::rotary(TensorId t, TensorId cos, TensorId sin, bytes_t width, bytes_t eb, bytes_t cs_b,
                           const char* tname) {
   const bytes_t rb = std::max(cs_b, eb);
+  // Promoted (a 16-bit q times fp32 cos/sin under autocast), each product's backward computes the
+  // gradient in fp32 and casts it to q's dtype: the fp32 product is a temporary around the cast
+  // (mul_tensor_backward; the Llama 3.2 1B amp-bf16 snapshot, events 2147-2150: 4 MiB, 2 MiB, 4 MiB freed).
+  const bytes_t promoted = rb != eb ? mul(T, width, rb) : 0;
   TensorId a1 = sim.make("rotary q*cos", mul(T, width, rb), Term::activations, "mul", "", "", true);
-  sim.node("MulBackward0", {t, cos}, {a1}, {cos});
+  sim.node("MulBackward0", {t, cos}, {a1}, {cos}, promoted);
+  // rotate_half: x1 = x[..., :d/2], x2 = x[..., d/2:] (views; each SliceBackward0 makes a
+  // full-size zeroed gradient), cat((-x2, x1)), whose CatBackward0 hands each input a narrow of its
+  // gradient. Backward thus runs rot*sin's product, neg's, then x2's and x1's full-size slices
+  // (tests/data/reserved_alone/llama-3.2-1b_bf16_none_flash_adamw_for-loop_b1s512.pickle.gz, events
+  // 2031-2045: 2 MiB, 1 MiB, 2 MiB, the 1 MiB freed, 2 MiB, then the product freed).
+  TensorId x1 = view("rotate_half x1 (slice view)", mul(T, width / 2, eb));
+  sim.node("SliceBackward0", {t}, {x1}, {});
+  TensorId x2 = view("rotate_half x2 (slice view)", mul(T, width / 2, eb));
+  sim.node("SliceBackward0", {t}, {x2}, {});
   TensorId neg = sim.make("rotate_half neg", mul(T, width / 2, eb), Term::activations, "neg", "", "", true);
-  sim.node("NegBackward0", {t}, {neg}, {});
+  sim.node("NegBackward0", {x2}, {neg}, {});
+  sim.drop(x2);
   TensorId rh = sim.make("rotate_half cat", mul(T, width, eb), Term::activations, "cat", "", "", true);
-  sim.node("CatBackward0", {neg, t}, {rh}, {});
+  sim.views_through_node("CatBackward0", {neg, x1}, rh);
   sim.drop(neg);
+  sim.drop(x1);
   TensorId a2 = sim.make("rotary rot*sin", mul(T, width, rb), Term::activations, "mul", "", "", true);
-  sim.node("MulBackward0", {rh, sin}, {a2}, {sin});
+  sim.node("MulBackward0", {rh, sin}, {a2}, {sin}, promoted);
   sim.drop(rh);
   const bool partial = m.quirks.partial_rotary;
   TensorId e = sim.make(partial ? "rotary q*cos + rot*sin" : tname, mul(T, width, rb), Term::activations, "add", "",
