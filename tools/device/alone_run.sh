@@ -10,6 +10,8 @@
 #     (torch.optim.Adafactor's for-loop step on five architectures)
 #   tools/matrices/adamw_loop_h200.json       torch_train_adamw_loop_h200.json       tests/data/adamw_loop/
 #     (the for-loop AdamW where neighbouring MLP projections make the optimizer step's peak)
+#   tools/matrices/engine_holdout_h200.json   torch_train_engine_holdout_h200.json   tests/data/engine_holdout/
+#     (models and shapes held out from the engine-order work: predicted first, then measured)
 # tools/device/reserved_expandable_alone_run.sh runs it twice, with and without expandable segments.
 set -u
 matrix=$1 result=$2
