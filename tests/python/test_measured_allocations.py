@@ -169,6 +169,15 @@ EXACT_STREAMS = [  # (snapshot, config, flags): steps whose every allocation the
      ["--batch", "2", "--seq", "4096", "--precision", "bf16", "--recompute", "full"]),
     ("reserved_8b_snapshot/llama-3.1-8b_bf16_full_flash_adamw_b4s4096", "configs/hf/llama-3.1-8b.json",
      ["--batch", "4", "--seq", "4096", "--precision", "bf16", "--recompute", "full"]),
+    # held out: models and shapes the engine-order work did not look at, predicted before measured
+    ("engine_holdout/mistral-7b-v0.1_bf16_full_flash_adamw_b1s2048", "configs/hf/mistral-7b-v0.1.json",
+     ["--batch", "1", "--seq", "2048", "--precision", "bf16", "--recompute", "full"]),
+    ("engine_holdout/gemma-2-2b_amp-bf16_full_flash_adamw_b1s2048", "configs/hf/gemma-2-2b.json",
+     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--recompute", "full"]),
+    ("engine_holdout/qwen2.5-0.5b_bf16_none_flash_adamw_b4s1024", "configs/hf/qwen2.5-0.5b.json",
+     ["--batch", "4", "--seq", "1024", "--precision", "bf16"]),
+    ("engine_holdout/tinyllama-1.1b_bf16_full_flash_adamw_b2s4096", "configs/hf/tinyllama-1.1b.json",
+     ["--batch", "2", "--seq", "4096", "--precision", "bf16", "--recompute", "full"]),
 ]
 
 
