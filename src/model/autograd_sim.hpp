@@ -69,7 +69,7 @@ struct TensorInfo {
   std::uint64_t state_elements = 0;
   // A kernel's temporary sized by its launch configuration (cuda_reduce.hpp): `bytes` is
   // launch_bytes(launch) at this shape, and the compiled plans evaluate it at theirs.
-  LaunchSize launch;
+  LaunchSize launch{};
   TensorId base = kNone;  // a view's storage, which it keeps alive (AutogradSim::view_of)
   bool param = false;
   bool requires_grad = false;

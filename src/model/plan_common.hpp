@@ -38,7 +38,7 @@ struct Basis {
   bytes_t c = 0;                     // rounded: the size class's coefficient
   // launch: a kernel's temporary (cuda_reduce.hpp), launch_bytes of its arguments, each
   // launch.args[k] · b^arg_i[k] · s^arg_j[k], rounded up to 512
-  LaunchSize launch;
+  LaunchSize launch{};
   std::array<std::uint8_t, 3> arg_i{}, arg_j{};
   bool operator==(const Basis&) const = default;
 };
