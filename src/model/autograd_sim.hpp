@@ -146,7 +146,8 @@ class AutogradSim {
   bool storage_alive(TensorId t) const { return tensors_[t].alive; }
   void set_grad_bytes(TensorId t, bytes_t b) { tensors_[t].grad_bytes = b; }
   // A view of `base` (no storage of its own, a gradient of `grad_bytes`): it holds `base` until it
-  // dies itself, saved or not, as a PyTorch view keeps its base's storage.
+  // dies itself, saved or not, as a PyTorch view keeps its base's storage. kNone: a view whose
+  // storage the caller keeps alive itself (TorchOps::view).
   TensorId view_of(TensorId base, const char* name, bytes_t grad_bytes, const char* dtype);
   void set_stream(TensorId t, AllocStream s) { tensors_[t].stream = s; }
   void set_optimizer(TensorId t, std::uint8_t o) { tensors_[t].optimizer = o; }

@@ -452,7 +452,6 @@ struct Step {
     // come back as full-size slice_backward buffers), and SDPA makes v contiguous.
     const bool fused = m.quirks.fused_qkv;
     TensorId q, k, v, qkv = kNone;
-    TensorId q_storage = kNone, k_storage = kNone, v_storage = kNone;  // under views (below)
     if (fused) {
       qkv = linear(n1, d.h, d.qd + 2 * d.kvd, p.q, p.qb, "qkv_proj output (sliced into q, k, v)", "b·s·(q+2kv)");
       q = k = qkv;
@@ -471,11 +470,11 @@ struct Step {
       // projection's: q's and k's (the rotary's SliceBackward0 makes them), and v's when the
       // DynamicCache's cat made the values contiguous (the Llama 3.2 1B snapshot below, events
       // 2046-2065: v's 0.5 MiB copy, then k's, then q's 2 MiB, each just before its projection's
-      // gradients). Projections that stay views here are the storage the names below drop.
-      auto transposed = [&](TensorId t, TensorId* storage) {
-        *storage = t;
+      // gradients). The view keeps the projection's output alive until it goes itself.
+      auto transposed = [&](TensorId t) {
         TensorId tv = sim.view_of(t, "projection output (transposed view)", sim.logical_bytes(t), sim.info(t).dtype);
         sim.node("ViewBackward0 (copy of the transposed gradient)", {t}, {tv}, {});
+        sim.drop(t);
         return tv;
       };
       // Qwen3's and OLMoE's q/k norms (RMSNorm over head_dim, or over all of q and k) run on each
@@ -483,23 +482,21 @@ struct Step {
       // (tests/data/reserved_alone/qwen3-30b-a3b_L4_amp-bf16_full_flash_adamw_b1s4096.pickle.gz,
       // events 103-107: k_proj's casts and output after q_norm's)
       // (the view's copy comes after the norm's backward there: Qwen3-30B-A3B's k, events 1810-1815)
-      auto qk_norm = [&](TensorId t, TensorId* storage, TensorId w, const char* name, bytes_t width, bytes_t heads) {
-        const bytes_t eb = sim.info(*storage).bytes / mul(d.T, width);
+      auto qk_norm = [&](TensorId t, TensorId w, const char* name, bytes_t width, bytes_t heads) {
+        const bytes_t eb = sim.logical_bytes(t) / mul(d.T, width);
         TensorId tn = rmsnorm(t, w, name, width, m.quirks.qk_norm_full_width ? 1 : heads, eb);
-        sim.drop(t);  // the projection's output, a temporary of the expression
-        sim.drop(*storage);
-        *storage = kNone;
+        sim.drop(t);  // the projection's view, a temporary of the expression
         return tn;
       };
       const bytes_t ws = tp_input_grad_allreduce();
       q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, ws);
-      q = transposed(q, &q_storage);
-      if (m.qk_norm) q = qk_norm(q, &q_storage, p.q_norm, "q_norm output", d.qd, d.a);
+      q = transposed(q);
+      if (m.qk_norm) q = qk_norm(q, p.q_norm, "q_norm output", d.qd, d.a);
       k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak, 0, ws);
-      k = transposed(k, &k_storage);
-      if (m.qk_norm) k = qk_norm(k, &k_storage, p.k_norm, "k_norm output", d.kvd, d.kva);
+      k = transposed(k);
+      if (m.qk_norm) k = qk_norm(k, p.k_norm, "k_norm output", d.kvd, d.kva);
       v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, ws);
-      if (kv_cached()) v = transposed(v, &v_storage);
+      if (kv_cached()) v = transposed(v);
     }
     // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
     // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
@@ -511,7 +508,8 @@ struct Step {
     // are rebound, which frees the projections' outputs (q's, then k's)
     TensorId qe = rotary(q, d.qd, "q after rotary");
     TensorId ke = rotary(k, d.kvd, "k after rotary");
-    for (TensorId t : {q, q_storage, k, k_storage}) sim.drop(t);
+    sim.drop(q);
+    sim.drop(k);
     // LlamaModel creates a DynamicCache when config.use_cache is true, also in training (HF turns
     // it off only under gradient checkpointing). DynamicLayer.update concatenates the new keys and
     // values onto empty tensors created in the *keys'* dtype and hands the concatenations to
@@ -520,7 +518,6 @@ struct Step {
     if (kv_cached())
       cache_update(ke, v, fused ? qkv : v, d.kvd, d.kvd, "DynamicCache keys (torch.cat copy)",
                    "DynamicCache values (torch.cat copy, keys' dtype)", "b·kv·s·hd", "b·kv·s·hd", !fused);
-    sim.drop(v_storage);  // value_states now names the cache's copy
     TensorId att = attention(qe, ke, v);
     // attn_output.transpose(1, 2).contiguous(): cuDNN writes its output in q's layout (flash in
     // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj

@@ -177,11 +177,14 @@ TensorId TorchOps::rotary(TensorId t, TensorId cos, TensorId sin, bytes_t width,
                           const char* tname) {
   const bytes_t rb = std::max(cs_b, eb);
   // Promoted (a 16-bit q times fp32 cos/sin under autocast), each product's backward computes the
-  // gradient in fp32 and casts it to q's dtype: the fp32 product is a temporary around the cast
-  // (mul_tensor_backward; the Llama 3.2 1B amp-bf16 snapshot, events 2147-2150: 4 MiB, 2 MiB, 4 MiB freed).
-  const bytes_t promoted = rb != eb ? mul(T, width, rb) : 0;
+  // gradient in fp32 and autograd casts it to q's dtype (the Llama 3.2 1B amp-bf16 snapshot, events
+  // 2147-2150: 4 MiB, 2 MiB, 4 MiB freed): promote_last_gradient.
+  auto promote = [&] {
+    if (rb != eb) sim.promote_last_gradient(0, mul(T, width, rb));
+  };
   TensorId a1 = sim.make("rotary q*cos", mul(T, width, rb), Term::activations, "mul", "", "", true);
-  sim.node("MulBackward0", {t, cos}, {a1}, {cos}, promoted);
+  sim.node("MulBackward0", {t, cos}, {a1}, {cos});
+  promote();
   // rotate_half: x1 = x[..., :d/2], x2 = x[..., d/2:] (views; each SliceBackward0 makes a
   // full-size zeroed gradient), cat((-x2, x1)), whose CatBackward0 hands each input a narrow of its
   // gradient. Backward thus runs rot*sin's product, neg's, then x2's and x1's full-size slices
@@ -199,7 +202,8 @@ TensorId TorchOps::rotary(TensorId t, TensorId cos, TensorId sin, bytes_t width,
   sim.drop(neg);
   sim.drop(x1);
   TensorId a2 = sim.make("rotary rot*sin", mul(T, width, rb), Term::activations, "mul", "", "", true);
-  sim.node("MulBackward0", {rh, sin}, {a2}, {sin}, promoted);
+  sim.node("MulBackward0", {rh, sin}, {a2}, {sin});
+  promote();
   sim.drop(rh);
   const bool partial = m.quirks.partial_rotary;
   TensorId e = sim.make(partial ? "rotary q*cos + rot*sin" : tname, mul(T, width, rb), Term::activations, "add", "",
@@ -243,11 +247,7 @@ TensorId TorchOps::close_block(TensorId residual, TensorId branch, TensorId norm
 
 namespace membudget::detail {
 
-TensorId TorchOps::view(const char* name, bytes_t grad_bytes) {
-  TensorId v = sim.make(name, 0, Term::activations, "view", "", "", true);
-  sim.set_grad_bytes(v, grad_bytes);
-  return v;
-}
+TensorId TorchOps::view(const char* name, bytes_t grad_bytes) { return sim.view_of(kNone, name, grad_bytes, ""); }
 
 // Qwen3MoeTopKRouter.forward (Qwen2-MoE and OLMoE copy it; MixtralTopKRouter differs where noted):
 //     router_logits = F.linear(hidden_states, self.weight)
