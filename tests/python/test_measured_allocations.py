@@ -42,6 +42,22 @@ def loop_allocations(trace, in_loop):
     return runs
 
 
+def measured_trace(snapshot):
+    """The allocator trace of a whole-run snapshot in tests/data (`snapshot`: its path there, without .pickle.gz)."""
+    with gzip.open(os.path.join(SRC, "tests/data", snapshot + ".pickle.gz")) as f:
+        return pickle.load(f)["device_traces"][0]
+
+
+def predicted_trace(tmp_path, config_path, flags):
+    """The trace `membudget predict CONFIG FLAGS --snapshot` writes."""
+    predicted_path = tmp_path / "predicted.pickle"
+    out = subprocess.run([CLI, "predict", str(config_path)] + flags + ["--snapshot", str(predicted_path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    with open(predicted_path, "rb") as f:
+        return pickle.load(f)["device_traces"][0]
+
+
 FOR_LOOPS = [  # (snapshot, config, overrides, batch, seq, precision, optimizer)
     ("reserved_alone/llama-3.2-1b_bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/llama-3.2-1b.json", None, 1, 512, "bf16", "adafactor"),
     ("reserved_alone/llama-3.2-1b_amp-bf16_none_flash_adafactor_for-loop_b1s512", "configs/hf/llama-3.2-1b.json", None, 1, 512,
@@ -74,8 +90,7 @@ FOR_LOOPS = [  # (snapshot, config, overrides, batch, seq, precision, optimizer)
 @pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
 @pytest.mark.parametrize("snapshot,config,overrides,batch,seq,precision,optimizer", FOR_LOOPS)
 def test_for_loop_optimizer_allocates_what_torch_does(tmp_path, snapshot, config, overrides, batch, seq, precision, optimizer):
-    with gzip.open(os.path.join(SRC, "tests/data", snapshot + ".pickle.gz")) as f:
-        measured = pickle.load(f)["device_traces"][0]
+    measured = measured_trace(snapshot)
     config_path = os.path.join(SRC, config)
     if overrides:  # the measured model: the config with its depth reduced
         with open(config_path) as f:
@@ -84,13 +99,8 @@ def test_for_loop_optimizer_allocates_what_torch_does(tmp_path, snapshot, config
         config_path = tmp_path / "config.json"
         with open(config_path, "w") as f:
             json.dump(spec, f)
-    predicted_path = tmp_path / "predicted.pickle"
-    out = subprocess.run([CLI, "predict", str(config_path), "--batch", str(batch), "--seq", str(seq),
-                          "--precision", precision, "--optimizer", optimizer, "--optimizer-impl", "for-loop",
-                          "--snapshot", str(predicted_path)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    with open(predicted_path, "rb") as f:
-        predicted = pickle.load(f)["device_traces"][0]
+    predicted = predicted_trace(tmp_path, config_path, ["--batch", str(batch), "--seq", str(seq), "--precision", precision,
+                                                        "--optimizer", optimizer, "--optimizer-impl", "for-loop"])
 
     loop_function = {"adafactor": "_single_tensor_adafactor", "adamw": "_single_tensor_adam"}[optimizer]
     measured_runs = loop_allocations(measured, lambda frames: any(
@@ -109,15 +119,9 @@ def test_norm_backward_fp32_temporaries_are_the_measured_ones(tmp_path):
     RMSNorm's backward runs in fp32, and its PowBackward0 holds two fp32 b·s·h temporaries besides
     its result (x.pow(1) and 2 * x.pow(1)). The predicted snapshot allocates fp32 b·s·h blocks
     (256 MiB) exactly as often per step as the measured one."""
-    with gzip.open(os.path.join(SRC, "tests/data/reserved_8b_snapshot/llama-3.1-8b_bf16_full_flash_adamw_b4s4096.pickle.gz")) as f:
-        measured = pickle.load(f)["device_traces"][0]
-    predicted_path = tmp_path / "predicted.pickle"
-    out = subprocess.run([CLI, "predict", os.path.join(SRC, "configs/hf/llama-3.1-8b.json"), "--batch", "4", "--seq", "4096",
-                          "--precision", "bf16", "--recompute", "full", "--snapshot", str(predicted_path)],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    with open(predicted_path, "rb") as f:
-        predicted = pickle.load(f)["device_traces"][0]
+    measured = measured_trace("reserved_8b_snapshot/llama-3.1-8b_bf16_full_flash_adamw_b4s4096")
+    predicted = predicted_trace(tmp_path, os.path.join(SRC, "configs/hf/llama-3.1-8b.json"),
+                                ["--batch", "4", "--seq", "4096", "--precision", "bf16", "--recompute", "full"])
 
     def allocations_of(trace, size):
         return sum(1 for e in trace if e["action"] == "alloc" and e["size"] == size)
@@ -186,18 +190,14 @@ EXACT_STREAMS = [  # (snapshot, config, flags): steps whose every allocation the
 def test_the_step_allocates_and_frees_as_torch_does(tmp_path, snapshot, config, flags):
     """Whole-run snapshots measured alone: the predicted snapshot's large-pool stream (step 0, then
     the steady steps) is the measured one, allocation for allocation, with at most a handful of
-    exceptions in its first 4,000 entries (or all, where the snapshot holds fewer) (a 1 MiB cuBLASLt workspace of the first biased linear,
-    which is the small pool's and so uncounted, shifts a free group). Before the walk followed
+    exceptions in its first 4,000 entries, or in all of them where the snapshot holds fewer (a 1 MiB
+    cuBLASLt workspace of the first biased linear, which is the small pool's and so uncounted,
+    shifts a free group). Before the walk followed
     autograd's engine (docs/accuracy.md), 300 to 1,800 of them differed."""
     import difflib
-    with gzip.open(os.path.join(SRC, "tests/data", snapshot + ".pickle.gz")) as f:
-        measured = stream(pickle.load(f)["device_traces"][0])[:4000]
-    predicted_path = tmp_path / "predicted.pickle"
-    out = subprocess.run([CLI, "predict", os.path.join(SRC, config), "--attention", "flash", "--snapshot", str(predicted_path)] + flags,
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    with open(predicted_path, "rb") as f:
-        predicted = stream(pickle.load(f)["device_traces"][0], skip_before_step=True)[:4200]
+    measured = stream(measured_trace(snapshot))[:4000]
+    predicted = stream(predicted_trace(tmp_path, os.path.join(SRC, config), ["--attention", "flash"] + flags),
+                       skip_before_step=True)[:4200]
     assert len(measured) >= 1800  # the Gemma 2 snapshot holds the first step and a half
     matcher = difflib.SequenceMatcher(None, measured, predicted, autojunk=False)
     unmatched = len(measured) - sum(block.size for block in matcher.get_matching_blocks())
