@@ -157,10 +157,11 @@ TEST_CASE("reserved_peak of MoE steps and of every optimizer implementation") {
   };
   // 2026-12-03, since the replay follows autograd's engine closely (docs/accuracy.md, "The step as
   // autograd runs it"): Qwen3-30B-A3B's 4-layer amp-bf16 full-recompute step +3.55% in its file
-  // (0.00% alone, below) and OLMoE's 4-layer bf16 full recompute with the auxiliary loss −6.3%
-  // (+0.6% before) are the two that left 3% in these files.
+  // (0.00% alone, below); OLMoE's 4-layer bf16 full recompute with the auxiliary loss, −6.3% then,
+  // +0.57% since the MoE block follows its whole-run snapshot (tests/data/inprocess_alone/, −0.01%
+  // alone there).
   for (const File& f : {File{"tests/data/torch_train_moe_h200.json", 26, 25, 0.04},
-                        File{"tests/data/torch_train_moe_impl_h200.json", 21, 17, 0.065},
+                        File{"tests/data/torch_train_moe_impl_h200.json", 21, 18, 0.065},
                         File{"tests/data/torch_train_optimizer_impl_h200.json", 36, 27, 0.066}}) {
     CAPTURE(f.path);
     const auto errs = reserved_errors(f.path);
@@ -257,6 +258,24 @@ TEST_CASE("reserved_peak of held-out steps measured alone") {
   const auto errs = reserved_errors("tests/data/engine_holdout/torch_train_engine_holdout_h200.json");
   CHECK(errs.size() == 7);
   CHECK(count_within(errs, 0.04, 0.001) >= 6);
+}
+
+// The steps of the files above that the replay missed by more than 3% in their one process and
+// that had no measurement alone, each measured alone in a fresh process with a whole-run snapshot
+// (tools/device/inprocess_alone_run.sh and inprocess_alone2_run.sh, tests/data/inprocess_alone/).
+// 2026-12-03: all 8 within 0.3%. Six were within 0.25% as the replay stood; OLMoE's 4-layer bf16
+// full recompute with the auxiliary loss was −6.8% and Qwen1.5-MoE's 4-layer bf16 full recompute
+// +6.3% until the MoE block followed their snapshots: IndexBackward0 makes no copy of an already
+// contiguous gradient and sorts after it, the weighting and the shared expert's gating multiply
+// their second factor first with the first's product reduced after the node, the MoE block's
+// linears take 2-D inputs (their gradients summed in place), the router softmax's backward holds a
+// second T × E buffer, the aux loss's column sum stages as the reduction kernel does and the
+// logits live until the forward returns, OLMoE's q/k/v views come after v_proj.
+TEST_CASE("reserved_peak of the in-process misses, each measured alone") {
+  const auto errs = reserved_errors({"tests/data/inprocess_alone/torch_train_inprocess_alone_h200.json",
+                                     "tests/data/inprocess_alone/torch_train_inprocess_alone2_h200.json"});
+  CHECK(errs.size() == 8);
+  CHECK(count_within(errs, 0.03, 0.005) >= 8);
 }
 
 // The for-loop optimizers, each step alone in a fresh process: Adafactor on five architectures

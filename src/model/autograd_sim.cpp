@@ -169,6 +169,22 @@ void AutogradSim::transient(const char* name, bytes_t bytes, Term term, Role rol
   drop(t);
 }
 
+void AutogradSim::kernel_temporaries(const char* op, const std::array<LaunchSize, 2>& temporaries) {
+  // made at every shape (empty where the kernel needs none) so that the step's stream is the same
+  // at every shape (the compiled plans and streams evaluate each at the shape)
+  TensorId made[2] = {kNone, kNone};
+  for (std::size_t p = 0; p < 2; ++p) {
+    const LaunchSize& l = temporaries[p];
+    if (l.kind == LaunchSize::Kind::none) continue;
+    const bool sums = l.kind == LaunchSize::Kind::reduce_buffer || l.kind == LaunchSize::Kind::embedding_partial_sums;
+    made[p] = make(sums ? "kernel temporaries: partial sums" : "kernel temporaries: offsets and semaphores", launch_bytes(l),
+                   Term::activations, Role::temporary, op, "", "", false);
+    tensors_[made[p]].launch = l;
+  }
+  drop(made[1]);
+  drop(made[0]);
+}
+
 void AutogradSim::allocate_at_next_matmul(const char* name, bytes_t bytes) { deferred_ = {name, bytes}; }
 
 bool AutogradSim::runs_matmul(const char* op) {
@@ -513,19 +529,7 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
       // reduced), a promoted input's cast (the product's dtype freed after)
       for (std::size_t slot = n.inputs.n; slot-- > 0;) {
         if (reduced && slot == n.reduced_slot && gradient(slot)) {
-          // the kernel's temporaries, made at every shape (empty where the kernel needs none) so
-          // that the step's stream is the same at every shape
-          TensorId made[2] = {kNone, kNone};
-          for (int p = 0; p < 2; ++p) {
-            const LaunchSize& l = n.reduction_temporaries[p];
-            if (l.kind == LaunchSize::Kind::none) continue;
-            const bool sums = l.kind == LaunchSize::Kind::reduce_buffer || l.kind == LaunchSize::Kind::embedding_partial_sums;
-            made[p] = make(sums ? "kernel temporaries: partial sums" : "kernel temporaries: offsets and semaphores",
-                           launch_bytes(l), Term::activations, Role::temporary, n.op, "", "", false);
-            tensors_[made[p]].launch = l;
-          }
-          drop(made[1]);
-          drop(made[0]);
+          kernel_temporaries(n.op, n.reduction_temporaries);
           if (ws_at_reduced) {
             for (std::size_t p = std::size(ws); p-- > 0;) drop(ws[p]);
             std::fill(std::begin(ws), std::end(ws), kNone);

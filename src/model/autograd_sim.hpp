@@ -67,6 +67,11 @@ struct TensorInfo {
   // not in proportion to `bytes`: an FSDP2 rank's own chunk (fsdp_local_shard), where the storage
   // is the padded one (the last ranks of an uneven split hold fewer rows than they store). 0: bytes.
   std::uint64_t state_elements = 0;
+  // Whether this rank's optimizer steps the parameter (ZeRO-1: only the tensors it owns), and its
+  // place in the optimizer's list where that is not the order parameters are made (ZeRO-1's local
+  // optimizer takes them largest first; 0: in the order made).
+  bool stepped = true;
+  std::uint32_t step_order = 0;
   // A kernel's temporary sized by its launch configuration (cuda_reduce.hpp): `bytes` is
   // launch_bytes(launch) at this shape, and the compiled plans evaluate it at theirs.
   LaunchSize launch{};
@@ -152,6 +157,10 @@ class AutogradSim {
   void set_stream(TensorId t, AllocStream s) { tensors_[t].stream = s; }
   void set_optimizer(TensorId t, std::uint8_t o) { tensors_[t].optimizer = o; }
   void set_state_elements(TensorId t, std::uint64_t n) { tensors_[t].state_elements = n; }
+  void set_stepped(TensorId t, bool stepped, std::uint32_t order = 0) {
+    tensors_[t].stepped = stepped;
+    tensors_[t].step_order = order;
+  }
   // Frees a parameter's gradient (FSDP2 reduce-scatters it away, DDP's bucket view replaces it).
   void drop_grad(TensorId param);
   // Records a backward node: `inputs` receive gradients (those that require grad), `outputs` send
@@ -201,6 +210,9 @@ class AutogradSim {
   void views_through_node(const char* op, std::initializer_list<TensorId> inputs, TensorId output);
   // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
   void transient(const char* name, bytes_t bytes, Term term = Term::activations, Role role = Role::temporary);
+  // A kernel's temporaries sized by its launch configuration (a reduction's staging buffer, then
+  // its semaphores: reduce_launch), allocated in order and freed last first, inside `op`.
+  void kernel_temporaries(const char* op, const std::array<LaunchSize, 2>& temporaries);
   // Recompute support: nodes created while discard_saves is set keep no saved tensors; a
   // checkpoint region records [first,last) node indices to be re-run by `recompute`.
   void set_discard_saves(bool on) { discard_saves_ = on; }

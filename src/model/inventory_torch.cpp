@@ -113,20 +113,37 @@ struct Step {
 
   // Tensor parallelism (DTensor, use_local_output): a ColwiseParallel linear's input gradient is a
   // partial sum that backward all-reduces into a new tensor (funcol.all_reduce clones, then
-  // reduces in place): a second b·s·h buffer while the first is freed. A RowwiseParallel linear's
-  // output likewise, in the forward.
+  // reduces in place). A RowwiseParallel linear's output likewise, in the forward.
   // (Under sequence parallelism the column-parallel input is the all-gather's output: its gradient
   // is reduce-scattered by sp_all_gather's backward instead.)
-  bytes_t tp_input_grad_allreduce() const {
-    return job.parallel.tensor > 1 && !sp() ? mul(d.T, d.h, r.compute) : 0;
+  bool tp_input_grad_allreduce() const { return job.parallel.tensor > 1 && !sp(); }
+  // The module's input hook, DTensor.from_local(x, Replicate): a view whose backward redistributes
+  // the partial gradient to Replicate, a node of its own after the linear's. The linear's node
+  // returns first and frees its incoming gradient; then the all-reduce clones the partial input
+  // gradient and frees it (the Llama 3.1 8B stage's snapshot under 1F1B × TP 2 × FSDP2,
+  // tests/data/inprocess_alone/, events 1282-1288: up_proj's 56 MiB weight gradient, its 16 MiB
+  // input gradient, the 28 MiB incoming one freed, the 16 MiB clone, the partial freed). Each
+  // projection's hook makes its own: gate_proj's clone is then summed in place into up_proj's,
+  // a gradient of its own rather than a matmul's view (events 1301-1305).
+  TensorId tp_replicated(TensorId x) {
+    TensorId xr = sim.view_of(x, "TP input (DTensor.from_local, Replicate)", sim.logical_bytes(x), sim.info(x).dtype);
+    sim.node("all_reduce of the input gradient (Partial → Replicate)", {x}, {xr}, {});
+    return xr;
   }
   // A RowwiseParallel linear's output: all-reduced (TP), or reduce-scattered onto this rank's part
-  // of the sequence (SP). Returns the tensor the model goes on with.
+  // of the sequence (SP). Returns the tensor the model goes on with: under TP the all-reduce's
+  // clone, the partial sum freed (the Llama 3.1 8B stage's snapshot under 1F1B × TP 2 × FSDP2,
+  // tests/data/inprocess_alone/, events 139-143: o_proj's output, its clone, the output freed, and
+  // the residual add in its place). The redistribute's backward hands the gradient through.
   TensorId tp_row_output(TensorId partial, const char* sp_name) {
     if (sp()) return sp_reduce_scatter(partial, sp_name);
-    if (job.parallel.tensor > 1)
-      sim.transient("TP all-reduce output (the partial sum's clone)", sim.info(partial).bytes, Term::other, Role::communication);
-    return partial;
+    if (job.parallel.tensor == 1) return partial;
+    const TensorInfo p = sim.info(partial);  // (a copy: make may move the table)
+    TensorId out = sim.make("TP all-reduce output (the partial sum's clone)", p.bytes, Term::activations,
+                            "all_reduce (Partial → Replicate)", p.dtype, p.shape, true);
+    sim.pass_through_node("all_reduce backward (Replicate: the gradient as it is)", {partial}, out);
+    sim.drop(partial);
+    return out;
   }
 
   // Sequence parallelism (--sp; torchtitan's layouts, tools/torch_profile_dist.py): the residual
@@ -185,8 +202,9 @@ struct Step {
   //     router_prob_sum += routing_weights.float().sum(dim=0)    # an fp32 copy of T × E
   // then E-sized arithmetic to a scalar, and loss += router_aux_loss_coef * aux_loss. The allocator
   // snapshot qwen3-30b-a3b_L2_bf16_none_flash_adamw_grouped_mm_aux_b1s1024_snapshot-forward shows
-  // these after the cross-entropy, the fp32 sum staging twice the copy's size, and every layer's
-  // logits freed with the outputs. The E-sized vectors (a few KiB) are left out.
+  // these after the cross-entropy, the column sum's staging buffer (the reduction kernel's: 1 MiB
+  // there, for 128 experts over 1,024 tokens; 0.5 MiB in OLMoE's, tests/data/inprocess_alone/, for
+  // 64 over 4,096), and every layer's logits freed with the outputs. The E-sized vectors (a few KiB) are left out.
   bool aux_loss() const { return job.router_aux_loss || m.moe.output_router_logits; }
   TensorId router_aux_loss(TensorId loss) {
     const bytes_t E = m.moe.experts, k = m.moe.top_k;
@@ -210,9 +228,9 @@ struct Step {
       } else {
         sim.hold(f);
       }
-      sim.transient("aux loss: the sum's staging", mul(d.T, E, 8));
+      sim.kernel_temporaries("aux loss: sum(dim=0)", reduce_launch(E, d.T, false));
       TensorId s = sim.make("aux loss: router probability sums", mul(E, 4), Term::activations, "sum", "fp32", "E", true);
-      sim.node("SumBackward1", {f}, {s}, {});
+      sim.views_through_node("SumBackward1", {f}, s);  // sum(dim=0)'s gradient is an expand, no copy
       sim.drop(f);
       sim.drop(rw);
       TensorId a = sim.make("aux loss: router probability sums", mul(E, 4), Term::activations, "add", "fp32", "E", true);
@@ -322,21 +340,25 @@ struct Step {
   // `out_b`: the output's element bytes when autocast is off (default: the compute dtype).
   // `ad`: the linear's LoRA adapter, if any. Linear saves the input for the weight's gradient and
   // the weight for the input's: with a frozen weight (LoRA's base) it keeps no input.
-  // `rows`: the matmul's rows where they are not the step's tokens (a mixture of experts' pairs).
+  // `rows`: a 2-D input's rows (a mixture of experts' pairs, or the tokens a MoE block flattened);
+  // 0: the step's tokens in b·s·features, whose gradient the matmul hands back as a view.
   TensorId linear(TensorId x, bytes_t in, bytes_t out, TensorId w, TensorId bias, const char* name,
-                  const char* shape, const Adapter* ad = nullptr, bytes_t out_b = 0, bytes_t bwd_ws = 0, bytes_t rows = 0) {
+                  const char* shape, const Adapter* ad = nullptr, bytes_t out_b = 0, bool tp_colwise_input = false,
+                  bytes_t rows = 0) {
     const bytes_t n = rows ? rows : d.T;
+    TensorId xr = tp_colwise_input ? tp_replicated(x) : x;
     // autocast's wrapper casts the arguments of linear(input, weight, bias) in one pack expansion,
     // which GCC evaluates right to left: the bias, the weight, then the input (the 4.5 MiB q_proj
     // weight copy before the 6 MiB input copy in the snapshot above, events 73-74)
     TensorId bc = bias == kNone ? kNone : weight(bias);
     TensorId wc = weight(w);
-    TensorId xin = cast_input(x, mul(n, in), "linear inputs (autocast bf16 copies)");
+    TensorId xin = cast_input(xr, mul(n, in), "linear inputs (autocast bf16 copies)");
     const bytes_t ob = r.autocast || out_b == 0 ? r.compute : out_b;
     TorchOps op = ops();
     op.T = n;
-    TensorId y = op.linear(xin, wc, bc, out, ob, name, ob == 4 ? "fp32" : r.compute_name, shape, bwd_ws);
+    TensorId y = op.linear(xin, wc, bc, out, ob, name, ob == 4 ? "fp32" : r.compute_name, shape, rows != 0);
     sim.drop(xin);
+    if (xr != x) sim.drop(xr);
     release_weight(w, wc);
     release_weight(bias, bc);
     if (ad && ad->a != kNone) y = lora(x, in, out, *ad, y);
@@ -488,14 +510,25 @@ struct Step {
         sim.drop(t);  // the projection's view, a temporary of the expression
         return tn;
       };
-      const bytes_t ws = tp_input_grad_allreduce();
-      q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, ws);
-      q = transposed(q);
-      if (m.qk_norm) q = qk_norm(q, p.q_norm, "q_norm output", d.qd, d.a);
-      k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak, 0, ws);
-      k = transposed(k);
-      if (m.qk_norm) k = qk_norm(k, p.k_norm, "k_norm output", d.kvd, d.kva);
-      v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, ws);
+      // Qwen3 normalises each head, q_norm(q_proj(x).view(hidden_shape)).transpose(1, 2), each
+      // projection before the next. OLMoE normalises all of q and k, q_norm(q_proj(x)), and views
+      // and transposes q, k and v after v_proj: their view's copies come before v_proj's gradients,
+      // right after the rotary's (OLMoE's whole-run snapshot in tests/data/inprocess_alone/).
+      const bool norm_before_view = m.qk_norm && m.quirks.qk_norm_full_width;
+      const bool colwise = tp_input_grad_allreduce();
+      q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, colwise);
+      if (norm_before_view) q = qk_norm(q, p.q_norm, "q_norm output", d.qd, d.a);
+      else if (m.qk_norm) q = qk_norm(transposed(q), p.q_norm, "q_norm output", d.qd, d.a);
+      else q = transposed(q);
+      k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak, 0, colwise);
+      if (norm_before_view) k = qk_norm(k, p.k_norm, "k_norm output", d.kvd, d.kva);
+      else if (m.qk_norm) k = qk_norm(transposed(k), p.k_norm, "k_norm output", d.kvd, d.kva);
+      else k = transposed(k);
+      v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, colwise);
+      if (norm_before_view) {
+        q = transposed(q);
+        k = transposed(k);
+      }
       if (kv_cached()) v = transposed(v);
     }
     // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
@@ -672,22 +705,30 @@ struct Step {
     const MoeRun run{job.experts, job.routing, aux_loss() ? &router_logits : nullptr};
     return ops().moe(x, p.experts_gate_up, p.experts_down, r.param, r.compute, r.compute_name, run,
                      [&](TensorId in_x, bytes_t in, bytes_t out, Module mod, const char* name, const char* shape) {
+                       // The block flattens the tokens, hidden_states.view(-1, hidden_dim), before its
+                       // linears (2-D inputs: `rows`); DeepSeek's shared experts take the 3-D residuals.
+                       const bytes_t flat = d.T;
+                       const bytes_t shared_rows = m.moe.router == MixtureOfExperts::Router::softmax_top_k ? flat : 0;
                        switch (mod) {
                          case Module::router:
                            // DeepSeek's fp32 gate (TorchOps::fp32_gate); under autocast its casts are
                            // no-ops and autocast casts to bf16, as for any nn.Linear
                            return m.moe.router != MixtureOfExperts::Router::softmax_top_k && !r.autocast
                                       ? ops().fp32_gate(in_x, p.router, r.param, in, out, name)
-                                      : linear(in_x, in, out, p.router, kNone, name, shape);
-                         case Module::shared_gate: return linear(in_x, in, out, p.shared_gate, kNone, name, shape);
-                         case Module::shared_up: return linear(in_x, in, out, p.shared_up, kNone, name, shape);
-                         case Module::shared_down: return linear(in_x, in, out, p.shared_down, kNone, name, shape);
-                         case Module::shared_expert_gate: return linear(in_x, in, out, p.shared_expert_gate, kNone, name, shape);
+                                      : linear(in_x, in, out, p.router, kNone, name, shape, nullptr, 0, false, flat);
+                         case Module::shared_gate:
+                           return linear(in_x, in, out, p.shared_gate, kNone, name, shape, nullptr, 0, false, shared_rows);
+                         case Module::shared_up:
+                           return linear(in_x, in, out, p.shared_up, kNone, name, shape, nullptr, 0, false, shared_rows);
+                         case Module::shared_down:
+                           return linear(in_x, in, out, p.shared_down, kNone, name, shape, nullptr, 0, false, shared_rows);
+                         case Module::shared_expert_gate:
+                           return linear(in_x, in, out, p.shared_expert_gate, kNone, name, shape, nullptr, 0, false, flat);
                          default: throw Error(ErrorKind::unsupported, "internal: no training MoE linear for " + std::string(to_string(mod)));
                        }
                      },
                      [&](TensorId in_x, TensorId w, bytes_t rows, bytes_t in, bytes_t out, const char* name) {
-                       return linear(in_x, in, out, w, kNone, name, "n·out", nullptr, 0, 0, rows);
+                       return linear(in_x, in, out, w, kNone, name, "n·out", nullptr, 0, false, rows);
                      });
   }
 
@@ -1046,6 +1087,7 @@ TensorId forward(Step& st, bool checkpoint) {
   if (!checkpoint) sim.drop(st.mask);
   sim.hold(hn);
   TensorId loss = kNone;
+  TensorId output_logits = kNone;  // the full loss's logits, held by the output object
   // the logits' vocabulary: the whole of it (SP gathers lm_head's shards), or this rank's shard
   // under the vocabulary-parallel loss
   const bool vocab_parallel = st.job.parallel.loss_parallel;
@@ -1056,7 +1098,7 @@ TensorId forward(Step& st, bool checkpoint) {
     if (!st.sp()) sim.hold(hn);
     // lm_head ColwiseParallel on a replicated input (the vocabulary-parallel loss without SP): its
     // input gradient is a partial sum, all-reduced into a new tensor as the projections' are
-    const bytes_t head_grad_allreduce = vocab_parallel && !st.sp() ? st.tp_input_grad_allreduce() : 0;
+    const bool head_grad_allreduce = vocab_parallel && !st.sp() && st.tp_input_grad_allreduce();
     TensorId logits = st.linear(head_in, d.h, d.V, st.lm_head, kNone, "logits", "b·s·V", nullptr, 0, head_grad_allreduce);
     sim.drop(head_in);
     if (st.sp() && !vocab_parallel) logits = st.sp_gather_logits(logits);
@@ -1108,7 +1150,7 @@ TensorId forward(Step& st, bool checkpoint) {
     sim.split_last_workspace(3, 0b010);  // grad_input, exp(x) (freed first), their sum
     sim.drop(lsm);
     sim.drop(shift);
-    sim.drop(logits);  // the output object is dropped once .loss is taken
+    output_logits = logits;
   } else {
     // Chunked (fused linear + cross-entropy, Liger-style): per chunk of c tokens the logits, their
     // fp32 copy and their gradient exist only inside the forward; the gradients of the hidden states
@@ -1134,6 +1176,11 @@ TensorId forward(Step& st, bool checkpoint) {
     sim.drop(hn);
   }
   if (st.aux_loss()) loss = st.router_aux_loss(loss);
+  // The output object is dropped once .loss is taken: the forward's `logits` lives until it
+  // returns, past the auxiliary loss it computes after the cross-entropy (OLMoE's whole-run
+  // snapshot in tests/data/inprocess_alone/: the 393 MiB logits freed with the aux loss's last
+  // temporaries, not after the cross-entropy).
+  sim.drop(output_logits);
   // leaving torch.autocast clears its weight cache; saved copies live on in the graph
   st.clear_cast_cache();
   if (!checkpoint) {  // checkpointed layers keep cos/sin as inputs until their recompute
@@ -1493,6 +1540,8 @@ void build_parameters(Step& st, bool building) {
     TensorId shard, whole;
   };
   std::vector<PendingShard> pending_shards;
+  // every parameter in the order it is made, which is model.parameters()'s (ZeRO-1's partition)
+  std::vector<std::pair<TensorId, std::uint64_t>> created;
   // A rank built on the device (DDP, ZeRO-1, TP: tools/torch_profile_dist.py's materialise):
   // to_empty gives a tied lm_head a storage of its own, freed at once when the script ties it
   // again; its segment stays reserved (Llama 3.2 1B over 4 TP ranks, amp-bf16: 5,762 MiB reserved
@@ -1558,6 +1607,7 @@ void build_parameters(Step& st, bool building) {
     else if (optimizer_per_tensor_kind(st.job.parallel) && !dtensor_parameter(t, st.job.parallel))
       sim.set_optimizer(id, 1);
     st.groups[group].push_back({id, t});
+    created.push_back({id, t.elements()});
     return id;
   };
   const auto outer = m.outer_tensors();
@@ -1592,6 +1642,22 @@ void build_parameters(Step& st, bool building) {
   // (under --sp or --loss-parallel the plan keeps the two apart: its lm_head shard above)
   if (building && !fsdp && !stage && m.tied_embeddings && st.job.parallel.world() > 1)
     lm_head_storage_until_retie(mul(m.vocab_size, m.hidden_size, st.r.param));
+  if (st.dp && st.dp->layout().strategy == DataStrategy::zero1) {
+    // ZeroRedundancyOptimizer steps (and keeps state for) the whole tensors it gives this rank,
+    // in the order it gave them, largest first (Qwen3-30B-A3B's rank in
+    // tests/data/inprocess_alone/: its state made 768, 768, then 384 MiB, ...)
+    std::vector<std::uint64_t> elements;
+    for (const auto& c : created) elements.push_back(c.second);
+    const std::vector<std::uint64_t> owner = zero1_owners(elements, st.dp->layout().shard);
+    std::vector<std::size_t> largest_first(created.size());
+    for (std::size_t i = 0; i < largest_first.size(); ++i) largest_first[i] = i;
+    std::stable_sort(largest_first.begin(), largest_first.end(),
+                     [&](std::size_t a, std::size_t b) { return elements[a] > elements[b]; });
+    for (std::size_t k = 0; k < largest_first.size(); ++k) {
+      const std::size_t i = largest_first[k];
+      sim.set_stepped(created[i].first, owner[i] == st.dp->layout().shard_rank, static_cast<std::uint32_t>(k + 1));
+    }
+  }
   std::stable_sort(pending_shards.begin(), pending_shards.end(),
                    [](const PendingShard& a, const PendingShard& b) { return a.order < b.order; });
   for (const PendingShard& p : pending_shards) {  // parallelize_module: the shard, then the whole one goes

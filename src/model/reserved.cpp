@@ -119,9 +119,11 @@ struct ReplayScript {
         script.phases.push_back(static_cast<std::int8_t>(std::find(std::begin(kTrainPhases), std::end(kTrainPhases), p) -
                                                          std::begin(kTrainPhases)));
       for (std::size_t t = 0; t < trace.tensors.size(); ++t)
-        if (trace.tensors[t].param && trace.tensors[t].requires_grad) script.trainable.push_back(static_cast<std::uint32_t>(t));
+        if (trace.tensors[t].param && trace.tensors[t].requires_grad && trace.tensors[t].stepped)
+          script.trainable.push_back(static_cast<std::uint32_t>(t));
       std::stable_sort(script.trainable.begin(), script.trainable.end(), [&](std::uint32_t a, std::uint32_t b) {
-        return trace.tensors[a].optimizer < trace.tensors[b].optimizer;
+        const TensorInfo &x = trace.tensors[a], &y = trace.tensors[b];
+        return x.optimizer != y.optimizer ? x.optimizer < y.optimizer : x.step_order < y.step_order;
       });
       for (std::uint32_t t : script.trainable) script.state_weight.push_back(trace.tensors[t].state_elements);
     }

@@ -137,14 +137,17 @@ TensorId TorchOps::rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t widt
 // mm_mat2_backward's transpose (W^T is column-major) transposed again by TBackward0, the input's is
 // ViewBackward0's reshape of the 2-D mm over the flattened tokens (matmul's fold, or
 // _flatten_nd_linear with a bias). A second contribution to such a gradient is summed out of place.
+// A 2-D input (the MoE blocks flatten the tokens first) gets the mm's result itself, into which a
+// later contribution is summed in place (Qwen1.5-MoE's whole-run snapshot in
+// tests/data/inprocess_alone/, events 1487-1511: the experts' 32 MiB contribution freed after it is
+// added to the shared expert's and the gates').
 // Where it shows: with tied embeddings in bf16 or fp32, lm_head's weight gradient waits in the
 // embedding's input buffer through the whole backward, and EmbeddingBackward's V×h gradient
 // (embedding_dense_backward_cuda: at::zeros(V, h)) is added as old + new, so three V×h buffers
 // coexist at the end of backward. Under autocast the weight cast's ToCopyBackward hands the buffer a
 // fresh fp32 tensor, and the embedding's gradient is added to it in place.
 TensorId TorchOps::linear(TensorId xin, TensorId w, TensorId bias, bytes_t out, bytes_t ob, const char* name,
-                          const char* dtype, const char* shape, bytes_t bwd_ws) {
-  constexpr std::uint8_t kLinearViewGrads = 0b011;
+                          const char* dtype, const char* shape, bool flat_input) {
   TensorId y = sim.make(name, mul(T, out, ob), Term::activations, "linear output", dtype, shape, true);
   if (sim.recording()) {
     const bool wg = grad(w), xg = grad(xin);
@@ -152,18 +155,13 @@ TensorId TorchOps::linear(TensorId xin, TensorId w, TensorId bias, bytes_t out, 
     // mat2 before its self, as the snapshots show: lm_head's V×h gradient, then the autograd
     // thread's cuBLAS workspace at step 0, then the input's)
     if (bias == kNone) {
-      sim.node("LinearBackward", {w, xin}, {y}, {wg ? xin : kNone, xg ? w : kNone}, xg ? bwd_ws : 0, kLinearViewGrads);
-      // The input gradient's all-reduce (bwd_ws) clones it after the node and frees the original:
-      // in the allocator that is the same as the copy made in the gradient's place, after the
-      // weight's (tests/data/tp_fresh_snapshots/llama-3.1-8b_tp-lp_w4r0_bf16_none_b1s2048_L8_alone.pickle.gz,
-      // events 1227-1233: 2 MiB, 16 MiB, its 16 MiB clone, the first freed)
-      sim.workspace_before_gradient(1);
+      sim.node("LinearBackward", {w, xin}, {y}, {wg ? xin : kNone, xg ? w : kNone}, 0, flat_input ? 0b01 : 0b11);
     } else {
       // with a bias, aten::linear is addmm: AddmmBackward0 computes the input's gradient, then the
       // weight's, and the bias's is the incoming gradient summed over the tokens after it returns
       // (the Qwen2.5 7B snapshot above: 56 MiB, 3.5 MiB, then k_proj's 1 KiB bias gradient and its
       // 32 MiB staging)
-      sim.node("LinearBackward", {xin, w, bias}, {y}, {wg ? xin : kNone, xg ? w : kNone}, xg ? bwd_ws : 0, kLinearViewGrads);
+      sim.node("LinearBackward", {xin, w, bias}, {y}, {wg ? xin : kNone, xg ? w : kNone}, 0, flat_input ? 0b10 : 0b11);
       sim.reduce_last_gradient(2, false, reduce_launch(out, T, false, out));
     }
   }
@@ -271,7 +269,11 @@ TensorId TorchOps::softmax_fp32(TensorId logits, bytes_t TE, const char* what_sa
     sim.hold(l32);
   }
   TensorId probs = sim.make(name(what_saved, what), mul(TE, 4), Term::activations, "softmax", "fp32", "b·s·E", true);
-  sim.node("SoftmaxBackward0", {l32}, {probs}, {probs});
+  // Its backward makes the gradient, then a second T × E fp32 buffer, freed within the node (the
+  // whole-run snapshots of OLMoE's, Qwen3-30B-A3B's and Qwen1.5-MoE's steps in
+  // tests/data/inprocess_alone/ and reserved_alone/: 1, 2 and 1.9 MiB each)
+  sim.node("SoftmaxBackward0", {l32}, {probs}, {probs}, mul(TE, 4));
+  sim.workspace_before_gradient(1);  // past its one input: after the gradient
   sim.drop(l32);
   return probs;
 }
@@ -531,20 +533,29 @@ TensorId TorchOps::expert_parallel_routing(TensorId* weights) {
 // them (tokens_per_expert only moves the group boundaries). The forward's order and lifetimes are
 // those of the Qwen3-30B-A3B snapshot (events 158-214); its backward
 // (..._snapshot-backward.pickle.gz) shows the transients given as workspaces below: each
-// IndexBackward0 is new_zeros + index_put_(accumulate=True), which sorts the indices (a few S-long
-// int64 buffers) and, where the incoming gradient is the sum's expanded view, first makes it
-// contiguous (S × h); the weighting mul's gradient for the S weights is an S × h product summed
-// over h. Where the weights are fp32 and the outputs bf16 (Mixtral, DeepSeek) the product is fp32
-// and the gradient of the bf16 outputs is its cast, made and freed before the second product:
-// one fp32 S × h temporary at a time (DeepSeek-V3's full-recompute backward, measured, is 1.8%
-// over with two).
+// IndexBackward0 is new_zeros + index_put_(accumulate=True), the gradient first, then the sort of
+// the indices (index_backward below); the incoming gradient of the weighted outputs' gather is
+// already contiguous, the S × h copy that reshaping the sum's expanded gradient made (SumBackward1's
+// here; the whole-run snapshots of OLMoE's and Qwen3-30B-A3B's full-recompute steps in
+// tests/data/inprocess_alone/ and reserved_alone/ show no second copy, 128 and 256 MiB there).
+// The weighting mul's gradient for the S weights is an S × h product summed over h; where the
+// weights are fp32 and the outputs bf16 (Mixtral, DeepSeek) both products are fp32 and the outputs'
+// gradient is a cast of its own (the MulBackward0 below).
 TensorId TorchOps::grouped_mm_experts(TensorId x, TensorId weights, TensorId gate_up, TensorId down, bytes_t wb) {
   // E: the experts this rank runs (all of them, or its share under expert parallelism)
   const bytes_t h = m.hidden_size, E = m.moe.local_experts(), I = m.moe.expert_ff;
   const bytes_t S = checked_product("activation size", T, m.moe.top_k);
   const bytes_t xb = sim.info(x).bytes / mul(T, h);        // the block's input dtype
   const bytes_t sb = sim.info(weights).bytes / S;          // the routing weights' dtype
-  const bytes_t index_sort = mul(S, 8, 4);                 // index_put_(accumulate)'s sorted indices
+  // IndexBackward0: new_zeros(input) + index_put_(accumulate=True), whose sort of the S indices
+  // (index_put_with_sort_kernel) then holds six S-long int64 buffers at its peak, each its own
+  // allocation but one of twice the length, freed after (the snapshots above: 0.25 MiB pieces at
+  // S = 32,768 after the gradient); six equal pieces after the gradient stand for them.
+  auto index_backward = [&](TensorId input, TensorId output, TensorId index) {
+    sim.node("IndexBackward0", {input}, {output}, {index}, mul(S, 8, 6));
+    sim.workspace_before_gradient(1);  // past its one input: after the gradient
+    sim.split_last_workspace(6);
+  };
   TensorId ids = sim.make("experts: sorted expert ids", mul(S, 8), Term::activations, "sort", "int64", "S", false);
   TensorId perm = sim.make(name("experts: sort permutation (saved by the weights' gather)", "experts: sort permutation"),
                            mul(S, 8), Term::activations, "sort", "int64", "S", false);
@@ -553,11 +564,11 @@ TensorId TorchOps::grouped_mm_experts(TensorId x, TensorId weights, TensorId gat
                           mul(S, 8), Term::activations, "floor_divide", "int64", "S", false);
   TensorId sel = sim.make(name("experts: gathered inputs (saved by grouped_mm)", "experts: gathered inputs"), mul(S, h, xb),
                           Term::activations, "index", "", "S·h", true);
-  sim.node("IndexBackward0", {x}, {sel}, {tok}, index_sort);
+  index_backward(x, sel, tok);
   sim.drop(tok);
   TensorId sw = sim.make(name("experts: gathered routing weights (saved by the weighting mul)", "experts: gathered routing weights"),
                          mul(S, sb), Term::activations, "index", "", "S", true);
-  sim.node("IndexBackward0", {weights}, {sw}, {perm}, index_sort);
+  index_backward(weights, sw, perm);
   TensorId hist_in = sim.make("experts: expert ids as int32 (histc input)", mul(S, 4), Term::activations, "int", "int32", "S", false);
   TensorId counts = sim.make("experts: tokens per expert", mul(E, 4), Term::activations, "histc", "int32", "E", false);
   TensorId offs = sim.make(name("experts: group offsets (saved by grouped_mm)", "experts: group offsets"), mul(E, 4),
@@ -595,12 +606,19 @@ TensorId TorchOps::grouped_mm_experts(TensorId x, TensorId weights, TensorId gat
   sim.drop(dn);
   const bytes_t ob = std::max(wb, sb);  // type promotion of the product
   TensorId wo = sim.make("experts: weighted outputs", mul(S, h, ob), Term::activations, "mul", "", "S·h", true);
-  sim.node("MulBackward0", {dnm, sw}, {wo}, {dnm, sw}, mul(S, h, ob));
+  // MulBackward0, the second factor first: the weights' gradient is an S × h product reduced over
+  // h (validate_outputs, after the node), the outputs' is the other product, cast to their dtype
+  // after the node where it is wider (fp32 weights: DeepSeek-V3's whole-run snapshot,
+  // tests/data/moe_snapshots/deepseek-v3_..._run, events 1435-1446: both fp32 products, then the
+  // saved outputs freed, the bf16 cast, the products freed last first)
+  sim.node("MulBackward0", {sw, dnm}, {wo}, {dnm, sw}, mul(S, h, ob));
+  sim.reduce_last_gradient(0, true, reduce_launch(S, h, true));
+  if (ob != wb) sim.promote_last_gradient(1, mul(S, h, ob));
   TensorId inv = sim.make(name("experts: inverse permutation (saved by the gather)", "experts: inverse permutation"),
                           mul(S, 8), Term::activations, "empty_like", "int64", "S", false);
   sim.transient("experts: arange for the inverse permutation", mul(S, 8));
   TensorId wp = sim.make("experts: weighted outputs in token order", mul(S, h, ob), Term::activations, "index", "", "S·h", true);
-  sim.node("IndexBackward0", {wo}, {wp}, {inv}, mul(S, h, ob) + index_sort);
+  index_backward(wo, wp, inv);
   sim.drop(wo);  // weighted_out is rebound
   TensorId out = sim.make("experts: output (sum over the top k)", mul(T, h, ob), Term::activations, "sum", "", "b·s·h", true);
   sim.node("SumBackward1", {wp}, {out}, {});

@@ -48,10 +48,10 @@ struct TorchOps {
   TensorId rmsnorm(TensorId x, TensorId w, const char* tag, bytes_t width, bytes_t groups = 1, bytes_t in_b = 0);
 
   // nn.Linear's output, `out` features of `ob` bytes per token, from `xin` (the input as the matmul
-  // sees it) and the weight `w` (and `bias`) as the matmul sees them. `bwd_ws`: transient memory of
-  // its backward beyond the gradients (a tensor-parallel all-reduce of the input gradient).
+  // sees it) and the weight `w` (and `bias`) as the matmul sees them. `flat_input`: the input is
+  // 2-D (tokens × features), so its gradient is the matmul's own result, not a reshaped view.
   TensorId linear(TensorId xin, TensorId w, TensorId bias, bytes_t out, bytes_t ob, const char* name,
-                  const char* dtype, const char* shape, bytes_t bwd_ws = 0);
+                  const char* dtype, const char* shape, bool flat_input = false);
 
   // apply_rotary_pos_emb on one tensor `t` of `width` values per token and `eb` bytes each, with
   // cos/sin of `cs_b` bytes each.
@@ -223,7 +223,12 @@ TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, 
     const bytes_t sb = sim.info(shared).bytes / checked_product("activation size", T, h);
     TensorId gated = sim.make("gated shared expert output", checked_product("activation size", T, h, std::max(gb, sb)),
                               Term::activations, "mul", dtype, "b·s·h", true);
-    sim.node("MulBackward0", {sg, shared}, {gated}, {sg, shared});
+    // MulBackward0, the second factor first: the shared expert's gradient, then the gate's as a
+    // b·s·h product summed over h after the node (Qwen1.5-MoE's whole-run snapshot in
+    // tests/data/inprocess_alone/, events 1348-1354: 32 MiB, 32 MiB, the product freed last)
+    sim.node("MulBackward0", {shared, sg}, {gated}, {sg, shared},
+             checked_product("activation size", T, h, std::max(gb, sb)));
+    sim.reduce_last_gradient(1, true, reduce_launch(T, h, true));
     sim.drop(sg);
     sim.drop(shared);
     out = add_outputs(out, gated, "experts + shared expert", dtype);

@@ -182,12 +182,24 @@ EXACT_STREAMS = [  # (snapshot, config, flags): steps whose every allocation the
      ["--batch", "4", "--seq", "1024", "--precision", "bf16"]),
     ("engine_holdout/tinyllama-1.1b_bf16_full_flash_adamw_b2s4096", "configs/hf/tinyllama-1.1b.json",
      ["--batch", "2", "--seq", "4096", "--precision", "bf16", "--recompute", "full"]),
+    # the MoE block with the auxiliary loss, and a pipeline stage under TP × FSDP2 with microbatches
+    # (tests/data/inprocess_alone/: the snapshots the MoE block, TP's all-reduce nodes and FSDP2's
+    # accumulators were matched against), on the layer counts they were measured with
+    ("inprocess_alone/olmoe-1b-7b_L4_bf16_full_flash_adamw_grouped_mm_aux_b2s2048", "tests/data/hf/moe/olmoe-1b-7b.json",
+     ["--batch", "2", "--seq", "2048", "--precision", "bf16", "--recompute", "full"],
+     {"num_hidden_layers": 4, "output_router_logits": True}),
+    ("inprocess_alone/llama-3.1-8b_pp-1f1b-tp2-fsdp2-reshard-true_s2r0m4_amp-bf16_none_b1s2048_L8",
+     "configs/hf/llama-3.1-8b.json",
+     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--pp", "2", "--rank", "0", "--microbatches", "4",
+      "--pp-schedule", "1f1b", "--fsdp", "2", "--reshard-after-forward", "true", "--tp", "2"],
+     {"num_hidden_layers": 8}),
 ]
+EXACT_STREAMS = [entry if len(entry) == 4 else entry + ({},) for entry in EXACT_STREAMS]
 
 
 @pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
-@pytest.mark.parametrize("snapshot,config,flags", EXACT_STREAMS)
-def test_the_step_allocates_and_frees_as_torch_does(tmp_path, snapshot, config, flags):
+@pytest.mark.parametrize("snapshot,config,flags,overrides", EXACT_STREAMS)
+def test_the_step_allocates_and_frees_as_torch_does(tmp_path, snapshot, config, flags, overrides):
     """Whole-run snapshots measured alone: the predicted snapshot's large-pool stream (step 0, then
     the steady steps) is the measured one, allocation for allocation, with at most a handful of
     exceptions in its first 4,000 entries, or in all of them where the snapshot holds fewer (a 1 MiB
@@ -195,9 +207,18 @@ def test_the_step_allocates_and_frees_as_torch_does(tmp_path, snapshot, config, 
     shifts a free group). Before the walk followed
     autograd's engine (docs/accuracy.md), 300 to 1,800 of them differed."""
     import difflib
-    measured = stream(measured_trace(snapshot))[:4000]
-    predicted = stream(predicted_trace(tmp_path, os.path.join(SRC, config), ["--attention", "flash"] + flags),
+    config_path = os.path.join(SRC, config)
+    if overrides:  # the layer count (and router outputs) the run was measured with
+        with open(config_path) as f:
+            spec = json.load(f)
+        spec.update(overrides)
+        config_path = tmp_path / os.path.basename(config)
+        with open(config_path, "w") as f:
+            json.dump(spec, f)
+    predicted = stream(predicted_trace(tmp_path, config_path, ["--attention", "flash"] + flags),
                        skip_before_step=True)[:4200]
+    # (a replay that repeats after fewer steps than the run measured is compared over its own length)
+    measured = stream(measured_trace(snapshot))[:min(4000, len(predicted))]
     assert len(measured) >= 1800  # the Gemma 2 snapshot holds the first step and a half
     matcher = difflib.SequenceMatcher(None, measured, predicted, autojunk=False)
     unmatched = len(measured) - sum(block.size for block in matcher.get_matching_blocks())
