@@ -203,9 +203,10 @@ TEST_CASE("FSDP2's reserved memory: ranks measured in a fresh process land withi
   check_file("tests/data/torch_train_fsdp_reserved_more_fakepg_h200.json", 0.02, none, w, 0.006, -0.006);
   // The last stage of Llama 3.2 1B under 1F1B × FSDP2 4 (amp-bf16): +6.6% since the residual
   // stream's gradient became one buffer (0.00% before; its snapshot is
-  // tests/data/handthrough_snapshots/, its stream the replay's but for one 8 MiB free): one
-  // 1,002 MiB segment more, where the same rank measured again in another process reserved
-  // 16,256 MiB, not 15,226 (docs/accuracy.md); bounded below.
+  // tests/data/handthrough_snapshots/, its stream the replay's, event for event, since the stage's
+  // last layer output lives until lm_head returns and the root's accumulators outlive the
+  // reduce-scatter output): one 1,002 MiB segment more, where the same rank measured again in
+  // another process reserved 16,256 MiB, not 15,226 (docs/accuracy.md); bounded below.
   // Llama 3.1 8B's first stage under 1F1B × TP 2 × FSDP2 (amp-bf16, 8 layers) was −4.8% until the
   // replay followed its whole-run snapshot (tests/data/inprocess_alone/): each projection's TP
   // all-reduce a node of its own, the RowwiseParallel output the all-reduce's clone, FSDP2's

@@ -193,20 +193,21 @@ void DataParallelSim::post_backward(std::size_t g) {
   const TensorId last_grad = g == 0 && !gr.params.empty() ? gr.params.front().first : kNone;
   for (const auto& [id, t] : gr.params)
     if (id != last_grad) sim_.drop_grad(id);
-  // The microbatches' accumulators (what was reduced) go as foreach_reduce drops its list of them,
-  // from the end, before the output; the last gradient's, like the gradient itself, outlives the
-  // output (the Llama 3.1 8B stage's snapshot under 1F1B × TP 2 × FSDP2, tests/data/inprocess_alone/:
-  // events 6651-6665, a layer's seven accumulators freed last first, then its output; events
-  // 6616-6623, the root's 1,002 MiB output, then the embedding's 2,004 MiB fp32 accumulator).
-  TensorId last_accumulated = kNone;
-  for (std::size_t i = gr.accumulated.size(); i-- > 0;) {
-    if (gr.params[i].first == last_grad) last_accumulated = std::exchange(gr.accumulated[i], kNone);
-    else sim_.drop(std::exchange(gr.accumulated[i], kNone));
-  }
+  // The microbatches' accumulators (what was reduced): a layer's go as foreach_reduce drops its
+  // list of them, last first, before the output; the root's outlive the output until
+  // post_backward returns (the pipeline stages' snapshots: Llama 3.1 8B's first stage under 1F1B ×
+  // TP 2 × FSDP2, tests/data/inprocess_alone/, events 6651-6665, a layer's seven accumulators then
+  // its output, and events 6616-6623, the root's 1,002 MiB output then the embedding's 2,004 MiB
+  // fp32 accumulator; Llama 3.2 1B's last stage under 1F1B × FSDP2 4,
+  // tests/data/handthrough_snapshots/, events 12742-12751, lm_head's).
+  const bool root = g == 0;
+  if (!root)
+    for (std::size_t i = gr.accumulated.size(); i-- > 0;) sim_.drop(std::exchange(gr.accumulated[i], kNone));
   const TensorId out = sim_.make("FSDP2 sharded gradients (reduce-scatter output)", times(gr.shard_elems, reduce_),
                                  Term::model_states, Role::gradient, "foreach_reduce", "", "", false);
   sim_.set_stream(out, AllocStream::reduce_scatter);  // the input is the compute stream's
-  sim_.drop(last_accumulated);
+  if (root)
+    for (std::size_t i = gr.accumulated.size(); i-- > 0;) sim_.drop(std::exchange(gr.accumulated[i], kNone));
   if (last_grad != kNone) sim_.drop_grad(last_grad);
   if (!l_.offload) {
     rs_outputs_.push_back(out);

@@ -1224,10 +1224,14 @@ TensorId stage_forward(Step& st, const PipelineStage& stage, std::size_t chunk, 
   }
   sim.set_section(static_cast<int>(st.d.L) + 1);  // after the layers
   if (stage.chunk_last(chunk)) {
+    // h = self.lm_head(self.norm(h)): the last layer's output lives until lm_head returns (the
+    // snapshot of Llama 3.2 1B's last stage under 1F1B × FSDP2 4, tests/data/handthrough_snapshots/,
+    // events 1137-1141: the 501 MiB logits chunk, then the 8 MiB layer output freed)
     TensorId hn = st.rmsnorm(x, st.final_norm, "final norm output");
-    sim.drop(x);
-    x = st.linear(hn, st.d.h, st.d.V, st.lm_head, kNone, kOutputChunk, "b·s·V");
+    TensorId logits = st.linear(hn, st.d.h, st.d.V, st.lm_head, kNone, kOutputChunk, "b·s·V");
     sim.drop(hn);
+    sim.drop(x);
+    x = logits;
   }
   st.dp->root_post_forward();  // the stage module's forward returns (the loss is the schedule's)
   return x;

@@ -193,6 +193,9 @@ EXACT_STREAMS = [  # (snapshot, config, flags): steps whose every allocation the
      ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--pp", "2", "--rank", "0", "--microbatches", "4",
       "--pp-schedule", "1f1b", "--fsdp", "2", "--reshard-after-forward", "true", "--tp", "2"],
      {"num_hidden_layers": 8}),
+    ("handthrough_snapshots/llama-3.2-1b_pp-1f1b-fsdp4_s2r1m4_amp-bf16_none_reshard-true_b1s2048", "configs/hf/llama-3.2-1b.json",
+     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--pp", "2", "--rank", "4", "--microbatches", "4",
+      "--pp-schedule", "1f1b", "--fsdp", "4", "--reshard-after-forward", "true"]),
 ]
 EXACT_STREAMS = [entry if len(entry) == 4 else entry + ({},) for entry in EXACT_STREAMS]
 
