@@ -39,6 +39,10 @@ class DataParallelSim {
   // stage's), allocated when DistributedDataParallel is built (step 0's one bucket of every
   // parameter) or rebuilt before the second forward (a steady step's).
   void allocate_buckets(const std::vector<ParamTensor>& params, bool steady);
+  // DDP's construction broadcasting the wrapped module's parameters (_sync_module_states): each
+  // 250 MiB bucket flattened into a buffer of its own, at most two in flight; all freed by the end,
+  // their segments left cached.
+  void sync_module_states(const std::vector<ParamTensor>& params);
 
   // Forward hooks (FSDP2): before and after group g's forward; the root's post-forward follows the loss.
   void pre_forward(std::size_t g);

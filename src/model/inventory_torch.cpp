@@ -1889,7 +1889,9 @@ class TrainPass {
     if (dp_.ddp()) {
       const bytes_t before = sim_.live();
       // DDP wraps the model, or each pipeline stage module
-      dp_.allocate_buckets(stage_ ? stage_tensors(sizing_, *stage_) : model_tensors(sizing_), steady_);
+      const std::vector<ParamTensor> wrapped = stage_ ? stage_tensors(sizing_, *stage_) : model_tensors(sizing_);
+      if (!steady_) dp_.sync_module_states(wrapped);
+      dp_.allocate_buckets(wrapped, steady_);
       buckets_ = sim_.live() - before;
     }
     // a pipeline step's batch is every microbatch's sequences (the schedule splits it)
