@@ -234,14 +234,15 @@ void DataParallelSim::post_backward(std::size_t g) {
   // its output, and events 6616-6623, the root's 1,002 MiB output then the embedding's 2,004 MiB
   // fp32 accumulator; Llama 3.2 1B's last stage under 1F1B × FSDP2 4,
   // tests/data/handthrough_snapshots/, events 12742-12751, lm_head's).
-  const bool root = g == 0;
-  if (!root)
+  auto drop_accumulators = [&] {
     for (std::size_t i = gr.accumulated.size(); i-- > 0;) sim_.drop(std::exchange(gr.accumulated[i], kNone));
+  };
+  const bool root = g == 0;
+  if (!root) drop_accumulators();
   const TensorId out = sim_.make("FSDP2 sharded gradients (reduce-scatter output)", times(gr.shard_elems, reduce_),
                                  Term::model_states, Role::gradient, "foreach_reduce", "", "", false);
   sim_.set_stream(out, AllocStream::reduce_scatter);  // the input is the compute stream's
-  if (root)
-    for (std::size_t i = gr.accumulated.size(); i-- > 0;) sim_.drop(std::exchange(gr.accumulated[i], kNone));
+  if (root) drop_accumulators();
   if (last_grad != kNone) sim_.drop_grad(last_grad);
   if (!l_.offload) {
     rs_outputs_.push_back(out);

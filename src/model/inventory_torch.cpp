@@ -515,15 +515,16 @@ struct Step {
       // and transposes q, k and v after v_proj: their view's copies come before v_proj's gradients,
       // right after the rotary's (OLMoE's whole-run snapshot in tests/data/inprocess_alone/).
       const bool norm_before_view = m.qk_norm && m.quirks.qk_norm_full_width;
+      // q's or k's projection as the attention goes on with it before v_proj runs
+      auto headed = [&](TensorId t, TensorId w, const char* name, bytes_t width, bytes_t heads) {
+        if (norm_before_view) return qk_norm(t, w, name, width, heads);  // viewed after v_proj
+        return m.qk_norm ? qk_norm(transposed(t), w, name, width, heads) : transposed(t);
+      };
       const bool colwise = tp_input_grad_allreduce();
       q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, colwise);
-      if (norm_before_view) q = qk_norm(q, p.q_norm, "q_norm output", d.qd, d.a);
-      else if (m.qk_norm) q = qk_norm(transposed(q), p.q_norm, "q_norm output", d.qd, d.a);
-      else q = transposed(q);
+      q = headed(q, p.q_norm, "q_norm output", d.qd, d.a);
       k = linear(n1, d.h, d.kvd, p.k, p.kb, "k_proj output", "b·s·kv·hd", &p.ak, 0, colwise);
-      if (norm_before_view) k = qk_norm(k, p.k_norm, "k_norm output", d.kvd, d.kva);
-      else if (m.qk_norm) k = qk_norm(transposed(k), p.k_norm, "k_norm output", d.kvd, d.kva);
-      else k = transposed(k);
+      k = headed(k, p.k_norm, "k_norm output", d.kvd, d.kva);
       v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, colwise);
       if (norm_before_view) {
         q = transposed(q);
@@ -1652,14 +1653,10 @@ void build_parameters(Step& st, bool building) {
     // tests/data/inprocess_alone/: its state made 768, 768, then 384 MiB, ...)
     std::vector<std::uint64_t> elements;
     for (const auto& c : created) elements.push_back(c.second);
-    const std::vector<std::uint64_t> owner = zero1_owners(elements, st.dp->layout().shard);
-    std::vector<std::size_t> largest_first(created.size());
-    for (std::size_t i = 0; i < largest_first.size(); ++i) largest_first[i] = i;
-    std::stable_sort(largest_first.begin(), largest_first.end(),
-                     [&](std::size_t a, std::size_t b) { return elements[a] > elements[b]; });
-    for (std::size_t k = 0; k < largest_first.size(); ++k) {
-      const std::size_t i = largest_first[k];
-      sim.set_stepped(created[i].first, owner[i] == st.dp->layout().shard_rank, static_cast<std::uint32_t>(k + 1));
+    const Zero1Assignment a = zero1_assign(elements, st.dp->layout().shard);
+    for (std::size_t k = 0; k < a.largest_first.size(); ++k) {
+      const std::size_t i = a.largest_first[k];
+      sim.set_stepped(created[i].first, a.owner[i] == st.dp->layout().shard_rank, static_cast<std::uint32_t>(k + 1));
     }
   }
   std::stable_sort(pending_shards.begin(), pending_shards.end(),

@@ -171,31 +171,31 @@ std::uint64_t fsdp_local_shard(const ParamTensor& t, std::uint64_t shard, std::u
   return rows ? checked_mul(mine, t.elements() / rows, "FSDP2 shard size") : 0;
 }
 
-std::vector<std::uint64_t> zero1_owners(const std::vector<std::uint64_t>& elements, std::uint64_t ranks) {
+Zero1Assignment zero1_assign(const std::vector<std::uint64_t>& elements, std::uint64_t ranks) {
   // ZeroRedundancyOptimizer._partition_parameters: largest first (a stable sort), each to the rank
   // with the fewest elements so far (the first of equals)
-  std::vector<std::size_t> order(elements.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return elements[a] > elements[b]; });
-  std::vector<std::uint64_t> held(static_cast<std::size_t>(ranks), 0), owner(elements.size(), 0);
-  for (std::size_t i : order) {
+  Zero1Assignment a;
+  a.largest_first.resize(elements.size());
+  for (std::size_t i = 0; i < elements.size(); ++i) a.largest_first[i] = i;
+  std::stable_sort(a.largest_first.begin(), a.largest_first.end(),
+                   [&](std::size_t x, std::size_t y) { return elements[x] > elements[y]; });
+  std::vector<std::uint64_t> held(static_cast<std::size_t>(ranks), 0);
+  a.owner.assign(elements.size(), 0);
+  for (std::size_t i : a.largest_first) {
     const auto r = static_cast<std::size_t>(std::min_element(held.begin(), held.end()) - held.begin());
     held[r] += elements[i];
-    owner[i] = r;
+    a.owner[i] = r;
   }
-  return owner;
+  return a;
 }
 
 std::vector<Partition> zero1_partition(const ModelSpec& m, std::uint64_t ranks) {
   std::vector<std::uint64_t> sizes;
   for (const ParamTensor& t : model_tensors(m)) sizes.push_back(t.elements());
-  const std::vector<std::uint64_t> owner = zero1_owners(sizes, ranks);
+  const Zero1Assignment a = zero1_assign(sizes, ranks);
   std::vector<Partition> parts(static_cast<std::size_t>(ranks));
-  std::vector<std::size_t> order(sizes.size());  // each rank's tensors largest first, as assigned
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return sizes[a] > sizes[b]; });
-  for (std::size_t i : order) {
-    Partition& p = parts[owner[i]];
+  for (std::size_t i : a.largest_first) {  // each rank's tensors largest first, as assigned
+    Partition& p = parts[a.owner[i]];
     p.elements += sizes[i];
     p.largest = std::max(p.largest, sizes[i]);
     p.owned.push_back(sizes[i]);

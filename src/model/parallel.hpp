@@ -112,9 +112,14 @@ struct Partition {
   std::vector<std::uint64_t> owned;  // the elements of each tensor it owns
 };
 std::vector<Partition> zero1_partition(const ModelSpec& m, std::uint64_t ranks);
-// The rank that owns each of these tensors (their elements, in model.parameters() order): the
-// partition above, tensor by tensor.
-std::vector<std::uint64_t> zero1_owners(const std::vector<std::uint64_t>& elements, std::uint64_t ranks);
+// The partition above, tensor by tensor, for these tensors (their elements, in model.parameters()
+// order): the order it takes them in, largest first (which is also the order a rank's local
+// optimizer holds its own), and the rank that owns each.
+struct Zero1Assignment {
+  std::vector<std::size_t> largest_first;  // indices into the tensors
+  std::vector<std::uint64_t> owner;        // by tensor
+};
+Zero1Assignment zero1_assign(const std::vector<std::uint64_t>& elements, std::uint64_t ranks);
 
 // DDP's gradient buckets in elements. Step 0: one bucket per dtype holding every parameter (the
 // reducer's first iteration, bucket_cap [sys.maxsize]); rebuilt at the second forward in the order

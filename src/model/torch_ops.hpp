@@ -221,13 +221,12 @@ TensorId TorchOps::moe(TensorId x, TensorId gate_up, TensorId down, bytes_t wb, 
     sim.node("SigmoidBackward0", {g}, {sg}, {sg});
     sim.drop(g);
     const bytes_t sb = sim.info(shared).bytes / checked_product("activation size", T, h);
-    TensorId gated = sim.make("gated shared expert output", checked_product("activation size", T, h, std::max(gb, sb)),
-                              Term::activations, "mul", dtype, "b·s·h", true);
+    const bytes_t gated_bytes = checked_product("activation size", T, h, std::max(gb, sb));
+    TensorId gated = sim.make("gated shared expert output", gated_bytes, Term::activations, "mul", dtype, "b·s·h", true);
     // MulBackward0, the second factor first: the shared expert's gradient, then the gate's as a
     // b·s·h product summed over h after the node (Qwen1.5-MoE's whole-run snapshot in
     // tests/data/inprocess_alone/, events 1348-1354: 32 MiB, 32 MiB, the product freed last)
-    sim.node("MulBackward0", {shared, sg}, {gated}, {sg, shared},
-             checked_product("activation size", T, h, std::max(gb, sb)));
+    sim.node("MulBackward0", {shared, sg}, {gated}, {sg, shared}, gated_bytes);
     sim.reduce_last_gradient(1, true, reduce_launch(T, h, true));
     sim.drop(sg);
     sim.drop(shared);
