@@ -9,6 +9,8 @@
 #                                                (inprocess_misses_alone2_h200.json) and Qwen3-30B-A3B's
 #                                                ZeRO-1 rank (zero1_moe_alone_h200.json, torch_profile_dist.py)
 #   bash tools/device/inprocess_alone_run.sh 3   two dense ZeRO-1 ranks (zero1_dense_alone_h200.json)
+#   bash tools/device/inprocess_alone_run.sh 4   four ranks: FSDP2 with CPU offload, DDP, TP and TP with
+#                                                sequence parallelism (dist_misses_alone_h200.json)
 set -u
 O=${OUT:-/tmp/out}
 mkdir -p "$O"
@@ -18,7 +20,8 @@ case ${1:-1} in
   2) steps=inprocess_misses_alone2_h200 steps_out=torch_train_inprocess_alone2_h200
      rank_tool=tools/torch_profile_dist.py ranks=zero1_moe_alone_h200 ranks_out=torch_train_zero1_moe_alone_fakepg_h200 ;;
   3) steps="" rank_tool=tools/torch_profile_dist.py ranks=zero1_dense_alone_h200 ranks_out=torch_train_zero1_dense_alone_fakepg_h200 ;;
-  *) echo "usage: $0 1|2|3" >&2; exit 2 ;;
+  4) steps="" rank_tool=tools/torch_profile_dist.py ranks=dist_misses_alone_h200 ranks_out=torch_train_dist_misses_alone_fakepg_h200 ;;
+  *) echo "usage: $0 1|2|3|4" >&2; exit 2 ;;
 esac
 [ -n "$steps" ] && bash tools/device/fresh_each.sh tools/torch_profile_step.py "tools/matrices/$steps.json" "$O/$steps_out.json"
 bash tools/device/fresh_each.sh "$rank_tool" "tools/matrices/$ranks.json" "$O/$ranks_out.json"
