@@ -68,7 +68,7 @@ void DataParallelSim::allocate_buckets(const std::vector<ParamTensor>& params, b
 
 void DataParallelSim::sync_module_states(const std::vector<ParamTensor>& params) {
   // DistributedDataParallel.__init__ -> _sync_module_states -> broadcast_coalesced (c10d's
-  // comm.cpp): the parameters in order, in buckets closed once they reach 250 MiB
+  // comm.cpp): the parameters in module.parameters() order (the caller's), in buckets closed once they reach 250 MiB
   // (compute_bucket_assignment_by_size); each bucket flattened into one buffer
   // (flatten_dense_tensors: a lone tensor's is a view) and broadcast, at most two in flight, the
   // oldest finished and freed before a third is made. The dense Llama 3.1 8B ZeRO-1 rank's snapshot

@@ -1887,7 +1887,11 @@ class TrainPass {
       const bytes_t before = sim_.live();
       // DDP wraps the model, or each pipeline stage module
       const std::vector<ParamTensor> wrapped = stage_ ? stage_tensors(sizing_, *stage_) : model_tensors(sizing_);
-      if (!steady_) dp_.sync_module_states(wrapped);
+      // the construction's broadcast goes through module.parameters() as registered: within a
+      // layer the attention, the MLP, then the norms, so the first layer's bucket closes without
+      // its norms (Llama 3.1 8B: 384 MiB, then 384.03 MiB buckets: a 384 and a 386 MiB segment)
+      if (!steady_)
+        dp_.sync_module_states(stage_ ? registered_stage_tensors(sizing_, *stage_) : registered_tensors(sizing_));
       dp_.allocate_buckets(wrapped, steady_);
       buckets_ = sim_.live() - before;
     }

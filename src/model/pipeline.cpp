@@ -4,6 +4,7 @@
 #include <string>
 
 #include "membudget/error.hpp"
+#include "parallel.hpp"
 
 namespace membudget::detail {
 
@@ -45,13 +46,16 @@ PipelineStage pipeline_stage(const ModelSpec& m, const Job& job, std::uint64_t r
   return s;
 }
 
-std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s, std::size_t chunk) {
+namespace {
+// One stage module's tensors, each decoder layer's as `layer` gives them.
+template <class LayerTensors>
+std::vector<ParamTensor> chunk_tensors(const ModelSpec& m, const PipelineStage& s, std::size_t chunk, LayerTensors layer) {
   std::vector<ParamTensor> out;
   const std::vector<ParamTensor> outer = m.outer_tensors();
   const PipelineStage::Chunk& c = s.chunks[chunk];
   if (s.chunk_first(chunk)) out.push_back(outer.front());
   for (std::uint64_t il = c.first_layer; il < c.first_layer + c.layers; ++il)
-    for (const ParamTensor& t : m.layer_tensors(static_cast<std::size_t>(il))) out.push_back(t);
+    for (const ParamTensor& t : layer(il)) out.push_back(t);
   if (s.chunk_last(chunk)) {
     for (const ParamTensor& t : outer)
       if (t.module != Module::embedding) out.push_back(t);
@@ -59,11 +63,24 @@ std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& 
   }
   return out;
 }
+}  // namespace
+
+std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s, std::size_t chunk) {
+  return chunk_tensors(m, s, chunk, [&](std::uint64_t il) { return m.layer_tensors(static_cast<std::size_t>(il)); });
+}
 
 std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s) {
   std::vector<ParamTensor> out;
   for (std::size_t c = 0; c < s.chunks.size(); ++c)
     for (const ParamTensor& t : stage_tensors(m, s, c)) out.push_back(t);
+  return out;
+}
+
+std::vector<ParamTensor> registered_stage_tensors(const ModelSpec& m, const PipelineStage& s) {
+  std::vector<ParamTensor> out;
+  for (std::size_t c = 0; c < s.chunks.size(); ++c)
+    for (const ParamTensor& t : chunk_tensors(m, s, c, [&](std::uint64_t il) { return registered_layer_tensors(m, il); }))
+      out.push_back(t);
   return out;
 }
 

@@ -51,6 +51,9 @@ inline std::uint64_t ranks_per_stage(const Parallelism& p) { return p.fsdp * p.d
 std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s, std::size_t chunk);
 // Every stage module's tensors of the rank, chunk after chunk (what a wrapper of each holds in all).
 std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s);
+// The same with each layer's tensors in model.parameters() order (registered_layer_tensors), as
+// module.parameters() yields them.
+std::vector<ParamTensor> registered_stage_tensors(const ModelSpec& m, const PipelineStage& s);
 
 // What the rank does, in order: a microbatch's forward or its backward through one of its chunks.
 struct PipelineAction {
