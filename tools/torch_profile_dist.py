@@ -52,7 +52,7 @@ Strategies (a case's "strategy"), with the mapping membudget's flags make onto t
 
 Matrix file: {"defaults": {...}, "cases": [{"name", "config", "overrides", "batch", "seq",
 "precision", "recompute", "strategy", "world", "rank", "replicate", "reshard", "bucket_view",
-"sp", "loss_parallel", "offload", "optimizer_impl", "experts_implementation", "one_optimizer", "ep", "snapshot": {"step": N, "phase": "step"|"run"}}]}. Results are rewritten after every case.
+"sp", "loss_parallel", "offload", "optimizer_impl", "experts_implementation", "one_optimizer", "ep", "snapshot": {"step": N, "phase": "step"|"run"|"build"}}]}. Results are rewritten after every case.
 """
 from __future__ import annotations
 
@@ -415,6 +415,9 @@ def run_case(case, snapshot_dir):
     try:
         common.clean_cuda()
         res["before_case"] = common.allocator_reading()
+        snap = case.get("snapshot") or {}
+        if snap.get("phase") == "build" and snapshot_dir:  # the model's construction recorded too
+            torch.cuda.memory._record_memory_history(max_entries=1000000, stacks="python")
         model, opt_list, amp = build(case, cfgd)
         inner = getattr(model, "module", model)
         if case["recompute"] == "full":
@@ -425,7 +428,6 @@ def run_case(case, snapshot_dir):
         g = torch.Generator(device="cuda")
         g.manual_seed(1234)
         x = torch.randint(0, int(cfgd["vocab_size"]), (case["batch"], case["seq"]), device="cuda", generator=g)
-        snap = case.get("snapshot") or {}
         step.SNAPSHOT["step"] = snap.get("step")
         step.SNAPSHOT["path"] = (os.path.join(snapshot_dir, case["name"].replace("/", "_") + ".pickle")
                                  if snap and snapshot_dir else None)
@@ -483,10 +485,11 @@ def run_step(model, opts, x, amp, rec, snap, loss_parallel=False, cp_rotate=None
         ctx = context_parallel(CP_MESH[0], buffers=[x], buffer_seq_dims=[1])
 
     # "phase": "step" records step N alone; "run" records every step from the first to the end of
-    # step N (the reserved replay's step 0 and its steady steps, issue 15)
+    # step N (the reserved replay's step 0 and its steady steps, issue 15); "build" the same from
+    # the model's construction on (run_case starts it)
     phase = snap.get("phase") if snap and step.SNAPSHOT["path"] else None
     start = (phase == "step" and rec["step"] == snap.get("step")) or (phase == "run" and rec["step"] == 0)
-    stop = phase in ("step", "run") and rec["step"] == snap.get("step")
+    stop = phase in ("step", "run", "build") and rec["step"] == snap.get("step")
     if start:
         torch.cuda.synchronize()
         torch.cuda.memory._record_memory_history(max_entries=1000000, stacks="python")
