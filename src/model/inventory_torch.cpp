@@ -1543,6 +1543,7 @@ void build_parameters(Step& st, bool building) {
   struct PendingShard {
     std::uint64_t order;
     TensorId shard, whole;
+    bytes_t chunk_copies = 0;  // each of S chunk copies' bytes (a Shard(1) weight), else 0
   };
   std::vector<PendingShard> pending_shards;
   // every parameter in the order it is made, which is model.parameters()'s (ZeRO-1's partition)
@@ -1599,7 +1600,13 @@ void build_parameters(Step& st, bool building) {
           whole = kNone;
         }
       }
-      pending_shards.push_back({plan_order(t, group), id, whole});
+      // RowwiseParallel shards a Linear's weight on dim 1, whose chunks are not contiguous:
+      // distribute_tensor's _split_tensor copies every chunk (S of them) before the rank's own is
+      // made, and they go last first after it (the Llama 3.1 8B vocabulary-parallel rank's
+      // construction snapshot, tests/data/inprocess_alone/: o_proj's four 8 MiB copies). Dim-0
+      // shards (ColwiseParallel, the embedding's rows) are views: no copies.
+      const bool dim1 = (t.module == Module::o || t.module == Module::down) && !t.bias;
+      pending_shards.push_back({plan_order(t, group), id, whole, dim1 ? mul(n, st.r.param) : 0});
     }
     if (fsdp) {
       sim.set_grad_bytes(id, mul(n, st.r.param));
@@ -1662,7 +1669,14 @@ void build_parameters(Step& st, bool building) {
   std::stable_sort(pending_shards.begin(), pending_shards.end(),
                    [](const PendingShard& a, const PendingShard& b) { return a.order < b.order; });
   for (const PendingShard& p : pending_shards) {  // parallelize_module: the shard, then the whole one goes
+    std::vector<TensorId> copies;
+    if (p.chunk_copies)
+      for (std::uint64_t c = 0; c < st.job.parallel.tensor; ++c)
+        copies.push_back(sim.alloc_raw("parallelize_module: a dim-1 chunk's contiguous copy (_split_tensor)",
+                                       p.chunk_copies, Term::other, Role::workspace, "distribute_tensor",
+                                       st.r.param_name, ""));
     sim.restore_storage(p.shard);
+    for (auto c = copies.rbegin(); c != copies.rend(); ++c) sim.drop(*c);
     if (p.whole != kNone) sim.drop(p.whole);
   }
 }
