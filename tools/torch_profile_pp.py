@@ -310,6 +310,9 @@ def run_case(case, snapshot_dir):
     t0 = time.perf_counter()
     try:
         common.clean_cuda()
+        snap = case.get("snapshot") or {}
+        if snap.get("phase") == "build" and snapshot_dir:  # the stage's construction recorded too
+            torch.cuda.memory._record_memory_history(max_entries=1000000, stacks="python")
         mod, stages, sched, opt, layers = build(case, cfgd)
         order = getattr(sched, "pipeline_order", None)
         if order is not None:  # the schedule's own plan for this rank (None: an idle slot)
@@ -321,15 +324,16 @@ def run_case(case, snapshot_dir):
         g.manual_seed(1234)
         M, b = int(case["microbatches"]), int(case["batch"])
         x = torch.randint(0, int(cfgd["vocab_size"]), (M * b, int(case["seq"])), device="cuda", generator=g)
-        snap = case.get("snapshot") or {}
         for i in range(int(case["steps"])):
             rec = {"step": i}
             steps.append(rec)
             path = None
             if snap and snapshot_dir and snap.get("step") == i:
                 path = os.path.join(snapshot_dir, case["name"].replace("/", "_") + ".pickle")
-            # "phase": "run" records every step from the first to the end of step N
-            record = (i == 0) if snap and snapshot_dir and snap.get("phase") == "run" else None
+            # "phase": "run" records every step from the first to the end of step N; "build" the
+            # same from the construction on (started above)
+            phase = snap.get("phase") if snap and snapshot_dir else None
+            record = (i == 0) if phase == "run" else False if phase == "build" else None
             run_step(mod, stages, sched, opt, x, rec, case, path, record)
             if i == 0:
                 res["optimizer_state_bytes"] = dist_tool.state_bytes(opt.opts)
