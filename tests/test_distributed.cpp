@@ -206,7 +206,9 @@ TEST_CASE("FSDP2's reserved memory: ranks measured in a fresh process land withi
   // tests/data/handthrough_snapshots/, its stream the replay's, event for event, since the stage's
   // last layer output lives until lm_head returns and the root's accumulators outlive the
   // reduce-scatter output): one 1,002 MiB segment more, where the same rank measured again in
-  // another process reserved 16,256 MiB, not 15,226 (docs/accuracy.md); bounded below.
+  // another process reserved 16,256 MiB, not 15,226 (docs/accuracy.md); bounded below. Its
+  // construction recorded (tests/data/inprocess_alone/*_build): the stream is the run's from there
+  // on too, and the blocks part at a tie between two free 4 MiB blocks the driver's addresses decide.
   // Llama 3.1 8B's first stage under 1F1B × TP 2 × FSDP2 (amp-bf16, 8 layers) was −4.8% until the
   // replay followed its whole-run snapshot (tests/data/inprocess_alone/): each projection's TP
   // all-reduce a node of its own, the RowwiseParallel output the all-reduce's clone, FSDP2's

@@ -3,6 +3,8 @@
 // _fsdp_collectives.py, _fsdp_param.py, _fsdp_state.py) and torch/csrc/distributed/c10d/reducer.cpp.
 #include "data_parallel.hpp"
 
+#include <algorithm>
+
 #include <deque>
 
 namespace membudget::detail {
@@ -12,8 +14,9 @@ bytes_t times(std::uint64_t a, std::uint64_t b, std::uint64_t c = 1) {
 }
 }  // namespace
 
-void DataParallelSim::add_group(std::vector<std::pair<TensorId, ParamTensor>> params) {
+void DataParallelSim::add_group(std::vector<std::pair<TensorId, ParamTensor>> params, std::size_t made_first) {
   Group g;
+  g.made_first = made_first;
   for (const auto& [id, t] : params) g.shard_elems = checked_add(g.shard_elems, fsdp_padded_shard(t, l_.shard), "FSDP2 group");
   g.params = std::move(params);
   groups_.push_back(std::move(g));
@@ -30,27 +33,46 @@ void DataParallelSim::shard(bool building) {
   // chunk, the rows copied in, the unpadded storage freed), parameter by parameter after the
   // unit's to_empty. The freed storages stay cached: OLMoE's last rank of three holds a segment
   // per layer the size of its unpadded experts' gate_up (tests/data/fsdp_uneven/).
-  for (const Group& g : groups_) {
-    std::vector<std::pair<TensorId, bytes_t>> to_pad;  // the unpadded storage (kNone: none) and the padded bytes
-    for (const auto& [id, t] : g.params) {
-      const bytes_t shard = times(fsdp_padded_shard(t, l_.shard), stored_);
-      const bytes_t own = times(fsdp_local_shard(t, l_.shard, l_.shard_rank), stored_);
-      if (l_.offload) {
-        host_params_ = checked_add(host_params_, shard, "FSDP2 host shards");
-      } else if (building && own != shard) {
-        to_pad.push_back({own ? sim_.alloc_raw("to_empty: the rank's own rows, until FSDP2 pads them", own, Term::other,
-                                               Role::workspace, "to_empty")
-                              : kNone,
-                          shard});
-      } else {
-        sim_.alloc_raw("FSDP2 sharded parameters", shard, Term::model_states, Role::parameter, "fully_shard");
-      }
+  // to_empty goes through the modules in registration order: the embedding, the decoder layers,
+  // the final norm and lm_head, so the root group's (group 0's) embedding comes first and its
+  // other parameters last (Llama 3.2 1B's last pipeline stage under FSDP2 4: its lm_head shard, a
+  // tied model's own copy of the embedding's shape, is made after the layers',
+  // tests/data/inprocess_alone/*_build).
+  std::vector<std::pair<TensorId, bytes_t>> to_pad;  // the unpadded storage (kNone: none) and the padded bytes
+  auto make = [&](const ParamTensor& t) {
+    const bytes_t shard = times(fsdp_padded_shard(t, l_.shard), stored_);
+    const bytes_t own = times(fsdp_local_shard(t, l_.shard, l_.shard_rank), stored_);
+    if (l_.offload) {
+      host_params_ = checked_add(host_params_, shard, "FSDP2 host shards");
+    } else if (building && own != shard) {
+      to_pad.push_back({own ? sim_.alloc_raw("to_empty: the rank's own rows, until FSDP2 pads them", own, Term::other,
+                                             Role::workspace, "to_empty")
+                            : kNone,
+                        shard});
+    } else {
+      sim_.alloc_raw("FSDP2 sharded parameters", shard, Term::model_states, Role::parameter, "fully_shard");
     }
+  };
+  auto pad = [&] {  // the unit's _apply after its to_empty
     for (const auto& [unpadded, shard] : to_pad) {
       sim_.alloc_raw("FSDP2 sharded parameters", shard, Term::model_states, Role::parameter, "fully_shard");
       if (unpadded != kNone) sim_.drop(unpadded);
     }
+    to_pad.clear();
+  };
+  if (groups_.empty()) return;
+  const Group& root = groups_.front();
+  const std::size_t first = std::min(root.made_first, root.params.size());
+  for (std::size_t i = 0; i < first; ++i) make(root.params[i].second);
+  std::vector<std::pair<TensorId, bytes_t>> root_pad = std::move(to_pad);  // padded with the root, last
+  to_pad.clear();
+  for (std::size_t g = 1; g < groups_.size(); ++g) {
+    for (const auto& [id, t] : groups_[g].params) make(t);
+    pad();
   }
+  for (std::size_t i = first; i < root.params.size(); ++i) make(root.params[i].second);
+  to_pad.insert(to_pad.begin(), root_pad.begin(), root_pad.end());
+  pad();
 }
 
 void DataParallelSim::allocate_buckets(const std::vector<ParamTensor>& params, bool steady) {

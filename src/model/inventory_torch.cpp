@@ -1893,7 +1893,9 @@ class TrainPass {
     if (st_.sp())
       sim_.set_grad_bytes(st_.emb, mul(st_.d.V, st_.job.parallel.tensor, st_.d.h, st_.r.param));
     if (dp_.fsdp()) {
-      for (auto& g : st_.groups) dp_.add_group(std::move(g));
+      // the root group (0) begins with the embedding where the rank holds it (build_parameters)
+      const std::size_t emb_first = !stage_ || stage_->first() ? 1 : 0;
+      for (std::size_t g = 0; g < st_.groups.size(); ++g) dp_.add_group(std::move(st_.groups[g]), g == 0 ? emb_first : 0);
       dp_.shard(!steady_);
     }
     weights_ = sim_.live();
@@ -2024,10 +2026,13 @@ class TrainPass {
       if (pending != kNone) sim_.drop_grad(pending);
       pending = recv;
     }
-    for (TensorId pending : pending_input_grad)
-      if (pending != kNone) sim_.drop_grad(pending);
     dp_.set_microbatch_backwards(false);
     dp_.reduce_grads();  // perform_reduce_grad, after every microbatch's backward
+    // the last input gradients go when _step_microbatches returns, after REDUCE_GRAD (Llama 3.2 1B's
+    // last stage under 1F1B x FSDP2 4: freed at step()'s line 604, after the reduce-scatter output's
+    // final callback; tests/data/inprocess_alone/*_build)
+    for (TensorId pending : pending_input_grad)
+      if (pending != kNone) sim_.drop_grad(pending);
     if (ps.last())  // step() returns merge_chunks(output_chunks): the caller drops it
       sim_.transient("pipeline: step()'s merged output (torch.cat of the chunks, dropped by the caller)",
                      mul(st_.d.T, st_.d.V, st_.r.compute, ps.microbatches), Term::logits_loss, Role::logits_loss);

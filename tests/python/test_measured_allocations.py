@@ -231,25 +231,33 @@ def test_the_step_allocates_and_frees_as_torch_does(tmp_path, snapshot, config, 
 CONSTRUCTION_STREAMS = [  # whole-run snapshots recorded from the model's construction on (phase "build")
     # DDP's construction broadcast in registration order (data_parallel.cpp, sync_module_states)
     ("inprocess_alone/llama-3.1-8b_ddp_w8r0_amp-bf16_none_b1s2048_L8_build", "configs/hf/llama-3.1-8b.json",
-     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--dp", "8", "--rank", "0"]),
+     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--dp", "8", "--rank", "0"], 8),
     # TP's construction: to_empty's whole parameters, then parallelize_module's shards, each
     # RowwiseParallel weight's dim-1 chunks copied first (inventory_torch.cpp, pending_shards)
     ("inprocess_alone/llama-3.1-8b_tp-lp_w4r0_bf16_none_b1s2048_L8_alone_build", "configs/hf/llama-3.1-8b.json",
-     ["--batch", "1", "--seq", "2048", "--precision", "bf16", "--tp", "4", "--rank", "0", "--loss-parallel"]),
+     ["--batch", "1", "--seq", "2048", "--precision", "bf16", "--tp", "4", "--rank", "0", "--loss-parallel"], 8),
+    # FSDP2's to_empty in registration order (the root's lm_head after the layers) and a pipeline
+    # stage's last input gradient held until REDUCE_GRAD (data_parallel.cpp shard, pipeline_schedule)
+    ("inprocess_alone/llama-3.2-1b_pp-1f1b-fsdp4_s2r1m4_amp-bf16_none_reshard-true_b1s2048_build",
+     "configs/hf/llama-3.2-1b.json",
+     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--pp", "2", "--rank", "4", "--microbatches", "4",
+      "--pp-schedule", "1f1b", "--fsdp", "4", "--reshard-after-forward", "true"], None),
 ]
 
 
 @pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
-@pytest.mark.parametrize("snapshot,config,flags", CONSTRUCTION_STREAMS)
-def test_the_rank_is_built_as_torch_builds_it(tmp_path, snapshot, config, flags):
+@pytest.mark.parametrize("snapshot,config,flags,layers", CONSTRUCTION_STREAMS)
+def test_the_rank_is_built_as_torch_builds_it(tmp_path, snapshot, config, flags, layers):
     """The same from the model's construction on: the predicted large-pool stream, the parameters,
     DDP's broadcast buckets and TP's sharding included, is the measured one over the first 4,000
     entries, and the replay's segments at the end are the snapshot's, size for size, but at most one
-    (the 8B DDP rank: one 2,004 MiB segment more, a best-fit tie decided by the driver's addresses)."""
+    (the 8B DDP rank: one 2,004 MiB segment more; the 1B stage: one 1,002 MiB more; each a best-fit
+    tie between equal free blocks that the driver's addresses decide)."""
     import collections
     import difflib
     spec = json.load(open(os.path.join(SRC, config)))
-    spec["num_hidden_layers"] = 8  # as measured
+    if layers:  # as measured
+        spec["num_hidden_layers"] = layers
     config_path = tmp_path / os.path.basename(config)
     with open(config_path, "w") as f:
         json.dump(spec, f)
