@@ -254,7 +254,8 @@ PHASE_FIELDS = ("floor", "forward_peak", "after_forward", "backward_peak", "afte
 
 # Allocator snapshot of one phase of one step (a case's "snapshot": {"phase": "forward" or
 # "backward", "step": N}; written to --snapshot-dir as <case name>.pickle with "/" replaced by "_").
-# "phase": "run" records every step from the first to the end of step N (the reserved memory's
+# "phase": "run" records every step from the first to the end of step N ("build": from the model's
+# construction on; the case must build its own model) (the reserved memory's
 # whole history: which request made each segment).
 SNAPSHOT = {"phase": None, "step": None, "path": None}
 SNAPSHOT_DIR = [None]
@@ -391,8 +392,8 @@ def run_case(model, mstats, case, cfgd):
         vocab = int(cfgd["vocab_size"])
         x = torch.randint(0, vocab, (case["batch"], case["seq"]), device="cuda", generator=g)
         amp = case["precision"] == "amp-bf16"
-        whole_run = SNAPSHOT["phase"] == "run" and SNAPSHOT["path"]
-        if whole_run:
+        whole_run = SNAPSHOT["phase"] in ("run", "build") and SNAPSHOT["path"]
+        if whole_run and SNAPSHOT["phase"] == "run":
             torch.cuda.synchronize()
             torch.cuda.memory._record_memory_history(max_entries=2000000, stacks="python")
         for i in range(int(case["steps"])):
@@ -480,6 +481,10 @@ def run_all(cases, output, max_seconds=None, seed=0):
             key = None
             t0 = time.perf_counter()
             try:
+                if (case.get("snapshot") or {}).get("phase") == "build" and SNAPSHOT_DIR[0]:
+                    import torch  # the model's construction recorded too (run_case stops it)
+
+                    torch.cuda.memory._record_memory_history(max_entries=2000000, stacks="python")
                 model, cfgd = build_model(case)
                 mstats = common.param_stats(model)
                 mstats["experts_implementations"] = experts_implementations(model)

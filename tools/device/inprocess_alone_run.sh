@@ -15,6 +15,8 @@
 #                                                model's construction recorded (construction_snapshots_h200.json)
 #   bash tools/device/inprocess_alone_run.sh 6   Llama 3.2 1B's last stage under 1F1B x FSDP2 4 with its
 #                                                construction recorded (construction_snapshot_pp_h200.json)
+#   bash tools/device/inprocess_alone_run.sh 7   the two single-GPU steps still missed by more than 3% alone,
+#                                                construction recorded (construction_snapshots_single_h200.json)
 set -u
 O=${OUT:-/tmp/out}
 mkdir -p "$O"
@@ -27,9 +29,10 @@ case ${1:-1} in
   4) steps="" rank_tool=tools/torch_profile_dist.py ranks=dist_misses_alone_h200 ranks_out=torch_train_dist_misses_alone_fakepg_h200 ;;
   5) steps="" rank_tool=tools/torch_profile_dist.py ranks=construction_snapshots_h200 ranks_out=torch_train_construction_snapshots_fakepg_h200 ;;
   6) steps="" rank_tool=tools/torch_profile_pp.py ranks=construction_snapshot_pp_h200 ranks_out=torch_train_construction_snapshot_pp_fakepg_h200 ;;
-  *) echo "usage: $0 1|2|3|4|5|6" >&2; exit 2 ;;
+  7) steps=construction_snapshots_single_h200 steps_out=torch_train_construction_snapshots_single_h200 ranks="" ;;
+  *) echo "usage: $0 1|2|3|4|5|6|7" >&2; exit 2 ;;
 esac
 [ -n "$steps" ] && bash tools/device/fresh_each.sh tools/torch_profile_step.py "tools/matrices/$steps.json" "$O/$steps_out.json"
-bash tools/device/fresh_each.sh "$rank_tool" "tools/matrices/$ranks.json" "$O/$ranks_out.json"
+[ -n "$ranks" ] && bash tools/device/fresh_each.sh "$rank_tool" "tools/matrices/$ranks.json" "$O/$ranks_out.json"
 if [ -d "$O/snap" ]; then tar -C "$O" -cf "$O/snap.tar" snap && rm -r "$O/snap"; fi
 ls -la "$O"
