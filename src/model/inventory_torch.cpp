@@ -942,7 +942,10 @@ namespace {
 
 // Forward of layers, final norm, lm_head and loss. Returns the loss tensor.
 // inputs_embeds = embed_tokens(input_ids): the embedding saves only the indices. Gemma scales the
-// embeddings by sqrt(h): a new tensor, and *inputs_embeds is the unscaled one (kNone otherwise).
+// embeddings by sqrt(h) inside its embedding module (Gemma2TextScaledWordEmbedding.forward: the
+// lookup times embed_scale): a new tensor, the unscaled lookup freed as the module returns (Gemma 2
+// 2B's construction-to-step snapshot, tests/data/inprocess_alone/*_build, events 490-494).
+// *inputs_embeds: kNone (the caller's local is the returned tensor).
 TensorId embed_tokens(Step& st, TensorId* inputs_embeds) {
   auto& sim = st.sim;
   const auto& d = st.d;
@@ -964,9 +967,10 @@ TensorId embed_tokens(Step& st, TensorId* inputs_embeds) {
   if (st.sp()) x = st.sp_reduce_scatter(x, "SP reduce-scatter of the embedding output");
   *inputs_embeds = kNone;
   if (st.m.quirks.embedding_scale) {
-    *inputs_embeds = x;
+    const TensorId unscaled = x;
     x = sim.make("embedding × sqrt(h)", mul(d.T, d.h, r.param), Term::activations, "mul", r.param_name, "b·s·h", true);
-    sim.node("MulBackward0", {*inputs_embeds}, {x}, {});
+    sim.node("MulBackward0", {unscaled}, {x}, {});
+    sim.drop(unscaled);
   }
   return x;
 }
@@ -1551,7 +1555,10 @@ void build_parameters(Step& st, bool building) {
   // A rank built on the device (DDP, ZeRO-1, TP: tools/torch_profile_dist.py's materialise):
   // to_empty gives a tied lm_head a storage of its own, freed at once when the script ties it
   // again; its segment stays reserved (Llama 3.2 1B over 4 TP ranks, amp-bf16: 5,762 MiB reserved
-  // after the build, as measured, 4,760 without it).
+  // after the build, as measured, 4,760 without it). (from_config on one GPU does the same: the
+  // ForCausalLM's nn.Linear, freed by post_init's tie_weights, as the construction snapshots in
+  // tests/data/inprocess_alone/ show; but the single-GPU measurements empty the cache after the
+  // build, so no segment of it is left when their step begins, and the replay leaves it out.)
   auto lm_head_storage_until_retie = [&](bytes_t bytes) {
     sim.drop(sim.alloc_raw("to_empty: a tied lm_head's own storage, until the retie", bytes, Term::other, Role::workspace,
                            "to_empty", st.r.param_name, ""));
