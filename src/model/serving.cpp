@@ -266,6 +266,11 @@ struct Walk {
     TensorId pos = act("cache_position", mul(s, 8), "arange", "int64", "s", Term::other);
     // inputs_embeds = embed_tokens(input_ids): held by LlamaModel.forward until it returns
     TensorId emb = act("embedding output (inputs_embeds)", mul(T, h, e), "embedding", "bf16", "b·s·h");
+    if (m.quirks.embedding_scale) {  // Gemma's embedding module scales its lookup and returns the product
+      TensorId scaled = act("embedding × sqrt(h)", mul(T, h, e), "mul", "bf16", "b·s·h");
+      sim.drop(emb);
+      emb = scaled;
+    }
     // LlamaRotaryEmbedding: fp32 freqs for position_ids (batch 1), cos and sin cast to bf16
     const bytes_t rot = m.mla.enabled() ? m.mla.qk_rope_head_dim : hd;
     TensorId pf = act("rotary positions fp32", mul(s, 4), "float", "fp32", "1·s", Term::other);
@@ -286,10 +291,6 @@ struct Walk {
     sim.drop(pf);
     TensorId x = emb;
     sim.hold(emb);
-    if (m.quirks.embedding_scale) {  // hidden_states = inputs_embeds * normalizer
-      sim.drop(emb);
-      x = act("embedding × sqrt(h)", mul(T, h, e), "mul", "bf16", "b·s·h");
-    }
     for (std::size_t i = 0; i < m.num_layers; ++i) {
       TensorId out = layer(i, x, cache[i], past);
       sim.drop(x);  // hidden_states = decoder_layer(hidden_states, ...)
