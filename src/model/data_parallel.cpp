@@ -4,7 +4,6 @@
 #include "data_parallel.hpp"
 
 #include <algorithm>
-
 #include <deque>
 
 namespace membudget::detail {

@@ -945,8 +945,7 @@ namespace {
 // embeddings by sqrt(h) inside its embedding module (Gemma2TextScaledWordEmbedding.forward: the
 // lookup times embed_scale): a new tensor, the unscaled lookup freed as the module returns (Gemma 2
 // 2B's construction-to-step snapshot, tests/data/inprocess_alone/*_build, events 490-494).
-// *inputs_embeds: kNone (the caller's local is the returned tensor).
-TensorId embed_tokens(Step& st, TensorId* inputs_embeds) {
+TensorId embed_tokens(Step& st) {
   auto& sim = st.sim;
   const auto& d = st.d;
   const auto& r = st.r;
@@ -965,7 +964,6 @@ TensorId embed_tokens(Step& st, TensorId* inputs_embeds) {
   // SP: RowwiseParallel(input_layouts=Replicate, output_layouts=Shard(1)): the vocabulary shard's
   // lookup is a partial sum over the whole sequence, reduce-scattered onto this rank's part
   if (st.sp()) x = st.sp_reduce_scatter(x, "SP reduce-scatter of the embedding output");
-  *inputs_embeds = kNone;
   if (st.m.quirks.embedding_scale) {
     const TensorId unscaled = x;
     x = sim.make("embedding × sqrt(h)", mul(d.T, d.h, r.param), Term::activations, "mul", r.param_name, "b·s·h", true);
@@ -1061,16 +1059,13 @@ TensorId forward(Step& st, bool checkpoint) {
   const auto& d = st.d;
   const auto& r = st.r;
   st.dp->pre_forward(0);  // the root (embedding, final norm, lm_head) is all-gathered first
-  TensorId inputs_embeds = kNone;
-  TensorId x = embed_tokens(st, &inputs_embeds);
-  // LlamaModel.forward's local inputs_embeds (the embedding's output, or Gemma's unscaled one)
-  // lives until the forward returns, after the final norm: freed there even where no layer saves
-  // it (tests/data/reserved_alone/qwen2.5-1.5b_bf16_none_flash_sgd-momentum_foreach_b1s512.pickle.gz,
+  TensorId x = embed_tokens(st);
+  // LlamaModel.forward's local inputs_embeds (the embedding module's output) lives until the
+  // forward returns, after the final norm: freed there even where no layer saves it
+  // (tests/data/reserved_alone/qwen2.5-1.5b_bf16_none_flash_sgd-momentum_foreach_b1s512.pickle.gz,
   // event 12904: the embedding output freed by the output-capturing wrapper after the norm)
-  if (inputs_embeds == kNone) {
-    inputs_embeds = x;
-    sim.hold(x);
-  }
+  const TensorId inputs_embeds = x;
+  sim.hold(x);
   rotary_embeddings(st);
   // Sliding-window attention (Mistral, Phi-3: the window on every layer; Gemma 2: on every other
   // layer) through SDPA: create_sliding_window_causal_mask skips the mask and lets SDPA use
@@ -1216,8 +1211,7 @@ TensorId stage_forward(Step& st, const PipelineStage& stage, std::size_t chunk, 
   sim.set_section(0);     // before the layers (FSDP2's root group; plans)
   st.dp->pre_forward(0);  // FSDP2 within the stage: the stage module is the root (embedding, final norm, lm_head)
   if (stage.chunk_first(chunk)) {
-    TensorId unscaled = kNone;  // (Gemma's scale is refused under --pp: check_pipeline)
-    x = embed_tokens(st, &unscaled);
+    x = embed_tokens(st);  // (Gemma's scale is refused under --pp: check_pipeline)
   } else {
     sim.hold(x);  // the layers consume their input; the buffer stays the stage's
   }
