@@ -3,7 +3,6 @@
 // _fsdp_collectives.py, _fsdp_param.py, _fsdp_state.py) and torch/csrc/distributed/c10d/reducer.cpp.
 #include "data_parallel.hpp"
 
-#include <algorithm>
 #include <deque>
 
 namespace membudget::detail {
@@ -13,9 +12,8 @@ bytes_t times(std::uint64_t a, std::uint64_t b, std::uint64_t c = 1) {
 }
 }  // namespace
 
-void DataParallelSim::add_group(std::vector<std::pair<TensorId, ParamTensor>> params, std::size_t made_first) {
+void DataParallelSim::add_group(std::vector<std::pair<TensorId, ParamTensor>> params) {
   Group g;
-  g.made_first = made_first;
   for (const auto& [id, t] : params) g.shard_elems = checked_add(g.shard_elems, fsdp_padded_shard(t, l_.shard), "FSDP2 group");
   g.params = std::move(params);
   groups_.push_back(std::move(g));
@@ -33,12 +31,12 @@ void DataParallelSim::shard(bool building) {
   // unit's to_empty. The freed storages stay cached: OLMoE's last rank of three holds a segment
   // per layer the size of its unpadded experts' gate_up (tests/data/fsdp_uneven/).
   // to_empty goes through the modules in registration order: the embedding, the decoder layers,
-  // the final norm and lm_head, so the root group's (group 0's) embedding comes first and its
-  // other parameters last (Llama 3.2 1B's last pipeline stage under FSDP2 4: its lm_head shard, a
-  // tied model's own copy of the embedding's shape, is made after the layers',
+  // the final norm and lm_head, so the root group's (group 0's) embedding, where it leads the group,
+  // comes first and its other parameters last (Llama 3.2 1B's last pipeline stage under FSDP2 4:
+  // its lm_head shard, a tied model's own copy of the embedding's shape, is made after the layers',
   // tests/data/inprocess_alone/*_build).
-  std::vector<std::pair<TensorId, bytes_t>> to_pad;  // the unpadded storage (kNone: none) and the padded bytes
-  auto make = [&](const ParamTensor& t) {
+  using Pending = std::vector<std::pair<TensorId, bytes_t>>;  // the unpadded storage (kNone: none) and the padded bytes
+  auto make = [&](const ParamTensor& t, Pending& to_pad) {
     const bytes_t shard = times(fsdp_padded_shard(t, l_.shard), stored_);
     const bytes_t own = times(fsdp_local_shard(t, l_.shard, l_.shard_rank), stored_);
     if (l_.offload) {
@@ -52,26 +50,24 @@ void DataParallelSim::shard(bool building) {
       sim_.alloc_raw("FSDP2 sharded parameters", shard, Term::model_states, Role::parameter, "fully_shard");
     }
   };
-  auto pad = [&] {  // the unit's _apply after its to_empty
+  auto pad = [&](const Pending& to_pad) {  // the unit's _apply after its to_empty
     for (const auto& [unpadded, shard] : to_pad) {
       sim_.alloc_raw("FSDP2 sharded parameters", shard, Term::model_states, Role::parameter, "fully_shard");
       if (unpadded != kNone) sim_.drop(unpadded);
     }
-    to_pad.clear();
   };
   if (groups_.empty()) return;
-  const Group& root = groups_.front();
-  const std::size_t first = std::min(root.made_first, root.params.size());
-  for (std::size_t i = 0; i < first; ++i) make(root.params[i].second);
-  std::vector<std::pair<TensorId, bytes_t>> root_pad = std::move(to_pad);  // padded with the root, last
-  to_pad.clear();
+  const auto& root = groups_.front().params;
+  const bool embedding_first = !root.empty() && root.front().second.module == Module::embedding;
+  Pending root_pad;  // padded when the root's _apply ends, after the layers'
+  if (embedding_first) make(root.front().second, root_pad);
   for (std::size_t g = 1; g < groups_.size(); ++g) {
-    for (const auto& [id, t] : groups_[g].params) make(t);
-    pad();
+    Pending layer_pad;
+    for (const auto& [id, t] : groups_[g].params) make(t, layer_pad);
+    pad(layer_pad);
   }
-  for (std::size_t i = first; i < root.params.size(); ++i) make(root.params[i].second);
-  to_pad.insert(to_pad.begin(), root_pad.begin(), root_pad.end());
-  pad();
+  for (std::size_t i = embedding_first ? 1 : 0; i < root.size(); ++i) make(root[i].second, root_pad);
+  pad(root_pad);
 }
 
 void DataParallelSim::allocate_buckets(const std::vector<ParamTensor>& params, bool steady) {

@@ -29,9 +29,7 @@ class DataParallelSim {
 
   // FSDP2: the unsharded parameters of one group (index 0 is the root: embedding, final norm,
   // lm_head; 1 + i is decoder layer i) with their descriptions. After the last group: shard().
-  // `made_first`: how many of the group's first parameters to_empty makes before the decoder layers
-  // (the root group's embedding where the rank holds it); the rest of the root comes after them.
-  void add_group(std::vector<std::pair<TensorId, ParamTensor>> params, std::size_t made_first = 0);
+  void add_group(std::vector<std::pair<TensorId, ParamTensor>> params);
   // The model as fully_shard leaves it: the sharded parameters (ps rows each, padded) allocated,
   // the unsharded storage freed. `building`: as to_empty and FSDP2's re-padding make them (step 0);
   // else found built (a steady step's prologue).
@@ -73,7 +71,6 @@ class DataParallelSim {
   struct Group {
     std::vector<std::pair<TensorId, ParamTensor>> params;
     std::uint64_t shard_elems = 0;  // Σ padded shard elements: the all-gather input per rank
-    std::size_t made_first = 0;     // the root group's parameters made before the layers (add_group)
     TensorId prefetched = kNone;    // all-gather output issued by the backward prefetch
     std::vector<TensorId> accumulated;  // per parameter: its unsharded_accumulated_grad (microbatch backwards)
   };

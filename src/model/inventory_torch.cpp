@@ -1894,9 +1894,7 @@ class TrainPass {
     if (st_.sp())
       sim_.set_grad_bytes(st_.emb, mul(st_.d.V, st_.job.parallel.tensor, st_.d.h, st_.r.param));
     if (dp_.fsdp()) {
-      // the root group (0) begins with the embedding where the rank holds it (build_parameters)
-      const std::size_t emb_first = !stage_ || stage_->first() ? 1 : 0;
-      for (std::size_t g = 0; g < st_.groups.size(); ++g) dp_.add_group(std::move(st_.groups[g]), g == 0 ? emb_first : 0);
+      for (auto& g : st_.groups) dp_.add_group(std::move(g));
       dp_.shard(!steady_);
     }
     weights_ = sim_.live();

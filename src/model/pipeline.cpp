@@ -63,6 +63,15 @@ std::vector<ParamTensor> chunk_tensors(const ModelSpec& m, const PipelineStage& 
   }
   return out;
 }
+
+// Every stage module's tensors of the rank, chunk after chunk, each decoder layer's as `layer` gives them.
+template <class LayerTensors>
+std::vector<ParamTensor> all_chunk_tensors(const ModelSpec& m, const PipelineStage& s, LayerTensors layer) {
+  std::vector<ParamTensor> out;
+  for (std::size_t c = 0; c < s.chunks.size(); ++c)
+    for (const ParamTensor& t : chunk_tensors(m, s, c, layer)) out.push_back(t);
+  return out;
+}
 }  // namespace
 
 std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s, std::size_t chunk) {
@@ -70,18 +79,11 @@ std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& 
 }
 
 std::vector<ParamTensor> stage_tensors(const ModelSpec& m, const PipelineStage& s) {
-  std::vector<ParamTensor> out;
-  for (std::size_t c = 0; c < s.chunks.size(); ++c)
-    for (const ParamTensor& t : stage_tensors(m, s, c)) out.push_back(t);
-  return out;
+  return all_chunk_tensors(m, s, [&](std::uint64_t il) { return m.layer_tensors(static_cast<std::size_t>(il)); });
 }
 
 std::vector<ParamTensor> registered_stage_tensors(const ModelSpec& m, const PipelineStage& s) {
-  std::vector<ParamTensor> out;
-  for (std::size_t c = 0; c < s.chunks.size(); ++c)
-    for (const ParamTensor& t : chunk_tensors(m, s, c, [&](std::uint64_t il) { return registered_layer_tensors(m, il); }))
-      out.push_back(t);
-  return out;
+  return all_chunk_tensors(m, s, [&](std::uint64_t il) { return registered_layer_tensors(m, il); });
 }
 
 namespace {

@@ -42,20 +42,45 @@ def loop_allocations(trace, in_loop):
     return runs
 
 
-def measured_trace(snapshot):
-    """The allocator trace of a whole-run snapshot in tests/data (`snapshot`: its path there, without .pickle.gz)."""
+def measured_snapshot(snapshot):
+    """A whole-run snapshot in tests/data (`snapshot`: its path there, without .pickle.gz)."""
     with gzip.open(os.path.join(SRC, "tests/data", snapshot + ".pickle.gz")) as f:
-        return pickle.load(f)["device_traces"][0]
+        return pickle.load(f)
 
 
-def predicted_trace(tmp_path, config_path, flags):
-    """The trace `membudget predict CONFIG FLAGS --snapshot` writes."""
+def measured_trace(snapshot):
+    """The allocator trace of a whole-run snapshot in tests/data."""
+    return measured_snapshot(snapshot)["device_traces"][0]
+
+
+def predicted_snapshot(tmp_path, config_path, flags):
+    """The snapshot `membudget predict CONFIG FLAGS --snapshot` writes."""
     predicted_path = tmp_path / "predicted.pickle"
     out = subprocess.run([CLI, "predict", str(config_path)] + flags + ["--snapshot", str(predicted_path)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     with open(predicted_path, "rb") as f:
-        return pickle.load(f)["device_traces"][0]
+        return pickle.load(f)
+
+
+def predicted_trace(tmp_path, config_path, flags):
+    """The trace of the snapshot `membudget predict CONFIG FLAGS --snapshot` writes."""
+    return predicted_snapshot(tmp_path, config_path, flags)["device_traces"][0]
+
+
+def config_with(tmp_path, config, overrides):
+    """`config` (a path in the source tree) with `overrides` applied (the measured model: its depth
+    reduced, its router outputs on), written under tmp_path; the config itself where there are none."""
+    config_path = os.path.join(SRC, config)
+    if not overrides:
+        return config_path
+    with open(config_path) as f:
+        spec = json.load(f)
+    spec.update(overrides)
+    written = tmp_path / os.path.basename(config)
+    with open(written, "w") as f:
+        json.dump(spec, f)
+    return written
 
 
 FOR_LOOPS = [  # (snapshot, config, overrides, batch, seq, precision, optimizer)
@@ -91,14 +116,7 @@ FOR_LOOPS = [  # (snapshot, config, overrides, batch, seq, precision, optimizer)
 @pytest.mark.parametrize("snapshot,config,overrides,batch,seq,precision,optimizer", FOR_LOOPS)
 def test_for_loop_optimizer_allocates_what_torch_does(tmp_path, snapshot, config, overrides, batch, seq, precision, optimizer):
     measured = measured_trace(snapshot)
-    config_path = os.path.join(SRC, config)
-    if overrides:  # the measured model: the config with its depth reduced
-        with open(config_path) as f:
-            spec = json.load(f)
-        spec.update(overrides)
-        config_path = tmp_path / "config.json"
-        with open(config_path, "w") as f:
-            json.dump(spec, f)
+    config_path = config_with(tmp_path, config, overrides)
     predicted = predicted_trace(tmp_path, config_path, ["--batch", str(batch), "--seq", str(seq), "--precision", precision,
                                                         "--optimizer", optimizer, "--optimizer-impl", "for-loop"])
 
@@ -210,14 +228,7 @@ def test_the_step_allocates_and_frees_as_torch_does(tmp_path, snapshot, config, 
     shifts a free group). Before the walk followed
     autograd's engine (docs/accuracy.md), 300 to 1,800 of them differed."""
     import difflib
-    config_path = os.path.join(SRC, config)
-    if overrides:  # the layer count (and router outputs) the run was measured with
-        with open(config_path) as f:
-            spec = json.load(f)
-        spec.update(overrides)
-        config_path = tmp_path / os.path.basename(config)
-        with open(config_path, "w") as f:
-            json.dump(spec, f)
+    config_path = config_with(tmp_path, config, overrides)  # the layer count (and router outputs) measured
     predicted = stream(predicted_trace(tmp_path, config_path, ["--attention", "flash"] + flags),
                        skip_before_step=True)[:4200]
     # (a replay that repeats after fewer steps than the run measured is compared over its own length)
@@ -231,23 +242,24 @@ def test_the_step_allocates_and_frees_as_torch_does(tmp_path, snapshot, config, 
 CONSTRUCTION_STREAMS = [  # whole-run snapshots recorded from the model's construction on (phase "build")
     # DDP's construction broadcast in registration order (data_parallel.cpp, sync_module_states)
     ("inprocess_alone/llama-3.1-8b_ddp_w8r0_amp-bf16_none_b1s2048_L8_build", "configs/hf/llama-3.1-8b.json",
-     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--dp", "8", "--rank", "0"], 8),
+     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--dp", "8", "--rank", "0"], {"num_hidden_layers": 8}),
     # TP's construction: to_empty's whole parameters, then parallelize_module's shards, each
     # RowwiseParallel weight's dim-1 chunks copied first (inventory_torch.cpp, pending_shards)
     ("inprocess_alone/llama-3.1-8b_tp-lp_w4r0_bf16_none_b1s2048_L8_alone_build", "configs/hf/llama-3.1-8b.json",
-     ["--batch", "1", "--seq", "2048", "--precision", "bf16", "--tp", "4", "--rank", "0", "--loss-parallel"], 8),
+     ["--batch", "1", "--seq", "2048", "--precision", "bf16", "--tp", "4", "--rank", "0", "--loss-parallel"],
+     {"num_hidden_layers": 8}),
     # FSDP2's to_empty in registration order (the root's lm_head after the layers) and a pipeline
     # stage's last input gradient held until REDUCE_GRAD (data_parallel.cpp shard, pipeline_schedule)
     ("inprocess_alone/llama-3.2-1b_pp-1f1b-fsdp4_s2r1m4_amp-bf16_none_reshard-true_b1s2048_build",
      "configs/hf/llama-3.2-1b.json",
      ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--pp", "2", "--rank", "4", "--microbatches", "4",
-      "--pp-schedule", "1f1b", "--fsdp", "4", "--reshard-after-forward", "true"], None),
+      "--pp-schedule", "1f1b", "--fsdp", "4", "--reshard-after-forward", "true"], {}),
 ]
 
 
 @pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
-@pytest.mark.parametrize("snapshot,config,flags,layers", CONSTRUCTION_STREAMS)
-def test_the_rank_is_built_as_torch_builds_it(tmp_path, snapshot, config, flags, layers):
+@pytest.mark.parametrize("snapshot,config,flags,overrides", CONSTRUCTION_STREAMS)
+def test_the_rank_is_built_as_torch_builds_it(tmp_path, snapshot, config, flags, overrides):
     """The same from the model's construction on: the predicted large-pool stream, the parameters,
     DDP's broadcast buckets and TP's sharding included, is the measured one over the first 4,000
     entries, and the replay's segments at the end are the snapshot's, size for size, but at most one
@@ -255,26 +267,16 @@ def test_the_rank_is_built_as_torch_builds_it(tmp_path, snapshot, config, flags,
     tie between equal free blocks that the driver's addresses decide)."""
     import collections
     import difflib
-    spec = json.load(open(os.path.join(SRC, config)))
-    if layers:  # as measured
-        spec["num_hidden_layers"] = layers
-    config_path = tmp_path / os.path.basename(config)
-    with open(config_path, "w") as f:
-        json.dump(spec, f)
-    out = tmp_path / "predicted.pickle"
-    subprocess.run([CLI, "predict", str(config_path), "--attention", "flash", *flags, "--snapshot", str(out)],
-                   check=True, capture_output=True)
-    with open(out, "rb") as f:
-        predicted_snapshot = pickle.load(f)
-    with gzip.open(os.path.join(SRC, "tests/data", snapshot + ".pickle.gz")) as f:
-        measured_snapshot = pickle.load(f)
-    predicted = stream(predicted_snapshot["device_traces"][0])[:4200]
-    measured = stream(measured_snapshot["device_traces"][0])[:min(4000, len(predicted))]
+    config_path = config_with(tmp_path, config, overrides)  # as measured
+    predicted_snap = predicted_snapshot(tmp_path, config_path, ["--attention", "flash", *flags])
+    measured_snap = measured_snapshot(snapshot)
+    predicted = stream(predicted_snap["device_traces"][0])[:4200]
+    measured = stream(measured_snap["device_traces"][0])[:min(4000, len(predicted))]
     assert len(measured) >= 3000
     matcher = difflib.SequenceMatcher(None, measured, predicted, autojunk=False)
     unmatched = len(measured) - sum(block.size for block in matcher.get_matching_blocks())
     assert unmatched == 0, f"{unmatched} of the measured stream's first 4,000 entries differ"
     sizes = lambda s: collections.Counter(g["total_size"] for g in s["segments"])
-    differ = (sizes(measured_snapshot) - sizes(predicted_snapshot)) + (sizes(predicted_snapshot) - sizes(measured_snapshot))
+    differ = (sizes(measured_snap) - sizes(predicted_snap)) + (sizes(predicted_snap) - sizes(measured_snap))
     assert sum(differ.values()) <= 1, differ
 
