@@ -127,7 +127,7 @@ void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& 
     REQUIRE(b.reserved_peak > 0);
     const double rerr = (static_cast<double>(b.reserved_peak) - reserved) / reserved;
     if (std::getenv("MEMBUDGET_RESERVED_VERBOSE"))  // one line per case, as test_reserved prints
-      std::printf("%+7.2f%%  %s\n", rerr * 100, name.c_str());
+      std::printf("%+7.2f%%  %s  [%s]\n", rerr * 100, name.c_str(), rel);
     CHECK(rerr >= reserved_low);
     CHECK(rerr <= reserved_high);
     if (std::fabs(rerr) > std::fabs(w.reserved)) w.reserved = rerr, w.reserved_where = name;

@@ -62,7 +62,7 @@ std::vector<Err> reserved_errors(const char* rel) {
     const double predicted = static_cast<double>(b.reserved_peak);
     out.push_back({c["name"].get<std::string>(), (predicted - measured) / measured});
     if (std::getenv("MEMBUDGET_RESERVED_VERBOSE"))  // one line per case
-      std::printf("%+7.2f%%  %s\n", out.back().err * 100, out.back().name.c_str());
+      std::printf("%+7.2f%%  %s  [%s]\n", out.back().err * 100, out.back().name.c_str(), rel);
   }
   return out;
 }
