@@ -420,6 +420,27 @@ TEST_CASE("expandable segments reuse freed space in the middle without a new pag
   a.deallocate(p4);
 }
 
+// c10's get_free_block under expandable segments: the free block that ends the mapped pages counts
+// as the size it could grow to, so a hole inside the segment is taken before it, even a larger one
+// (by size alone the 4 MiB at the end would be the best fit for 3 MiB; the snapshots in
+// tests/data/expandable_more/ show the hole taken).
+TEST_CASE("expandable segments: a hole inside the segment is a better fit than the end of the mapped pages") {
+  auto raw = make_host_memory(0);
+  CA a(*raw, AllocatorOptions{.policy = {.expandable_segments = true}});
+  void* p1 = a.allocate(4 * MiB);
+  void* p2 = a.allocate(8 * MiB);
+  void* p3 = a.allocate(4 * MiB);  // 16 of the page's 20 MiB: 4 MiB free at the end
+  a.deallocate(p2);                // an 8 MiB hole
+  void* p4 = a.allocate(3 * MiB);
+  CHECK(p4 == p2);
+  void* p5 = a.allocate(4 * MiB);  // the hole's 5 MiB left, not the 4 MiB at the end
+  CHECK(reinterpret_cast<char*>(p5) == reinterpret_cast<char*>(p2) + 3 * MiB);
+  void* p6 = a.allocate(4 * MiB);  // only the end holds it now
+  CHECK(reinterpret_cast<char*>(p6) == reinterpret_cast<char*>(p3) + 4 * MiB);
+  CHECK(a.stats().reserved.current == i64(P.large_buffer));
+  for (void* p : {p1, p3, p4, p5, p6}) a.deallocate(p);
+}
+
 TEST_CASE("expandable segments: the retry unmaps free pages of the other pool, then OOM") {
   auto raw = make_host_memory(20 * MiB);
   CA a(*raw, AllocatorOptions{.policy = {.expandable_segments = true}});

@@ -211,6 +211,20 @@ TEST_CASE("reserved_peak with and without expandable segments, each step measure
   CHECK(count_within(expandable, 0.005, 0.005) == 7);
 }
 
+// Expandable segments on the kinds of single-GPU step the seven above are not: LoRA, two MoE models
+// (OLMoE's grouped_mm experts; Qwen3-30B-A3B's eager experts under full recompute), fused AdamW and
+// for-loop Adafactor, each alone in a fresh process with a whole-run snapshot
+// (tools/device/expandable_more_run.sh 2, tests/data/expandable_more/). 2026-12-04: LoRA +8.98% and
+// Adafactor +7.56% until the best fit followed c10's for expandable segments (a free block at the
+// end of the mapped pages counts as the size it can grow to: allocator.cpp,
+// get_free_expandable_block); now four of five 0.00%, the eager experts −1.15% (their routed
+// token counts are the run's random router's, the replay's balanced: docs/moe.md).
+TEST_CASE("reserved_peak with expandable segments: LoRA, MoE and optimizer implementations, each measured alone") {
+  const auto errs = reserved_errors("tests/data/expandable_more/torch_train_expandable_more_h200.json");
+  CHECK(errs.size() == 5);
+  CHECK(count_within(errs, 0.015, 0.0005) >= 4);
+}
+
 // Single-GPU steps measured in fresh processes, as a user's run starts
 // (tools/device/reserved_fresh_run.sh: tests/data/reserved_fresh/, the nine steps the table above
 // misses by the most, each alone; tools/device/reserved_full_run.sh: tests/data/reserved_snapshots/,
@@ -283,11 +297,15 @@ TEST_CASE("reserved_peak of the steps measured with their construction recorded"
 // linears take 2-D inputs (their gradients summed in place), the router softmax's backward holds a
 // second T × E buffer, the aux loss's column sum stages as the reduction kernel does and the
 // logits live until the forward returns, OLMoE's q/k/v views come after v_proj.
+// 2026-12-04: the last two of them never measured alone (Qwen2.5 1.5B's SGD with momentum, amp-bf16
+// for-loop and bf16 fused, +3.4% and +3.1% in their process; tools/device/expandable_more_run.sh 1):
+// −0.01% and −0.02%.
 TEST_CASE("reserved_peak of the in-process misses, each measured alone") {
   const auto errs = reserved_errors({"tests/data/inprocess_alone/torch_train_inprocess_alone_h200.json",
-                                     "tests/data/inprocess_alone/torch_train_inprocess_alone2_h200.json"});
-  CHECK(errs.size() == 8);
-  CHECK(count_within(errs, 0.03, 0.005) >= 8);
+                                     "tests/data/inprocess_alone/torch_train_inprocess_alone2_h200.json",
+                                     "tests/data/inprocess_alone/torch_train_inprocess_alone3_h200.json"});
+  CHECK(errs.size() == 10);
+  CHECK(count_within(errs, 0.03, 0.005) >= 10);
 }
 
 // The for-loop optimizers, each step alone in a fresh process: Adafactor on five architectures
@@ -616,3 +634,4 @@ TEST_CASE("CLI sweep: fits on reserved by default with a device, --fit-on alloca
   CHECK(csv.out.find("dp,fsdp,tp,pp,basis,reserved_required\n") != std::string::npos);
   CHECK(csv.out.find(",1,1,1,1,reserved,") != std::string::npos);
 }
+

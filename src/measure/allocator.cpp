@@ -129,6 +129,19 @@ class FreeBlocks {
     }
     return nullptr;
   }
+  // Calls f(block) for each block of at least `size` bytes in (size, address) order, the best fit
+  // first, until f returns false.
+  template <class F>
+  void scan_from(bytes_t size, F&& f) {
+    std::size_t c = size_class(size);
+    auto& v = classes_[c];
+    for (auto it = position(v, key(size, 0)); it != v.begin();)
+      if (!f((--it)->block)) return;
+    for (++c; c < kClasses; ++c)
+      if (held_[c / 64] >> (c % 64) & 1)
+        for (auto it = classes_[c].rbegin(); it != classes_[c].rend(); ++it)
+          if (!f(it->block)) return;
+  }
   void clear() {  // the classes keep their room
     for (std::size_t w = 0; w < held_.size(); ++w)
       for (std::uint64_t bits = held_[w]; bits; bits &= bits - 1)
@@ -464,7 +477,33 @@ struct CachingAllocator::Impl {
   // c10 get_free_block: the smallest cached block >= size in the pool, unless the policy's
   // oversize rules (max_split_size; unlimited by default) keep it for other requests.
   Block* get_free_block(FreeBlocks& free_blocks, bytes_t size) {
+    if (policy.expandable_segments) return get_free_expandable_block(free_blocks, size);
     return free_blocks.take_best_fit(size, [&](const Block* b) { return policy.may_reuse(size, b->size); });
+  }
+  // c10's get_free_block with expandable segments: a free block at the end of a segment's mapped
+  // pages counts, for the best fit, as the size it can grow to (its own and the unmapped rest of
+  // the segment's addresses), so that from the smallest block that holds the request the search
+  // moves on to each larger one that could grow less, while there is one. The end of the mapped
+  // pages is thus taken last: a request fills a hole inside the segment before it, even a larger
+  // hole (the LoRA and for-loop Adafactor steps under expandable segments in
+  // tests/data/expandable_more/: an 8 MiB request into a 16 MiB hole rather than the 11 MiB free
+  // at the end; best fit by size alone mapped one fp32 logits tensor more, +9% and +7.6%).
+  Block* get_free_expandable_block(FreeBlocks& free_blocks, bytes_t size) {
+    const auto could_grow_to = [](const Block* b) {
+      return b->size + (b->next == nullptr ? b->seg->virtual_size - b->seg->size : 0);
+    };
+    Block* best = nullptr;
+    bytes_t best_size = 0;
+    free_blocks.scan_from(size, [&](Block* b) {
+      const bytes_t grow = could_grow_to(b);
+      if (best && grow >= best_size) return false;
+      best = b;
+      best_size = grow;
+      return true;
+    });
+    if (!best || !policy.may_reuse(size, best->size)) return nullptr;
+    free_blocks.erase(best);
+    return best;
   }
 
   // c10 alloc_block: a new segment from the raw memory (or more pages in expandable mode).

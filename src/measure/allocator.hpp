@@ -14,7 +14,9 @@
 // reused without fragmentation.
 //   Choices made here (PyTorch's own bookkeeping is finer): each pool reserves one virtual address
 //   range (RawMemory::reserve_range, sized to the capacity) and maps a growing prefix of it. A miss
-//   maps just enough whole pages after the last block (merging with a free tail block); blocks split
+//   maps just enough whole pages after the last block (merging with a free tail block); the best
+//   fit counts a free block that ends the mapped pages as the size it could grow to, as c10's
+//   get_free_block does in this mode, so holes inside the segment fill first; blocks split
 //   whenever the remainder is >= 512 B in both pools, as PyTorch does in this mode. Freed pages stay
 //   mapped (reserved) until empty_cache() or the OOM retry unmaps the whole free pages at the tail.
 //   inactive_split is not counted for expandable segments (PyTorch excludes them too), and such a
