@@ -324,6 +324,16 @@ TEST_CASE("ranks with expandable segments, each measured alone: FSDP2, DDP, ZeRO
   report(w, "ranks with expandable segments");
 }
 
+// max_split_size_mb:256 on an FSDP2 and a ZeRO-1 rank, each alone in a fresh process with a
+// whole-run snapshot (tools/device/allocator_conf_run.sh, tests/data/allocator_conf/). 2026-12-04:
+// +0.05% and 0.00%.
+TEST_CASE("ranks under max_split_size_mb, each measured alone: FSDP2, ZeRO-1") {
+  Worst w;
+  check_file("tests/data/allocator_conf/torch_train_dist_max_split_fakepg_h200.json", 0.01, none, w, 0.002, -0.002);
+  CHECK(w.cases == 2);
+  report(w, "ranks under max_split_size_mb");
+}
+
 // Ranks measured again, each alone in a fresh process (tools/device/ep_tp_fresh_run.sh), whose
 // first measurement ran after other cases in one process: four tensor-parallel ranks and the
 // FSDP2 and pipeline ranks whose in-process reserved figures the replay missed most (+17%, +10%).
@@ -1174,4 +1184,5 @@ TEST_CASE("the layout flags on the command line: predicted per rank, bad values 
     CHECK(e.out.find(b.named) != std::string::npos);
   }
 }
+
 

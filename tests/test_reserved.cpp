@@ -27,6 +27,39 @@ struct Err {
 };
 
 // Every ok case of the file: predicted reserved_peak against the last step's `reserved`.
+// A measured case's job, as torch_profile_step.py ran it.
+Job job_of(const nlohmann::json& j) {
+  Job job;
+  job.batch = j["batch"].get<std::uint64_t>();
+  job.seq = j["seq"].get<std::uint64_t>();
+  job.precision = parse_precision(j["precision"].get<std::string>());
+  job.optimizer = parse_optimizer(j["optimizer"].get<std::string>());
+  job.recompute = parse_recompute(j["recompute"].get<std::string>());
+  job.attention = parse_attention(j["attention"].get<std::string>());
+  if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
+  if (j.contains("optimizer_impl") && !j["optimizer_impl"].is_null())
+    job.optimizer_impl = parse_optimizer_impl(j["optimizer_impl"].get<std::string>());
+  if (j.contains("experts_implementation") && !j["experts_implementation"].is_null())
+    job.experts = parse_experts_impl(j["experts_implementation"].get<std::string>());
+  return job;
+}
+
+// The run's allocator settings, as the measuring process had them ("" for c10's defaults).
+std::string allocator_conf_of(const nlohmann::json& data) {
+  if (data.contains("env") && data["env"].value("PYTORCH_CUDA_ALLOC_CONF", nlohmann::json()).is_string())
+    return data["env"]["PYTORCH_CUDA_ALLOC_CONF"].get<std::string>();
+  return "";
+}
+
+// The case's last measured step (its steady state).
+nlohmann::json last_step(const nlohmann::json& c) {
+  nlohmann::json last;
+  for (const auto& s : c["steps"])
+    if (s.value("phase", "") == "done") last = s;
+  REQUIRE(!last.is_null());
+  return last;
+}
+
 std::vector<Err> reserved_errors(const char* rel) {
   std::ifstream in(test::source_path(rel));
   REQUIRE(in.good());
@@ -36,28 +69,12 @@ std::vector<Err> reserved_errors(const char* rel) {
     if (c["status"] != "ok") continue;
     const auto& j = c["job"];
     const ModelSpec m = test::model_as_measured(j);
-    Job job;
-    job.batch = j["batch"].get<std::uint64_t>();
-    job.seq = j["seq"].get<std::uint64_t>();
-    job.precision = parse_precision(j["precision"].get<std::string>());
-    job.optimizer = parse_optimizer(j["optimizer"].get<std::string>());
-    job.recompute = parse_recompute(j["recompute"].get<std::string>());
-    job.attention = parse_attention(j["attention"].get<std::string>());
-    if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
-    if (j.contains("optimizer_impl") && !j["optimizer_impl"].is_null())
-      job.optimizer_impl = parse_optimizer_impl(j["optimizer_impl"].get<std::string>());
-    if (j.contains("experts_implementation") && !j["experts_implementation"].is_null())
-      job.experts = parse_experts_impl(j["experts_implementation"].get<std::string>());
+    const Job job = job_of(j);
     PredictOptions po;
     po.reserved = true;
-    // the run's allocator settings, as the measuring process had them
-    if (data.contains("env") && data["env"].value("PYTORCH_CUDA_ALLOC_CONF", nlohmann::json()).is_string())
-      po.allocator_conf = data["env"]["PYTORCH_CUDA_ALLOC_CONF"].get<std::string>();
+    po.allocator_conf = allocator_conf_of(data);
     const Budget b = predict(m, job, po);
-    nlohmann::json last;
-    for (const auto& s : c["steps"])
-      if (s.value("phase", "") == "done") last = s;
-    REQUIRE(!last.is_null());
+    const nlohmann::json last = last_step(c);
     const double measured = last["reserved"].get<double>();
     const double predicted = static_cast<double>(b.reserved_peak);
     out.push_back({c["name"].get<std::string>(), (predicted - measured) / measured});
@@ -387,6 +404,75 @@ TEST_CASE("the trace: an add hands its gradient through; a residual stream's gra
   CHECK(count("parameter gradients (.grad)") == 1);
 }
 
+// PYTORCH_CUDA_ALLOC_CONF's other settings, each step and rank alone in a fresh process with a
+// whole-run snapshot (tools/device/allocator_conf_run.sh, tests/data/allocator_conf/):
+// max_split_size_mb:128 on a dense, a fully recomputed, a MoE and a LoRA step;
+// roundup_power2_divisions:4 on three dense steps; max_split_size_mb:512 with per-interval
+// divisions [256:1,512:2,1024:4,>:8] on two (the FSDP2 and ZeRO-1 ranks with max_split_size_mb:256
+// are in test_distributed). 2026-12-04: every one within 0.01%, seven of nine 0.00% (run in one
+// process after the files above, TinyLlama read −5.4% until a thread's replay reset its rounding:
+// below).
+TEST_CASE("reserved_peak under max_split_size_mb and roundup_power2_divisions, each measured alone") {
+  const auto errs = reserved_errors({"tests/data/allocator_conf/torch_train_max_split_h200.json",
+                                     "tests/data/allocator_conf/torch_train_roundup_h200.json",
+                                     "tests/data/allocator_conf/torch_train_max_split_roundup_h200.json"});
+  CHECK(errs.size() == 9);
+  CHECK(count_within(errs, 0.004, 0.0001) >= 6);
+}
+
+// A thread's replay reuses one allocator, reset for each job (simulate_reserved). The reset once
+// kept the first job's rounding: a roundup_power2_divisions job replayed after a default one was
+// rounded as the default (the tests above, run in one process, read −5.4% on TinyLlama, 0.00%
+// each file alone). The figure must not depend on what the thread replayed before.
+TEST_CASE("a thread's replay follows each job's allocator settings, whatever it replayed before") {
+  const ModelSpec m = load_model(test::source_path("configs/hf/tinyllama-1.1b.json"));
+  Job job;
+  job.batch = 1;
+  job.seq = 1024;
+  job.precision = Precision::amp_bf16;
+  job.recompute = Recompute::none;
+  PredictOptions plain;
+  plain.reserved = true;
+  PredictOptions roundup = plain;
+  roundup.allocator_conf = "roundup_power2_divisions:4";
+  const bytes_t first = predict(m, job, plain).reserved_peak;
+  const bytes_t rounded = predict(m, job, roundup).reserved_peak;
+  const auto fresh = membudget::detail::simulate_reserved_full(
+      m, job, membudget::detail::parse_allocator_conf("roundup_power2_divisions:4").policy);
+  CHECK(rounded == fresh.reserved_peak);
+  CHECK(rounded != first);  // the setting moves the figure at this shape (else the check above proves little)
+  CHECK(predict(m, job, plain).reserved_peak == first);
+}
+
+TEST_CASE("roundup_power2_divisions: the phases count the rounded blocks, or the job is refused") {
+  const ModelSpec m = load_model(test::source_path("configs/hf/tinyllama-1.1b.json"));
+  Job job;
+  job.batch = 1;
+  job.seq = 1024;
+  PredictOptions rounded;
+  rounded.allocator_conf = "roundup_power2_divisions:4";
+  rounded.explain = true;
+  PredictOptions plain;
+  plain.explain = true;
+  const Budget b = predict(m, job, rounded);  // the replay runs though reserved was not asked
+  const Budget d = predict(m, job, plain);
+  CHECK(b.reserved_peak > 0);
+  const auto r = membudget::detail::simulate_reserved_full(
+      m, job, membudget::detail::parse_allocator_conf("roundup_power2_divisions:4").policy);
+  for (std::size_t i = 0; i < b.phases.size(); ++i) {
+    CAPTURE(b.phases[i].name());
+    CHECK(b.phases[i].bytes == r.allocated_steady[i]);
+    CHECK(b.phases[i].bytes >= d.phases[i].bytes);
+    bytes_t listed = 0, rounding = 0;
+    for (const TensorBytes& t : b.phases[i].live) (t.name == "allocator rounding" ? rounding : listed) += t.bytes;
+    if (b.phases[i].bytes > d.phases[i].bytes) CHECK(rounding == b.phases[i].bytes - d.phases[i].bytes);
+  }
+  CHECK(b.peak > d.peak);
+  Job serve = job;
+  serve.mode = Mode::infer;
+  CHECK_THROWS_AS(predict(m, serve, rounded), Error);
+}
+
 TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
   using detail::parse_allocator_conf;
   CHECK(!parse_allocator_conf("").policy.expandable_segments);
@@ -635,3 +721,46 @@ TEST_CASE("CLI sweep: fits on reserved by default with a device, --fit-on alloca
   CHECK(csv.out.find(",1,1,1,1,reserved,") != std::string::npos);
 }
 
+
+
+// The replay counts memory_allocated() as well as memory_reserved(): its allocator rounds and splits
+// blocks as c10 does, so its per-phase allocated peaks are what a run's phases measure. predict()
+// gives them for the phases where the job's allocator settings round beyond 512 bytes
+// (roundup_power2_divisions: predict.cpp, allocated_as_replayed), so they are held here on every
+// committed single-GPU step, whatever its settings. 2026-12-04: 163 steps, every phase within
+// 0.1% (the simulation's own phases: within 1% but Qwen2.5 1.5B's bf16 1 × 512 forward peaks,
+// −1.6%, and 5-6% low under roundup_power2_divisions).
+TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU step") {
+  int steps = 0;
+  double worst = 0;
+  for (const char* rel : {"tests/data/torch_train_h200.json", "tests/data/torch_train_holdout_h200.json",
+                          "tests/data/torch_train_reserved_h200.json", "tests/data/torch_train_reserved_expandable_h200.json",
+                          "tests/data/torch_train_moe_h200.json", "tests/data/torch_train_lora_h200.json",
+                          "tests/data/torch_train_optimizer_impl_h200.json", "tests/data/expandable_more/torch_train_expandable_more_h200.json",
+                          "tests/data/allocator_conf/torch_train_max_split_h200.json", "tests/data/allocator_conf/torch_train_roundup_h200.json",
+                          "tests/data/allocator_conf/torch_train_max_split_roundup_h200.json"}) {
+    std::ifstream in(test::source_path(rel));
+    REQUIRE(in.good());
+    const auto data = nlohmann::json::parse(in);
+    const AllocatorPolicy policy = membudget::detail::parse_allocator_conf(allocator_conf_of(data)).policy;
+    for (const auto& c : data["cases"]) {
+      if (c["status"] != "ok") continue;
+      const std::string name = c["name"].get<std::string>();
+      // eager experts under a random router: their token counts are the run's (docs/moe.md)
+      if (c["job"].contains("experts_implementation") && c["job"]["experts_implementation"] == "eager") continue;
+      const auto r = membudget::detail::simulate_reserved_full(test::model_as_measured(c["job"]), job_of(c["job"]), policy);
+      const nlohmann::json last = last_step(c);
+      for (std::size_t i = 0; i < std::size(kTrainPhases); ++i) {
+        const double measured = last[to_string(kTrainPhases[i])].get<double>();
+        const double err = (static_cast<double>(r.allocated_steady[i]) - measured) / measured;
+        CAPTURE(name);
+        CAPTURE(to_string(kTrainPhases[i]));
+        CHECK(std::fabs(err) <= 0.002);
+        worst = std::max(worst, std::fabs(err));
+      }
+      ++steps;
+    }
+  }
+  CHECK(steps >= 130);
+  MESSAGE(steps << " steps: the replay's allocated phases within " << worst * 100 << "% of the measured");
+}

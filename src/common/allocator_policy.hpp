@@ -57,6 +57,13 @@ struct AllocatorPolicy {
     if (divisions > 1 && bytes > min_block_size * divisions) return roundup_power2_next_division(bytes, divisions);
     return checked_mul((bytes - 1) / min_block_size + 1, min_block_size, "allocation rounding");
   }
+  // Whether some request rounds to a power-of-two interval's divisions rather than to 512 bytes
+  // (what memory_allocated() counts then grows with the setting).
+  constexpr bool rounds_to_divisions() const {
+    for (std::uint32_t d : roundup_power2_divisions)
+      if (d > 1) return true;
+    return false;
+  }
   constexpr bool is_small(bytes_t rounded) const { return rounded <= small_size; }
   // The segment a block of `rounded` bytes gets when none is cached: c10 get_allocation_size.
   constexpr bytes_t segment_size(bytes_t rounded) const {

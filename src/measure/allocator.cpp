@@ -363,10 +363,12 @@ struct CachingAllocator::Impl {
   std::vector<TraceEvent> history;
   std::uint64_t last_time_us = 0;
 
-  // round_size's case: a power-of-two unit and no roundup_power2_divisions
-  const bool plain_rounding = std::has_single_bit(policy.min_block_size) &&
-                              std::all_of(std::begin(policy.roundup_power2_divisions), std::end(policy.roundup_power2_divisions),
-                                          [](std::uint32_t d) { return d <= 1; });  // (the web build's libc++ has no ranges::all_of)
+  // round_size's case: a power-of-two unit and no roundup_power2_divisions. Of the policy, so set
+  // again by reset() (a thread's replay allocator serves jobs of several allocator settings).
+  bool plain_rounding = is_plain_rounding(policy);
+  static bool is_plain_rounding(const AllocatorPolicy& p) {
+    return std::has_single_bit(p.min_block_size) && !p.rounds_to_divisions();
+  }
 
   Impl(RawMemory& r, AllocatorOptions o) : raw(r), options(o) {}
 
@@ -378,6 +380,7 @@ struct CachingAllocator::Impl {
     release_segments();
     segments.clear();
     options = o;
+    plain_rounding = is_plain_rounding(policy);
     stats = {};
     for (Pool* pool : {&small_pool, &large_pool})
       for (auto& stream : pool->streams)

@@ -180,12 +180,16 @@ class Replay {
     int phase = -1;
     std::size_t phase_events = 0;
     if (timeline) timeline->reserve(timeline->size() + script.events.size());
+    phase_allocated_ = {};
     if (steady) release_not_carried_over(script);
     for (const std::int32_t ev : script.events) {
       if (ev == SimTrace::kPhase) {
         if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
         const bool first = phase < 0;
         phase = script.phases.at(phase_events++);
+        if (phase >= 0 && phase < 4)  // what the phase finds allocated counts too
+          phase_allocated_[static_cast<std::size_t>(phase)] =
+              std::max(phase_allocated_[static_cast<std::size_t>(phase)], static_cast<bytes_t>(alloc_.stats().allocated.current));
         if (first && steady) reset_peak();
         continue;
       }
@@ -309,7 +313,7 @@ class Replay {
         h.n = static_cast<std::uint32_t>(list.size());
       }
     }
-    if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
+    note_allocated(steady, phase);
   }
 
   // ReplayScript::Tensor::one_parameter_at_a_time: each of the optimizer's parameters' sqrt and
@@ -329,7 +333,7 @@ class Replay {
       if (each == 0) continue;
       const measure::BlockRef sqrt = alloc_.allocate_block(each, tag, tensor.stream);
       const measure::BlockRef quotient = alloc_.allocate_block(each, tag, tensor.stream);
-      if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
+      note_allocated(steady, phase);
       alloc_.deallocate_block(sqrt);
       if (has_previous) alloc_.deallocate_block(previous);
       previous = quotient;
@@ -348,7 +352,7 @@ class Replay {
         continue;
       }
       loop_blocks_[op.id] = alloc_.allocate_block(op.bytes, tag, tensor.stream);
-      if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
+      note_allocated(steady, phase);
     }
   }
 
@@ -372,6 +376,13 @@ class Replay {
     return tag_ = {info.op, info.name, phase >= 0 && phase < 4 ? to_string(kTrainPhases[phase]) : "before the step"};
   }
   void reset_peak() { allocated_peak_ = static_cast<bytes_t>(alloc_.stats().allocated.current); }
+  // memory_allocated() after an allocation of `phase` (its index in kTrainPhases): the steady
+  // steps' peak, and each phase's of this step.
+  void note_allocated(bool steady, int phase) {
+    const auto now = static_cast<bytes_t>(alloc_.stats().allocated.current);
+    if (steady) allocated_peak_ = std::max(allocated_peak_, now);
+    if (phase >= 0 && phase < 4) phase_allocated_[static_cast<std::size_t>(phase)] = std::max(phase_allocated_[static_cast<std::size_t>(phase)], now);
+  }
   // An empty list of lists_ (the next of those a reset left).
   std::uint32_t new_list() {
     if (lists_used_ == lists_.size()) lists_.emplace_back();
@@ -427,6 +438,8 @@ class Replay {
   std::size_t lists_used_ = 0;                            // lists_ in use since the last reset
   std::unordered_map<CarryKey, std::vector<Held>, CarryHash> carried_;  // live after a step, by name and size
   bytes_t allocated_peak_ = 0;
+ public:
+  std::array<bytes_t, 4> phase_allocated_{};  // this step's, by phase (note_allocated)
 };
 
 
@@ -580,11 +593,13 @@ ReservedResult replay_steps(Replay& replay, const std::array<ReplayScript, 2>& s
                             const std::array<std::vector<bytes_t>, 2>& sizes, std::vector<bytes_t>* timeline = nullptr) {
   ReservedResult r;
   replay.run(scripts[0], sizes[0], false, r.step0);
+  r.allocated_step0 = replay.phase_allocated_;
   std::uint64_t layout = replay.allocator().layout_hash();
   for (int i = 0; i < kMaxSteadySteps; ++i) {
     const bytes_t before = replay.reserved();
     if (timeline) timeline->clear();
     replay.run(scripts[1], sizes[1], true, r.steady, timeline);
+    r.allocated_steady = replay.phase_allocated_;
     r.steady_steps = i + 1;
     const std::uint64_t now = replay.allocator().layout_hash();
     if (replay.reserved() == before && now == layout) break;
@@ -638,6 +653,28 @@ ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const 
 }
 
 bool reserved_stream_compiles(const ModelSpec& m, const Job& job) { return ReservedStream::cached(m, job) != nullptr; }
+
+void allocated_as_replayed(Budget& b, const ReservedResult& r) {
+  auto replace = [](std::vector<PhasePeak>& phases, const std::array<bytes_t, 4>& replayed) {
+    for (PhasePeak& p : phases) {
+      const auto i = static_cast<std::size_t>(std::find(std::begin(kTrainPhases), std::end(kTrainPhases), p.phase) -
+                                              std::begin(kTrainPhases));
+      if (i >= replayed.size() || replayed[i] == 0) continue;
+      if (replayed[i] > p.bytes) {  // (predict clears the lists unless it explains)
+        TensorBytes rounding;
+        rounding.name = "allocator rounding";
+        rounding.op = "roundup_power2_divisions (the allocator replay)";
+        rounding.bytes = replayed[i] - p.bytes;
+        rounding.term = Term::other;
+        rounding.role = Role::workspace;  // allocator slack
+        p.live.push_back(std::move(rounding));
+      }
+      p.bytes = replayed[i];
+    }
+  };
+  replace(b.phases, r.allocated_steady);
+  replace(b.step0, r.allocated_step0);
+}
 
 namespace {
 Error conf_error(const std::string& what) {

@@ -22,6 +22,8 @@ struct ReservedResult {
   std::array<bytes_t, 4> step0{}, steady{};
   bytes_t reserved_peak = 0;   // memory_reserved() after the last steady step
   bytes_t allocated_peak = 0;  // max_memory_allocated() over the steady steps, as replayed
+  // max_memory_allocated() within each phase, as replayed, of step 0 and of the last steady step
+  std::array<bytes_t, 4> allocated_step0{}, allocated_steady{};
   int steady_steps = 0;        // how many steady steps ran before one repeated the last
 };
 
@@ -41,6 +43,12 @@ bool reserved_stream_compiles(const ModelSpec& m, const Job& job);
 // phase start on: one value per event, as predict --plot samples the stream it drew from those traces.
 struct SimTrace;
 std::vector<bytes_t> reserved_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy);
+
+// The phases of `b` (steady and step 0) as the replay `r` counted memory_allocated() in them: its
+// allocator rounds blocks as the job's PYTORCH_CUDA_ALLOC_CONF says (roundup_power2_divisions),
+// where the simulation counts 512-byte blocks. Each phase's tensors (explain) gain an entry for
+// the bytes the rounding adds.
+void allocated_as_replayed(Budget& b, const ReservedResult& r);
 
 // PYTORCH_CUDA_ALLOC_CONF ("expandable_segments:True,max_split_size_mb:128") into a policy.
 // garbage_collection_threshold is accepted and kept (it only acts near the memory fraction's limit,
