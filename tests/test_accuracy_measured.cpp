@@ -248,3 +248,10 @@ TEST_CASE("steps under max_split_size_mb and roundup_power2_divisions land withi
   check_file("tests/data/allocator_conf/torch_train_roundup_h200.json", 3);
   check_file("tests/data/allocator_conf/torch_train_max_split_roundup_h200.json", 2);
 }
+
+// The held-out steps of tests/data/heldout_conf/ (test_reserved), predicted before they were measured.
+TEST_CASE("held-out steps under several allocator settings land within 1% too") {
+  check_file("tests/data/heldout_conf/torch_train_heldout_default_h200.json", 3);
+  check_file("tests/data/heldout_conf/torch_train_heldout_expandable_h200.json", 1);
+  check_file("tests/data/heldout_conf/torch_train_heldout_roundup_h200.json", 1);
+}

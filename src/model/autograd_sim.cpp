@@ -254,6 +254,10 @@ void AutogradSim::release_saved(Node& n) {
   n.saved = Ids();
 }
 
+void AutogradSim::saved_outlive_last_node() {
+  if (last_node_recorded_) nodes_.back().saved_outlive_node = true;
+}
+
 void AutogradSim::workspace_after_gradients(LaunchSize size) {
   if (!last_node_recorded_) return;
   Node& n = nodes_.back();
@@ -523,7 +527,7 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
         }
       }
       if (ws_placed && n.workspace_slot >= n.inputs.n) make_workspace();
-      if (n.saved_unpacked_once) release_saved(n);
+      if (n.saved_unpacked_once && !n.saved_outlive_node) release_saved(n);
       // autograd's validate_outputs, input by input in the function's order (the reverse of the
       // order this node computes them): a broadcast input's reduction (its product freed once
       // reduced), a promoted input's cast (the product's dtype freed after)

@@ -202,6 +202,12 @@ class AutogradSim {
   // The last recorded node allocates its input gradients before its workspace (flash attention's
   // backward: dq, dk, dv, then the fp32 accumulators), of `size` (one request).
   void workspace_after_gradients(LaunchSize size);
+  // The last recorded node's recomputed saved tensors (a checkpointed region's) go after its
+  // workspace and its incoming gradient, as when the node releases its variables, not with the
+  // backward function's locals (the memory-efficient attention's backward in DeepSeek-V2-Lite's
+  // whole-run snapshot, tests/data/heldout_conf/: its fp32 accumulators, then o_proj's input
+  // gradient, then the log-sum-exp, v's base, q, k and the output).
+  void saved_outlive_last_node();
   // The last recorded node makes its workspace just before input `slot`'s gradient (a
   // tensor-parallel linear's all-reduce copy, after the weight's gradient and in its input's place).
   void workspace_before_gradient(std::uint8_t slot);
@@ -321,6 +327,7 @@ class AutogradSim {
     // frame forgets it), so they die with the backward function's locals, before autograd
     // reduces its gradients (validate_outputs) — not when the node releases its variables
     bool saved_unpacked_once = false;
+    bool saved_outlive_node = false;    // saved_outlive_last_node
     std::uint8_t workspace_slot = 0;    // made before this input's gradient (kNoSlot: after all)
     LaunchSize workspace_launch{};      // its size's parts (one piece)
     std::uint8_t reduced_slot = kNoSlot;  // reduce_last_gradient

