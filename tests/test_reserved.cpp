@@ -745,7 +745,7 @@ TEST_CASE("CLI sweep: fits on reserved by default with a device, --fit-on alloca
 // blocks as c10 does, so its per-phase allocated peaks are what a run's phases measure. predict()
 // gives them for the phases where the job's allocator settings round beyond 512 bytes
 // (roundup_power2_divisions: predict.cpp, allocated_as_replayed), so they are held here on every
-// committed single-GPU step, whatever its settings. 2026-12-04: 163 steps, every phase within
+// committed single-GPU step, whatever its settings. 2026-12-04: 168 steps (the held-out ones too), every phase within
 // 0.1% (the simulation's own phases: within 1% but Qwen2.5 1.5B's bf16 1 × 512 forward peaks,
 // −1.6%, and 5-6% low under roundup_power2_divisions).
 TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU step") {
@@ -756,7 +756,10 @@ TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU ste
                           "tests/data/torch_train_moe_h200.json", "tests/data/torch_train_lora_h200.json",
                           "tests/data/torch_train_optimizer_impl_h200.json", "tests/data/expandable_more/torch_train_expandable_more_h200.json",
                           "tests/data/allocator_conf/torch_train_max_split_h200.json", "tests/data/allocator_conf/torch_train_roundup_h200.json",
-                          "tests/data/allocator_conf/torch_train_max_split_roundup_h200.json"}) {
+                          "tests/data/allocator_conf/torch_train_max_split_roundup_h200.json",
+                          "tests/data/heldout_conf/torch_train_heldout_default_h200.json",
+                          "tests/data/heldout_conf/torch_train_heldout_expandable_h200.json",
+                          "tests/data/heldout_conf/torch_train_heldout_roundup_h200.json"}) {
     std::ifstream in(test::source_path(rel));
     REQUIRE(in.good());
     const auto data = nlohmann::json::parse(in);
