@@ -311,27 +311,21 @@ TEST_CASE("ranks the replay missed in one process, measured alone: FSDP2 with of
   CHECK(d.cases == 1);
 }
 
-// Expandable segments on one rank of each layout (FSDP2 with its all-gather and reduce-scatter
-// streams, each of which grows a segment of its own; DDP; ZeRO-1; TP; transformers' expert
-// parallelism) and a pipeline stage, each alone in a fresh process with a whole-run snapshot
-// (tools/device/expandable_more_run.sh 2, tests/data/expandable_more/). 2026-12-04: every one
-// within 0.2% (within 1.2% before the best fit followed c10's for expandable segments).
-TEST_CASE("ranks with expandable segments, each measured alone: FSDP2, DDP, ZeRO-1, TP, EP, a pipeline stage") {
+// Allocator settings on ranks, each alone in a fresh process with a whole-run snapshot. Expandable
+// segments on one rank of each layout (FSDP2 with its all-gather and reduce-scatter streams, each of
+// which grows a segment of its own; DDP; ZeRO-1; TP; transformers' expert parallelism) and a
+// pipeline stage (tools/device/expandable_more_run.sh 2, tests/data/expandable_more/): 2026-12-04,
+// every one within 0.2% (within 1.2% before the best fit followed c10's for expandable segments).
+// max_split_size_mb:256 on an FSDP2 and a ZeRO-1 rank (tools/device/allocator_conf_run.sh,
+// tests/data/allocator_conf/): +0.05% and 0.00%.
+TEST_CASE("ranks under allocator settings, each measured alone: expandable segments, max_split_size_mb") {
   Worst w;
-  check_file("tests/data/expandable_more/torch_train_dist_expandable_fakepg_h200.json", 0.01, none, w, 0.002, -0.002);
-  check_file("tests/data/expandable_more/torch_train_pp_expandable_fakepg_h200.json", 0.01, none, w, 0.002, -0.002);
-  CHECK(w.cases == 6);
-  report(w, "ranks with expandable segments");
-}
-
-// max_split_size_mb:256 on an FSDP2 and a ZeRO-1 rank, each alone in a fresh process with a
-// whole-run snapshot (tools/device/allocator_conf_run.sh, tests/data/allocator_conf/). 2026-12-04:
-// +0.05% and 0.00%.
-TEST_CASE("ranks under max_split_size_mb, each measured alone: FSDP2, ZeRO-1") {
-  Worst w;
-  check_file("tests/data/allocator_conf/torch_train_dist_max_split_fakepg_h200.json", 0.01, none, w, 0.002, -0.002);
-  CHECK(w.cases == 2);
-  report(w, "ranks under max_split_size_mb");
+  for (const char* f : {"tests/data/expandable_more/torch_train_dist_expandable_fakepg_h200.json",
+                        "tests/data/expandable_more/torch_train_pp_expandable_fakepg_h200.json",
+                        "tests/data/allocator_conf/torch_train_dist_max_split_fakepg_h200.json"})
+    check_file(f, 0.01, none, w, 0.002, -0.002);
+  CHECK(w.cases == 8);
+  report(w, "ranks under allocator settings");
 }
 
 // Held-out ranks, predicted before they were measured (tests/data/heldout_conf/, as test_reserved's
