@@ -209,6 +209,8 @@ class Replay {
 
   bytes_t reserved() const { return static_cast<bytes_t>(alloc_.stats().reserved.current); }
   bytes_t allocated_peak() const { return allocated_peak_; }
+  // max_memory_allocated() within each phase of the last step run (by index in kTrainPhases)
+  const std::array<bytes_t, 4>& phase_allocated() const { return phase_allocated_; }
 
  private:
   // The blocks that make one tensor: none, one (inline) or several (an optimizer lump's pieces,
@@ -438,8 +440,7 @@ class Replay {
   std::size_t lists_used_ = 0;                            // lists_ in use since the last reset
   std::unordered_map<CarryKey, std::vector<Held>, CarryHash> carried_;  // live after a step, by name and size
   bytes_t allocated_peak_ = 0;
- public:
-  std::array<bytes_t, 4> phase_allocated_{};  // this step's, by phase (note_allocated)
+  std::array<bytes_t, 4> phase_allocated_{};  // the last step's, by phase (note_allocated)
 };
 
 
@@ -593,13 +594,13 @@ ReservedResult replay_steps(Replay& replay, const std::array<ReplayScript, 2>& s
                             const std::array<std::vector<bytes_t>, 2>& sizes, std::vector<bytes_t>* timeline = nullptr) {
   ReservedResult r;
   replay.run(scripts[0], sizes[0], false, r.step0);
-  r.allocated_step0 = replay.phase_allocated_;
+  r.allocated_step0 = replay.phase_allocated();
   std::uint64_t layout = replay.allocator().layout_hash();
   for (int i = 0; i < kMaxSteadySteps; ++i) {
     const bytes_t before = replay.reserved();
     if (timeline) timeline->clear();
     replay.run(scripts[1], sizes[1], true, r.steady, timeline);
-    r.allocated_steady = replay.phase_allocated_;
+    r.allocated_steady = replay.phase_allocated();
     r.steady_steps = i + 1;
     const std::uint64_t now = replay.allocator().layout_hash();
     if (replay.reserved() == before && now == layout) break;
