@@ -190,6 +190,14 @@ BENCHMARK(BM_predict_full_simulation)->Arg(8)->Arg(70)->Unit(benchmark::kMicrose
 // 2026-12-03, after the walk followed autograd's engine and the kernels' temporaries: 1.10 / 2.93
 // ms, against 371 ns for BM_estimate_new_shape/8 (which grew from 230 ns: the plans carry the
 // launch-sized temporaries as components of their own).
+// 2026-12-04, this machine, paired against the bench of 4a77a49 (run alternately): 1.20 ms (8B)
+// and 3.2-3.5 ms (70B), ratio 1.00 (8B, median of six pairs) after the replay began to count each
+// phase's allocated peak; BM_estimate_new_shape/8 and /70 420-440 ns in the same runs, either
+// build. Tried and dropped: skipping the confirming steady step when the step before it ended as
+// its predecessor plus segments of its own that no earlier fit would have taken (an exact check
+// from a log of fits). On the 8B and 70B steps it never held: the new segment is the best fit of
+// an earlier request of its exact size (a lower address than the older free one), so the two
+// steps' equal segments trade roles and their layouts part until the last free.
 // 2026-12-03, later, build machine: 1.06 ms (8B) / 2.56 ms (70B), 5,800× / 14,100×
 // BM_estimate_new_shape/8 (181 ns), medians of five, against 1.66 / 4.07 ms for the code before
 // in the same run: each trace read once into a script, frees by block handle (no live-block
