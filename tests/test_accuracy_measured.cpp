@@ -254,4 +254,6 @@ TEST_CASE("held-out steps under several allocator settings land within 1% too") 
   check_file("tests/data/heldout_conf/torch_train_heldout_default_h200.json", 3);
   check_file("tests/data/heldout_conf/torch_train_heldout_expandable_h200.json", 1);
   check_file("tests/data/heldout_conf/torch_train_heldout_roundup_h200.json", 1);
+  check_file("tests/data/heldout_conf/torch_train_deepseek_tie_default_h200.json", 1);
+  check_file("tests/data/heldout_conf/torch_train_deepseek_tie_expandable_h200.json", 1);
 }
