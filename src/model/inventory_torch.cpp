@@ -324,6 +324,17 @@ struct Step {
     cast_cache.clear();
   }
 
+  // A projection's output viewed and transposed to b·a·s·hd (`.view(...).transpose(1, 2)`), which
+  // replaces it: the view keeps its storage alive until the view goes itself. Where the gradient
+  // comes back contiguous in b·a·s·hd, the view's backward copies it to b·s·h before the
+  // projection's gradients.
+  TensorId transposed(TensorId t, const char* name) {
+    TensorId tv = sim.view_of(t, name, sim.logical_bytes(t), sim.info(t).dtype);
+    sim.node("ViewBackward0 (copy of the transposed gradient)", {t}, {tv}, {});
+    sim.drop(t);
+    return tv;
+  }
+
   // Activation as used by a matmul: under autocast a fresh bf16 copy (non-leaf casts are not cached).
   TensorId cast_input(TensorId x, bytes_t elems, const char* name) {
     if (!r.autocast || sim.info(x).bytes == mul(elems, r.compute)) {
@@ -487,18 +498,12 @@ struct Step {
         sim.node("CloneBackward", {qkv}, {v}, {});
       }
     } else {
-      // q_proj(x).view(hidden_shape).transpose(1, 2), and k's and v's alike. Where the gradient
-      // comes back contiguous in b·a·s·hd the view's backward copies it to b·s·h before the
-      // projection's: q's and k's (the rotary's SliceBackward0 makes them), and v's when the
-      // DynamicCache's cat made the values contiguous (the Llama 3.2 1B snapshot below, events
-      // 2046-2065: v's 0.5 MiB copy, then k's, then q's 2 MiB, each just before its projection's
-      // gradients). The view keeps the projection's output alive until it goes itself.
-      auto transposed = [&](TensorId t) {
-        TensorId tv = sim.view_of(t, "projection output (transposed view)", sim.logical_bytes(t), sim.info(t).dtype);
-        sim.node("ViewBackward0 (copy of the transposed gradient)", {t}, {tv}, {});
-        sim.drop(t);
-        return tv;
-      };
+      // q_proj(x).view(hidden_shape).transpose(1, 2), and k's and v's alike (`transposed`): the
+      // gradient comes back contiguous in b·a·s·hd for q's and k's (the rotary's SliceBackward0
+      // makes them), and for v's when the DynamicCache's cat made the values contiguous (the Llama
+      // 3.2 1B snapshot below, events 2046-2065: v's 0.5 MiB copy, then k's, then q's 2 MiB, each
+      // just before its projection's gradients).
+      auto projection_view = [&](TensorId t) { return transposed(t, "projection output (transposed view)"); };
       // Qwen3's and OLMoE's q/k norms (RMSNorm over head_dim, or over all of q and k) run on each
       // projection before the next: q_norm(q_proj(x)), then k_norm(k_proj(x)), then v_proj(x)
       // (tests/data/reserved_alone/qwen3-30b-a3b_L4_amp-bf16_full_flash_adamw_b1s4096.pickle.gz,
@@ -518,7 +523,7 @@ struct Step {
       // q's or k's projection as the attention goes on with it before v_proj runs
       auto headed = [&](TensorId t, TensorId w, const char* name, bytes_t width, bytes_t heads) {
         if (norm_before_view) return qk_norm(t, w, name, width, heads);  // viewed after v_proj
-        return m.qk_norm ? qk_norm(transposed(t), w, name, width, heads) : transposed(t);
+        return m.qk_norm ? qk_norm(projection_view(t), w, name, width, heads) : projection_view(t);
       };
       const bool colwise = tp_input_grad_allreduce();
       q = linear(n1, d.h, d.qd, p.q, p.qb, "q_proj output", "b·s·a·hd", &p.aq, 0, colwise);
@@ -527,10 +532,10 @@ struct Step {
       k = headed(k, p.k_norm, "k_norm output", d.kvd, d.kva);
       v = linear(n1, d.h, d.kvd, p.v, p.vb, "v_proj output", "b·s·kv·hd", &p.av, 0, colwise);
       if (norm_before_view) {
-        q = transposed(q);
-        k = transposed(k);
+        q = projection_view(q);
+        k = projection_view(k);
       }
-      if (kv_cached()) v = transposed(v);
+      if (kv_cached()) v = projection_view(v);
     }
     // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
     // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
@@ -623,14 +628,13 @@ struct Step {
       q = linear(n1, d.h, mul(a, qk), p.q, kNone, "q_proj output", "b·s·a·qk");
     }
     const bytes_t qb = sim.info(q).bytes / mul(d.T, a, qk);
-    // .view(query_shape).transpose(1, 2): the view's backward copies the transposed gradient before
-    // the projection's (DeepSeek-V2-Lite's whole-run snapshot, tests/data/heldout_conf/, events
-    // 1103-1108: the split's 12 MiB, then its copy, then q_proj's weight gradient)
-    TensorId qt = sim.view_of(q, "q (transposed view)", sim.logical_bytes(q), sim.info(q).dtype);
-    sim.node("ViewBackward0 (copy of the transposed gradient)", {q}, {qt}, {});
+    // .view(query_shape).transpose(1, 2) (`transposed`: DeepSeek-V2-Lite's whole-run snapshot,
+    // tests/data/heldout_conf/, events 1103-1108: the split's 12 MiB, then its copy, then q_proj's
+    // weight gradient)
+    q = transposed(q, "q (transposed view)");
     TensorId q_nope = ops().view("q_nope (view of q)", mul(d.T, a, nope, qb)),
              q_pe = ops().view("q_pe (view of q)", mul(d.T, a, rope, qb));
-    sim.node("SplitBackward0", {qt}, {q_nope, q_pe}, {});
+    sim.node("SplitBackward0", {q}, {q_nope, q_pe}, {});
     TensorId ckv = linear(n1, d.h, kvr + rope, p.kv_a, kNone, "kv_a_proj_with_mqa output", "b·s·(r+rope)");
     const bytes_t cb = sim.info(ckv).bytes / mul(d.T, kvr + rope);
     TensorId kv_nope = ops().view("kv_nope (view of compressed_kv)", mul(d.T, kvr, cb)),
@@ -683,13 +687,12 @@ struct Step {
       sim.views_through_node("CatBackward0", {q_nope, q_rot}, qs);
     else
       sim.node("CatBackward0", {q_nope, q_rot}, {qs}, {});
-    // kv_b_proj(k_pass).view(...).transpose(1, 2), split into k_pass and value_states; the view's
-    // backward copies the transposed gradient (as a dense projection's: `transposed`)
+    // kv_b_proj(k_pass).view(...).transpose(1, 2) (`transposed`), split into k_pass and
+    // value_states; sdpa saves the value view's storage, kv_b_proj's output
     TensorId kvb = linear(k_nope, kvr, mul(a, nope + vd), p.kv_b, kNone, "kv_b_proj output (its value view saved by sdpa)",
                           "b·s·a·(nope+v)");
     const bytes_t vb = sim.info(kvb).bytes / mul(d.T, a, nope + vd);
-    TensorId kvbt = sim.view_of(kvb, "kv_b_proj output (transposed view)", sim.logical_bytes(kvb), sim.info(kvb).dtype);
-    sim.node("ViewBackward0 (copy of the transposed gradient)", {kvb}, {kvbt}, {});
+    TensorId kvbt = transposed(kvb, "kv_b_proj output (transposed view)");
     TensorId kn = ops().view("k_nope (view of kv_b_proj output)", mul(d.T, a, nope, vb)),
              val = ops().view("value_states (view of kv_b_proj output)", mul(d.T, a, vd, vb));
     sim.node("SplitBackward0", {kvbt}, {kn, val}, {});
@@ -744,7 +747,7 @@ struct Step {
     // the attention returns: its locals go, in the order the snapshot frees them (q_pe's rotary
     // before the latent's norm, the keys before kv_b_proj's output), and the decoder layer's
     // `hidden_states, _ = self.self_attn(...)` frees the norm output
-    for (TensorId t : {q, qt, q_nope, q_rot, ckv, k_rot, k_rot_heads, k_nope, qs, key_nope, key, kvb, kvbt, kn, val, n1}) sim.drop(t);
+    for (TensorId t : {q, q_nope, q_rot, ckv, k_rot, k_rot_heads, k_nope, qs, key_nope, key, kvbt, kn, val, n1}) sim.drop(t);
     return o;
   }
 

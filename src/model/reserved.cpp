@@ -187,9 +187,7 @@ class Replay {
         if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
         const bool first = phase < 0;
         phase = script.phases.at(phase_events++);
-        if (phase >= 0 && phase < 4)  // what the phase finds allocated counts too
-          phase_allocated_[static_cast<std::size_t>(phase)] =
-              std::max(phase_allocated_[static_cast<std::size_t>(phase)], static_cast<bytes_t>(alloc_.stats().allocated.current));
+        note_phase_allocated(phase);  // what the phase finds allocated counts too
         if (first && steady) reset_peak();
         continue;
       }
@@ -381,9 +379,13 @@ class Replay {
   // memory_allocated() after an allocation of `phase` (its index in kTrainPhases): the steady
   // steps' peak, and each phase's of this step.
   void note_allocated(bool steady, int phase) {
-    const auto now = static_cast<bytes_t>(alloc_.stats().allocated.current);
-    if (steady) allocated_peak_ = std::max(allocated_peak_, now);
-    if (phase >= 0 && phase < 4) phase_allocated_[static_cast<std::size_t>(phase)] = std::max(phase_allocated_[static_cast<std::size_t>(phase)], now);
+    if (steady) allocated_peak_ = std::max<bytes_t>(allocated_peak_, alloc_.stats().allocated.current);
+    note_phase_allocated(phase);
+  }
+  void note_phase_allocated(int phase) {
+    if (phase < 0 || phase >= 4) return;
+    bytes_t& peak = phase_allocated_[static_cast<std::size_t>(phase)];
+    peak = std::max<bytes_t>(peak, alloc_.stats().allocated.current);
   }
   // An empty list of lists_ (the next of those a reset left).
   std::uint32_t new_list() {
