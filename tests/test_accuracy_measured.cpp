@@ -44,20 +44,7 @@ void check_file(const char* rel, int min_cases, const std::vector<KnownGap>& gap
     if (c["status"] != "ok") continue;
     const auto& j = c["job"];
     const ModelSpec m = test::model_as_measured(j);
-    Job job;
-    job.batch = j["batch"].get<std::uint64_t>();
-    job.seq = j["seq"].get<std::uint64_t>();
-    job.precision = parse_precision(j["precision"].get<std::string>());
-    const std::string opt = j["optimizer"].get<std::string>();
-    job.optimizer = parse_optimizer(opt == "adamw-fused" ? "adamw" : opt);  // adamw-fused: AdamW(fused=True)
-    if (opt == "adamw-fused") job.optimizer_impl = OptimizerImpl::fused;
-    if (j.contains("optimizer_impl") && !j["optimizer_impl"].is_null())
-      job.optimizer_impl = parse_optimizer_impl(j["optimizer_impl"].get<std::string>());
-    job.recompute = parse_recompute(j["recompute"].get<std::string>());
-    job.attention = parse_attention(j["attention"].get<std::string>());
-    if (j.contains("experts_implementation") && !j["experts_implementation"].is_null())
-      job.experts = parse_experts_impl(j["experts_implementation"].get<std::string>());
-    if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
+    const Job job = test::job_as_measured(j);
     const std::string case_name = c["name"].get<std::string>();
     const auto refuse = std::find_if(refused.begin(), refused.end(),
                                      [&](const Refused& r) { return case_name.rfind(r.case_prefix, 0) == 0; });
@@ -74,8 +61,7 @@ void check_file(const char* rel, int min_cases, const std::vector<KnownGap>& gap
     // the run's allocator settings, as the measuring process had them (roundup_power2_divisions
     // changes what memory_allocated() counts)
     PredictOptions po;
-    if (data.contains("env") && data["env"].value("PYTORCH_CUDA_ALLOC_CONF", nlohmann::json()).is_string())
-      po.allocator_conf = data["env"]["PYTORCH_CUDA_ALLOC_CONF"].get<std::string>();
+    po.allocator_conf = test::allocator_conf_as_measured(data);
     const Budget b = predict(m, job, po);
     // the last measured step (step ≥ 2: steady state), and step 0
     nlohmann::json steady, first;

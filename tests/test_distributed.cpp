@@ -13,6 +13,7 @@
 #include <string>
 
 #include "helpers.hpp"
+#include "measured_model.hpp"
 #include "membudget/budget.hpp"
 #include "membudget/api.hpp"
 #include "membudget/job_yaml.hpp"
@@ -119,8 +120,7 @@ void check_file(const char* rel, double tol, bool (*skip)(const nlohmann::json& 
     PredictOptions o;
     o.reserved = true;
     // the run's allocator settings, as the measuring process had them (as test_reserved reads them)
-    if (data.contains("env") && data["env"].value("PYTORCH_CUDA_ALLOC_CONF", nlohmann::json()).is_string())
-      o.allocator_conf = data["env"]["PYTORCH_CUDA_ALLOC_CONF"].get<std::string>();
+    o.allocator_conf = test::allocator_conf_as_measured(data);
     const Budget b = predict(model_of(j), job_of(j), o);
     const std::string name = c["name"].get<std::string>();
     CAPTURE(name);

@@ -27,30 +27,6 @@ struct Err {
 };
 
 // Every ok case of the file: predicted reserved_peak against the last step's `reserved`.
-// A measured case's job, as torch_profile_step.py ran it.
-Job job_of(const nlohmann::json& j) {
-  Job job;
-  job.batch = j["batch"].get<std::uint64_t>();
-  job.seq = j["seq"].get<std::uint64_t>();
-  job.precision = parse_precision(j["precision"].get<std::string>());
-  job.optimizer = parse_optimizer(j["optimizer"].get<std::string>());
-  job.recompute = parse_recompute(j["recompute"].get<std::string>());
-  job.attention = parse_attention(j["attention"].get<std::string>());
-  if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
-  if (j.contains("optimizer_impl") && !j["optimizer_impl"].is_null())
-    job.optimizer_impl = parse_optimizer_impl(j["optimizer_impl"].get<std::string>());
-  if (j.contains("experts_implementation") && !j["experts_implementation"].is_null())
-    job.experts = parse_experts_impl(j["experts_implementation"].get<std::string>());
-  return job;
-}
-
-// The run's allocator settings, as the measuring process had them ("" for c10's defaults).
-std::string allocator_conf_of(const nlohmann::json& data) {
-  if (data.contains("env") && data["env"].value("PYTORCH_CUDA_ALLOC_CONF", nlohmann::json()).is_string())
-    return data["env"]["PYTORCH_CUDA_ALLOC_CONF"].get<std::string>();
-  return "";
-}
-
 // The case's last measured step (its steady state).
 nlohmann::json last_step(const nlohmann::json& c) {
   nlohmann::json last;
@@ -69,10 +45,10 @@ std::vector<Err> reserved_errors(const char* rel) {
     if (c["status"] != "ok") continue;
     const auto& j = c["job"];
     const ModelSpec m = test::model_as_measured(j);
-    const Job job = job_of(j);
+    const Job job = test::job_as_measured(j);
     PredictOptions po;
     po.reserved = true;
-    po.allocator_conf = allocator_conf_of(data);
+    po.allocator_conf = test::allocator_conf_as_measured(data);
     const Budget b = predict(m, job, po);
     const nlohmann::json last = last_step(c);
     const double measured = last["reserved"].get<double>();
@@ -776,13 +752,13 @@ TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU ste
     std::ifstream in(test::source_path(rel));
     REQUIRE(in.good());
     const auto data = nlohmann::json::parse(in);
-    const AllocatorPolicy policy = membudget::detail::parse_allocator_conf(allocator_conf_of(data)).policy;
+    const AllocatorPolicy policy = membudget::detail::parse_allocator_conf(test::allocator_conf_as_measured(data)).policy;
     for (const auto& c : data["cases"]) {
       if (c["status"] != "ok") continue;
       const std::string name = c["name"].get<std::string>();
       // eager experts under a random router: their token counts are the run's (docs/moe.md)
       if (c["job"].contains("experts_implementation") && c["job"]["experts_implementation"] == "eager") continue;
-      const auto r = membudget::detail::simulate_reserved_full(test::model_as_measured(c["job"]), job_of(c["job"]), policy);
+      const auto r = membudget::detail::simulate_reserved_full(test::model_as_measured(c["job"]), test::job_as_measured(c["job"]), policy);
       const nlohmann::json last = last_step(c);
       for (std::size_t i = 0; i < std::size(kTrainPhases); ++i) {
         const double measured = last[to_string(kTrainPhases[i])].get<double>();
