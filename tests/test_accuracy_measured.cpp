@@ -243,3 +243,9 @@ TEST_CASE("held-out steps under several allocator settings land within 1% too") 
   check_file("tests/data/heldout_conf/torch_train_deepseek_tie_default_h200.json", 1);
   check_file("tests/data/heldout_conf/torch_train_deepseek_tie_expandable_h200.json", 1);
 }
+
+// The single-GPU address ties measured three more times alone (tests/data/ties_repeat/, their
+// reserved figures in test_reserved): Qwen2.5 1.5B amp-bf16 full 2 × 2048 and DeepSeek-V2-Lite.
+TEST_CASE("the address ties' repeated steps land within 1% too") {
+  check_file("tests/data/ties_repeat/torch_train_ties_repeat_h200.json", 6);
+}

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
@@ -425,6 +427,34 @@ TEST_CASE("the held-out DeepSeek-V2-Lite step: exact with expandable segments, a
   const auto plain = reserved_errors("tests/data/heldout_conf/torch_train_deepseek_tie_default_h200.json");
   CHECK(plain.size() == 1);
   (void)count_within(plain, 0.035, 0.005);  // the tie: +3.44%, as in the first process
+}
+
+// The two single-GPU steps measured alone that the replay still misses by more than 3%, Qwen2.5
+// 1.5B amp-bf16 full recompute 2 × 2048 and DeepSeek-V2-Lite (4 layers) bf16 full recompute
+// (tools/device/ties_repeat_run.sh 1, tests/data/ties_repeat/): each three more times, each alone
+// in a fresh process with a whole-run snapshot. Every process reserved the same bytes as the first
+// (37,470 and 23,240 MiB), and the snapshots put the segments in the same address order, though
+// not at the same offsets: the driver's placement is the run's own, not chance, and the replay's
+// +3.17% and +3.44% are where its addresses order two equal free blocks otherwise (docs/accuracy.md).
+TEST_CASE("the single-GPU address ties, measured three more times alone: every process reserves the same") {
+  const char* rel = "tests/data/ties_repeat/torch_train_ties_repeat_h200.json";
+  std::ifstream in(test::source_path(rel));
+  REQUIRE(in.good());
+  const auto data = nlohmann::json::parse(in);
+  std::map<std::string, std::set<double>> reserved_by_step;  // the name without its /repeatN
+  for (const auto& c : data["cases"]) {
+    REQUIRE(c["status"] == "ok");
+    const std::string name = c["name"];
+    reserved_by_step[name.substr(0, name.rfind("/repeat"))].insert(last_step(c)["reserved"].get<double>());
+  }
+  CHECK(reserved_by_step.size() == 2);
+  for (const auto& [step, reserved] : reserved_by_step) {
+    CAPTURE(step);
+    CHECK(reserved.size() == 1);
+  }
+  const auto errs = reserved_errors(rel);
+  CHECK(errs.size() == 6);
+  (void)count_within(errs, 0.035, 0.005);  // each within 3.5% (the ties: +3.17% and +3.44%, as alone before)
 }
 
 // A thread's replay reuses one allocator, reset for each job (simulate_reserved). The reset once
