@@ -527,7 +527,18 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
         }
       }
       if (ws_placed && n.workspace_slot >= n.inputs.n) make_workspace();
-      if (n.saved_unpacked_once && !n.saved_outlive_node) release_saved(n);
+      if (n.saved_unpacked_once && !n.saved_outlive_node) {
+        // The kernel's own temporaries go as it returns, before the backward function's locals
+        // (flash attention's fp32 dq accumulator, then the recomputed q, k, v and output: the
+        // snapshot of Qwen1.5-MoE's 4-layer bf16 full recompute, tests/data/inprocess_alone/).
+        // A product that validate_outputs reduces below stays until then.
+        if (!ws_at_reduced)
+          for (std::size_t p = std::size(ws); p-- > 0;) {
+            drop(ws[p]);
+            ws[p] = kNone;
+          }
+        release_saved(n);
+      }
       // autograd's validate_outputs, input by input in the function's order (the reverse of the
       // order this node computes them): a broadcast input's reduction (its product freed once
       // reduced), a promoted input's cast (the product's dtype freed after)
