@@ -244,8 +244,15 @@ TEST_CASE("held-out steps under several allocator settings land within 1% too") 
   check_file("tests/data/heldout_conf/torch_train_deepseek_tie_expandable_h200.json", 1);
 }
 
-// The single-GPU address ties measured three more times alone (tests/data/ties_repeat/, their
+// The single-GPU steps once taken for address ties, measured three more times alone (tests/data/ties_repeat/, their
 // reserved figures in test_reserved): Qwen2.5 1.5B amp-bf16 full 2 × 2048 and DeepSeek-V2-Lite.
-TEST_CASE("the address ties' repeated steps land within 1% too") {
+TEST_CASE("the repeated steps once taken for address ties land within 1% too") {
   check_file("tests/data/ties_repeat/torch_train_ties_repeat_h200.json", 6);
+}
+
+// The steps measured alone after the MulBackward0 order moved their reserved figures
+// (tests/data/mul_order_alone/, their reserved figures in test_reserved): Gemma 2 9B bf16 full
+// recompute and Llama 3.2 1B amp-bf16 full recompute with the math attention.
+TEST_CASE("the steps the MulBackward0 order moved land within 1% too") {
+  check_file("tests/data/mul_order_alone/torch_train_mul_order_alone_h200.json", 2);
 }

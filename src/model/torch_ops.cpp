@@ -351,7 +351,7 @@ TensorId TorchOps::apply_gate(TensorId gu, bytes_t rows, bytes_t wb, const char*
                           "", shape, true);
   sim.node(gelu ? "GeluBackward0" : "SiluBackward0", {gate}, {act}, {gu});
   TensorId prod = sim.make(name(what_prod, "experts: act*up"), mul(rows, I, wb), Term::activations, "mul", "", shape, true);
-  sim.node("MulBackward0", {act, up}, {prod}, {act, gu});
+  sim.node("MulBackward0", {up, act}, {prod}, {act, gu});  // act(gate) * up: up's gradient first (MulBackward0's other)
   sim.drop(act);
   sim.drop(gate);
   sim.drop(up);

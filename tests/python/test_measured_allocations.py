@@ -268,8 +268,9 @@ def test_the_rank_is_built_as_torch_builds_it(tmp_path, snapshot, config, flags,
     """The same from the model's construction on: the predicted large-pool stream, the parameters,
     DDP's broadcast buckets and TP's sharding included, is the measured one over the first 4,000
     entries, and the replay's segments at the end are the snapshot's, size for size, but at most one
-    (the 8B DDP rank: one 2,004 MiB segment more; the 1B stage: one 1,002 MiB more; each a best-fit
-    tie between equal free blocks that the driver's addresses decide)."""
+    (the 1B stage: one 1,002 MiB more, a best-fit between equal free blocks the replay decides
+    otherwise; the 8B DDP rank's one 2,004 MiB more went when MulBackward0 computed `other`'s
+    gradient first, docs/accuracy.md, "The ties")."""
     import collections
     import difflib
     config_path = config_with(tmp_path, config, overrides)  # as measured
@@ -298,10 +299,10 @@ def segment_address_order(path):
 
 def test_address_ties_repeat_the_same_segment_order():
     """tests/data/ties_repeat/ (tools/device/ties_repeat_run.sh): the four steps measured alone whose
-    reserved figure the replay misses by more than 3%, each run three times alone in a fresh process.
+    reserved figure the replay missed by more than 3%, each run three times alone in a fresh process.
     The driver put their segments at other offsets in each process but in the same address order,
-    which is what c10's best fit reads when it breaks a tie between equal free blocks: the ties are
-    the run's own, not chance (docs/accuracy.md)."""
+    which is what c10's best fit reads when it breaks a tie between equal free blocks: a run's
+    placement is its own, not chance (docs/accuracy.md, "The ties")."""
     folder = os.path.join(SRC, "tests", "data", "ties_repeat")
     steps = {}
     for name in sorted(os.listdir(folder)):
