@@ -219,7 +219,9 @@ TEST_CASE("a plan is small: few basis components and rows") {
     auto plan = detail::StepPlan::compile(m, j);
     REQUIRE(plan);
     MESSAGE("70B ", std::string(to_string(a)), ": ", plan->basis_size(), " basis components, ", plan->rows(), " rows");
-    CHECK(plan->basis_size() <= 16);
+    // (math: 17 and 168 since eager attention's weights stay until the decoder layer returns,
+    // over the MLP: 16 and 160 before; flash 15 and 138)
+    CHECK(plan->basis_size() <= 17);
     CHECK(plan->rows() <= 200);
   }
 }

@@ -102,6 +102,12 @@ struct Step {
   bool masked = false;
   bool layer_masked = false;
   TensorId mask = kNone;
+  // eager attention's float masks, made once per forward and held like `mask` (forward()): the
+  // causal one, and Gemma 2's sliding-window one beside it in mask2
+  TensorId mask2 = kNone;
+  // eager attention's attn_weights: LlamaAttention returns them and the decoder layer keeps them in
+  // `_` (hidden_states, _ = self.self_attn(...)) until it returns
+  TensorId layer_attn_weights = kNone;
   // The data-parallel wrapper's hooks around the forward (FSDP2's all-gathers and reshards), and
   // the parameters by FSDP2 group (0: the root, 1 + i: layer i) as build_parameters made them.
   DataParallelSim* dp = nullptr;
@@ -460,6 +466,8 @@ struct Step {
     TensorId h2 = stream_ops().close_block(h1, dn, p.norm4, "post-feedforward norm output", r.resid, r.resid_name,
                                            "residual stream (layer output)");
     sim.drop(h1);
+    sim.drop(layer_attn_weights);  // the layer returns: its `_` goes
+    layer_attn_weights = kNone;
     *out = h2;
   }
 
@@ -805,6 +813,9 @@ struct Step {
       ke = kr;
       v = vr;
     }
+    // transformers' eager attention repeats the keys and values in their own dtypes and leaves the
+    // casts to each matmul's autocast (eager())
+    if (!fused_sdpa() && job.attention != Attention::flash) return eager(qe, ke, v);
     const bytes_t kw = repeat ? d.qd : d.kvd;
     // autocast casts value, key, then query (right to left, as linear's arguments above)
     TensorId vin = cast_input(v, kw * d.T, "sdpa inputs (bf16 cast of the cached fp32 values)");
@@ -863,10 +874,8 @@ struct Step {
         sim.drop(out);
         out = oc;
       }
-    } else if (job.attention == Attention::flash) {
+    } else {  // flash asked for, but fp32: SDPA's math kernel (eager attention returned above)
       out = sdpa_math(q, k, v);
-    } else {
-      out = eager(q, k, v);
     }
     sim.drop(q);
     sim.drop(k);
@@ -918,27 +927,36 @@ struct Step {
     return oc;
   }
 
-  // transformers' eager_attention_forward: repeat_kv, q @ kᵀ, · scaling (a copy), Gemma 2's
-  // soft-capping (/ cap, tanh — which saves its output —, · cap: three score-sized copies), + causal
-  // mask (in the residual dtype, so fp32 under autocast), softmax in fp32 (saves its result),
-  // .to(dtype) (saved by the second matmul), @ v, then transpose(1, 2).contiguous() (a copy).
+  // transformers' eager_attention_forward: repeat_kv (a copy in the keys' and values' dtypes: fp32
+  // keys after the rotary under autocast), q @ kᵀ (autocast casts the key, then the query, each
+  // freed after the matmul unless saved), · scaling (a copy), Gemma 2's soft-capping (/ cap, tanh —
+  // which saves its output —, · cap: three score-sized copies), + causal mask (in the residual
+  // dtype, so fp32 under autocast), softmax in fp32 (saves its result), .to(query.dtype) (a no-op
+  // for fp32 queries), @ v (autocast casts the weights), then transpose(1, 2).contiguous() (a copy).
+  // The keys and values go as the function returns; the weights it returns stay with the decoder
+  // layer (layer_attn_weights). The snapshot of Llama 3.2 1B amp-bf16 full recompute with this
+  // attention (tests/data/mul_order_alone/) shows each of these.
   TensorId eager(TensorId q, TensorId k, TensorId v) {
     const bytes_t e = r.compute;
     const bytes_t bas2 = mul(d.b, d.a, d.s, d.s);
+    const bytes_t qb = sim.info(q).bytes / mul(d.T, d.qd);  // the query's element size: .to(query.dtype)
     TensorId kr = k, vr = v;
     if (d.a != d.kva) {
-      kr = sim.make("repeat_kv keys", mul(d.T, d.qd, e), Term::activations, "repeat_kv", r.compute_name, "b·a·s·hd", true);
+      const bytes_t kb = sim.info(k).bytes / mul(d.T, d.kvd), vb = sim.info(v).bytes / mul(d.T, d.kvd);
+      kr = sim.make("repeat_kv keys", mul(d.T, d.qd, kb), Term::activations, "repeat_kv", "", "b·a·s·hd", true);
       sim.node("ExpandBackward", {k}, {kr}, {});
-      vr = sim.make("repeat_kv values", mul(d.T, d.qd, e), Term::activations, "repeat_kv", r.compute_name, "b·a·s·hd", true);
+      vr = sim.make("repeat_kv values", mul(d.T, d.qd, vb), Term::activations, "repeat_kv", "", "b·a·s·hd", true);
       sim.node("ExpandBackward", {v}, {vr}, {});
     } else {
       sim.hold(kr);
       sim.hold(vr);
     }
-    TensorId mask = sim.make("causal mask (4-D, residual dtype)", mul(d.b, d.s, d.s, r.resid), Term::activations,
-                             "create_causal_mask", r.resid_name, "b·1·s·s", false);
+    TensorId kc = cast_input(kr, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
+    TensorId qc = cast_input(q, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
     TensorId sc = sim.make("attention scores", mul(bas2, e), Term::activations, "matmul", r.compute_name, "b·a·s·s", true);
-    sim.node("BmmBackward", {q, kr}, {sc}, {q, kr});
+    sim.node("BmmBackward", {qc, kc}, {sc}, {qc, kc});
+    sim.drop(qc);
+    sim.drop(kc);
     TensorId scl = sim.make("attention scores × scaling", mul(bas2, e), Term::activations, "mul", r.compute_name, "b·a·s·s", true);
     sim.node("MulBackward1", {sc}, {scl}, {});
     sim.drop(sc);
@@ -954,11 +972,10 @@ struct Step {
       sim.node("MulBackward1", {th}, {scl}, {});
       sim.drop(th);
     }
-    const bytes_t mb = std::max(e, r.resid);
+    const bytes_t mb = std::max(e, r.resid);  // + the model's mask (forward(): made once)
     TensorId msk = sim.make("attention scores + mask", mul(bas2, mb), Term::activations, "add", "", "b·a·s·s", true);
     sim.pass_through_node("AddBackward0", {scl}, msk);
     sim.drop(scl);
-    sim.drop(mask);
     TensorId sm32 = sim.make("softmax output fp32 (saved)", mul(bas2, 4), Term::activations, "softmax(float32)", "fp32",
                              "b·a·s·s", true);
     // _softmax_backward_data on CUDA allocates `tmp = grad * output` (fp32 here) beside grad_input
@@ -966,22 +983,26 @@ struct Step {
     sim.node("SoftmaxBackward", {msk}, {sm32}, {sm32}, mul(bas2, 4));
     sim.drop(msk);
     TensorId sm = sm32;
-    if (e != 4) {
-      sm = sim.make("attention weights (saved by @ v)", mul(bas2, e), Term::activations, "to(dtype)", r.compute_name,
-                    "b·a·s·s", true);
+    if (qb != 4) {
+      sm = sim.make("attention weights (.to(query.dtype))", mul(bas2, qb), Term::activations, "to(dtype)", "", "b·a·s·s", true);
       sim.node("ToCopyBackward", {sm32}, {sm}, {});
       sim.drop(sm32);
     }
+    TensorId vc = cast_input(vr, mul(d.T, d.qd), "eager attention: autocast cast of v");
+    TensorId wc = cast_input(sm, bas2, "eager attention: autocast cast of the weights (saved by @ v)");
     TensorId o = sim.make("attention probs @ v", mul(d.T, d.qd, e), Term::activations, "matmul", r.compute_name,
                           "b·a·s·hd", true);
-    sim.node("BmmBackward", {sm, vr}, {o}, {sm, vr});
-    sim.drop(sm);
-    sim.drop(kr);
-    sim.drop(vr);
+    sim.node("BmmBackward", {wc, vc}, {o}, {wc, vc});
+    sim.drop(wc);
+    sim.drop(vc);
     TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, e), Term::activations,
                            "contiguous", r.compute_name, "b·s·a·hd", true);
     sim.node("CloneBackward", {o}, {oc}, {});
     sim.drop(o);
+    sim.drop(kr);
+    sim.drop(vr);
+    sim.drop(layer_attn_weights);
+    layer_attn_weights = sm;
     return oc;
   }
 };
@@ -1117,6 +1138,22 @@ TensorId forward(Step& st, bool checkpoint) {
   // event 12904: the embedding output freed by the output-capturing wrapper after the norm)
   const TensorId inputs_embeds = x;
   sim.hold(x);
+  // Eager attention takes a float b·1·s·s mask in the residual dtype: create_causal_mask (and for
+  // Gemma 2's sliding layers create_sliding_window_causal_mask) makes it before the rotary
+  // embeddings, from a bool mask freed once it is made (Llama 3.2 1B amp-bf16 full recompute's
+  // snapshot, tests/data/mul_order_alone/, events 1-3). Held like the sliding-window mask below.
+  if (st.job.attention == Attention::math) {
+    bool sliding = false, full = false;
+    for (std::uint64_t l = 0; l < d.L; ++l) (st.m.sliding_layer(st.model_layer(l)) ? sliding : full) = true;
+    for (TensorId* made : {&st.mask, &st.mask2}) {
+      if (made == &st.mask2 && !(sliding && full)) break;
+      TensorId bool_mask = sim.make("eager mask: bool mask (sdpa_mask)", mul(d.b, d.s, d.s), Term::activations,
+                                    "causal_mask_function", "bool", "b·1·s·s", false);
+      *made = sim.make("causal mask (4-D, residual dtype)", mul(d.b, d.s, d.s, st.r.resid), Term::activations,
+                       "create_causal_mask", st.r.resid_name, "b·1·s·s", false);
+      sim.drop(bool_mask);
+    }
+  }
   rotary_embeddings(st);
   // Sliding-window attention (Mistral, Phi-3: the window on every layer; Gemma 2: on every other
   // layer) through SDPA: create_sliding_window_causal_mask skips the mask and lets SDPA use
@@ -1135,7 +1172,10 @@ TensorId forward(Step& st, bool checkpoint) {
   TensorId hn = st.stream_norm(x, st.final_norm, "final norm output");
   sim.drop(x);
   sim.drop(inputs_embeds);  // the model's forward returns
-  if (!checkpoint) sim.drop(st.mask);
+  if (!checkpoint) {
+    sim.drop(st.mask);
+    sim.drop(st.mask2);
+  }
   sim.hold(hn);
   TensorId loss = kNone;
   TensorId output_logits = kNone;  // the full loss's logits, held by the output object
@@ -2109,6 +2149,7 @@ class TrainPass {
       sim_.drop(st_.cos);
       sim_.drop(st_.sin);
       sim_.drop(st_.mask);
+      sim_.drop(st_.mask2);
     }
     collect_gradients();
   }
