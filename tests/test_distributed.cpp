@@ -348,9 +348,9 @@ TEST_CASE("the ranks once taken for address ties, measured three more times alon
 // tests/data/mul_order_alone/): Qwen1.5-MoE's DDP rank (4 layers, amp-bf16) +0.67% (−0.09% with the
 // old order), Qwen2.5 1.5B's first stage under 1F1B × FSDP2 4 −0.05% (+0.84%), each before only
 // measured after other cases in one process; and Llama 3.1 8B's last stage under 1F1B × DDP 2 (8
-// layers), −4.1% (−11.9% with the old order): a miss of its own, its snapshot showing the flash
-// attention backward's incoming gradient copied before the kernel and the microbatches' gradient
-// accumulation temporaries freed a few events later than the walk has them (docs/distributed.md).
+// layers), −4.1% (−11.9% with the old order): a miss of its own, its snapshot showing the
+// microbatches' weight gradients added to .grad and freed a few events later than the walk has
+// them (docs/accuracy.md, "The ties").
 TEST_CASE("ranks the MulBackward0 order moved, measured alone") {
   Worst w;
   check_file("tests/data/mul_order_alone/torch_train_mul_order_alone_dist_fakepg_h200.json", 0.02, none, w, 0.01, -0.01);
