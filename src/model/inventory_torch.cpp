@@ -98,12 +98,12 @@ struct Step {
   std::vector<TensorId> router_logits{};  // output_router_logits: every MoE layer's logits, for the aux loss
   // transformers materialises a sliding-window mask for SDPA (see forward()); `mask` is its bool
   // b·1·s·s tensor while the model holds it. `layer_masked`: the layer being run is one of the
-  // sliding layers (all of them, or Gemma 2's every other one) and gets the mask.
+  // sliding layers (all of them, or Gemma 2's every other one) and gets the mask. Under eager
+  // attention `mask` is the float causal mask instead, and `mask2` Gemma 2's sliding-window one
+  // beside it (forward(): each made once per forward, held alike).
   bool masked = false;
   bool layer_masked = false;
   TensorId mask = kNone;
-  // eager attention's float masks, made once per forward and held like `mask` (forward()): the
-  // causal one, and Gemma 2's sliding-window one beside it in mask2
   TensorId mask2 = kNone;
   // eager attention's attn_weights: LlamaAttention returns them and the decoder layer keeps them in
   // `_` (hidden_states, _ = self.self_attn(...)) until it returns
@@ -339,6 +339,18 @@ struct Step {
     sim.node("ViewBackward0 (copy of the transposed gradient)", {t}, {tv}, {});
     sim.drop(t);
     return tv;
+  }
+
+  // transformers' repeat_kv (expand + reshape): a copy of the keys and one of the values at every
+  // query head, each in its own dtype, which backward sums back to the kv heads. Returns them as
+  // {keys, values}.
+  std::pair<TensorId, TensorId> repeat_kv(TensorId k, TensorId v, const char* keys_name, const char* values_name) {
+    const bytes_t kb = sim.info(k).bytes / mul(d.T, d.kvd), vb = sim.info(v).bytes / mul(d.T, d.kvd);
+    TensorId kr = sim.make(keys_name, mul(d.T, d.qd, kb), Term::activations, "repeat_kv", "", "b·a·s·hd", true);
+    sim.node("ExpandBackward0", {k}, {kr}, {});
+    TensorId vr = sim.make(values_name, mul(d.T, d.qd, vb), Term::activations, "repeat_kv", "", "b·a·s·hd", true);
+    sim.node("ExpandBackward0", {v}, {vr}, {});
+    return {kr, vr};
   }
 
   // Activation as used by a matmul: under autocast a fresh bf16 copy (non-leaf casts are not cached).
@@ -798,24 +810,14 @@ struct Step {
   bool fused_sdpa() const { return job.attention == Attention::flash && r.compute != 4; }
 
   TensorId attention(TensorId qe, TensorId ke, TensorId v) {
+    // transformers' eager attention repeats the keys and values and leaves the casts to each
+    // matmul's autocast (eager())
+    if (job.attention == Attention::math) return eager(qe, ke, v);
     // transformers' sdpa_attention_forward passes enable_gqa only without a mask
-    // (use_gqa_in_sdpa); with one it repeat_kv's keys and values first (expand + reshape: copies
-    // in their dtype, which backward sums back to the kv heads).
+    // (use_gqa_in_sdpa); with one it repeat_kv's keys and values first.
     const bool repeat = layer_masked && fused_sdpa() && d.a != d.kva;
-    if (repeat) {
-      const bytes_t kb = sim.info(ke).bytes / mul(d.T, d.kvd), vb = sim.info(v).bytes / mul(d.T, d.kvd);
-      TensorId kr = sim.make("repeat_kv keys (mask given: no enable_gqa)", mul(d.T, d.qd, kb), Term::activations,
-                             "repeat_kv", "", "b·a·s·hd", true);
-      sim.node("ExpandBackward0", {ke}, {kr}, {});
-      TensorId vr = sim.make("repeat_kv values (mask given: no enable_gqa)", mul(d.T, d.qd, vb), Term::activations,
-                             "repeat_kv", "", "b·a·s·hd", true);
-      sim.node("ExpandBackward0", {v}, {vr}, {});
-      ke = kr;
-      v = vr;
-    }
-    // transformers' eager attention repeats the keys and values in their own dtypes and leaves the
-    // casts to each matmul's autocast (eager())
-    if (!fused_sdpa() && job.attention != Attention::flash) return eager(qe, ke, v);
+    if (repeat)
+      std::tie(ke, v) = repeat_kv(ke, v, "repeat_kv keys (mask given: no enable_gqa)", "repeat_kv values (mask given: no enable_gqa)");
     const bytes_t kw = repeat ? d.qd : d.kvd;
     // autocast casts value, key, then query (right to left, as linear's arguments above)
     TensorId vin = cast_input(v, kw * d.T, "sdpa inputs (bf16 cast of the cached fp32 values)");
@@ -942,11 +944,7 @@ struct Step {
     const bytes_t qb = sim.info(q).bytes / mul(d.T, d.qd);  // the query's element size: .to(query.dtype)
     TensorId kr = k, vr = v;
     if (d.a != d.kva) {
-      const bytes_t kb = sim.info(k).bytes / mul(d.T, d.kvd), vb = sim.info(v).bytes / mul(d.T, d.kvd);
-      kr = sim.make("repeat_kv keys", mul(d.T, d.qd, kb), Term::activations, "repeat_kv", "", "b·a·s·hd", true);
-      sim.node("ExpandBackward", {k}, {kr}, {});
-      vr = sim.make("repeat_kv values", mul(d.T, d.qd, vb), Term::activations, "repeat_kv", "", "b·a·s·hd", true);
-      sim.node("ExpandBackward", {v}, {vr}, {});
+      std::tie(kr, vr) = repeat_kv(k, v, "repeat_kv keys", "repeat_kv values");
     } else {
       sim.hold(kr);
       sim.hold(vr);
@@ -1143,16 +1141,18 @@ TensorId forward(Step& st, bool checkpoint) {
   // embeddings, from a bool mask freed once it is made (Llama 3.2 1B amp-bf16 full recompute's
   // snapshot, tests/data/mul_order_alone/, events 1-3). Held like the sliding-window mask below.
   if (st.job.attention == Attention::math) {
-    bool sliding = false, full = false;
-    for (std::uint64_t l = 0; l < d.L; ++l) (st.m.sliding_layer(st.model_layer(l)) ? sliding : full) = true;
-    for (TensorId* made : {&st.mask, &st.mask2}) {
-      if (made == &st.mask2 && !(sliding && full)) break;
+    auto eager_mask = [&] {
       TensorId bool_mask = sim.make("eager mask: bool mask (sdpa_mask)", mul(d.b, d.s, d.s), Term::activations,
                                     "causal_mask_function", "bool", "b·1·s·s", false);
-      *made = sim.make("causal mask (4-D, residual dtype)", mul(d.b, d.s, d.s, st.r.resid), Term::activations,
-                       "create_causal_mask", st.r.resid_name, "b·1·s·s", false);
+      TensorId made = sim.make("causal mask (4-D, residual dtype)", mul(d.b, d.s, d.s, st.r.resid), Term::activations,
+                               "create_causal_mask", st.r.resid_name, "b·1·s·s", false);
       sim.drop(bool_mask);
-    }
+      return made;
+    };
+    bool sliding = false, full = false;
+    for (std::uint64_t l = 0; l < d.L; ++l) (st.m.sliding_layer(st.model_layer(l)) ? sliding : full) = true;
+    st.mask = eager_mask();
+    if (sliding && full) st.mask2 = eager_mask();
   }
   rotary_embeddings(st);
   // Sliding-window attention (Mistral, Phi-3: the window on every layer; Gemma 2: on every other

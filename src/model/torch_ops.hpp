@@ -182,10 +182,8 @@ TensorId TorchOps::gated_mlp(TensorId x, bytes_t I, bool shared, bytes_t eb, con
   // act_fn(gate_proj(x)) * up_proj(x) makes up's first, Phi-3's up_states * act_fn(gate) act's.
   // The two are the same size, so only the blocks' identities tell (the snapshot of Qwen2.5 1.5B
   // amp-bf16 full 2 × 2048, tests/data/ties_repeat/: up_proj's backward frees the first made).
-  if (fused)
-    sim.node("MulBackward0", {act, u}, {prod}, {act, u});
-  else
-    sim.node("MulBackward0", {u, act}, {prod}, {act, u});
+  const TensorId other = fused ? act : u, self = fused ? u : act;
+  sim.node("MulBackward0", {other, self}, {prod}, {act, u});
   sim.drop(act);
   sim.drop(u);
   TensorId out = linear(prod, I, h, down_m, "down_proj output", "b·s·h");
