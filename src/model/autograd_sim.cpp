@@ -566,21 +566,30 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
     release_saved(n);
     while (next_frame < frames.size() && frames[next_frame].first > k) ++next_frame;
     for (; next_frame < frames.size() && frames[next_frame].first == k; ++next_frame) drop(frames[next_frame].second);
-    // Out-of-place sums (see grad_contribution): old_var + var, then both operands die; a
-    // parameter's .grad takes its contribution in place.
-    for (const PendingSum& p : pending_) {
+    // Engine::evaluate_function hands the node's outputs to the next nodes' input buffers, then
+    // the ready queue runs the AccumulateGrad nodes first (their sequence_nr is UINT64_MAX). So
+    // the sums into activations' buffers come first, and only then does each parameter's .grad
+    // take its contribution: Llama 3.1 8B's last 1F1B x DDP 2 stage sums gate_proj's and
+    // up_proj's input gradients before it frees gate_proj's later-microbatch weight gradient
+    // (tests/data/mul_order_alone/, events 1007-1014).
+    auto settle = [&](const PendingSum& p) {
       const TensorId old = grads_[p.input];
       // Decided now that the node's incoming gradients are released: a buffer that an add shared
       // with this node's own input may have become the last reference (old_var.add_(var)).
       if (p.in_place || (!grad_view_[p.input] && tensors_[old].holders == 1)) {
         drop(p.incoming);
-        continue;
+        return;
       }
+      // out of place (see grad_contribution): old_var + var, then both operands die
       grads_[p.input] = make_grad(p.input, n.op);
       grad_view_[p.input] = 0;
       drop(old);
       drop(p.incoming);
-    }
+    };
+    for (const PendingSum& p : pending_)
+      if (!tensors_[p.input].param) settle(p);
+    for (const PendingSum& p : pending_)
+      if (tensors_[p.input].param) settle(p);
     pending_.clear();
     if (hooks_.grad_ready)
       for (TensorId p : ready_after[k])
