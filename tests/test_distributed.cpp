@@ -307,7 +307,6 @@ bool not_ddp_8b(const nlohmann::json& c) { return !ddp_8b(c); }
 // Llama 3.1 8B's last stage under 1F1B × DDP 2: its in-process and alone figures are held apart
 // (the tests of torch_train_pp_tp_ddp_fakepg_h200.json and of tests/data/mul_order_alone/)
 bool ddp_8b_last_stage(const nlohmann::json& c) { return c["name"] == "llama-3.1-8b/pp-1f1b-ddp2/s2r1m4/bf16/none/b1s2048/L8"; }
-bool not_ddp_8b_last_stage(const nlohmann::json& c) { return !ddp_8b_last_stage(c); }
 // The last such rank never measured alone, Llama 3.2 1B's TP 4 rank 0 in amp-bf16 (+3.6% in its
 // process; tools/device/expandable_more_run.sh 1): +0.02%.
 TEST_CASE("ranks the replay missed in one process, measured alone: FSDP2 with offload, TP, TP with SP, DDP") {
@@ -352,19 +351,14 @@ TEST_CASE("the ranks once taken for address ties, measured three more times alon
 // tests/data/mul_order_alone/): Qwen1.5-MoE's DDP rank (4 layers, amp-bf16) +0.67% (−0.09% with the
 // old order), Qwen2.5 1.5B's first stage under 1F1B × FSDP2 4 −0.05% (+0.84%), each before only
 // measured after other cases in one process; and Llama 3.1 8B's last stage under 1F1B × DDP 2 (8
-// layers), −4.1% (−11.9% with the old order): a miss of its own, its snapshot showing the
-// microbatches' weight gradients added to .grad and freed a few events later than the walk has
-// them (docs/accuracy.md, "The ties").
+// layers), −0.01% (−11.9% with the old order, −4.1% with the new until DDP's bucket rebuild waited
+// for the step's first forward, after the last stage frees the step before's output chunks:
+// docs/accuracy.md, "The ties").
 TEST_CASE("ranks the MulBackward0 order moved, measured alone") {
   Worst w;
   check_file("tests/data/mul_order_alone/torch_train_mul_order_alone_dist_fakepg_h200.json", 0.02, none, w, 0.01, -0.01);
-  check_file("tests/data/mul_order_alone/torch_train_mul_order_alone_pp_fakepg_h200.json", 0.02, ddp_8b_last_stage, w, 0.01,
-             -0.01);
-  CHECK(w.cases == 2);
-  Worst stage;
-  check_file("tests/data/mul_order_alone/torch_train_mul_order_alone_pp_fakepg_h200.json", 0.02, not_ddp_8b_last_stage, stage,
-             0.0, -0.045);
-  CHECK(stage.cases == 1);
+  check_file("tests/data/mul_order_alone/torch_train_mul_order_alone_pp_fakepg_h200.json", 0.02, none, w, 0.01, -0.01);
+  CHECK(w.cases == 3);
   report(w, "ranks the MulBackward0 order moved, measured alone");
 }
 
@@ -669,9 +663,10 @@ TEST_CASE("ranks of pipelines beside tensor parallelism, FSDP2 × TP and DDP lan
   // before; measured after other cases in one process), the other DDP stages closer than before
   // (the GPipe full-recompute last stage +1.66% -> −0.37%). Since MulBackward0 computes `other`'s
   // gradient first (2026-12-04), Qwen2.5 1.5B's is +0.17%, and Llama 3.1 8B's last stage under
-  // 1F1B × DDP 2 reads +9.1% here (+0.2% before); measured alone it reserved 2,000 MiB less than in
-  // this process, and the replay is −4.1% from it (−11.9% before): the test of
-  // tests/data/mul_order_alone/ holds it, this one the rest of the file.
+  // 1F1B × DDP 2 reads +13.8% here (+9.1% before DDP's bucket rebuild waited for the first forward,
+  // +0.2% before MulBackward0's order); measured alone it reserved 2,942 MiB more than in this
+  // process, and the replay is −0.01% from it: the test of tests/data/mul_order_alone/ holds it,
+  // this one the rest of the file.
   check_file("tests/data/torch_train_pp_tp_ddp_fakepg_h200.json", 0.02, ddp_8b_last_stage, w, 0.03, -0.017);
   CHECK(w.cases == 29);
   CHECK(std::fabs(w.steady) <= 0.012);  // measured: Qwen2.5's FSDP2 floor −1.16%, every Llama phase within 0.4%

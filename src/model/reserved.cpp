@@ -181,8 +181,13 @@ class Replay {
     std::size_t phase_events = 0;
     if (timeline) timeline->reserve(timeline->size() + script.events.size());
     phase_allocated_ = {};
-    if (steady) release_not_carried_over(script);
+    made_at_first_forward_.clear();
+    bool rebuild_pending = steady;
     for (const std::int32_t ev : script.events) {
+      if (rebuild_pending && phase >= 0 && ev >= 0) {
+        rebuild_at_first_forward(script, phase);
+        rebuild_pending = false;
+      }
       if (ev == SimTrace::kPhase) {
         if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
         const bool first = phase < 0;
@@ -229,25 +234,19 @@ class Replay {
     }
   };
 
-  // What step 0 left allocated that a steady step does not find (its prologue re-creates no tensor
-  // of that name and size) was freed between the two: DDP's step-0 bucket of every parameter, which
-  // Reducer::rebuild_buckets frees before it allocates the rebuilt buckets at the second forward.
-  // Freed here, before the prologue allocates what it does not find carried.
-  void release_not_carried_over(const ReplayScript& script) {
-    std::unordered_map<CarryKey, std::size_t, CarryHash> wanted;
-    for (const std::int32_t ev : script.events) {
-      if (ev == SimTrace::kPhase) break;
-      if (ev < 0) continue;
-      const auto t = static_cast<std::size_t>(ev);
-      ++wanted[CarryKey{script.tensors[t].name, (*sizes_)[t]}];
-    }
+  // What the steady step's prologue re-creates but does not find carried from step 0, and what
+  // step 0 left that the prologue does not re-create, is DDP's bucket rebuild: Reducer's
+  // rebuild_buckets, at the second iteration's first forward, frees step 0's bucket of every
+  // parameter and allocates the rebuilt ones. So both wait for the step's first allocation after
+  // its start, after the frees that open the step (a last pipeline stage's output chunks of the
+  // step before, freed by clear_runtime_states: Llama 3.1 8B's 1F1B x DDP 2 stage,
+  // tests/data/mul_order_alone/).
+  void rebuild_at_first_forward(const ReplayScript& script, int phase) {
     for (auto& [key, held] : carried_) {
-      auto it = wanted.find(key);
-      const std::size_t keep = it == wanted.end() ? 0 : std::min(it->second, held.size());
-      // the prologue takes the last `keep` of them (allocate_tensor pops from the back)
-      for (std::size_t i = 0; i + keep < held.size(); ++i) release(held[i]);
-      held.erase(held.begin(), held.end() - static_cast<std::ptrdiff_t>(keep));
+      for (const Held& h : held) release(h);
+      held.clear();
     }
+    for (const std::size_t t : made_at_first_forward_) allocate_tensor(script, t, true, phase);
   }
   // A lump's pieces go last first: a foreach result is a Python list, whose deallocation drops
   // its items from the end (CPython's list_dealloc; the optimizer's temporaries in the snapshot of
@@ -281,8 +280,10 @@ class Replay {
       if (it != carried_.end() && !it->second.empty()) {
         h = it->second.back();
         it->second.pop_back();
-        return;
+      } else {
+        made_at_first_forward_.push_back(t);
       }
+      return;
     }
     if (tensor.one_parameter_at_a_time) {
       run_one_parameter_at_a_time(script, t, tensor, steady, phase);
@@ -441,6 +442,7 @@ class Replay {
   std::vector<std::vector<measure::BlockRef>> lists_;     // the blocks of tensors made of several
   std::size_t lists_used_ = 0;                            // lists_ in use since the last reset
   std::unordered_map<CarryKey, std::vector<Held>, CarryHash> carried_;  // live after a step, by name and size
+  std::vector<std::size_t> made_at_first_forward_;  // the steady prologue's tensors not carried (rebuild_at_first_forward)
   bytes_t allocated_peak_ = 0;
   std::array<bytes_t, 4> phase_allocated_{};  // the last step's, by phase (note_allocated)
 };
