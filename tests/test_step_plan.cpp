@@ -8,6 +8,7 @@
 #include "helpers.hpp"
 #include "membudget/api.hpp"
 #include "membudget/budget.hpp"
+#include "model/inventory.hpp"
 #include "model/plan_common.hpp"
 #include "model/step_plan.hpp"
 
@@ -209,6 +210,36 @@ TEST_CASE("plans: bad jobs are errors, absurd sizes overflow like the simulation
   Job k;
   CHECK(estimate(phi, k).peak == summarize(predict(phi, k)).peak);
   CHECK(estimate(phi, k).peak != estimate(m, k).peak);
+}
+
+// Eager attention's two structural regimes: at micro-batch 1 its output gradient is a view, at
+// 2 or more a copy (StepPlan::kBatchOne); and under full recompute Gemma 2's layer 1 frees the full
+// layers' mask with its checkpoint frame, which no layer above it does (last_mask_holder). Each
+// must compile and give the full simulation's figures, at shapes on both sides.
+TEST_CASE("plans for eager attention: batch 1 and more, Gemma 2's mask freed by layer 1") {
+  const auto failures_before = detail::step_plan_failures();
+  for (const char* path : {"configs/llama-3.2-1b.yaml", "configs/gemma-2-9b.yaml"}) {
+    const ModelSpec m = load_model(test::source_path(path));
+    for (Recompute rc : {Recompute::none, Recompute::full})
+      for (auto [b, s] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{{1, 7}, {1, 2048}, {2, 7}, {3, 1000}}) {
+        Job j;
+        j.attention = Attention::math;
+        j.precision = Precision::amp_bf16;
+        j.recompute = rc;
+        j.batch = b;
+        j.seq = s;
+        CHECK(detail::StepPlan::cached(m, j) != nullptr);
+        check_same(estimate(m, j), summarize(predict(m, j)), describe(path, j));
+      }
+  }
+  CHECK(detail::step_plan_failures() == failures_before);
+  const ModelSpec gemma = load_model(test::source_path("configs/gemma-2-9b.yaml"));
+  Job full;
+  full.attention = Attention::math;
+  full.recompute = Recompute::full;
+  CHECK(detail::last_mask_holder(gemma, full) == 1);
+  full.attention = Attention::flash;  // no mask below the window
+  CHECK(detail::last_mask_holder(gemma, full) == 0);
 }
 
 TEST_CASE("a plan is small: few basis components and rows") {

@@ -445,7 +445,8 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
     while (last-- > r.first_node && !nodes_[last].saves) {}
     while (first_saving < r.end_node && !nodes_[first_saving].saves) ++first_saving;
     if (last >= r.first_node && last < r.end_node) triggers.push_back({last, &r});
-    if (r.frame != kNone) frames.push_back({first_saving < r.end_node ? first_saving : r.end_node - 1, r.frame});
+    for (TensorId held : r.frame)
+      if (held != kNone) frames.push_back({first_saving < r.end_node ? first_saving : r.end_node - 1, held});
   }
   std::sort(triggers.begin(), triggers.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::sort(frames.begin(), frames.end(), [](const auto& a, const auto& b) { return a.first > b.first; });

@@ -240,16 +240,20 @@ class AutogradSim {
 
   // ---- backward ----
   using RecomputeFn = void (*)(AutogradSim&, void* ctx, int region);
-  // `frame`: what the checkpoint frame holds (the layer's input), one reference the simulation drops
-  // when the frame goes: once the region's first node that saves has run and released its saved
+  // `frame`: what the checkpoint frame holds (the recompute closure's arguments: the layer's input
+  // and the attention mask it was called with), one reference each that the simulation drops when
+  // the frame goes: once the region's first node that saves has run and released its saved
   // tensors, the last unpack handle of the region (Qwen2.5 7B full recompute: each layer's input is
-  // freed in input_layernorm's PowBackward0, tests/data/handthrough_snapshots/, event 3977).
+  // freed in input_layernorm's PowBackward0, tests/data/handthrough_snapshots/, event 3977; Llama
+  // 3.2 1B's eager mask with layer 0's frame, before the embedding's backward,
+  // tests/data/mul_order_alone/).
+  using Frame = std::array<TensorId, 2>;
   struct Region {
     std::size_t first_node, end_node;
     int index;
-    TensorId frame = kNone;
+    Frame frame{kNone, kNone};
   };
-  void add_recompute_region(std::size_t first_node, std::size_t end_node, int index, TensorId frame = kNone) {
+  void add_recompute_region(std::size_t first_node, std::size_t end_node, int index, Frame frame = {kNone, kNone}) {
     regions_.push_back({first_node, end_node, index, frame});
   }
   // Runs backward from `root` (the loss). recompute(sim, ctx, region) must re-create the region's

@@ -33,6 +33,18 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
 // stream: the step plan compiles it as its own regime).
 bool sliding_window_mask(const ModelSpec& m, const Job& job);
 
+// Whether eager attention's output gradient reaches its bmm as a view: matmul's `_unsafe_view`
+// backward merges the batch into the heads without a copy only where the batch is 1 (a
+// different allocation stream: the step plan compiles it as its own regime).
+bool eager_output_grad_is_view(const Job& job);
+
+// The highest decoder layer whose checkpoint frame is the last to hold one of the model's
+// attention masks (each frame holds the mask its layer was called with: Step::layer_mask), so its
+// backward frees that mask where the layers above it free nothing: Gemma 2's layer 1 under eager
+// attention and full recompute (the full layers' mask; layer 0 holds the sliding one). 0 where
+// layer 0 is the last holder of every mask, or there is no mask or no checkpoint.
+std::uint64_t last_mask_holder(const ModelSpec& m, const Job& job);
+
 // The same result without the explain lists and the section peaks, from this thread's compiled plan
 // for (m, job) (src/model/step_plan.hpp); the full simulation when the step does not compile.
 TorchStepResult simulate_torch_train_fast(const ModelSpec& m, const Job& job);

@@ -108,6 +108,16 @@ struct Step {
   // eager attention's attn_weights: LlamaAttention returns them and the decoder layer keeps them in
   // `_` (hidden_states, _ = self.self_attn(...)) until it returns
   TensorId layer_attn_weights = kNone;
+  // The attention mask the model calls decoder layer i with (kNone: none): Gemma 2's
+  // causal_mask_mapping[layer.attention_type] under eager attention (the full layers' mask, the
+  // sliding layers' mask2), the sliding layers' bool mask under SDPA, eager attention's one mask
+  // otherwise.
+  TensorId layer_mask(std::size_t i) const {
+    const bool sliding = m.sliding_layer(model_layer(i));
+    if (mask2 != kNone) return sliding ? mask2 : mask;
+    if (masked) return sliding ? mask : kNone;
+    return mask;
+  }
   // The data-parallel wrapper's hooks around the forward (FSDP2's all-gathers and reshards), and
   // the parameters by FSDP2 group (0: the root, 1 + i: layer i) as build_parameters made them.
   DataParallelSim* dp = nullptr;
@@ -345,7 +355,7 @@ struct Step {
   // query head, each in its own dtype, which backward sums back to the kv heads. Returns them as
   // {keys, values}.
   std::pair<TensorId, TensorId> repeat_kv(TensorId k, TensorId v, const char* keys_name, const char* values_name) {
-    const bytes_t kb = sim.info(k).bytes / mul(d.T, d.kvd), vb = sim.info(v).bytes / mul(d.T, d.kvd);
+    const bytes_t kb = sim.logical_bytes(k) / mul(d.T, d.kvd), vb = sim.logical_bytes(v) / mul(d.T, d.kvd);  // views too
     TensorId kr = sim.make(keys_name, mul(d.T, d.qd, kb), Term::activations, "repeat_kv", "", "b·a·s·hd", true);
     sim.node("ExpandBackward0", {k}, {kr}, {});
     TensorId vr = sim.make(values_name, mul(d.T, d.qd, vb), Term::activations, "repeat_kv", "", "b·a·s·hd", true);
@@ -355,7 +365,7 @@ struct Step {
 
   // Activation as used by a matmul: under autocast a fresh bf16 copy (non-leaf casts are not cached).
   TensorId cast_input(TensorId x, bytes_t elems, const char* name) {
-    if (!r.autocast || sim.info(x).bytes == mul(elems, r.compute)) {
+    if (!r.autocast || sim.logical_bytes(x) == mul(elems, r.compute)) {
       sim.hold(x);
       return x;
     }
@@ -555,7 +565,10 @@ struct Step {
         q = projection_view(q);
         k = projection_view(k);
       }
-      if (kv_cached()) v = projection_view(v);
+      // v's gradient comes back contiguous in b·kv·s·hd too where matmuls compute the attention
+      // (eager, or SDPA's math kernel): repeat_kv's sum, or the bmm's (Llama 3.2 1B amp-bf16 full
+      // recompute, math attention: v_proj's 2 MiB copy, tests/data/mul_order_alone/)
+      if (kv_cached() || !fused_sdpa()) v = projection_view(v);
     }
     // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
     // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
@@ -952,7 +965,9 @@ struct Step {
     TensorId kc = cast_input(kr, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
     TensorId qc = cast_input(q, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
     TensorId sc = sim.make("attention scores", mul(bas2, e), Term::activations, "matmul", r.compute_name, "b·a·s·s", true);
-    sim.node("BmmBackward", {qc, kc}, {sc}, {qc, kc});
+    // BmmBackward0 computes mat2's gradient before self's (the generated code takes a function's
+    // inputs last first, as MulBackward0's): the keys', then the queries'
+    sim.node("BmmBackward", {kc, qc}, {sc}, {qc, kc});
     sim.drop(qc);
     sim.drop(kc);
     TensorId scl = sim.make("attention scores × scaling", mul(bas2, e), Term::activations, "mul", r.compute_name, "b·a·s·s", true);
@@ -990,12 +1005,19 @@ struct Step {
     TensorId wc = cast_input(sm, bas2, "eager attention: autocast cast of the weights (saved by @ v)");
     TensorId o = sim.make("attention probs @ v", mul(d.T, d.qd, e), Term::activations, "matmul", r.compute_name,
                           "b·a·s·hd", true);
-    sim.node("BmmBackward", {wc, vc}, {o}, {wc, vc});
+    sim.node("BmmBackward", {vc, wc}, {o}, {wc, vc});  // the values' gradient, then the weights'
     sim.drop(wc);
     sim.drop(vc);
     TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, e), Term::activations,
                            "contiguous", r.compute_name, "b·s·a·hd", true);
-    sim.node("CloneBackward", {o}, {oc}, {});
+    // The output's gradient reaches the bmm as the transpose of o_proj's b·s·a·hd input gradient;
+    // matmul's _unsafe_view backward reshapes it to (b·a)·s·hd, a view where b is 1 (a dimension
+    // of size 1 merges with any), a copy otherwise (Llama 3.2 1B at 1 × 2048 makes none:
+    // tests/data/mul_order_alone/).
+    if (eager_output_grad_is_view(job))
+      sim.pass_through_node("CloneBackward", {o}, oc);
+    else
+      sim.node("CloneBackward", {o}, {oc}, {});
     sim.drop(o);
     sim.drop(kr);
     sim.drop(vr);
@@ -1111,7 +1133,10 @@ TensorId decoder_layers(Step& st, TensorId x, bool checkpoint, std::size_t begin
       sim.set_discard_saves(true);
       st.layer(i, x, &out);
       sim.set_discard_saves(false);
-      sim.add_recompute_region(first, sim.node_count(), static_cast<int>(st.layer_inputs.size()), x);
+      // the frame holds the layer's arguments: x (its reference kept here) and the mask
+      const TensorId mask = st.layer_mask(i);
+      sim.hold(mask);
+      sim.add_recompute_region(first, sim.node_count(), static_cast<int>(st.layer_inputs.size()), {x, mask});
       st.layer_inputs.push_back(x);  // keep holding x: the simulation drops it with the frame
       st.recompute_sites.push_back({st.graph_rotary.size() - 1, i});
     } else {
@@ -1160,8 +1185,8 @@ TensorId forward(Step& st, bool checkpoint) {
   // is_causal only while kv_length < sliding_window (masking_utils._ignore_causal_mask_sdpa); from
   // s = window on it materialises a bool b·1·s·s mask, once per forward, shared by the sliding
   // layers. The model's forward holds it through the layers; under checkpointing each sliding
-  // layer's recompute closure holds it too, until that layer's backward (layer 0 is a sliding
-  // layer in Gemma 2 as well, so the mask lives through the whole backward either way).
+  // layer's recompute closure holds it too, until that layer's frame goes in its backward (layer
+  // 0's, the last: layer 0 is a sliding layer in Gemma 2 as well).
   if (st.masked)
     st.mask = sim.make("sliding-window attention mask (bool)", mul(d.b, d.s, d.s), Term::activations,
                        "create_sliding_window_causal_mask", "bool", "b·1·s·s", false);
@@ -1171,10 +1196,12 @@ TensorId forward(Step& st, bool checkpoint) {
   // (and the DynamicCache) until it returns, i.e. through the loss.
   TensorId hn = st.stream_norm(x, st.final_norm, "final norm output");
   sim.drop(x);
-  sim.drop(inputs_embeds);  // the model's forward returns
-  if (!checkpoint) {
-    sim.drop(st.mask);
-    sim.drop(st.mask2);
+  // the model's forward returns: its inputs_embeds and masks go (a checkpoint frame holds its
+  // layer's mask on: decoder_layers)
+  sim.drop(inputs_embeds);
+  for (TensorId* held : {&st.mask, &st.mask2}) {
+    sim.drop(*held);
+    *held = kNone;
   }
   sim.hold(hn);
   TensorId loss = kNone;
@@ -1921,6 +1948,19 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
 // transformers materialises an SDPA mask for a sliding window once the sequence reaches the window
 // (forward() says why), for a window on every layer (Mistral, Phi-3) or on every other one
 // (Gemma 2: the mask goes to the sliding layers only, Step::layer()).
+bool eager_output_grad_is_view(const Job& job) { return job.batch == 1; }
+
+std::uint64_t last_mask_holder(const ModelSpec& m, const Job& job) {
+  const bool eager = job.attention == Attention::math;
+  if (job.recompute != Recompute::full || (!eager && !sliding_window_mask(m, job))) return 0;
+  // the lowest layer of each kind holds that kind's mask last
+  std::uint64_t first_sliding = m.num_layers, first_full = m.num_layers;
+  for (std::uint64_t l = m.num_layers; l-- > 0;) (m.sliding_layer(l) ? first_sliding : first_full) = l;
+  if (!eager) return first_sliding;  // SDPA: only the sliding layers get the bool mask
+  // eager: one mask for every layer, or Gemma 2's two (Step::layer_mask)
+  return first_sliding < m.num_layers && first_full < m.num_layers ? std::max(first_sliding, first_full) : 0;
+}
+
 bool sliding_window_mask(const ModelSpec& m, const Job& job) {
   return job.attention == Attention::flash && m.sliding.enabled() && job.seq >= m.sliding.window;
 }
@@ -2148,8 +2188,6 @@ class TrainPass {
     if (checkpointed()) {
       sim_.drop(st_.cos);
       sim_.drop(st_.sin);
-      sim_.drop(st_.mask);
-      sim_.drop(st_.mask2);
     }
     collect_gradients();
   }

@@ -533,7 +533,9 @@ class ReservedStream {
   static std::shared_ptr<const ReservedStream> build(const ModelSpec& m, const Job& job) {
     if (m.moe.enabled() && job.experts == ExpertsImpl::eager && job.routing == Routing::balanced) throw plan::Fail{};
     const std::array<plan::Probe, 3> three = training_probes(m, job);
-    const std::array<plan::Probe, 4> probes{three[0], three[1], three[2], {three[0].b + 1, three[0].s + 1}};
+    const bool batch_one = StepPlan::regime(m, job) & StepPlan::kBatchOne;  // the probes keep b = 1
+    const std::array<plan::Probe, 4> probes{three[0], three[1], three[2],
+                                            {batch_one ? 1 : three[0].b + 1, three[0].s + 1}};
     auto out = std::make_shared<ReservedStream>();
     out->seq_unit_ = StepPlan::seq_unit(job);
     std::array<std::array<SimTrace, 2>, 4> tr;

@@ -16,7 +16,11 @@
 // Where the layers alternate with a period P (Gemma 2 in the sliding-mask regime: a masked layer,
 // then a plain one), the copies have L0, L0 + P and L0 + 2·P layers with L0 ≡ L (mod P), the
 // vectors are affine in the number of periods, and the first and last P interior layers are kept
-// (affine in the index along each residue class mod P).
+// (affine in the index along each residue class mod P). A layer low in the stack that frees what
+// the layers above it do not (Gemma 2's layer 1 under eager attention and full recompute: its
+// checkpoint frame holds the full layers' mask last) is kept too, with the P layers above it.
+// Eager attention at micro-batch 1 differs from larger batches by one copy (its output gradient
+// is a view): that regime's probes keep b = 1, the others' start at b = 2.
 //
 // Checks, each of which makes compile() return nullptr: every tensor has a monomial size; the
 // streams of the three probes are identical; replaying the vectors reproduces every phase peak of
@@ -178,12 +182,13 @@ void self_check(const SimSet& ss, const std::vector<Basis>& basis, const std::ar
 }
 
 // Interior layers (sections 2 … layers − 1) must be affine in their index, moment by moment (with
-// period P: along each residue class of the index mod P).
-void check_interior(const SimSet& ss, std::size_t D, std::uint64_t P) {
-  if (ss.layers < 4 + 2 * P - 1) return;
+// period P: along each residue class of the index mod P), from interior layer F − P + 1 on (the
+// first F interior layers are kept as they are: the layers below F − P + 1 may be unlike the rest).
+void check_interior(const SimSet& ss, std::size_t D, std::uint64_t P, std::uint64_t F) {
+  if (ss.layers < F + P + 3) return;
   for (const auto& pass : ss.cand)
     for (const auto& ph : pass) {
-      for (std::uint64_t sec = 2 + P; sec + P <= ss.layers - 1; ++sec) {
+      for (std::uint64_t sec = F + 2; sec + P <= ss.layers - 1; ++sec) {
         const auto &a = ph[sec - P], &b = ph[sec], &c = ph[sec + P];
         if (a.size() != b.size() || b.size() != c.size()) throw Fail{};
         for (std::size_t n = 0; n < a.size(); ++n)
@@ -215,15 +220,17 @@ std::atomic<std::uint64_t> g_failures{0};
 std::array<plan::Probe, 3> training_probes(const ModelSpec& m, const Job& job) {
   using namespace plan;
   // Probes inside the job's regime.
-  std::uint64_t b0 = 1, s0 = 1;
   const int regime = StepPlan::regime(m, job);
+  // Eager attention: b = 1 at every probe in its batch-1 regime, b ≥ 2 at every probe outside it
+  const bool batch_one = regime & StepPlan::kBatchOne;
+  std::uint64_t b0 = job.attention == Attention::math && !batch_one ? 2 : 1, s0 = 1;
   if (regime & 2) s0 = m.sliding.window;  // s ≥ window at every probe
   if (job.loss == Loss::chunked) {
-    if (regime & 1) {  // T ≥ loss_chunk at every probe: through s, or through b below the window
-      if (regime & 2) s0 = std::max(s0, job.loss_chunk);
-      else b0 = job.loss_chunk;
-    } else if (job.loss_chunk < 35 * s0) {  // T = s0, 6·s0, 35·s0 ≤ loss_chunk
-      throw Fail{};
+    if (regime & 1) {  // T ≥ loss_chunk at every probe: through s (at the window or b = 1), or b
+      if ((regime & 2) || batch_one) s0 = std::max(s0, job.loss_chunk);
+      else b0 = std::max(b0, job.loss_chunk);
+    } else if (static_cast<u128>(job.loss_chunk) < static_cast<u128>(batch_one ? 7 : 35 * b0) * s0) {
+      throw Fail{};  // the last probe's T = 7·s0 (b = 1) or 35·b0·s0 is above loss_chunk
     }
   }
   if (!(regime & 2)) {  // s = s0, 3·s0, 7·s0 below the window
@@ -231,7 +238,8 @@ std::array<plan::Probe, 3> training_probes(const ModelSpec& m, const Job& job) {
     last.seq = 7 * s0;
     if (sliding_window_mask(m, last)) throw Fail{};
   }
-  const std::array<Probe, 3> probes{{{b0, s0}, {2 * b0, 3 * s0}, {5 * b0, 7 * s0}}};
+  const std::uint64_t b1 = batch_one ? 1 : 2 * b0, b2 = batch_one ? 1 : 5 * b0;
+  const std::array<Probe, 3> probes{{{b0, s0}, {b1, 3 * s0}, {b2, 7 * s0}}};
   // Sequence parallelism: every size is c · b^i · (s / t)^j with integer c (a sharded tensor has
   // s / t rows, a gathered one t · (s / t)), so the plan's variable is the local sequence s / t
   // and the probes simulate t times it. The regimes' bounds are in whole sequences: not compiled.
@@ -251,7 +259,11 @@ struct PlanBuilder {
     // Gemma 2's alternating windows: in the mask regime only every P-th layer is masked
     // (inventory_torch.cpp, Step::layer), so the layers repeat with period P.
     const std::uint64_t P = (regime & 2) && m.sliding.every_nth > 1 ? m.sliding.every_nth : 1;
-    const std::uint64_t base = std::max<std::uint64_t>(kL0, P + 2);  // the last P interior layers are interior
+    // The first F interior layers are kept: up to the highest layer that frees what the layers above
+    // it do not (a checkpoint frame the last to hold a mask: last_mask_holder), and P more.
+    const std::uint64_t F = P + std::min<std::uint64_t>(last_mask_holder(m, job), L);
+    // the last P interior layers are interior, and like the layers from F − P + 1 on
+    const std::uint64_t base = std::max<std::uint64_t>(kL0, F + 2);
     const std::uint64_t L0 = base + (L > base ? (L - base) % P : 0);
     // A pipeline stage is simulated at its full depth: its share of a smaller copy is another split.
     const bool direct = L <= L0 + 2 * P || job.parallel.pipeline > 1;
@@ -283,7 +295,7 @@ struct PlanBuilder {
     for (auto& ss : sets) {
       replay(ss, D);
       self_check(ss, basis, probes);
-      if (!direct) check_interior(ss, D, P);
+      if (!direct) check_interior(ss, D, P, F);
     }
 
     std::vector<std::uint64_t> weight(D);
@@ -297,13 +309,13 @@ struct PlanBuilder {
         for (const auto& sec : sets[0].cand[pass][phase])
           for (std::uint32_t r : sec) all.insert(all.end(), &sets[0].rows[r * D], &sets[0].rows[r * D] + D);
       } else {
-        // sections kept: before the layers, layer 0, the first and last P interior layers, the
+        // sections kept: before the layers, layer 0, the first F and last P interior layers, the
         // last layer, after the layers, outside the module
-        for (std::uint64_t q = 0; q < 2 * P + 5; ++q) {
+        for (std::uint64_t q = 0; q < F + P + 5; ++q) {
           const std::vector<std::uint32_t>* lists[3];
           for (int n = 0; n < 3; ++n) {
             const std::uint64_t ls = sets[n].layers;
-            const std::uint64_t sec = q < P + 2 ? q : q < 2 * P + 2 ? ls - P + (q - P - 2) : ls + (q - 2 * P - 2);
+            const std::uint64_t sec = q < F + 2 ? q : q < F + P + 2 ? ls - P + (q - F - 2) : ls + (q - F - P - 2);
             lists[n] = &sets[n].cand[pass][phase][sec];
           }
           if (lists[0]->size() != lists[2]->size() || lists[1]->size() != lists[2]->size()) throw Fail{};
@@ -370,7 +382,8 @@ struct PlanBuilder {
 
 int StepPlan::regime(const ModelSpec& m, const Job& job) {
   const int chunk = job.loss == Loss::chunked && static_cast<u128>(job.batch) * job.seq > job.loss_chunk ? 1 : 0;
-  return chunk | (sliding_window_mask(m, job) ? 2 : 0);
+  const bool batch_one = job.attention == Attention::math && eager_output_grad_is_view(job);
+  return chunk | (sliding_window_mask(m, job) ? 2 : 0) | (batch_one ? kBatchOne : 0);
 }
 
 std::shared_ptr<const StepPlan> StepPlan::compile(const ModelSpec& m, const Job& job) {

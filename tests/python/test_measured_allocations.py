@@ -309,6 +309,26 @@ def test_parameter_gradients_are_accumulated_after_the_input_buffers(tmp_path):
     assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
 
 
+@pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
+def test_eager_attention_backward_runs_as_torch_runs_it(tmp_path):
+    """Llama 3.2 1B amp-bf16 full recompute with the math (eager) attention, measured alone with a
+    whole-run snapshot (tests/data/mul_order_alone/). Its backward: BmmBackward0 computes mat2's
+    gradient before self's; v's gradient comes back contiguous in b·kv·s·hd, so v_proj's output
+    view copies it; o_proj's input gradient reaches the bmm as a view (batch 1); and the float
+    causal mask goes with layer 0's checkpoint frame, before the embedding's backward. The whole
+    stream, three steps, is the run's."""
+    import difflib
+    config_path = config_with(tmp_path, "configs/hf/llama-3.2-1b.json", {})
+    flags = ["--attention", "math", "--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--recompute", "full"]
+    predicted = stream(predicted_trace(tmp_path, config_path, flags), skip_before_step=True)
+    measured = stream(measured_trace("mul_order_alone/llama-3.2-1b_amp-bf16_full_math_adamw_b1s2048"))
+    measured = measured[:len(predicted)]  # the replay stops once its layout repeats
+    assert len(measured) >= 13000
+    matcher = difflib.SequenceMatcher(None, measured, predicted, autojunk=False)
+    unmatched = len(measured) - sum(block.size for block in matcher.get_matching_blocks())
+    assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
+
+
 def segment_address_order(path):
     """Each segment_alloc of a whole-run snapshot as its rank among the run's segment addresses."""
     with gzip.open(path, "rb") as f:
