@@ -240,20 +240,22 @@ class AutogradSim {
 
   // ---- backward ----
   using RecomputeFn = void (*)(AutogradSim&, void* ctx, int region);
-  // `frame`: what the checkpoint frame holds (the recompute closure's arguments: the layer's input
-  // and the attention mask it was called with), one reference each that the simulation drops when
+  // `frame`: what the checkpoint frame holds (the recompute closure's arguments: the layer's input,
+  // the attention mask it was called with, the rotary cos and sin), one reference each that the
+  // simulation drops when
   // the frame goes: once the region's first node that saves has run and released its saved
   // tensors, the last unpack handle of the region (Qwen2.5 7B full recompute: each layer's input is
   // freed in input_layernorm's PowBackward0, tests/data/handthrough_snapshots/, event 3977; Llama
   // 3.2 1B's eager mask with layer 0's frame, before the embedding's backward,
-  // tests/data/mul_order_alone/).
-  using Frame = std::array<TensorId, 2>;
+  // tests/data/mul_order_alone/; Gemma 2 2B's cos and sin there too, tests/data/eager_alone/).
+  using Frame = std::array<TensorId, 4>;
   struct Region {
     std::size_t first_node, end_node;
     int index;
-    Frame frame{kNone, kNone};
+    Frame frame{kNone, kNone, kNone, kNone};
   };
-  void add_recompute_region(std::size_t first_node, std::size_t end_node, int index, Frame frame = {kNone, kNone}) {
+  void add_recompute_region(std::size_t first_node, std::size_t end_node, int index,
+                            Frame frame = {kNone, kNone, kNone, kNone}) {
     regions_.push_back({first_node, end_node, index, frame});
   }
   // Runs backward from `root` (the loss). recompute(sim, ctx, region) must re-create the region's

@@ -33,10 +33,11 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
 // stream: the step plan compiles it as its own regime).
 bool sliding_window_mask(const ModelSpec& m, const Job& job);
 
-// Whether eager attention's output gradient reaches its bmm as a view: matmul's `_unsafe_view`
-// backward merges the batch into the heads without a copy only where the batch is 1 (a
-// different allocation stream: the step plan compiles it as its own regime).
-bool eager_output_grad_is_view(const Job& job);
+// Whether eager attention's matmuls fold the batch into the heads (b·a) as views: a tensor laid
+// out b·s·a·hd (the query, the output's gradient, the keys and values where they are not repeated)
+// folds without a copy only where the batch is 1 (a different allocation stream: the step plan
+// compiles it as its own regime).
+bool eager_matmul_folds_as_view(const Job& job);
 
 // The highest decoder layer whose checkpoint frame is the last to hold one of the model's
 // attention masks (each frame holds the mask its layer was called with: Step::layer_mask), so its

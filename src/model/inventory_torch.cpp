@@ -962,14 +962,30 @@ struct Step {
       sim.hold(kr);
       sim.hold(vr);
     }
+    // matmul folds b·a into bmm's batch: q (and the keys and values where repeat_kv returns them
+    // as they are, a == kv heads) are laid out b·s·a·hd, which folds as a view only where b is 1
+    // and is copied otherwise; the copy is what bmm saves, the autocast cast before it goes as
+    // matmul returns (Llama 3.2 1B amp-bf16 full recompute at 2 × 1,024, tests/data/eager_alone/).
+    const bool folds_as_view = eager_matmul_folds_as_view(job);
+    auto folded = [&](TensorId x, bool transposed_layout, const char* name) {
+      if (folds_as_view || !transposed_layout) {
+        sim.hold(x);
+        return x;
+      }
+      TensorId copy = sim.make(name, mul(d.T, d.qd, e), Term::activations, "matmul: reshape", r.compute_name, "b·a·s·hd", true);
+      sim.pass_through_node("CloneBackward", {x}, copy);  // its gradient folds back as a view
+      return copy;
+    };
+    const bool repeated = d.a != d.kva;
     TensorId kc = cast_input(kr, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
     TensorId qc = cast_input(q, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
+    TensorId kf = folded(kc, !repeated, "eager attention: matmul's copy of k (b > 1)");
+    TensorId qf = folded(qc, true, "eager attention: matmul's copy of q (b > 1)");
     TensorId sc = sim.make("attention scores", mul(bas2, e), Term::activations, "matmul", r.compute_name, "b·a·s·s", true);
     // BmmBackward0 computes mat2's gradient before self's (the generated code takes a function's
     // inputs last first, as MulBackward0's): the keys', then the queries'
-    sim.node("BmmBackward", {kc, qc}, {sc}, {qc, kc});
-    sim.drop(qc);
-    sim.drop(kc);
+    sim.node("BmmBackward", {kf, qf}, {sc}, {qf, kf});
+    for (TensorId t : {qf, kf, qc, kc}) sim.drop(t);
     TensorId scl = sim.make("attention scores × scaling", mul(bas2, e), Term::activations, "mul", r.compute_name, "b·a·s·s", true);
     sim.node("MulBackward1", {sc}, {scl}, {});
     sim.drop(sc);
@@ -989,32 +1005,46 @@ struct Step {
     TensorId msk = sim.make("attention scores + mask", mul(bas2, mb), Term::activations, "add", "", "b·a·s·s", true);
     sim.pass_through_node("AddBackward0", {scl}, msk);
     sim.drop(scl);
+    // softmax(x, dtype=float32) converts x first unless it is fp32 (or half: at::softmax's
+    // half_to_float kernel takes only that), a copy freed once the softmax is made
+    // (Qwen3 0.6B bf16 with eager attention, tests/data/eager_alone/)
+    TensorId soft_in = msk;
+    if (mb != 4) {
+      soft_in = sim.make("softmax input as fp32 (softmax(dtype=float32))", mul(bas2, 4), Term::activations, "to(float32)",
+                         "fp32", "b·a·s·s", true);
+      sim.node("ToCopyBackward", {msk}, {soft_in}, {});
+    } else {
+      sim.hold(msk);
+    }
     TensorId sm32 = sim.make("softmax output fp32 (saved)", mul(bas2, 4), Term::activations, "softmax(float32)", "fp32",
                              "b·a·s·s", true);
     // _softmax_backward_data on CUDA allocates `tmp = grad * output` (fp32 here) beside grad_input
     // (SoftMax.cu, softmax_backward_cuda_out).
-    sim.node("SoftmaxBackward", {msk}, {sm32}, {sm32}, mul(bas2, 4));
-    sim.drop(msk);
+    sim.node("SoftmaxBackward", {soft_in}, {sm32}, {sm32}, mul(bas2, 4));
+    sim.drop(soft_in);
     TensorId sm = sm32;
     if (qb != 4) {
       sm = sim.make("attention weights (.to(query.dtype))", mul(bas2, qb), Term::activations, "to(dtype)", "", "b·a·s·s", true);
       sim.node("ToCopyBackward", {sm32}, {sm}, {});
       sim.drop(sm32);
     }
+    // `attn_weights = softmax(attn_weights, ...).to(query.dtype)`: the masked scores' variable
+    // lets them go once the whole statement has run
+    sim.drop(msk);
     TensorId vc = cast_input(vr, mul(d.T, d.qd), "eager attention: autocast cast of v");
     TensorId wc = cast_input(sm, bas2, "eager attention: autocast cast of the weights (saved by @ v)");
+    TensorId vf = folded(vc, !repeated, "eager attention: matmul's copy of v (b > 1)");
     TensorId o = sim.make("attention probs @ v", mul(d.T, d.qd, e), Term::activations, "matmul", r.compute_name,
                           "b·a·s·hd", true);
-    sim.node("BmmBackward", {vc, wc}, {o}, {wc, vc});  // the values' gradient, then the weights'
-    sim.drop(wc);
-    sim.drop(vc);
+    sim.node("BmmBackward", {vf, wc}, {o}, {wc, vf});  // the values' gradient, then the weights'
+    for (TensorId t : {wc, vf, vc}) sim.drop(t);
     TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, e), Term::activations,
                            "contiguous", r.compute_name, "b·s·a·hd", true);
     // The output's gradient reaches the bmm as the transpose of o_proj's b·s·a·hd input gradient;
     // matmul's _unsafe_view backward reshapes it to (b·a)·s·hd, a view where b is 1 (a dimension
     // of size 1 merges with any), a copy otherwise (Llama 3.2 1B at 1 × 2048 makes none:
     // tests/data/mul_order_alone/).
-    if (eager_output_grad_is_view(job))
+    if (folds_as_view)
       sim.pass_through_node("CloneBackward", {o}, oc);
     else
       sim.node("CloneBackward", {o}, {oc}, {});
@@ -1133,10 +1163,11 @@ TensorId decoder_layers(Step& st, TensorId x, bool checkpoint, std::size_t begin
       sim.set_discard_saves(true);
       st.layer(i, x, &out);
       sim.set_discard_saves(false);
-      // the frame holds the layer's arguments: x (its reference kept here) and the mask
+      // the frame holds the layer's arguments: x (its reference kept here), the mask, cos and sin
       const TensorId mask = st.layer_mask(i);
-      sim.hold(mask);
-      sim.add_recompute_region(first, sim.node_count(), static_cast<int>(st.layer_inputs.size()), {x, mask});
+      for (TensorId held : {mask, st.cos, st.sin}) sim.hold(held);
+      sim.add_recompute_region(first, sim.node_count(), static_cast<int>(st.layer_inputs.size()),
+                               {x, mask, st.cos, st.sin});
       st.layer_inputs.push_back(x);  // keep holding x: the simulation drops it with the frame
       st.recompute_sites.push_back({st.graph_rotary.size() - 1, i});
     } else {
@@ -1147,6 +1178,28 @@ TensorId decoder_layers(Step& st, TensorId x, bool checkpoint, std::size_t begin
     x = out;
   }
   return x;
+}
+
+// transformers' sdpa_mask: the mask function evaluated on broadcast indices, then expanded to the
+// batch (a view: without a padding mask the bool mask is s·s bytes whatever b). A sliding window's
+// function is and_masks(causal, sliding_window_overlay): `result & mask(...)` per function, from a
+// 0-d True, so the causal bool, its and with True, the overlay's bool and their and, each s·s, the
+// first freed by the second and, the middle two by the last (Gemma 2 2B amp-bf16 full recompute
+// with eager attention, tests/data/eager_alone/, events 6-11). Returns the mask, held.
+TensorId bool_causal_mask(Step& st, bool sliding_window) {
+  auto& sim = st.sim;
+  const bytes_t ss = mul(st.d.s, st.d.s);
+  TensorId causal = sim.make("attention mask: causal bool (kv_idx <= q_idx)", ss, Term::activations,
+                             "causal_mask_function", "bool", "1·1·s·s", false);
+  if (!sliding_window) return causal;
+  TensorId first = sim.make("attention mask: True & causal", ss, Term::activations, "and_masks", "bool", "1·1·s·s", false);
+  sim.drop(causal);
+  TensorId overlay = sim.make("attention mask: sliding_window_overlay bool", ss, Term::activations,
+                              "sliding_window_overlay", "bool", "1·1·s·s", false);
+  TensorId both = sim.make("sliding-window attention mask (bool)", ss, Term::activations, "and_masks", "bool", "1·1·s·s", false);
+  sim.drop(first);
+  sim.drop(overlay);
+  return both;
 }
 
 TensorId forward(Step& st, bool checkpoint) {
@@ -1162,13 +1215,12 @@ TensorId forward(Step& st, bool checkpoint) {
   const TensorId inputs_embeds = x;
   sim.hold(x);
   // Eager attention takes a float b·1·s·s mask in the residual dtype: create_causal_mask (and for
-  // Gemma 2's sliding layers create_sliding_window_causal_mask) makes it before the rotary
-  // embeddings, from a bool mask freed once it is made (Llama 3.2 1B amp-bf16 full recompute's
-  // snapshot, tests/data/mul_order_alone/, events 1-3). Held like the sliding-window mask below.
+  // sliding layers create_sliding_window_causal_mask) makes it before the rotary embeddings, from
+  // the bool mask (Llama 3.2 1B amp-bf16 full recompute's snapshot, tests/data/mul_order_alone/,
+  // events 1-3), freed once the float one is made. Held like the sliding-window mask below.
   if (st.job.attention == Attention::math) {
-    auto eager_mask = [&] {
-      TensorId bool_mask = sim.make("eager mask: bool mask (sdpa_mask)", mul(d.b, d.s, d.s), Term::activations,
-                                    "causal_mask_function", "bool", "b·1·s·s", false);
+    auto eager_mask = [&](bool sliding_kind) {
+      TensorId bool_mask = bool_causal_mask(st, sliding_kind);
       TensorId made = sim.make("causal mask (4-D, residual dtype)", mul(d.b, d.s, d.s, st.r.resid), Term::activations,
                                "create_causal_mask", st.r.resid_name, "b·1·s·s", false);
       sim.drop(bool_mask);
@@ -1176,8 +1228,8 @@ TensorId forward(Step& st, bool checkpoint) {
     };
     bool sliding = false, full = false;
     for (std::uint64_t l = 0; l < d.L; ++l) (st.m.sliding_layer(st.model_layer(l)) ? sliding : full) = true;
-    st.mask = eager_mask();
-    if (sliding && full) st.mask2 = eager_mask();
+    st.mask = eager_mask(!full);  // Gemma 2: causal_mask_mapping's full mask, then the sliding one
+    if (sliding && full) st.mask2 = eager_mask(true);
   }
   rotary_embeddings(st);
   // Sliding-window attention (Mistral, Phi-3: the window on every layer; Gemma 2: on every other
@@ -1187,9 +1239,7 @@ TensorId forward(Step& st, bool checkpoint) {
   // layers. The model's forward holds it through the layers; under checkpointing each sliding
   // layer's recompute closure holds it too, until that layer's frame goes in its backward (layer
   // 0's, the last: layer 0 is a sliding layer in Gemma 2 as well).
-  if (st.masked)
-    st.mask = sim.make("sliding-window attention mask (bool)", mul(d.b, d.s, d.s), Term::activations,
-                       "create_sliding_window_causal_mask", "bool", "b·1·s·s", false);
+  if (st.masked) st.mask = bool_causal_mask(st, true);
   x = decoder_layers(st, x, checkpoint);
   sim.set_section(static_cast<int>(d.L) + 1);  // after the layers
   // LlamaModel returns the final norm output as last_hidden_state: the CausalLM forward holds it
@@ -1301,10 +1351,8 @@ TensorId forward(Step& st, bool checkpoint) {
   sim.drop(output_logits);
   // leaving torch.autocast clears its weight cache; saved copies live on in the graph
   st.clear_cast_cache();
-  if (!checkpoint) {  // checkpointed layers keep cos/sin as inputs until their recompute
-    sim.drop(st.cos);
-    sim.drop(st.sin);
-  }
+  sim.drop(st.cos);  // (checkpoint frames hold theirs: decoder_layers)
+  sim.drop(st.sin);
   st.drop_kv_cache();
   sim.drop(hn);
   st.dp->root_post_forward();  // the root module's forward ends with the loss
@@ -1335,10 +1383,8 @@ TensorId stage_forward(Step& st, const PipelineStage& stage, std::size_t chunk, 
   }
   rotary_embeddings(st);
   x = decoder_layers(st, x, checkpoint, begin, begin + static_cast<std::size_t>(stage.chunks[chunk].layers));
-  if (!checkpoint) {  // the stage's forward returns; checkpointed layers keep cos/sin until their recompute
-    sim.drop(st.cos);
-    sim.drop(st.sin);
-  }
+  sim.drop(st.cos);  // the stage's forward returns (checkpoint frames hold theirs: decoder_layers)
+  sim.drop(st.sin);
   sim.set_section(static_cast<int>(st.d.L) + 1);  // after the layers
   if (stage.chunk_last(chunk)) {
     // h = self.lm_head(self.norm(h)): the last layer's output lives until lm_head returns (the
@@ -1948,7 +1994,7 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
 // transformers materialises an SDPA mask for a sliding window once the sequence reaches the window
 // (forward() says why), for a window on every layer (Mistral, Phi-3) or on every other one
 // (Gemma 2: the mask goes to the sliding layers only, Step::layer()).
-bool eager_output_grad_is_view(const Job& job) { return job.batch == 1; }
+bool eager_matmul_folds_as_view(const Job& job) { return job.batch == 1; }
 
 std::uint64_t last_mask_holder(const ModelSpec& m, const Job& job) {
   const bool eager = job.attention == Attention::math;
@@ -2097,7 +2143,7 @@ class TrainPass {
     for (TensorId t : previous_chunks_) sim_.drop(t);  // clear_runtime_states
     previous_chunks_.clear();
     struct Graph {
-      std::size_t first = 0, end = 0, rotary = 0;  // its nodes, its cos/sin (graph_rotary)
+      std::size_t first = 0, end = 0;  // its nodes
       TensorId root = kNone;  // the loss (last stage) or the output sent on
     };
     const std::size_t M = static_cast<std::size_t>(ps.microbatches);
@@ -2122,7 +2168,6 @@ class TrainPass {
       if (a.forward) {
         g.first = sim_.node_count();
         const TensorId out = stage_forward(st_, ps, a.chunk, recv, checkpointed());
-        g.rotary = st_.graph_rotary.size() - 1;
         if (last) {
           chunks.push_back(out);  // output_chunks holds the logits (their one reference)
           sim_.set_section(static_cast<int>(st_.d.L) + 2);  // the loss is the schedule's, outside the stage module
@@ -2149,10 +2194,6 @@ class TrainPass {
       sim_.backward(g.root, {g.first, g.end, seed, recv}, checkpointed() ? recompute_layer : nullptr, &st_);
       if (last) losses.push_back(g.root);  // the schedule's list of losses
       else sim_.drop(g.root);
-      if (checkpointed()) {  // the checkpoint frames held this microbatch's cos and sin
-        sim_.drop(st_.graph_rotary[g.rotary].first);
-        sim_.drop(st_.graph_rotary[g.rotary].second);
-      }
       if (pending != kNone) sim_.drop_grad(pending);
       pending = recv;
     }
@@ -2185,10 +2226,6 @@ class TrainPass {
     dp_.install_backward_hooks(st_.d.L);
     sim_.backward(loss_, checkpointed() ? recompute_layer : nullptr, &st_);
     sim_.drop(loss_);
-    if (checkpointed()) {
-      sim_.drop(st_.cos);
-      sim_.drop(st_.sin);
-    }
     collect_gradients();
   }
 

@@ -382,7 +382,7 @@ struct PlanBuilder {
 
 int StepPlan::regime(const ModelSpec& m, const Job& job) {
   const int chunk = job.loss == Loss::chunked && static_cast<u128>(job.batch) * job.seq > job.loss_chunk ? 1 : 0;
-  const bool batch_one = job.attention == Attention::math && eager_output_grad_is_view(job);
+  const bool batch_one = job.attention == Attention::math && eager_matmul_folds_as_view(job);
   return chunk | (sliding_window_mask(m, job) ? 2 : 0) | (batch_one ? kBatchOne : 0);
 }
 

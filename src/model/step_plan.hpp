@@ -33,7 +33,7 @@ class StepPlan {
   // size class on either side of b·s = loss_chunk (bit 0); a sliding window on every layer makes
   // transformers build an SDPA mask from s = window on (bit 1; sliding_window_mask in
   // inventory.hpp); eager attention at micro-batch 1 reshapes its output gradient as a view, where
-  // a larger batch copies it (bit 2, kBatchOne: eager_output_grad_is_view; its probes keep b = 1,
+  // a larger batch copies it (bit 2, kBatchOne: eager_matmul_folds_as_view; its probes keep b = 1,
   // so its plan is the batch-1 step's). Plans are compiled per regime.
   static constexpr int kBatchOne = 4;
   static int regime(const ModelSpec& m, const Job& job);

@@ -309,21 +309,43 @@ def test_parameter_gradients_are_accumulated_after_the_input_buffers(tmp_path):
     assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
 
 
+EAGER_STREAMS = [  # (snapshot, config, flags): eager (math) attention steps measured alone
+    # Llama 3.2 1B amp-bf16 full recompute (tests/data/mul_order_alone/): BmmBackward0 computes
+    # mat2's gradient first; v's gradient comes back contiguous in b·kv·s·hd, so v_proj's output
+    # view copies it; o_proj's input gradient folds as a view at batch 1; the float causal mask goes
+    # with layer 0's checkpoint frame, before the embedding's backward
+    ("mul_order_alone/llama-3.2-1b_amp-bf16_full_math_adamw_b1s2048", "configs/hf/llama-3.2-1b.json",
+     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--recompute", "full"]),
+    # tests/data/eager_alone/, the first four held out and predicted before measured: matmul copies
+    # the query at b > 1; softmax(dtype=float32) converts a bf16 input first; the sliding mask's
+    # and_masks intermediates, the bool mask s·s bytes whatever b; cos and sin freed with layer 0's
+    # frame, Gemma 2's full mask with layer 1's
+    ("eager_alone/gemma-2-2b_amp-bf16_full_math_adamw_b1s2048", "configs/hf/gemma-2-2b.json",
+     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--recompute", "full"]),
+    ("eager_alone/gemma-2-2b_amp-bf16_none_math_adamw_b2s2048", "configs/hf/gemma-2-2b.json",
+     ["--batch", "2", "--seq", "2048", "--precision", "amp-bf16"]),
+    ("eager_alone/llama-3.2-1b_amp-bf16_full_math_adamw_b2s1024", "configs/hf/llama-3.2-1b.json",
+     ["--batch", "2", "--seq", "1024", "--precision", "amp-bf16", "--recompute", "full"]),
+    ("eager_alone/qwen3-0.6b_bf16_none_math_adamw_b1s2048", "configs/hf/qwen3-0.6b.json",
+     ["--batch", "1", "--seq", "2048", "--precision", "bf16"]),
+    ("eager_alone/llama-3.2-1b_bf16_none_math_adamw_b1s2048", "configs/hf/llama-3.2-1b.json",
+     ["--batch", "1", "--seq", "2048", "--precision", "bf16"]),
+    ("eager_alone/gemma-2-2b_amp-bf16_full_math_adamw_b1s4096", "configs/hf/gemma-2-2b.json",
+     ["--batch", "1", "--seq", "4096", "--precision", "amp-bf16", "--recompute", "full"]),
+]
+
+
 @pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
-def test_eager_attention_backward_runs_as_torch_runs_it(tmp_path):
-    """Llama 3.2 1B amp-bf16 full recompute with the math (eager) attention, measured alone with a
-    whole-run snapshot (tests/data/mul_order_alone/). Its backward: BmmBackward0 computes mat2's
-    gradient before self's; v's gradient comes back contiguous in b·kv·s·hd, so v_proj's output
-    view copies it; o_proj's input gradient reaches the bmm as a view (batch 1); and the float
-    causal mask goes with layer 0's checkpoint frame, before the embedding's backward. The whole
-    stream, three steps, is the run's."""
+@pytest.mark.parametrize("snapshot,config,flags", EAGER_STREAMS)
+def test_eager_attention_runs_as_torch_runs_it(tmp_path, snapshot, config, flags):
+    """Eager attention steps measured alone with whole-run snapshots: the whole measured stream
+    (up to three steps) is the walk's, allocation for allocation."""
     import difflib
-    config_path = config_with(tmp_path, "configs/hf/llama-3.2-1b.json", {})
-    flags = ["--attention", "math", "--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--recompute", "full"]
-    predicted = stream(predicted_trace(tmp_path, config_path, flags), skip_before_step=True)
-    measured = stream(measured_trace("mul_order_alone/llama-3.2-1b_amp-bf16_full_math_adamw_b1s2048"))
+    config_path = config_with(tmp_path, config, {})
+    predicted = stream(predicted_trace(tmp_path, config_path, ["--attention", "math", *flags]), skip_before_step=True)
+    measured = stream(measured_trace(snapshot))
     measured = measured[:len(predicted)]  # the replay stops once its layout repeats
-    assert len(measured) >= 13000
+    assert len(measured) >= 8000
     matcher = difflib.SequenceMatcher(None, measured, predicted, autojunk=False)
     unmatched = len(measured) - sum(block.size for block in matcher.get_matching_blocks())
     assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
