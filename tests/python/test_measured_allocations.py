@@ -174,6 +174,13 @@ def stream(trace, skip_before_step=False):
     return out
 
 
+def differing(measured, predicted):
+    """How many of the measured stream's entries the predicted one does not match, in order."""
+    import difflib
+    matcher = difflib.SequenceMatcher(None, measured, predicted, autojunk=False)
+    return len(measured) - sum(block.size for block in matcher.get_matching_blocks())
+
+
 EXACT_STREAMS = [  # (snapshot, config, flags): steps whose every allocation the walk makes in torch's order
     ("reserved_alone/llama-3.2-1b_bf16_none_flash_adamw_for-loop_b1s512", "configs/hf/llama-3.2-1b.json",
      ["--batch", "1", "--seq", "512", "--precision", "bf16", "--optimizer-impl", "for-loop"]),
@@ -232,15 +239,13 @@ def test_the_step_allocates_and_frees_as_torch_does(tmp_path, snapshot, config, 
     cuBLASLt workspace of the first biased linear, which is the small pool's and so uncounted,
     shifts a free group). Before the walk followed
     autograd's engine (docs/accuracy.md), 300 to 1,800 of them differed."""
-    import difflib
     config_path = config_with(tmp_path, config, overrides)  # the layer count (and router outputs) measured
     predicted = stream(predicted_trace(tmp_path, config_path, ["--attention", "flash"] + flags),
                        skip_before_step=True)[:4200]
     # (a replay that repeats after fewer steps than the run measured is compared over its own length)
     measured = stream(measured_trace(snapshot))[:min(4000, len(predicted))]
     assert len(measured) >= 1800  # the Gemma 2 snapshot holds the first step and a half
-    matcher = difflib.SequenceMatcher(None, measured, predicted, autojunk=False)
-    unmatched = len(measured) - sum(block.size for block in matcher.get_matching_blocks())
+    unmatched = differing(measured, predicted)
     assert unmatched <= 6, f"{unmatched} of the measured stream's first 4,000 entries differ"
 
 
@@ -272,15 +277,13 @@ def test_the_rank_is_built_as_torch_builds_it(tmp_path, snapshot, config, flags,
     otherwise; the 8B DDP rank's one 2,004 MiB more went when MulBackward0 computed `other`'s
     gradient first, docs/accuracy.md, "The ties")."""
     import collections
-    import difflib
     config_path = config_with(tmp_path, config, overrides)  # as measured
     predicted_snap = predicted_snapshot(tmp_path, config_path, ["--attention", "flash", *flags])
     measured_snap = measured_snapshot(snapshot)
     predicted = stream(predicted_snap["device_traces"][0])[:4200]
     measured = stream(measured_snap["device_traces"][0])[:min(4000, len(predicted))]
     assert len(measured) >= 3000
-    matcher = difflib.SequenceMatcher(None, measured, predicted, autojunk=False)
-    unmatched = len(measured) - sum(block.size for block in matcher.get_matching_blocks())
+    unmatched = differing(measured, predicted)
     assert unmatched == 0, f"{unmatched} of the measured stream's first 4,000 entries differ"
     sizes = lambda s: collections.Counter(g["total_size"] for g in s["segments"])
     differ = (sizes(measured_snap) - sizes(predicted_snap)) + (sizes(predicted_snap) - sizes(measured_snap))
@@ -296,7 +299,6 @@ def test_parameter_gradients_are_accumulated_after_the_input_buffers(tmp_path):
     handed its input gradient to the next node's buffer. gate_proj's input gradient is summed with
     up_proj's there, so the sum comes before the weight gradient is freed, in every layer and
     microbatch. The whole stream, three steps, is the run's."""
-    import difflib
     config_path = config_with(tmp_path, "configs/hf/llama-3.1-8b.json", {"num_hidden_layers": 8})
     flags = ["--attention", "flash", "--batch", "1", "--seq", "2048", "--precision", "bf16", "--pp", "2",
              "--microbatches", "4", "--pp-schedule", "1f1b", "--dp", "2", "--rank", "2"]
@@ -304,8 +306,7 @@ def test_parameter_gradients_are_accumulated_after_the_input_buffers(tmp_path):
     measured = stream(measured_trace("mul_order_alone/llama-3.1-8b_pp-1f1b-ddp2_s2r1m4_bf16_none_b1s2048_L8"))
     measured = measured[:len(predicted)]  # the replay stops once its layout repeats
     assert len(measured) >= 9000
-    matcher = difflib.SequenceMatcher(None, measured, predicted, autojunk=False)
-    unmatched = len(measured) - sum(block.size for block in matcher.get_matching_blocks())
+    unmatched = differing(measured, predicted)
     assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
 
 
@@ -340,14 +341,12 @@ EAGER_STREAMS = [  # (snapshot, config, flags): eager (math) attention steps mea
 def test_eager_attention_runs_as_torch_runs_it(tmp_path, snapshot, config, flags):
     """Eager attention steps measured alone with whole-run snapshots: the whole measured stream
     (up to three steps) is the walk's, allocation for allocation."""
-    import difflib
     config_path = config_with(tmp_path, config, {})
     predicted = stream(predicted_trace(tmp_path, config_path, ["--attention", "math", *flags]), skip_before_step=True)
     measured = stream(measured_trace(snapshot))
     measured = measured[:len(predicted)]  # the replay stops once its layout repeats
     assert len(measured) >= 8000
-    matcher = difflib.SequenceMatcher(None, measured, predicted, autojunk=False)
-    unmatched = len(measured) - sum(block.size for block in matcher.get_matching_blocks())
+    unmatched = differing(measured, predicted)
     assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
 
 
