@@ -264,4 +264,5 @@ TEST_CASE("the steps the MulBackward0 order moved land within 1% too") {
 TEST_CASE("eager attention steps measured alone land within 1% too") {
   check_file("tests/data/eager_alone/torch_train_eager_alone_h200.json", 4);
   check_file("tests/data/eager_alone/torch_train_eager_alone_more_h200.json", 2);
+  check_file("tests/data/eager_alone/torch_train_eager_heldout_h200.json", 4);  // held out again
 }

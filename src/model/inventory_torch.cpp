@@ -518,6 +518,7 @@ struct Step {
     if (fused) {
       qkv = linear(n1, d.h, d.qd + 2 * d.kvd, p.q, p.qb, "qkv_proj output (sliced into q, k, v)", "b·s·(q+2kv)");
       q = k = qkv;
+      sim.hold(qkv);  // q's and k's views (the local `qkv` holds the output's first reference)
       sim.hold(qkv);
       if (job.recompute == Recompute::none) {
         v = qkv;  // the cache's torch.cat copies the value slice
@@ -612,7 +613,9 @@ struct Step {
     // tests/data/handthrough_snapshots/qwen2.5-1.5b_amp-bf16_full_flash_adamw_b1s2048.pickle.gz shows
     // (events 123-156: the frees of q, k and v carry `_call_impl`, the norm output's the layer's
     // line after o_proj's output was made).
-    for (TensorId t : {qe, ke, v, n1}) sim.drop(t);
+    // (Phi-3's local `qkv` too: its output lives until the attention returns, Phi-3 mini's
+    // whole-run snapshot in tests/data/eager_alone/, the 36 MiB freed after o_proj's output)
+    for (TensorId t : {qe, ke, v, n1, qkv}) sim.drop(t);
     return o;
   }
 
@@ -976,11 +979,16 @@ struct Step {
       sim.pass_through_node("CloneBackward", {x}, copy);  // its gradient folds back as a view
       return copy;
     };
-    const bool repeated = d.a != d.kva;
+    // Which are laid out b·s·a·hd: the query, unless the rotary ends in a cat (Phi-3's partial
+    // rotary: contiguous); the keys and values only where nothing copied them (repeat_kv, the
+    // DynamicCache's cat, the rotary's cat for the keys, Phi-3's contiguous values)
+    const bool repeated = d.a != d.kva, rotary_cat = m.quirks.partial_rotary;
+    const bool keys_as_projected = !repeated && !kv_cached() && !rotary_cat;
+    const bool values_as_projected = !repeated && !kv_cached() && !m.quirks.fused_qkv;
     TensorId kc = cast_input(kr, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
     TensorId qc = cast_input(q, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
-    TensorId kf = folded(kc, !repeated, "eager attention: matmul's copy of k (b > 1)");
-    TensorId qf = folded(qc, true, "eager attention: matmul's copy of q (b > 1)");
+    TensorId kf = folded(kc, keys_as_projected, "eager attention: matmul's copy of k (b > 1)");
+    TensorId qf = folded(qc, !rotary_cat, "eager attention: matmul's copy of q (b > 1)");
     TensorId sc = sim.make("attention scores", mul(bas2, e), Term::activations, "matmul", r.compute_name, "b·a·s·s", true);
     // BmmBackward0 computes mat2's gradient before self's (the generated code takes a function's
     // inputs last first, as MulBackward0's): the keys', then the queries'
@@ -1033,7 +1041,7 @@ struct Step {
     sim.drop(msk);
     TensorId vc = cast_input(vr, mul(d.T, d.qd), "eager attention: autocast cast of v");
     TensorId wc = cast_input(sm, bas2, "eager attention: autocast cast of the weights (saved by @ v)");
-    TensorId vf = folded(vc, !repeated, "eager attention: matmul's copy of v (b > 1)");
+    TensorId vf = folded(vc, values_as_projected, "eager attention: matmul's copy of v (b > 1)");
     TensorId o = sim.make("attention probs @ v", mul(d.T, d.qd, e), Term::activations, "matmul", r.compute_name,
                           "b·a·s·hd", true);
     sim.node("BmmBackward", {vf, wc}, {o}, {wc, vf});  // the values' gradient, then the weights'

@@ -333,19 +333,28 @@ EAGER_STREAMS = [  # (snapshot, config, flags): eager (math) attention steps mea
      ["--batch", "1", "--seq", "2048", "--precision", "bf16"]),
     ("eager_alone/gemma-2-2b_amp-bf16_full_math_adamw_b1s4096", "configs/hf/gemma-2-2b.json",
      ["--batch", "1", "--seq", "4096", "--precision", "amp-bf16", "--recompute", "full"]),
+    # held out a second time, predicted before measured (tools/matrices/eager_heldout_h200.json):
+    # Mistral's sliding window at its window, fp32 at b = 2, Gemma 2 9B at b = 2 under recompute
+    ("eager_alone/mistral-7b-v0.1_L8_amp-bf16_full_math_adamw_b1s4096", "configs/hf/mistral-7b-v0.1.json",
+     ["--batch", "1", "--seq", "4096", "--precision", "amp-bf16", "--recompute", "full"], {"num_hidden_layers": 8}),
+    ("eager_alone/qwen2.5-0.5b_fp32_none_math_adamw_b2s1024", "configs/hf/qwen2.5-0.5b.json",
+     ["--batch", "2", "--seq", "1024", "--precision", "fp32"]),
+    ("eager_alone/gemma-2-9b_L8_bf16_full_math_adamw_b2s1024", "configs/hf/gemma-2-9b.json",
+     ["--batch", "2", "--seq", "1024", "--precision", "bf16", "--recompute", "full"], {"num_hidden_layers": 8}),
 ]
+EAGER_STREAMS = [entry if len(entry) == 4 else entry + ({},) for entry in EAGER_STREAMS]
 
 
 @pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
-@pytest.mark.parametrize("snapshot,config,flags", EAGER_STREAMS)
-def test_eager_attention_runs_as_torch_runs_it(tmp_path, snapshot, config, flags):
+@pytest.mark.parametrize("snapshot,config,flags,overrides", EAGER_STREAMS)
+def test_eager_attention_runs_as_torch_runs_it(tmp_path, snapshot, config, flags, overrides):
     """Eager attention steps measured alone with whole-run snapshots: the whole measured stream
     (up to three steps) is the walk's, allocation for allocation."""
-    config_path = config_with(tmp_path, config, {})
+    config_path = config_with(tmp_path, config, overrides)  # the layer count measured
     predicted = stream(predicted_trace(tmp_path, config_path, ["--attention", "math", *flags]), skip_before_step=True)
     measured = stream(measured_trace(snapshot))
     measured = measured[:len(predicted)]  # the replay stops once its layout repeats
-    assert len(measured) >= 8000
+    assert len(measured) >= 6000
     unmatched = differing(measured, predicted)
     assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
 
