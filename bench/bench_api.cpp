@@ -190,6 +190,13 @@ BENCHMARK(BM_predict_full_simulation)->Arg(8)->Arg(70)->Unit(benchmark::kMicrose
 // 2026-12-03, after the walk followed autograd's engine and the kernels' temporaries: 1.10 / 2.93
 // ms, against 371 ns for BM_estimate_new_shape/8 (which grew from 230 ns: the plans carry the
 // launch-sized temporaries as components of their own).
+// 2026-12-05, this machine, paired against the bench of 8498a82 (run alternately, three pairs,
+// medians of three): 1.07 ms (8B) and 2.88 ms (70B) against 1.22 and 3.30 ms (ratio 0.87 both)
+// since the replay skips closed windows (reserved.cpp, skip_closed_window: 8,465 of some 29,000
+// events of the 8B step at 1 x 4096 and 22,407 of some 72,000 of the 70B's replayed as their
+// frees of older tensors alone); BM_estimate_new_shape/8 415-438 ns in the same runs, either build.
+// The rest of the events are allocations that outlive their window (saved activations, parameter
+// gradients) and the transients placed around them, which only the allocator can place.
 // 2026-12-04, this machine, paired against the bench of 4a77a49 (run alternately): 1.20 ms (8B)
 // and 3.2-3.5 ms (70B), ratio 1.00 (8B, median of six pairs) after the replay began to count each
 // phase's allocated peak; BM_estimate_new_shape/8 and /70 420-440 ns in the same runs, either

@@ -127,3 +127,84 @@ TEST_CASE("compiled reserved stream: mixtures of experts") {
     same_as_full(m, job, kPyTorchAllocator, false, shapes);
   }
 }
+
+// The replay skips closed windows (reserved.cpp, skip_closed_window: a run of events that frees
+// every block it allocates, where the pool's largest free block holds all its requests at once)
+// by their frees of older tensors alone. Its reserved figures must be the replay of every event's,
+// for dense, LoRA, MoE and parallel steps of every recipe and optimizer implementation; the
+// allocated figures count the windows' blocks at their rounded sizes (an unsplit block's extra
+// bytes, at most 1 MiB each, are not counted).
+TEST_CASE("closed windows skipped: the reserved figures of the replay of every event") {
+  struct Case {
+    const char* config;
+    Job job;
+  };
+  std::vector<Case> cases;
+  const auto add = [&](const char* config, auto&& set) {
+    Job job;
+    set(job);
+    cases.push_back({config, job});
+  };
+  for (const char* cfg : {"configs/llama-3.2-1b.yaml", "configs/qwen2.5-0.5b.yaml", "configs/hf/gemma-2-2b.json",
+                          "configs/hf/phi-3-mini-4k.json", "configs/mistral-7b.yaml"}) {
+    add(cfg, [](Job&) {});
+    add(cfg, [](Job& j) { j.precision = Precision::bf16; j.recompute = Recompute::full; });
+    add(cfg, [](Job& j) { j.precision = Precision::fp32; j.attention = Attention::math; });
+    add(cfg, [](Job& j) { j.optimizer_impl = OptimizerImpl::fused; j.recompute = Recompute::selective; });
+  }
+  add("configs/llama-3.2-1b.yaml", [](Job& j) { j.optimizer_impl = OptimizerImpl::for_loop; });
+  add("configs/llama-3.2-1b.yaml", [](Job& j) { j.optimizer = Optimizer::adafactor; j.precision = Precision::bf16; });
+  add("configs/llama-3.2-1b.yaml", [](Job& j) { j.optimizer = Optimizer::sgd_momentum; j.loss = Loss::chunked; j.loss_chunk = 1024; });
+  add("configs/llama-3.2-1b.yaml", [](Job& j) { j.lora_rank = 16; });
+  add("configs/llama-3.1-8b.yaml", [](Job& j) { j.parallel.fsdp = 4; });
+  add("configs/llama-3.1-8b.yaml", [](Job& j) { j.parallel.tensor = 2; j.parallel.sequence_parallel = true; });
+  add("configs/llama-3.1-8b.yaml", [](Job& j) { j.precision = Precision::bf16; j.parallel.pipeline = 4; j.parallel.microbatches = 8; j.parallel.rank = 3; });
+  add("configs/llama-3.2-1b.yaml", [](Job& j) { j.parallel.data = 2; });
+  add("configs/llama-3.2-1b.yaml", [](Job& j) { j.parallel.data = 2; j.parallel.zero_stage = 1; });
+  add("tests/data/hf/moe/olmoe-1b-7b.json", [](Job& j) { j.precision = Precision::bf16; });
+  add("tests/data/hf/moe/olmoe-1b-7b.json", [](Job& j) { j.experts = ExpertsImpl::eager; j.recompute = Recompute::full; });
+  std::size_t skipped = 0, events_cases = 0;
+  for (const Case& c : cases) {
+    CAPTURE(c.config);
+    const ModelSpec m = load_model(test::source_path(c.config));
+    for (const Shape& sh : {Shape{1, 1024}, Shape{2, 4092}, Shape{3, 76}}) {
+      Job job = c.job;
+      job.batch = sh.b;
+      job.seq = sh.s;
+      job.validate();
+      CAPTURE(to_string(job.precision));
+      CAPTURE(sh.b);
+      CAPTURE(sh.s);
+      const detail::ReservedResult with = detail::simulate_reserved_full(m, job, AllocatorPolicy{});
+      const detail::ReservedResult every = detail::simulate_reserved_full(m, job, AllocatorPolicy{}, false);
+      CHECK(every.skipped_events == 0);
+      CHECK(with.reserved_peak == every.reserved_peak);
+      CHECK(with.steady_steps == every.steady_steps);
+      for (std::size_t p = 0; p < 4; ++p) {
+        CAPTURE(p);
+        CHECK(with.steady[p] == every.steady[p]);
+        CHECK(with.step0[p] == every.step0[p]);
+        CHECK(with.allocated_steady[p] <= every.allocated_steady[p]);
+        CHECK(with.allocated_steady[p] >= every.allocated_steady[p] - every.allocated_steady[p] / 200);
+      }
+      skipped += with.skipped_events;
+      events_cases += with.skipped_events > 0;
+    }
+  }
+  // the windows are skipped at all: in most steps
+  CHECK(events_cases * 4 >= cases.size() * 3 * 3);
+  CHECK(skipped > 0);
+}
+
+TEST_CASE("closed windows skipped: not under a setting whose best fit or rounding differs, nor recording") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job job;
+  job.batch = 2;
+  job.seq = 1024;
+  CHECK(detail::simulate_reserved_full(m, job, AllocatorPolicy{}).skipped_events > 0);
+  for (const char* conf : {"expandable_segments:True", "max_split_size_mb:128", "roundup_power2_divisions:4"}) {
+    CAPTURE(conf);
+    const AllocatorPolicy policy = detail::parse_allocator_conf(conf).policy;
+    CHECK(detail::simulate_reserved_full(m, job, policy).skipped_events == 0);
+  }
+}

@@ -142,6 +142,12 @@ class FreeBlocks {
         for (auto it = classes_[c].rbegin(); it != classes_[c].rend(); ++it)
           if (!f(it->block)) return;
   }
+  // The largest block's size; 0 when there is none.
+  bytes_t largest() const {
+    for (std::size_t w = held_.size(); w-- > 0;)
+      if (held_[w]) return classes_[w * 64 + 63 - static_cast<std::size_t>(std::countl_zero(held_[w]))].front().size;
+    return 0;
+  }
   void clear() {  // the classes keep their room
     for (std::size_t w = 0; w < held_.size(); ++w)
       for (std::uint64_t bits = held_[w]; bits; bits &= bits - 1)
@@ -822,6 +828,11 @@ void CachingAllocator::empty_cache() { impl_->release_cached_blocks(); }
 void CachingAllocator::reset(AllocatorOptions options) { impl_->reset(options); }
 
 const AllocatorPolicy& CachingAllocator::policy() const { return impl_->policy; }
+
+bytes_t CachingAllocator::largest_free_block(bool small_pool, StreamId stream) const {
+  const Pool& pool = small_pool ? impl_->small_pool : impl_->large_pool;
+  return stream < pool.streams.size() && pool.streams[stream] ? pool.streams[stream]->free_blocks.largest() : 0;
+}
 
 std::vector<SegmentInfo> CachingAllocator::segments() const { return impl_->snapshot_segments(); }
 

@@ -194,6 +194,11 @@ class CachingAllocator {
   // The rounding, pools and split rules it follows (tests compute expectations with it).
   const AllocatorPolicy& policy() const;
 
+  // The largest cached free block of the pool (small: requests of 1 MiB or less) that serves
+  // `stream`'s requests; 0 when it has none. (The reserved replay's test that a run of requests
+  // cannot need a new segment: Replay::skip_closed_window.)
+  bytes_t largest_free_block(bool small_pool, StreamId stream) const;
+
   // A hash of every segment's blocks (address, size, allocated, stream): equal after two steps
   // when the second left every block where the first did (the reserved replay's steady state).
   std::uint64_t layout_hash() const;

@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <limits>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -126,8 +128,69 @@ struct ReplayScript {
         return x.optimizer != y.optimizer ? x.optimizer < y.optimizer : x.step_order < y.step_order;
       });
       for (std::uint32_t t : script.trainable) script.state_weight.push_back(trace.tensors[t].state_elements);
+      script.find_closed_windows();
     }
     return out;
+  }
+
+  // Closed windows, for Replay::skip_closed_window: window_end[i] is one past the last event of
+  // the shortest run of events from allocation i (after the step's first phase start, within
+  // one phase) in which every allocation is freed again, each of a one-block tensor (no optimizer
+  // lump or loop) of one stream; its frees may also be of tensors allocated before it. 0 where
+  // no run from i closes so. The events do not depend on the shape (ReservedStream), so neither
+  // do the windows.
+  std::vector<std::uint32_t> window_end;
+  // Each allocation's free and each free's allocation, by event index; -1 where the other is not
+  // in the script or the tensor was allocated again while live (its blocks then add up).
+  std::vector<std::int32_t> partner;
+
+ private:
+  bool one_block(std::size_t t) const {
+    const Tensor& x = tensors[t];
+    return x.per_param == 0 && !x.state && !x.one_parameter_at_a_time && !x.runs_loop;
+  }
+  void find_closed_windows() {
+    const std::size_t n = events.size();
+    if (n >= static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) return;  // (no windows)
+    partner.assign(n, -1);
+    std::vector<std::int32_t> open(tensors.size(), -1);
+    std::vector<bool> again(tensors.size(), false);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int32_t ev = events[i];
+      if (ev == SimTrace::kPhase) continue;
+      const auto t = static_cast<std::size_t>(ev < 0 ? ~ev : ev);
+      if (ev >= 0) {
+        if (open[t] >= 0)
+          again[t] = true;
+        else
+          open[t] = static_cast<std::int32_t>(i);
+        continue;
+      }
+      if (open[t] >= 0 && !again[t]) {
+        partner[i] = open[t];
+        partner[static_cast<std::size_t>(open[t])] = static_cast<std::int32_t>(i);
+      }
+      open[t] = -1;
+      again[t] = false;
+    }
+    window_end.assign(n, 0);
+    const auto first_phase = static_cast<std::size_t>(std::find(events.begin(), events.end(), SimTrace::kPhase) - events.begin());
+    for (std::size_t i = first_phase + 1; i < n; ++i) {
+      const std::int32_t ev = events[i];
+      if (ev < 0 || partner[i] < 0 || !one_block(static_cast<std::size_t>(ev))) continue;
+      const measure::StreamId stream = tensors[static_cast<std::size_t>(ev)].stream;
+      auto end = static_cast<std::size_t>(partner[i]);
+      bool closed = true;
+      for (std::size_t k = i + 1; k <= end && closed; ++k) {
+        const std::int32_t e = events[k];
+        if (e == SimTrace::kPhase) closed = false;
+        else if (e >= 0) {
+          closed = partner[k] >= 0 && one_block(static_cast<std::size_t>(e)) && tensors[static_cast<std::size_t>(e)].stream == stream;
+          if (closed) end = std::max(end, static_cast<std::size_t>(partner[k]));
+        }
+      }
+      if (closed) window_end[i] = static_cast<std::uint32_t>(end + 1);
+    }
   }
 };
 
@@ -153,7 +216,12 @@ class Replay {
     carried_.clear();
     state_bytes_.clear();
     allocated_peak_ = 0;
+    skipped_events_ = 0;
   }
+  // Whether closed windows may be skipped where the policy allows (skip_closed_window): a test
+  // replays without to hold the reserved figures to the whole replay's.
+  void allow_skipping(bool allow) { allow_skipping_ = allow; }
+  std::size_t skipped_events() const { return skipped_events_; }
 
   // `sizes`: each tensor's bytes (the trace's own, or a compiled stream's evaluated at the shape:
   // ReservedStream). `timeline`: memory_reserved() after each event from the first phase start
@@ -183,10 +251,16 @@ class Replay {
     phase_allocated_ = {};
     made_at_first_forward_.clear();
     bool rebuild_pending = steady;
-    for (const std::int32_t ev : script.events) {
+    const bool skips = skips_closed_windows();
+    for (std::size_t i = 0; i < script.events.size(); ++i) {
+      const std::int32_t ev = script.events[i];
       if (rebuild_pending && phase >= 0 && ev >= 0) {
         rebuild_at_first_forward(script, phase);
         rebuild_pending = false;
+      }
+      if (skips && phase >= 0 && !rebuild_pending && script.window_end[i] && skip_closed_window(script, i, steady, phase, timeline)) {
+        i = script.window_end[i] - 1;
+        continue;
       }
       if (ev == SimTrace::kPhase) {
         if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
@@ -211,6 +285,14 @@ class Replay {
   }
 
   bytes_t reserved() const { return static_cast<bytes_t>(alloc_.stats().reserved.current); }
+  // Windows are skipped (skip_closed_window) unless recording the history (the snapshot shows
+  // every block) or under a setting whose best fit is not the smallest block that holds the
+  // request (max_split_size, expandable segments) or whose rounding is not a mask.
+  bool skips_closed_windows() const {
+    const AllocatorPolicy& p = alloc_.policy();
+    return allow_skipping_ && !record_ && !p.expandable_segments && p.max_split_size == std::numeric_limits<bytes_t>::max() &&
+           !p.rounds_to_divisions() && std::has_single_bit(p.min_block_size);
+  }
   bytes_t allocated_peak() const { return allocated_peak_; }
   // max_memory_allocated() within each phase of the last step run (by index in kTrainPhases)
   const std::array<bytes_t, 4>& phase_allocated() const { return phase_allocated_; }
@@ -315,6 +397,59 @@ class Replay {
       }
     }
     note_allocated(steady, phase);
+  }
+
+  // A closed window (ReplayScript::window_end) frees every block it allocates, so it leaves the
+  // allocator as it would be after just its frees of older tensors, when none of its requests
+  // makes a segment: c10 merges a freed block with its free neighbours, so which blocks are free
+  // depends only on which are allocated. None makes one when the pool's largest free block could
+  // hold every request of the window at once: each request takes at most its rounded size from
+  // that block's free end (or, unsplit, the whole block: at most small_size more, should_split),
+  // frees only add room, so the end always holds the next. Such a window is replayed as its frees
+  // of older tensors alone, its own blocks counted as their rounded sizes in the allocated peaks
+  // (an unsplit block's extra bytes are not counted: exact only on the replay's reserved figures).
+  bool skip_closed_window(const ReplayScript& script, std::size_t from, bool steady, int phase,
+                          std::vector<bytes_t>* timeline) {
+    const std::size_t end = script.window_end[from];
+    const measure::StreamId stream = script.tensors[static_cast<std::size_t>(script.events[from])].stream;
+    const AllocatorPolicy& p = alloc_.policy();
+    const auto rounded = [unit = p.min_block_size](bytes_t bytes) { return bytes <= unit ? unit : (bytes + unit - 1) & ~(unit - 1); };
+    unsigned __int128 small = 0, large = 0;
+    for (std::size_t k = from; k < end; ++k) {
+      const std::int32_t ev = script.events[k];
+      if (ev < 0) continue;
+      const bytes_t bytes = (*sizes_)[static_cast<std::size_t>(ev)];
+      if (bytes == 0) continue;
+      const bytes_t r = rounded(bytes);
+      if (p.is_small(r))
+        small += r;
+      else
+        large += static_cast<unsigned __int128>(r) + p.small_size;
+    }
+    if (large && large > alloc_.largest_free_block(false, stream)) return false;
+    if (small && small > alloc_.largest_free_block(true, stream)) return false;
+    bytes_t own = 0, peak = 0;  // the window's blocks allocated; allocated bytes at most
+    for (std::size_t k = from; k < end; ++k) {
+      const std::int32_t ev = script.events[k];
+      if (ev >= 0) {
+        const bytes_t bytes = (*sizes_)[static_cast<std::size_t>(ev)];
+        if (bytes) own += rounded(bytes);
+        peak = std::max(peak, static_cast<bytes_t>(alloc_.stats().allocated.current) + own);
+      } else if (script.partner[k] >= static_cast<std::int32_t>(from)) {
+        const bytes_t bytes = (*sizes_)[static_cast<std::size_t>(~ev)];
+        if (bytes) own -= rounded(bytes);
+      } else {
+        free_tensor(static_cast<std::size_t>(~ev));
+      }
+    }
+    if (steady) allocated_peak_ = std::max(allocated_peak_, peak);
+    if (phase < 4) {
+      bytes_t& phase_peak = phase_allocated_[static_cast<std::size_t>(phase)];
+      phase_peak = std::max(phase_peak, peak);
+    }
+    if (timeline) timeline->insert(timeline->end(), end - from, reserved());
+    skipped_events_ += end - from;
+    return true;
   }
 
   // ReplayScript::Tensor::one_parameter_at_a_time: each of the optimizer's parameters' sqrt and
@@ -426,6 +561,8 @@ class Replay {
   }
 
   bool record_;
+  bool allow_skipping_ = true;
+  std::size_t skipped_events_ = 0;  // since the last reset: skip_closed_window's events
   const std::vector<bytes_t>* sizes_ = nullptr;
   FakeMemory mem_;
   measure::CachingAllocator alloc_;
@@ -614,6 +751,7 @@ ReservedResult replay_steps(Replay& replay, const std::array<ReplayScript, 2>& s
   }
   r.reserved_peak = replay.reserved();
   r.allocated_peak = replay.allocated_peak();
+  r.skipped_events = replay.skipped_events();
   return r;
 }
 
@@ -652,10 +790,12 @@ ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const Alloc
   return simulate_reserved_full(m, job, policy);
 }
 
-ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
+ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy,
+                                      bool skip_closed_windows) {
   std::array<SimTrace, 2> traces;
   simulate_torch_train(m, job, false, nullptr, &traces);
   Replay replay(policy);
+  replay.allow_skipping(skip_closed_windows);
   return replay_traces(replay, traces, job);
 }
 

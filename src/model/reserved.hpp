@@ -25,6 +25,9 @@ struct ReservedResult {
   // max_memory_allocated() within each phase, as replayed, of step 0 and of the last steady step
   std::array<bytes_t, 4> allocated_step0{}, allocated_steady{};
   int steady_steps = 0;        // how many steady steps ran before one repeated the last
+  // Events of the steps replayed that were closed windows' (reserved.cpp, skip_closed_window):
+  // the allocated figures above count those windows' blocks at their rounded sizes.
+  std::size_t skipped_events = 0;
 };
 
 // Replays step 0, then steady steps until the allocator's layout repeats, of `job` (mode train,
@@ -33,8 +36,10 @@ struct ReservedResult {
 // streams simulated once, their sizes evaluated at the shape) where it has one; the result is
 // simulate_reserved_full's.
 ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
-// The same, the step simulated at the shape every time (what the compiled stream is tested against).
-ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
+// The same, the step simulated at the shape every time (what the compiled stream is tested against);
+// `skip_closed_windows` false replays every event (what the skipping is tested against).
+ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy,
+                                      bool skip_closed_windows = true);
 // Whether (m, job)'s regime has a compiled stream (compiling it on first use; for tests).
 bool reserved_stream_compiles(const ModelSpec& m, const Job& job);
 
