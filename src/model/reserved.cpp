@@ -251,7 +251,7 @@ class Replay {
     phase_allocated_ = {};
     made_at_first_forward_.clear();
     bool rebuild_pending = steady;
-    const bool skips = skips_closed_windows();
+    const bool skips = skips_closed_windows() && script.window_end.size() == script.events.size();
     for (std::size_t i = 0; i < script.events.size(); ++i) {
       const std::int32_t ev = script.events[i];
       if (rebuild_pending && phase >= 0 && ev >= 0) {
