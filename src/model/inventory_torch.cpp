@@ -516,17 +516,30 @@ struct Step {
     const bool fused = m.quirks.fused_qkv;
     TensorId q, k, v, qkv = kNone;
     if (fused) {
+      // query_states = qkv[..., :query_pos] (and the keys and values alike), each then
+      // .view(hidden_shape).transpose(1, 2): a slice view of the output, whose SliceBackward0 makes
+      // a zeroed gradient of qkv's size, and a transposed view of it, whose gradient comes back
+      // contiguous in b·a·s·hd and is copied (Phi-3 mini's whole-run snapshot in
+      // tests/data/eager_alone/: after the rotary's backward, three 12 MiB copies, then three 36 MiB
+      // slice gradients, the later two summed into the first in place).
       qkv = linear(n1, d.h, d.qd + 2 * d.kvd, p.q, p.qb, "qkv_proj output (sliced into q, k, v)", "b·s·(q+2kv)");
-      q = k = qkv;
-      sim.hold(qkv);  // q's and k's views (the local `qkv` holds the output's first reference)
-      sim.hold(qkv);
-      if (job.recompute == Recompute::none) {
-        v = qkv;  // the cache's torch.cat copies the value slice
-        sim.hold(qkv);
-      } else {
-        v = sim.make("v contiguous copy (saved by sdpa)", mul(d.T, d.kvd, r.compute), Term::activations,
-                     "contiguous", r.compute_name, "b·kv·s·hd", true);
-        sim.node("CloneBackward", {qkv}, {v}, {});
+      auto slice = [&](bytes_t width, const char* name) {
+        TensorId s = sim.view_of(qkv, name, mul(d.T, width, r.compute), r.compute_name);
+        sim.node("SliceBackward0", {qkv}, {s}, {});
+        return s;
+      };
+      q = slice(d.qd, "q (slice view of qkv_proj output)");
+      k = slice(d.kvd, "k (slice view of qkv_proj output)");
+      v = slice(d.kvd, "v (slice view of qkv_proj output)");
+      q = transposed(q, "q (transposed view)");
+      k = transposed(k, "k (transposed view)");
+      v = transposed(v, "v (transposed view)");
+      if (job.recompute != Recompute::none) {  // SDPA makes the values contiguous
+        TensorId vc = sim.make("v contiguous copy (saved by sdpa)", mul(d.T, d.kvd, r.compute), Term::activations,
+                               "contiguous", r.compute_name, "b·kv·s·hd", true);
+        sim.node("CloneBackward", {v}, {vc}, {});
+        sim.drop(v);
+        v = vc;
       }
     } else {
       // q_proj(x).view(hidden_shape).transpose(1, 2), and k's and v's alike (`transposed`): the
@@ -573,14 +586,20 @@ struct Step {
     }
     // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
     // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
-    auto rotary = [&](TensorId t, bytes_t width, const char* name) {
-      const bytes_t eb = t == qkv ? r.compute : sim.logical_bytes(t) / mul(d.T, width);
-      return ops().rotary(t, cos, sin, width, eb, r.resid, name);
+    // (Phi-3's partial rotary slices q and k before it rotates either: TorchOps::partial_rotary_slices)
+    std::pair<TensorId, TensorId> q_parts{q, kNone}, k_parts{k, kNone};
+    if (m.quirks.partial_rotary) {
+      q_parts = ops().partial_rotary_slices(q);
+      k_parts = ops().partial_rotary_slices(k);
+    }
+    auto rotary = [&](std::pair<TensorId, TensorId> parts, bytes_t width, const char* name) {
+      const bytes_t eb = sim.logical_bytes(parts.first) / mul(d.T, width);
+      return ops().rotary(parts.first, cos, sin, width, eb, r.resid, name, parts.second);
     };
     // query_states, key_states = apply_rotary_pos_emb(...): both products exist before the names
     // are rebound, which frees the projections' outputs (q's, then k's)
-    TensorId qe = rotary(q, d.qd, "q after rotary");
-    TensorId ke = rotary(k, d.kvd, "k after rotary");
+    TensorId qe = rotary(q_parts, d.qd, "q after rotary");
+    TensorId ke = rotary(k_parts, d.kvd, "k after rotary");
     sim.drop(q);
     sim.drop(k);
     // LlamaModel creates a DynamicCache when config.use_cache is true, also in training (HF turns
@@ -589,8 +608,8 @@ struct Step {
     // attention: under autocast the keys are fp32 after rotary, so both copies are fp32 (the values
     // are promoted). The cache holds them until the model's output dies.
     if (kv_cached())
-      cache_update(ke, v, fused ? qkv : v, d.kvd, d.kvd, "DynamicCache keys (torch.cat copy)",
-                   "DynamicCache values (torch.cat copy, keys' dtype)", "b·kv·s·hd", "b·kv·s·hd", !fused);
+      cache_update(ke, v, v, d.kvd, d.kvd, "DynamicCache keys (torch.cat copy)",
+                   "DynamicCache values (torch.cat copy, keys' dtype)", "b·kv·s·hd", "b·kv·s·hd", true);
     TensorId att = attention(qe, ke, v);
     // attn_output.transpose(1, 2).contiguous(): cuDNN writes its output in q's layout (flash in
     // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj

@@ -1,6 +1,8 @@
 // The transformers ops of torch_ops.hpp.
 #include "torch_ops.hpp"
 
+#include <tuple>
+
 #include <algorithm>
 
 namespace membudget::detail {
@@ -171,9 +173,25 @@ TensorId TorchOps::linear(TensorId xin, TensorId w, TensorId bias, bytes_t out, 
 // apply_rotary_pos_emb: q_embed = (q * cos) + (rotate_half(q) * sin), rotate_half = cat(-x2, x1).
 // cos/sin carry the hidden states' dtype, so the products promote to the wider of the two (fp32
 // under autocast). mul saves only cos/sin (q's gradient needs cos, not q).
+// Phi-3's apply_rotary_pos_emb supports partial rotary: q_rot, q_pass = q[..., :rotary_dim],
+// q[..., rotary_dim:] (and k's alike, before either is rotated), then q_embed = torch.cat([q_rot*cos +
+// rotate_half(q_rot)*sin, q_pass], -1). Its rotary_dim is the head's: q_rot is q itself (Python
+// indexing returns the tensor for a slice of the whole dimension, no node) and q_pass is empty, a
+// slice whose SliceBackward0 makes a zeroed gradient of q's size for the empty narrow the cat hands
+// it. Made before the products, it runs after both rotaries' backward (Phi-3 mini's whole-run
+// snapshot, tests/data/eager_alone/: k's and q's rotary backward, then one q-sized gradient each,
+// summed in place into the rotary's). Returns {x_rot, x_pass}.
+std::pair<TensorId, TensorId> TorchOps::partial_rotary_slices(TensorId t) {
+  TensorId pass = view("partial rotary x[..., rotary_dim:] (empty slice view)", 0);
+  sim.node("SliceBackward0", {t}, {pass}, {});
+  return {t, pass};
+}
+
 TensorId TorchOps::rotary(TensorId t, TensorId cos, TensorId sin, bytes_t width, bytes_t eb, bytes_t cs_b,
-                          const char* tname) {
+                          const char* tname, TensorId pass) {
   const bytes_t rb = std::max(cs_b, eb);
+  const bool partial = m.quirks.partial_rotary;
+  if (partial && pass == kNone) std::tie(t, pass) = partial_rotary_slices(t);
   // Promoted (a 16-bit q times fp32 cos/sin under autocast), each product's backward computes the
   // gradient in fp32 and autograd casts it to q's dtype (the Llama 3.2 1B amp-bf16 snapshot, events
   // 2147-2150: 4 MiB, 2 MiB, 4 MiB freed): promote_last_gradient.
@@ -203,21 +221,19 @@ TensorId TorchOps::rotary(TensorId t, TensorId cos, TensorId sin, bytes_t width,
   sim.node("MulBackward0", {rh, sin}, {a2}, {sin});
   promote();
   sim.drop(rh);
-  const bool partial = m.quirks.partial_rotary;
   TensorId e = sim.make(partial ? "rotary q*cos + rot*sin" : tname, mul(T, width, rb), Term::activations, "add", "",
                         "b·s·n·hd", true);
   sim.pass_through_node("AddBackward0", {a1, a2}, e);
   sim.drop(a1);
   sim.drop(a2);
   if (partial) {
-    // Phi-3's apply_rotary_pos_emb supports partial rotary: q_embed = torch.cat([q_rot*cos +
-    // rotate_half(q_rot)*sin, q_pass], -1) with an empty q_pass. The cat is a copy, and a
-    // contiguous one (b·n·s·hd): the rotated tensor keeps qkv_proj's b·s·n·hd layout, cat does not
-    // (its output takes the inputs' suggested memory format, which for this permutation is the
-    // default contiguous one).
+    // The cat is a copy, and a contiguous one (b·n·s·hd): the rotated tensor keeps qkv_proj's
+    // b·s·n·hd layout, cat does not (its output takes the inputs' suggested memory format, which
+    // for this permutation is the default contiguous one). Its backward hands each input a narrow.
     TensorId ec = sim.make(tname, mul(T, width, rb), Term::activations, "cat (partial rotary)", "", "b·n·s·hd", true);
-    sim.node("CatBackward0", {e}, {ec}, {});
+    sim.views_through_node("CatBackward0", {e, pass}, ec);
     sim.drop(e);
+    sim.drop(pass);
     e = ec;
   }
   return e;

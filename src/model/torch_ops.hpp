@@ -55,7 +55,11 @@ struct TorchOps {
 
   // apply_rotary_pos_emb on one tensor `t` of `width` values per token and `eb` bytes each, with
   // cos/sin of `cs_b` bytes each.
-  TensorId rotary(TensorId t, TensorId cos, TensorId sin, bytes_t width, bytes_t eb, bytes_t cs_b, const char* name);
+  // `pass`: with partial rotary (Phi-3), t is already x_rot and `pass` x_pass
+  // (partial_rotary_slices); kNone: the slices are made here.
+  TensorId rotary(TensorId t, TensorId cos, TensorId sin, bytes_t width, bytes_t eb, bytes_t cs_b, const char* name,
+                  TensorId pass = kNone);
+  std::pair<TensorId, TensorId> partial_rotary_slices(TensorId t);
 
   // hidden_states = residual + hidden_states: a new b·s·h tensor of `eb` bytes per value.
   TensorId residual_add(TensorId residual, TensorId branch, bytes_t eb, const char* dtype, const char* name);
@@ -167,13 +171,19 @@ TensorId TorchOps::gated_mlp(TensorId x, bytes_t I, bool shared, bytes_t eb, con
                                                                   "gate_up_proj output (chunked into gate, up)"),
                               "b·s·2I")
                      : linear(x, h, I, gate_m, name("gate_proj output (saved by act)", "gate_proj output"), "b·s·I");
+  // The fused output's chunks are views whose gradients SplitBackward0 concatenates into one
+  // 2I-wide buffer once both are in (Phi-3 mini's whole-run snapshot, tests/data/eager_alone/: act's
+  // and up's I-wide gradients, gate's, then the 2I-wide one), as for the experts (apply_gate).
+  TensorId gate = g, u = kNone;
+  if (fused) {
+    gate = view("gate (chunk view of gate_up_proj output)", TI);
+    u = view("up (chunk view of gate_up_proj output)", TI);
+    sim.node("SplitBackward0", {g}, {gate, u}, {});
+  }
   TensorId act = sim.make(name("activation output (saved by mul)", "activation output"), TI, Term::activations,
                           gelu ? "gelu_tanh" : "silu", dtype, "b·s·I", true);
-  sim.node(gelu ? "GeluBackward0" : "SiluBackward0", {g}, {act}, {g});
-  TensorId u = g;
-  if (fused) {
-    sim.hold(u);
-  } else {
+  sim.node(gelu ? "GeluBackward0" : "SiluBackward0", {gate}, {act}, {g});
+  if (!fused) {
     sim.drop(g);  // the gate output is a temporary of the expression
     u = linear(x, h, I, up_m, name("up_proj output (saved by mul)", "up_proj output"), "b·s·I");
   }
@@ -183,9 +193,10 @@ TensorId TorchOps::gated_mlp(TensorId x, bytes_t I, bool shared, bytes_t eb, con
   // The two are the same size, so only the blocks' identities tell (the snapshot of Qwen2.5 1.5B
   // amp-bf16 full 2 × 2048, tests/data/ties_repeat/: up_proj's backward frees the first made).
   const TensorId other = fused ? act : u, self = fused ? u : act;
-  sim.node("MulBackward0", {other, self}, {prod}, {act, u});
+  sim.node("MulBackward0", {other, self}, {prod}, {act, fused ? g : u});
   sim.drop(act);
   sim.drop(u);
+  if (fused) sim.drop(gate);
   TensorId out = linear(prod, I, h, down_m, "down_proj output", "b·s·h");
   sim.drop(prod);
   if (fused) sim.drop(g);  // the MLP returns: the gate view goes

@@ -341,6 +341,10 @@ EAGER_STREAMS = [  # (snapshot, config, flags): eager (math) attention steps mea
      ["--batch", "2", "--seq", "1024", "--precision", "fp32"]),
     ("eager_alone/gemma-2-9b_L8_bf16_full_math_adamw_b2s1024", "configs/hf/gemma-2-9b.json",
      ["--batch", "2", "--seq", "1024", "--precision", "bf16", "--recompute", "full"], {"num_hidden_layers": 8}),
+    # and Phi-3's fused projections: q, k and v slice views of qkv_proj's output (each slice's
+    # gradient qkv-wide, summed), the partial rotary's empty q_pass slice, gate_up's chunk views
+    ("eager_alone/phi-3-mini-4k_L8_bf16_none_math_adamw_b2s1024", "configs/hf/phi-3-mini-4k.json",
+     ["--batch", "2", "--seq", "1024", "--precision", "bf16"], {"num_hidden_layers": 8}),
 ]
 EAGER_STREAMS = [entry if len(entry) == 4 else entry + ({},) for entry in EAGER_STREAMS]
 
@@ -354,7 +358,7 @@ def test_eager_attention_runs_as_torch_runs_it(tmp_path, snapshot, config, flags
     predicted = stream(predicted_trace(tmp_path, config_path, ["--attention", "math", *flags]), skip_before_step=True)
     measured = stream(measured_trace(snapshot))
     measured = measured[:len(predicted)]  # the replay stops once its layout repeats
-    assert len(measured) >= 6000
+    assert len(measured) >= 4000  # the shortest stream here, Phi-3 L8 at 2 x 1,024, has 4,155
     unmatched = differing(measured, predicted)
     assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
 
