@@ -512,6 +512,22 @@ TEST_CASE("reserved_peak of eager attention steps, each measured alone") {
   CHECK(count_within(heldout, 0.0002, 0.0002) == 4);
 }
 
+// Phi-3 mini held out again after its fused projections' backward (d2011d1), predicted before
+// measured (tests/data/phi3_heldout/predicted_before.json, by 47d3d3a), each alone with a whole-run
+// snapshot (tools/device/eager_alone_run.sh phi3_heldout): flash amp-bf16 full recompute and bf16
+// at 2 x 2,048 (past the 2,047-token window: SDPA gets the mask), eager amp-bf16 full recompute at
+// 1 x 2,048 and eager fp32 at 1 x 1,024. As predicted: +0.23%, -0.12%, +2.75% and 0.00%, every
+// phase within 0.3%. Their snapshots showed the mask made before the rotary embeddings, SDPA's
+// bias made before its output (where(mask, 0, -inf), no logical_not), the memory-efficient
+// kernel's backward taking the output gradient and v's view as they are, and the partial
+// rotary's pass slice getting a cast gradient of its own under autocast: all four 0.00% since,
+// their whole streams the runs' (test_measured_allocations.py).
+TEST_CASE("reserved_peak of Phi-3 mini held out after its fused projections, predicted before measured") {
+  const auto errs = reserved_errors("tests/data/phi3_heldout/torch_train_phi3_heldout_h200.json");
+  CHECK(errs.size() == 4);
+  CHECK(count_within(errs, 0.0002, 0.0002) == 4);
+}
+
 // The other committed files with reserved figures: Gemma 2 with eager attention and fused AdamW,
 // each measured after other cases in one process, and the steps measured alone for their whole-run
 // snapshots (Qwen2.5 1.5B and 7B full recompute, Llama 3.1 8B at 4 × 4,096).

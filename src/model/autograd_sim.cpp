@@ -277,9 +277,12 @@ void AutogradSim::workspace_before_gradient(std::uint8_t slot) {
   if (last_node_recorded_) nodes_.back().workspace_slot = slot;
 }
 
-void AutogradSim::views_through_node(const char* op, std::initializer_list<TensorId> inputs, TensorId output) {
+void AutogradSim::views_through_node(const char* op, std::initializer_list<TensorId> inputs, TensorId output,
+                                     std::uint8_t cast_grads) {
   node(op, inputs, {output}, {});
-  if (last_node_recorded_) nodes_.back().views_through = true;
+  if (!last_node_recorded_) return;
+  nodes_.back().views_through = true;
+  nodes_.back().cast_grads = cast_grads;
 }
 
 void AutogradSim::reduce_last_gradient(std::uint8_t slot, bool from_workspace, std::array<LaunchSize, 2> temporaries) {
@@ -506,7 +509,10 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
         if (i == kNone || !tensors_[i].requires_grad) return false;
         if (grads_[i] == kNone) grad_holders.push_back(i);
         if (n.views_through) {
-          grad_contribution(i, n.op, true, incoming);  // a narrow of the incoming gradient
+          if ((n.cast_grads >> slot) & 1u)
+            grad_contribution(i, n.op, false, kNone);  // the narrow cast to the input's dtype
+          else
+            grad_contribution(i, n.op, true, incoming);  // a narrow of the incoming gradient
           return true;
         }
         grad_contribution(i, n.op, (n.view_grads >> slot) & 1u, handed_through(incoming, i));

@@ -213,7 +213,11 @@ class AutogradSim {
   void workspace_before_gradient(std::uint8_t slot);
   // A node whose backward hands each input a view of its incoming gradient (CatBackward0's
   // narrows): nothing is allocated, and the incoming gradient lives until every view is consumed.
-  void views_through_node(const char* op, std::initializer_list<TensorId> inputs, TensorId output);
+  // Bit i of `cast_grads`: input i has another dtype than the output, so validate_outputs casts its
+  // narrow to a tensor of its own, which holds nothing of the incoming gradient (Phi-3's partial
+  // rotary under autocast: the empty bf16 pass slice beside the fp32 rotated half).
+  void views_through_node(const char* op, std::initializer_list<TensorId> inputs, TensorId output,
+                          std::uint8_t cast_grads = 0);
   // Transient memory of a forward kernel (a workspace allocated and freed inside the op).
   void transient(const char* name, bytes_t bytes, Term term = Term::activations, Role role = Role::temporary);
   // A kernel's temporaries sized by its launch configuration (a reduction's staging buffer, then
@@ -329,6 +333,7 @@ class AutogradSim {
     bool hands_through = false;         // pass_through_node: the incoming gradient is passed on, not copied
     bool saves = false;                 // saves a tensor (also where discard_saves drops it)
     bool views_through = false;         // views_through_node
+    std::uint8_t cast_grads = 0;        // views_through_node: bit i, input i's narrow is cast to its own tensor
     // its saved tensors came from a checkpoint's recompute: unpacking hands each out once (the
     // frame forgets it), so they die with the backward function's locals, before autograd
     // reduces its gradients (validate_outputs) — not when the node releases its variables

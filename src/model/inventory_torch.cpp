@@ -533,8 +533,24 @@ struct Step {
       v = slice(d.kvd, "v (slice view of qkv_proj output)");
       q = transposed(q, "q (transposed view)");
       k = transposed(k, "k (transposed view)");
-      v = transposed(v, "v (transposed view)");
-      if (job.recompute != Recompute::none) {  // SDPA makes the values contiguous
+      // v's view goes to the kernel as it is where the memory-efficient kernel a mask selects runs
+      // without the cache's cat (under recompute) or repeat_kv (MHA), and that kernel returns dv
+      // in v's own layout: no copy (Phi-3 mini amp-bf16 full recompute at 2 x 2,048 in
+      // tests/data/phi3_heldout/: q's and k's copies, then v's slice gradient)
+      if (!kv_cached() && fused_sdpa() && layer_masked && d.a == d.kva) {
+        TensorId vt = sim.view_of(v, "v (transposed view)", sim.logical_bytes(v), sim.info(v).dtype);
+        sim.pass_through_node("TransposeBackward0", {v}, vt);
+        sim.drop(v);
+        v = vt;
+      } else {
+        v = transposed(v, "v (transposed view)");
+      }
+      // cuDNN's SDPA makes the values contiguous (without the DynamicCache's cat, under recompute),
+      // as SDPA's math kernel is taken to (fp32); the memory-efficient kernel a mask selects and the
+      // eager matmuls take the view as it is (Phi-3 mini's whole-run snapshots in
+      // tests/data/phi3_heldout/, flash from s = window on and math, both under full recompute)
+      const bool memory_efficient = fused_sdpa() && layer_masked;
+      if (job.recompute != Recompute::none && job.attention != Attention::math && !memory_efficient) {
         TensorId vc = sim.make("v contiguous copy (saved by sdpa)", mul(d.T, d.kvd, r.compute), Term::activations,
                                "contiguous", r.compute_name, "b·kv·s·hd", true);
         sim.node("CloneBackward", {v}, {vc}, {});
@@ -615,11 +631,17 @@ struct Step {
     // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj
     // saves; Phi-3's partial-rotary cat makes q contiguous b·a·s·hd, and then it is a copy, saved by
     // o_proj beside the output SDPA saves. The math paths copy (below).
+    // In the backward, cuDNN's kernel wants the output's gradient in the output's layout (a copy
+    // of o_proj's input gradient); the memory-efficient kernel a mask selects takes it as it is
+    // (Phi-3 mini bf16 at 2 x 2,048 in tests/data/phi3_heldout/: dq, dk and dv come first).
     TensorId attc = att;
     if (m.quirks.partial_rotary && fused_sdpa()) {
       attc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, d.qd, r.compute), Term::activations,
                       "contiguous", r.compute_name, "b·s·a·hd", true);
-      sim.node("CloneBackward0", {att}, {attc}, {});
+      if (layer_masked)
+        sim.pass_through_node("CloneBackward0", {att}, attc);
+      else
+        sim.node("CloneBackward0", {att}, {attc}, {});
       sim.drop(att);
     }
     TensorId o = linear(attc, d.qd, d.h, p.o, kNone, "o_proj output", "b·s·h", &p.ao);
@@ -858,27 +880,24 @@ struct Step {
     TensorId vin = cast_input(v, kw * d.T, "sdpa inputs (bf16 cast of the cached fp32 values)");
     TensorId k = cast_input(ke, kw * d.T, "sdpa inputs (bf16 casts of q, k)");
     TensorId q = cast_input(qe, d.qd * d.T, "sdpa inputs (bf16 casts of q, k)");
-    if (repeat) {
-      sim.drop(ke);
-      sim.drop(v);
-    }
+    const TensorId repeated_k = repeat ? ke : kNone, repeated_v = repeat ? v : kNone;
     v = vin;
     TensorId out = kNone;
     if (fused_sdpa()) {
+      // With a mask, SDPA first (convert_boolean_attn_mask, before it picks a kernel) turns the
+      // bool mask into an additive one in q's dtype, at::where(mask, 0, -inf) of two 0-d tensors:
+      // a b·1·s·s tensor per layer (the mask's batch expansion made real), which the kernel takes
+      // as attn_bias and saves for backward (Phi-3 mini's whole-run snapshot with flash attention
+      // in tests/data/phi3_heldout/: the two scalars, the bias, then the output).
+      TensorId bias = kNone;
+      if (layer_masked)
+        bias = sim.make("sdpa attn_bias: additive mask (saved)", mul(d.b, d.s, d.s, r.compute), Term::activations,
+                        "convert_boolean_attn_mask", r.compute_name, "b·1·s·s", false);
       // cuDNN / flash: saves q, k, v (not repeated), the output and the fp32 log-sum-exp
       out = sim.make("sdpa output (saved)", mul(d.T, d.qd, r.compute), Term::activations, "sdpa",
                      r.compute_name, "b·s·a·hd", true);
       TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, d.a, d.s, 4), Term::activations,
                               "flash attention", "fp32", "b·a·s", false);
-      // With a mask, SDPA (convert_boolean_attn_mask) turns the bool mask into an additive one in
-      // q's dtype, at::where(mask.logical_not(), -inf, 0): a b·1·s·s tensor per layer, which cuDNN
-      // attention takes as attn_bias and saves for backward.
-      TensorId bias = kNone;
-      if (layer_masked) {
-        sim.transient("sdpa mask: logical_not (bool)", mul(d.b, d.s, d.s));
-        bias = sim.make("sdpa attn_bias: additive mask (saved)", mul(d.b, d.s, d.s, r.compute), Term::activations,
-                        "convert_boolean_attn_mask", r.compute_name, "b·1·s·s", false);
-      }
       // backward: dq accumulator in fp32, and k/v gradients expanded to all query heads under GQA
       bytes_t ws = mul(d.T, d.qd, 4) + mul(d.b, d.a, d.s, 4);
       if (d.a != d.kva && !repeat) ws += mul(d.T, d.qd, r.compute, 2);
@@ -891,15 +910,17 @@ struct Step {
                       mul(kv_all, r.compute) + mul(d.T, d.qd, 4) + mul(d.b, d.a, d.s, 4), Term::activations, Role::temporary);
         ws += mul(kv_all, r.compute) + mul(kv_all, 4);
       }
-      if (bias != kNone) {
-        sim.node("CudnnAttentionBackward (attn_bias)", {q, k, v}, {out}, {q, k, v, out, lse, bias}, ws);
-      } else {
+      // With a bias the memory-efficient kernel runs (its philox seed and offset, two 8-byte
+      // tensors, in Phi-3 mini's snapshots in tests/data/phi3_heldout/) and saves the bias too.
+      if (bias != kNone)
+        sim.node("EfficientAttentionBackward (attn_bias)", {q, k, v}, {out}, {q, k, v, out, lse, bias}, ws);
+      else
         sim.node("FlashAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
-        // dq, dk, dv, then the accumulators (Qwen2.5 7B: 56, 8, 8, 224.9 MiB) in one request 256
-        // bytes larger than they are (the same on Llama 3.2 1B, Llama 3.1 8B and Qwen2.5 1.5B and
-        // 7B: 8,454,400 bytes for the 1B at 512 tokens), which rounds it up a block
-        sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
-      }
+      // dq, dk, dv, then the accumulators (Qwen2.5 7B: 56, 8, 8, 224.9 MiB) in one request 256
+      // bytes larger than they are (the same on Llama 3.2 1B, Llama 3.1 8B and Qwen2.5 1.5B and
+      // 7B: 8,454,400 bytes for the 1B at 512 tokens; with a bias, Phi-3 mini's), which rounds it
+      // up a block
+      sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
       sim.drop(lse);
       sim.drop(bias);
       if (cp()) {
@@ -914,6 +935,11 @@ struct Step {
     } else {  // flash asked for, but fp32: SDPA's math kernel (eager attention returned above)
       out = sdpa_math(q, k, v);
     }
+    // sdpa_attention_forward's locals `key` and `value`, the repeated ones, go as it returns, after
+    // the output (Mistral 7B amp-bf16 at its window in tests/data/heldout_conf/: both 64 MiB
+    // repeats freed after the bias and the output, not once autocast has cast them)
+    sim.drop(repeated_k);
+    sim.drop(repeated_v);
     sim.drop(q);
     sim.drop(k);
     sim.drop(v);
@@ -1000,10 +1026,11 @@ struct Step {
     };
     // Which are laid out b·s·a·hd: the query, unless the rotary ends in a cat (Phi-3's partial
     // rotary: contiguous); the keys and values only where nothing copied them (repeat_kv, the
-    // DynamicCache's cat, the rotary's cat for the keys, Phi-3's contiguous values)
+    // DynamicCache's cat, the rotary's cat for the keys; Phi-3's values are a slice of qkv_proj's
+    // b·s·(q+2kv) output, the same layout with a larger stride)
     const bool repeated = d.a != d.kva, rotary_cat = m.quirks.partial_rotary;
     const bool keys_as_projected = !repeated && !kv_cached() && !rotary_cat;
-    const bool values_as_projected = !repeated && !kv_cached() && !m.quirks.fused_qkv;
+    const bool values_as_projected = !repeated && !kv_cached();
     TensorId kc = cast_input(kr, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
     TensorId qc = cast_input(q, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
     TensorId kf = folded(kc, keys_as_projected, "eager attention: matmul's copy of k (b > 1)");
@@ -1258,15 +1285,17 @@ TensorId forward(Step& st, bool checkpoint) {
     st.mask = eager_mask(!full);  // Gemma 2: causal_mask_mapping's full mask, then the sliding one
     if (sliding && full) st.mask2 = eager_mask(true);
   }
-  rotary_embeddings(st);
   // Sliding-window attention (Mistral, Phi-3: the window on every layer; Gemma 2: on every other
   // layer) through SDPA: create_sliding_window_causal_mask skips the mask and lets SDPA use
   // is_causal only while kv_length < sliding_window (masking_utils._ignore_causal_mask_sdpa); from
   // s = window on it materialises a bool b·1·s·s mask, once per forward, shared by the sliding
-  // layers. The model's forward holds it through the layers; under checkpointing each sliding
-  // layer's recompute closure holds it too, until that layer's frame goes in its backward (layer
-  // 0's, the last: layer 0 is a sliding layer in Gemma 2 as well).
+  // layers, before the rotary embeddings as the eager mask above (Phi-3 mini's whole-run snapshot
+  // with flash attention in tests/data/phi3_heldout/: the mask's four bools, then the rotary's
+  // matmul takes the cuBLAS workspace). The model's forward holds it through the layers; under
+  // checkpointing each sliding layer's recompute closure holds it too, until that layer's frame
+  // goes in its backward (layer 0's, the last: layer 0 is a sliding layer in Gemma 2 as well).
   if (st.masked) st.mask = bool_causal_mask(st, true);
+  rotary_embeddings(st);
   x = decoder_layers(st, x, checkpoint);
   sim.set_section(static_cast<int>(d.L) + 1);  // after the layers
   // LlamaModel returns the final norm output as last_hidden_state: the CausalLM forward holds it

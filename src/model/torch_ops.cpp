@@ -229,9 +229,12 @@ TensorId TorchOps::rotary(TensorId t, TensorId cos, TensorId sin, bytes_t width,
   if (partial) {
     // The cat is a copy, and a contiguous one (b·n·s·hd): the rotated tensor keeps qkv_proj's
     // b·s·n·hd layout, cat does not (its output takes the inputs' suggested memory format, which
-    // for this permutation is the default contiguous one). Its backward hands each input a narrow.
+    // for this permutation is the default contiguous one). Its backward hands each input a narrow;
+    // the pass slice's is cast to its own tensor where the rotated half was promoted (under
+    // autocast: Phi-3 mini amp-bf16's snapshots in tests/data/phi3_heldout/, the cat's fp32
+    // gradient freed once the rotated half's backward has run, before the pass slice's).
     TensorId ec = sim.make(tname, mul(T, width, rb), Term::activations, "cat (partial rotary)", "", "b·n·s·hd", true);
-    sim.views_through_node("CatBackward0", {e, pass}, ec);
+    sim.views_through_node("CatBackward0", {e, pass}, ec, rb != eb ? 0b10 : 0);
     sim.drop(e);
     sim.drop(pass);
     e = ec;

@@ -345,8 +345,43 @@ EAGER_STREAMS = [  # (snapshot, config, flags): eager (math) attention steps mea
     # gradient qkv-wide, summed), the partial rotary's empty q_pass slice, gate_up's chunk views
     ("eager_alone/phi-3-mini-4k_L8_bf16_none_math_adamw_b2s1024", "configs/hf/phi-3-mini-4k.json",
      ["--batch", "2", "--seq", "1024", "--precision", "bf16"], {"num_hidden_layers": 8}),
+    # Phi-3 held out after that (tools/matrices/phi3_heldout_h200.json, predicted before measured):
+    # under autocast the partial rotary's cat hands the empty bf16 pass slice a cast gradient of its
+    # own, so the fp32 gradient goes once the rotated half's backward has run
+    ("phi3_heldout/phi-3-mini-4k_L8_amp-bf16_full_math_adamw_b1s2048", "configs/hf/phi-3-mini-4k.json",
+     ["--batch", "1", "--seq", "2048", "--precision", "amp-bf16", "--recompute", "full"], {"num_hidden_layers": 8}),
+    ("phi3_heldout/phi-3-mini-4k_L8_fp32_none_math_adamw_b1s1024", "configs/hf/phi-3-mini-4k.json",
+     ["--batch", "1", "--seq", "1024", "--precision", "fp32"], {"num_hidden_layers": 8}),
 ]
 EAGER_STREAMS = [entry if len(entry) == 4 else entry + ({},) for entry in EAGER_STREAMS]
+
+MASKED_SDPA_STREAMS = [  # (snapshot, config, flags, overrides): SDPA from the sliding window on, measured alone
+    # Phi-3 mini held out (tools/matrices/phi3_heldout_h200.json): the bool mask before the rotary
+    # embeddings; convert_boolean_attn_mask's bias before the output; the memory-efficient kernel's
+    # backward (dq, dk, dv, then its accumulators) on the output gradient as it comes, and under
+    # recompute on v's view as it is (dv in v's layout: no copies)
+    ("phi3_heldout/phi-3-mini-4k_L8_bf16_none_flash_adamw_b2s2048", "configs/hf/phi-3-mini-4k.json",
+     ["--batch", "2", "--seq", "2048", "--precision", "bf16"], {"num_hidden_layers": 8}),
+    ("phi3_heldout/phi-3-mini-4k_L8_amp-bf16_full_flash_adamw_b2s2048", "configs/hf/phi-3-mini-4k.json",
+     ["--batch", "2", "--seq", "2048", "--precision", "amp-bf16", "--recompute", "full"], {"num_hidden_layers": 8}),
+    # Mistral 7B at its 4,096-token window (tests/data/heldout_conf/): the repeated keys and values,
+    # sdpa_attention_forward's locals, go after the output, not once autocast has cast them
+    ("heldout_conf/mistral-7b-v0.1_L8_amp-bf16_none_flash_adamw_b1s4096_heldout-expandable",
+     "configs/hf/mistral-7b-v0.1.json",
+     ["--batch", "1", "--seq", "4096", "--precision", "amp-bf16", "--allocator-conf", "expandable_segments:True"],
+     {"num_hidden_layers": 8}),
+]
+
+
+def whole_stream_differences(tmp_path, snapshot, config, flags, overrides):
+    """How many entries of a whole-run snapshot's large-pool stream (up to three steps, as far as
+    the replay runs) differ from the walk's."""
+    config_path = config_with(tmp_path, config, overrides)  # the layer count measured
+    predicted = stream(predicted_trace(tmp_path, config_path, flags), skip_before_step=True)
+    measured = stream(measured_trace(snapshot))
+    measured = measured[:len(predicted)]  # the replay stops once its layout repeats
+    assert len(measured) >= 2400  # the shortest stream here, Phi-3 L8 fp32 at 1 x 1,024, has 2,407
+    return differing(measured, predicted)
 
 
 @pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
@@ -354,12 +389,16 @@ EAGER_STREAMS = [entry if len(entry) == 4 else entry + ({},) for entry in EAGER_
 def test_eager_attention_runs_as_torch_runs_it(tmp_path, snapshot, config, flags, overrides):
     """Eager attention steps measured alone with whole-run snapshots: the whole measured stream
     (up to three steps) is the walk's, allocation for allocation."""
-    config_path = config_with(tmp_path, config, overrides)  # the layer count measured
-    predicted = stream(predicted_trace(tmp_path, config_path, ["--attention", "math", *flags]), skip_before_step=True)
-    measured = stream(measured_trace(snapshot))
-    measured = measured[:len(predicted)]  # the replay stops once its layout repeats
-    assert len(measured) >= 4000  # the shortest stream here, Phi-3 L8 at 2 x 1,024, has 4,155
-    unmatched = differing(measured, predicted)
+    unmatched = whole_stream_differences(tmp_path, snapshot, config, ["--attention", "math", *flags], overrides)
+    assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
+
+
+@pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
+@pytest.mark.parametrize("snapshot,config,flags,overrides", MASKED_SDPA_STREAMS)
+def test_masked_sdpa_runs_as_torch_runs_it(tmp_path, snapshot, config, flags, overrides):
+    """SDPA steps with the sliding window's mask, measured alone with whole-run snapshots: the whole
+    measured stream is the walk's, allocation for allocation."""
+    unmatched = whole_stream_differences(tmp_path, snapshot, config, ["--attention", "flash", *flags], overrides)
     assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
 
 
