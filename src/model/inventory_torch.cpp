@@ -537,7 +537,7 @@ struct Step {
       // without the cache's cat (under recompute) or repeat_kv (MHA), and that kernel returns dv
       // in v's own layout: no copy (Phi-3 mini amp-bf16 full recompute at 2 x 2,048 in
       // tests/data/phi3_heldout/: q's and k's copies, then v's slice gradient)
-      if (!kv_cached() && fused_sdpa() && layer_masked && d.a == d.kva) {
+      if (!kv_cached() && fused_sdpa() && layer_masked && !repeats_kv_for_mask()) {
         TensorId vt = sim.view_of(v, "v (transposed view)", sim.logical_bytes(v), sim.info(v).dtype);
         sim.pass_through_node("TransposeBackward0", {v}, vt);
         sim.drop(v);
@@ -597,8 +597,11 @@ struct Step {
       }
       // v's gradient comes back contiguous in b·kv·s·hd too where matmuls compute the attention
       // (eager, or SDPA's math kernel): repeat_kv's sum, or the bmm's (Llama 3.2 1B amp-bf16 full
-      // recompute, math attention: v_proj's 2 MiB copy, tests/data/mul_order_alone/)
-      if (kv_cached() || !fused_sdpa()) v = projection_view(v);
+      // recompute, math attention: v_proj's 2 MiB copy, tests/data/mul_order_alone/); and where a
+      // mask makes sdpa_attention_forward repeat the keys and values for a fused kernel (Mistral 7B
+      // and Gemma 2 2B's sliding layers past the window under recompute, tests/data/sdpa_window_heldout/:
+      // v's copy just before v_proj's gradients)
+      if (kv_cached() || !fused_sdpa() || repeats_kv_for_mask()) v = projection_view(v);
     }
     // apply_rotary_pos_emb (TorchOps::rotary): cos/sin carry the residual dtype, so under autocast
     // the products promote to fp32; q, k and v of Phi-3's qkv_proj are views in the compute dtype.
@@ -865,14 +868,15 @@ struct Step {
   // fused kernel applies and PyTorch falls back to its math implementation. Under autocast q and k
   // (fp32 after rotary) are cast to bf16.
   bool fused_sdpa() const { return job.attention == Attention::flash && r.compute != 4; }
+  // transformers' sdpa_attention_forward passes enable_gqa only without a mask (use_gqa_in_sdpa);
+  // with one it repeat_kv's the keys and values first.
+  bool repeats_kv_for_mask() const { return layer_masked && fused_sdpa() && d.a != d.kva; }
 
   TensorId attention(TensorId qe, TensorId ke, TensorId v) {
     // transformers' eager attention repeats the keys and values and leaves the casts to each
     // matmul's autocast (eager())
     if (job.attention == Attention::math) return eager(qe, ke, v);
-    // transformers' sdpa_attention_forward passes enable_gqa only without a mask
-    // (use_gqa_in_sdpa); with one it repeat_kv's keys and values first.
-    const bool repeat = layer_masked && fused_sdpa() && d.a != d.kva;
+    const bool repeat = repeats_kv_for_mask();
     if (repeat)
       std::tie(ke, v) = repeat_kv(ke, v, "repeat_kv keys (mask given: no enable_gqa)", "repeat_kv values (mask given: no enable_gqa)");
     const bytes_t kw = repeat ? d.qd : d.kvd;
