@@ -378,6 +378,13 @@ MASKED_SDPA_STREAMS = [  # (snapshot, config, flags, overrides): SDPA from the s
      ["--batch", "2", "--seq", "4096", "--precision", "amp-bf16", "--recompute", "full"], {"num_hidden_layers": 8}),
     ("sdpa_window_heldout/gemma-2-2b_amp-bf16_full_flash_adamw_b1s4096", "configs/hf/gemma-2-2b.json",
      ["--batch", "1", "--seq", "4096", "--precision", "amp-bf16", "--recompute", "full"], {}),
+    # held out a second time, without recompute (tools/matrices/sdpa_window_heldout2_h200.json)
+    ("sdpa_window_heldout2/gemma-2-9b_L8_bf16_none_flash_adamw_b2s4096", "configs/hf/gemma-2-9b.json",
+     ["--batch", "2", "--seq", "4096", "--precision", "bf16"], {"num_hidden_layers": 8}),
+    ("sdpa_window_heldout2/mistral-7b-v0.1_L8_amp-bf16_none_flash_adamw_b1s8192", "configs/hf/mistral-7b-v0.1.json",
+     ["--batch", "1", "--seq", "8192", "--precision", "amp-bf16"], {"num_hidden_layers": 8}),
+    ("sdpa_window_heldout2/phi-3-mini-4k_L8_amp-bf16_none_flash_adamw_b2s4096", "configs/hf/phi-3-mini-4k.json",
+     ["--batch", "2", "--seq", "4096", "--precision", "amp-bf16"], {"num_hidden_layers": 8}),
     # Phi-3 mini's 32 layers at the batch max-batch decides on an H100 (tools/matrices/phi3_maxbatch_h200.json)
     ("phi3_maxbatch/phi-3-mini-4k_bf16_none_flash_adamw_b5s2048", "configs/hf/phi-3-mini-4k.json",
      ["--batch", "5", "--seq", "2048", "--precision", "bf16"], {}),
