@@ -343,10 +343,14 @@ struct Step {
   // A projection's output viewed and transposed to b·a·s·hd (`.view(...).transpose(1, 2)`), which
   // replaces it: the view keeps its storage alive until the view goes itself. Where the gradient
   // comes back contiguous in b·a·s·hd, the view's backward copies it to b·s·h before the
-  // projection's gradients.
-  TensorId transposed(TensorId t, const char* name) {
+  // projection's gradients. `gradient_in_layout`: the gradient comes back in the view's own
+  // layout (a kernel that allocates it like its input), and the view hands it on uncopied.
+  TensorId transposed(TensorId t, const char* name, bool gradient_in_layout = false) {
     TensorId tv = sim.view_of(t, name, sim.logical_bytes(t), sim.info(t).dtype);
-    sim.node("ViewBackward0 (copy of the transposed gradient)", {t}, {tv}, {});
+    if (gradient_in_layout)
+      sim.pass_through_node("TransposeBackward0", {t}, tv);
+    else
+      sim.node("ViewBackward0 (copy of the transposed gradient)", {t}, {tv}, {});
     sim.drop(t);
     return tv;
   }
@@ -537,20 +541,12 @@ struct Step {
       // without the cache's cat (under recompute) or repeat_kv (MHA), and that kernel returns dv
       // in v's own layout: no copy (Phi-3 mini amp-bf16 full recompute at 2 x 2,048 in
       // tests/data/phi3_heldout/: q's and k's copies, then v's slice gradient)
-      if (!kv_cached() && fused_sdpa() && layer_masked && !repeats_kv_for_mask()) {
-        TensorId vt = sim.view_of(v, "v (transposed view)", sim.logical_bytes(v), sim.info(v).dtype);
-        sim.pass_through_node("TransposeBackward0", {v}, vt);
-        sim.drop(v);
-        v = vt;
-      } else {
-        v = transposed(v, "v (transposed view)");
-      }
+      v = transposed(v, "v (transposed view)", !kv_cached() && memory_efficient_sdpa() && !repeats_kv_for_mask());
       // cuDNN's SDPA makes the values contiguous (without the DynamicCache's cat, under recompute),
       // as SDPA's math kernel is taken to (fp32); the memory-efficient kernel a mask selects and the
       // eager matmuls take the view as it is (Phi-3 mini's whole-run snapshots in
       // tests/data/phi3_heldout/, flash from s = window on and math, both under full recompute)
-      const bool memory_efficient = fused_sdpa() && layer_masked;
-      if (job.recompute != Recompute::none && job.attention != Attention::math && !memory_efficient) {
+      if (job.recompute != Recompute::none && job.attention != Attention::math && !memory_efficient_sdpa()) {
         TensorId vc = sim.make("v contiguous copy (saved by sdpa)", mul(d.T, d.kvd, r.compute), Term::activations,
                                "contiguous", r.compute_name, "b·kv·s·hd", true);
         sim.node("CloneBackward", {v}, {vc}, {});
@@ -641,7 +637,7 @@ struct Step {
     if (m.quirks.partial_rotary && fused_sdpa()) {
       attc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, d.qd, r.compute), Term::activations,
                       "contiguous", r.compute_name, "b·s·a·hd", true);
-      if (layer_masked)
+      if (memory_efficient_sdpa())
         sim.pass_through_node("CloneBackward0", {att}, attc);
       else
         sim.node("CloneBackward0", {att}, {attc}, {});
@@ -870,7 +866,10 @@ struct Step {
   bool fused_sdpa() const { return job.attention == Attention::flash && r.compute != 4; }
   // transformers' sdpa_attention_forward passes enable_gqa only without a mask (use_gqa_in_sdpa);
   // with one it repeat_kv's the keys and values first.
-  bool repeats_kv_for_mask() const { return layer_masked && fused_sdpa() && d.a != d.kva; }
+  bool repeats_kv_for_mask() const { return memory_efficient_sdpa() && d.a != d.kva; }
+  // A mask (the sliding window's, from s = window on) makes SDPA pass an attention bias, which
+  // selects the memory-efficient kernel over cuDNN's and flash's.
+  bool memory_efficient_sdpa() const { return layer_masked && fused_sdpa(); }
 
   TensorId attention(TensorId qe, TensorId ke, TensorId v) {
     // transformers' eager attention repeats the keys and values and leaves the casts to each
@@ -894,7 +893,7 @@ struct Step {
       // as attn_bias and saves for backward (Phi-3 mini's whole-run snapshot with flash attention
       // in tests/data/phi3_heldout/: the two scalars, the bias, then the output).
       TensorId bias = kNone;
-      if (layer_masked)
+      if (memory_efficient_sdpa())
         bias = sim.make("sdpa attn_bias: additive mask (saved)", mul(d.b, d.s, d.s, r.compute), Term::activations,
                         "convert_boolean_attn_mask", r.compute_name, "b·1·s·s", false);
       // cuDNN / flash: saves q, k, v (not repeated), the output and the fp32 log-sum-exp

@@ -1,9 +1,8 @@
 // The transformers ops of torch_ops.hpp.
 #include "torch_ops.hpp"
 
-#include <tuple>
-
 #include <algorithm>
+#include <tuple>
 
 namespace membudget::detail {
 namespace {
