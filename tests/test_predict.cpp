@@ -1,8 +1,13 @@
 // The calculator core: terms, the textbook model, the inventory's phases, the worked example.
 #include <doctest/doctest.h>
 
+#include <array>
+#include <string>
+
 #include "helpers.hpp"
 #include "membudget/budget.hpp"
+#include "model/autograd_sim.hpp"
+#include "model/inventory.hpp"
 #include "model/korthikanti.hpp"
 
 using namespace membudget;
@@ -98,6 +103,50 @@ TEST_CASE("a layer the training inventory does not walk is an error, never a Lla
     CHECK(rotate_half > 0);
     CHECK(complex != rotate_half);  // the fp32 copies and complex products
     CHECK(interleaved != complex);
+  }
+}
+
+// Qwen2-MoE's forward makes the sliding-window mask though no layer slides (ArchQuirks::
+// unused_sliding_mask): four s·s bools, the last held until the model's forward returns (before
+// the loss), the rest freed at once; no checkpoint frame holds it under recompute.
+TEST_CASE("a mask no layer takes: s·s bools made once per forward and freed as the model returns") {
+  ModelSpec m = load_model(test::source_path("tests/data/hf/moe/qwen1.5-moe-a2.7b.json"));
+  m.num_layers = 2;
+  REQUIRE(m.quirks.unused_sliding_mask);
+  const std::uint64_t s = 2048;
+  for (Recompute recompute : {Recompute::none, Recompute::full}) {
+    Job j = train_job(1, s);
+    j.attention = Attention::flash;
+    j.recompute = recompute;
+    const std::string recompute_name = to_string(recompute);
+    CAPTURE(recompute_name);
+    for (bool quirk : {true, false}) {
+      m.quirks.unused_sliding_mask = quirk;
+      std::array<detail::SimTrace, 2> traces;
+      detail::simulate_torch_train(m, j, false, nullptr, &traces);
+      const detail::SimTrace& t = traces[1];
+      int made = 0;
+      std::size_t made_at = 0, freed_at = 0, loss_at = 0;
+      for (std::size_t k = 0; k < t.events.size(); ++k) {
+        const std::int32_t ev = t.events[k].t;
+        if (ev == detail::SimTrace::kPhase) continue;
+        const detail::TensorInfo& info = t.tensors[static_cast<std::size_t>(ev < 0 ? ~ev : ev)];
+        const std::string name = info.name;
+        if (name == "sliding-window attention mask (bool)") {
+          if (ev >= 0) made += 1, made_at = k;
+          else freed_at = k;
+          CHECK(info.bytes == s * s);
+        }
+        if (ev >= 0 && !loss_at && name == "logits") loss_at = k;  // lm_head's output
+      }
+      CAPTURE(quirk);
+      CHECK(made == (quirk ? 1 : 0));
+      if (quirk) {
+        REQUIRE(loss_at > 0);
+        CHECK(made_at < freed_at);
+        CHECK(freed_at < loss_at);  // gone as the model's forward returns, before the logits
+      }
+    }
   }
 }
 

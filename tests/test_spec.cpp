@@ -628,6 +628,12 @@ TEST_CASE("the loaders set the architecture quirks once, from the family") {
     CAPTURE(plain);
     CHECK(load_model(hf(plain)).quirks == ArchQuirks{});
   }
+  // Qwen2-MoE makes a sliding-window mask for no layer; its dense relative Qwen2 does not
+  const ModelSpec qwen_moe = load_model(hf("moe/qwen1.5-moe-a2.7b"));
+  CHECK(qwen_moe.quirks.unused_sliding_mask);
+  CHECK(!qwen_moe.sliding.enabled());
+  CHECK(!parse_model_yaml(std::string(kTinyYaml) + "family: qwen2_moe\nquirks: {unused_sliding_mask: false}\n", "t.yaml")
+             .quirks.unused_sliding_mask);
   // YAML: the family implies them; a quirks: mapping sets each one explicitly
   CHECK(parse_model_yaml(replace(kTinyYaml, "name: tiny\n", "name: tiny\nfamily: phi3\n")).quirks.fused_qkv);
   const ModelSpec custom = parse_model_yaml(

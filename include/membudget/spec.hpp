@@ -102,6 +102,10 @@ struct ArchQuirks {
   bool qk_norm_full_width = false;  // q_norm / k_norm over the whole q and k width, not per head (OLMoE)
   bool complex_rotary = false;      // rotary through complex multiplication (DeepSeek-V2's apply_rotary_emb)
   bool interleaved_rotary = false;  // rotary over even/odd slices (DeepSeek-V3's rope_interleave, its default)
+  // the model's forward makes a sliding-window attention mask that no layer takes, and holds it
+  // until it returns (transformers' Qwen2-MoE: causal_mask_mapping's sliding entry, though
+  // use_sliding_window is false)
+  bool unused_sliding_mask = false;
   bool operator==(const ArchQuirks&) const = default;
 };
 

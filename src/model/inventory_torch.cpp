@@ -105,6 +105,9 @@ struct Step {
   bool layer_masked = false;
   TensorId mask = kNone;
   TensorId mask2 = kNone;
+  // a mask the model makes and holds through its forward that no layer takes
+  // (ArchQuirks::unused_sliding_mask)
+  TensorId unused_mask = kNone;
   // eager attention's attn_weights: LlamaAttention returns them and the decoder layer keeps them in
   // `_` (hidden_states, _ = self.self_attn(...)) until it returns
   TensorId layer_attn_weights = kNone;
@@ -1298,6 +1301,13 @@ TensorId forward(Step& st, bool checkpoint) {
   // checkpointing each sliding layer's recompute closure holds it too, until that layer's frame
   // goes in its backward (layer 0's, the last: layer 0 is a sliding layer in Gemma 2 as well).
   if (st.masked) st.mask = bool_causal_mask(st, true);
+  // Qwen2-MoE's forward makes causal_mask_mapping's sliding-window entry though no layer slides,
+  // whatever the sequence (the bool mask is not skipped for SDPA: its window, 32,768, is no local
+  // size sdpa_mask skips for), and holds it to the end of the forward (Qwen1.5-MoE's whole-run
+  // snapshots at 2,048 and 4,096 tokens, tests/data/mul_order_alone/ and inprocess_alone/: the four
+  // s·s bools, then the rotary embeddings; the last freed as the model returns).
+  else if (st.m.quirks.unused_sliding_mask && st.job.attention == Attention::flash)
+    st.unused_mask = bool_causal_mask(st, true);
   rotary_embeddings(st);
   x = decoder_layers(st, x, checkpoint);
   sim.set_section(static_cast<int>(d.L) + 1);  // after the layers
@@ -1308,7 +1318,7 @@ TensorId forward(Step& st, bool checkpoint) {
   // the model's forward returns: its inputs_embeds and masks go (a checkpoint frame holds its
   // layer's mask on: decoder_layers)
   sim.drop(inputs_embeds);
-  for (TensorId* held : {&st.mask, &st.mask2}) {
+  for (TensorId* held : {&st.mask, &st.mask2, &st.unused_mask}) {
     sim.drop(*held);
     *held = kNone;
   }

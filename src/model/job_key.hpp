@@ -55,7 +55,7 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   put(static_cast<std::uint64_t>(j.weights)); put(j.group_size);
   const ArchQuirks& q = m.quirks;
   put(q.fused_qkv | (q.fused_gate_up << 1) | (q.norm_weight_offset << 2) | (q.embedding_scale << 3) |
-      (q.partial_rotary << 4) | (q.complex_rotary << 5) | (q.interleaved_rotary << 6));
+      (q.partial_rotary << 4) | (q.complex_rotary << 5) | (q.interleaved_rotary << 6) | (q.unused_sliding_mask << 7));
   put(j.lora_rank);
   put(static_cast<std::uint64_t>(j.experts) | (static_cast<std::uint64_t>(j.routing) << 8) | (std::uint64_t{j.router_aux_loss} << 16));
   // 0: torch.optim's default for the optimizer (a different answer from an explicit impl only where

@@ -359,6 +359,7 @@ ArchQuirks quirks_of_family(std::string_view family) {
   if (family == "deepseek_v3") q.interleaved_rotary = true;  // config.json's rope_interleave, its default
   if (family.rfind("gemma", 0) == 0) q.norm_weight_offset = q.embedding_scale = true;
   if (family == "phi3") q.fused_qkv = q.fused_gate_up = q.partial_rotary = true;
+  if (family == "qwen2_moe") q.unused_sliding_mask = true;
   return q;
 }
 }  // namespace detail

@@ -359,7 +359,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
   if (auto q = r.opt_map(top, "quirks", "quirks")) {
     const auto e = r.mapping(*q, "quirks.",
                              {"fused_qkv", "fused_gate_up", "norm_weight_offset", "embedding_scale", "partial_rotary",
-                              "qk_norm_full_width", "complex_rotary", "interleaved_rotary"});
+                              "qk_norm_full_width", "complex_rotary", "interleaved_rotary", "unused_sliding_mask"});
     auto set = [&](std::string_view key, bool& field) {
       if (auto v = r.opt_bool(e, key, "quirks." + std::string(key))) field = *v;
     };
@@ -371,6 +371,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     set("qk_norm_full_width", s.quirks.qk_norm_full_width);
     set("complex_rotary", s.quirks.complex_rotary);
     set("interleaved_rotary", s.quirks.interleaved_rotary);
+    set("unused_sliding_mask", s.quirks.unused_sliding_mask);
   }
   if (auto hd = r.opt_uint(top, "head_dim", "head_dim")) {
     s.head_dim = *hd;

@@ -388,6 +388,10 @@ MASKED_SDPA_STREAMS = [  # (snapshot, config, flags, overrides): SDPA from the s
     # Phi-3 mini's 32 layers at the batch max-batch decides on an H100 (tools/matrices/phi3_maxbatch_h200.json)
     ("phi3_maxbatch/phi-3-mini-4k_bf16_none_flash_adamw_b5s2048", "configs/hf/phi-3-mini-4k.json",
      ["--batch", "5", "--seq", "2048", "--precision", "bf16"], {}),
+    # Qwen1.5-MoE: the sliding-window mask the model makes for no layer (ArchQuirks::
+    # unused_sliding_mask), held until its forward returns
+    ("inprocess_alone/qwen1.5-moe-a2.7b_L4_bf16_full_flash_adamw_b2s4096", "tests/data/hf/moe/qwen1.5-moe-a2.7b.json",
+     ["--batch", "2", "--seq", "4096", "--precision", "bf16", "--recompute", "full"], {"num_hidden_layers": 4}),
 ]
 
 
