@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
+#include "membudget/api.hpp"
 #include "membudget/budget.hpp"
 #include "membudget/error.hpp"
 #include "membudget/serving.hpp"
@@ -238,6 +239,46 @@ TEST_CASE("predict --mode infer: phases, exact KV, weights by dtype") {
   j.weights = DType::bf16;
   j.kv_dtype = DType::fp8;
   CHECK(predict(m, j).terms.kv_cache == 1024ull * 131072);
+}
+
+// Past a sliding window (Mistral 7B v0.1: 4,096 tokens on every layer, GQA 32/8) the prompt's whole
+// torch.cat stays held through the prefill (the cache keeps a view of its last window - 1 tokens)
+// and the decode step's cat holds the window's; the prompt's mask and each layer's bias and repeated
+// keys and values come and go with the prefill (docs/serving.md).
+TEST_CASE("predict --mode infer past a sliding window: the prompt's whole keys and values through the prefill") {
+  const ModelSpec m = cfg("configs/hf/mistral-7b-v0.1.json");
+  const std::uint64_t w = m.sliding.window;
+  REQUIRE(w == 4096);
+  Job j;
+  j.mode = Mode::infer;
+  j.batch = 2;
+  const auto kv_of_tokens = [&](std::uint64_t tokens) { return j.batch * tokens * kv_bytes_per_token(m, DType::bf16); };
+  j.seq = 2 * w;
+  const Budget past = predict(m, j);
+  CHECK(past.terms.kv_cache == kv_of_tokens(w));  // the cache's tokens: the window
+  // what stays beyond the floor through the prefill: every prompt token's keys and values
+  CHECK(past.phase(Phase::prefill_peak) - past.phase(Phase::floor) > kv_of_tokens(2 * w));
+  // the decode step replaces each layer's cat layer by layer: the prompt's and the window's
+  CHECK(past.phase(Phase::decode_peak) - past.phase(Phase::floor) >= kv_of_tokens(2 * w));
+  CHECK(past.phase(Phase::decode_peak) - past.phase(Phase::floor) < kv_of_tokens(2 * w) + kv_of_tokens(w));
+  // a prompt of window - 1 tokens is not masked, but its decode step is: both walked, the plan
+  // stands aside there (no plan for that one length), and estimate() agrees with predict()
+  for (std::uint64_t s : {w - 2, w - 1, w}) {
+    j.seq = s;
+    PredictOptions full;
+    full.full_simulation = true;
+    CAPTURE(s);
+    CHECK(predict(m, j).phase(Phase::decode_peak) == predict(m, j, full).phase(Phase::decode_peak));
+    CHECK(estimate(m, j).peak == predict(m, j, full).peak);
+  }
+  // the decode step's repeated keys and values over the window (no enable_gqa with a mask): one
+  // layer's two b·a·window·hd tensors beside the attention at w - 1, none at w - 2, where the
+  // cache grows by one token only (the peak is then the MLP's, so not all of them show)
+  j.seq = w - 2;
+  const bytes_t before = predict(m, j).phase(Phase::decode_peak);
+  j.seq = w - 1;
+  const bytes_t at = predict(m, j).phase(Phase::decode_peak);
+  CHECK(at - before > j.batch * w * m.q_dim() * 2);
 }
 
 TEST_CASE("CLI: serve prints vLLM's phrases, JSON, and vLLM's error") {

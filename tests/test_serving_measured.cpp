@@ -44,30 +44,39 @@ TEST_CASE("HF prefill on the H200: prefill_peak within 3%, KV cache exact") {
 
 // Phi-3 mini (tests/data/torch_prefill_phi3_h200.json): its MLP chunks one gate_up_proj output into
 // gate and up views, and the gate view keeps the whole 2I-wide buffer until the MLP returns
-// (TorchOps::mlp). At 1×2048 the prediction is within 0.1% (it was 0.44% low when the serving walk
-// had its own MLP without the fused projection). Past the 2,047-token sliding window the measured
-// prefill holds far more than the walk models (4×4096: 21% more; the window's mask path is not
-// modelled in serving), so only the shape below the window's effect is checked.
-TEST_CASE("HF prefill on the H200: Phi-3 mini's fused gate_up_proj at 1x2048 within 1%") {
+// (TorchOps::mlp). Every prompt here reaches its 2,047-token sliding window: the mask is made and
+// each layer's SDPA gets an additive bias, and each layer's DynamicSlidingWindowLayer keeps a view
+// of the prompt's whole torch.cat, every token's keys and values, until the decode step replaces
+// it with the window's (serving.cpp, cache_update). Before the walk kept the prompt's cat, 4 x 4,096
+// was -20.75% (prefill) and -23.02% (decode), 8 x 8,192 -49.21% and -57.75%; now every phase within
+// 0.4%, the prefills within 0.01%. (The floor of the process's first shape, 1 x 2,048, lacks the
+// 32 MiB cuBLAS workspace that the walk puts in every floor: +0.44%.)
+TEST_CASE("HF prefill on the H200: Phi-3 mini past its sliding window, every phase within 1%") {
   std::ifstream in(test::source_path("tests/data/torch_prefill_phi3_h200.json"));
   REQUIRE(in.good());
   const auto doc = nlohmann::json::parse(in);
   const ModelSpec spec = load_model(test::source_path("configs/hf/phi-3-mini-4k.json"));
-  bool seen = false;
+  int cases = 0;
   for (const auto& r : doc["models"][0]["shapes"]) {
-    if (r["status"] != "ok" || r["batch"] != 1 || r["seq"] != 2048) continue;
+    if (r["status"] != "ok") continue;
     Job j;
     j.mode = Mode::infer;
-    j.batch = 1;
-    j.seq = 2048;
+    j.batch = r["batch"].get<std::uint64_t>();
+    j.seq = r["seq"].get<std::uint64_t>();
+    REQUIRE(j.seq >= spec.sliding.window);  // each prompt is masked
     const Budget b = predict(spec, j);
-    const double measured = r["prefill_peak"].get<double>();
-    const double err = (static_cast<double>(b.phase(Phase::prefill_peak)) - measured) / measured;
-    MESSAGE("phi-3-mini-4k 1x2048: prefill_peak error " << err * 100 << "%");
-    CHECK(std::abs(err) <= 0.01);
-    seen = true;
+    for (const auto& entry : {std::pair{Phase::floor, "floor"}, std::pair{Phase::prefill_peak, "prefill_peak"},
+                              std::pair{Phase::decode_peak, "decode_peak"}}) {
+      const double measured = r[entry.second].get<double>();
+      const double err = (static_cast<double>(b.phase(entry.first)) - measured) / measured;
+      CAPTURE(j.batch);
+      CAPTURE(j.seq);
+      CAPTURE(entry.second);
+      CHECK(std::abs(err) <= (entry.first == Phase::prefill_peak ? 0.001 : 0.01));
+    }
+    ++cases;
   }
-  CHECK(seen);
+  CHECK(cases == 3);
 }
 
 // Mixture-of-experts prefills (tests/data/torch_prefill_moe_h200.json, tools/device/moe_run.sh):

@@ -1,7 +1,8 @@
 // Compiling the serving walk in (b, s): see serve_plan.hpp and plan_common.hpp.
 //
 // Probes P0 = (1, s0), P1 = (2, s0), P2 = (1, s1), P3 = (3, s2), with s0 = 1, s1 = 2, s2 = 4 below
-// the sliding window (s0 = w, s1 = w + 1, s2 = w + 3 at or beyond it). Each tensor's size is
+// the sliding window (s0 = w, s1 = w + 1, s2 = w + 3 at or beyond it; s = w - 1, where only the
+// decode step is masked, is walked). Each tensor's size is
 // c · b^i · s^j · (s+1)^l: v1 / v0 = 2^i; (j, l) is the one pair with v2 / v0 = (s1/s0)^j ·
 // ((s1+1)/(s0+1))^l (s and s + 1 are coprime, so the pair is unique); P3 verifies. Then the
 // stream is replayed as vectors, and every floor, prefill and decode peak of the four probe walks
@@ -48,7 +49,7 @@ struct ServePlanBuilder {
   static std::shared_ptr<const ServePlan> build(const ModelSpec& m, const Job& job) {
     const bool beyond = ServePlan::regime(m, job) == 1;
     const std::uint64_t w = m.sliding.window;
-    if (m.sliding.enabled() && !beyond && w < 5) throw Fail{};  // s + 1 ≤ window at every probe
+    if (m.sliding.enabled() && !beyond && w < 6) throw Fail{};  // s + 2 ≤ window at every probe
     const std::uint64_t s0 = beyond ? w : 1, s1 = beyond ? w + 1 : 2, s2 = beyond ? w + 3 : 4;
     const std::array<Probe, 4> probes{{{1, s0}, {2, s0}, {1, s1}, {3, s2}}};
     std::array<SimTrace, 4> traces;
@@ -107,10 +108,14 @@ struct ServePlanBuilder {
 };
 
 int ServePlan::regime(const ModelSpec& m, const Job& job) {
-  return m.sliding.enabled() && job.seq >= m.sliding.window ? 1 : 0;
+  if (!m.sliding.enabled() || job.seq + 1 < m.sliding.window) return 0;
+  // a prompt of window - 1 tokens: the decode step's keys reach the window (its mask) and the
+  // prompt's do not
+  return job.seq >= m.sliding.window ? 1 : 2;
 }
 
 std::shared_ptr<const ServePlan> ServePlan::compile(const ModelSpec& m, const Job& job) {
+  if (regime(m, job) == 2) return nullptr;  // one prompt length: the walk runs (no plan failed)
   try {
     return ServePlanBuilder::build(m, job);
   } catch (const Fail&) {

@@ -35,7 +35,8 @@ inline bytes_t serving_activations(bytes_t prefill, bytes_t floor, bytes_t kv) {
 class ServePlan {
  public:
   static constexpr std::size_t kPhases = 3;  // floor, prefill_peak, decode_peak
-  // 1 when a sliding-window layer keeps the whole window (s ≥ window), else 0.
+  // 1 when a prompt reaches a sliding window (s ≥ window: its mask, the window kept after the
+  // decode step), 2 at s = window - 1 (only the decode step's keys reach it: not compiled), else 0.
   static int regime(const ModelSpec& m, const Job& job);
   // nullptr when the walk does not compile (a check fails).
   static std::shared_ptr<const ServePlan> compile(const ModelSpec& m, const Job& job);

@@ -65,7 +65,8 @@ struct Walk {
     return ops().linear(x, kNone, kNone, out, e, name, "bf16", "T·out");
   }
 
-  // Tokens a layer keeps for a sequence of `ctx` tokens.
+  // Tokens of a sequence of `ctx` tokens a layer's cache tensor holds storage for after a later
+  // forward: a sliding layer's torch.cat of its window - 1 kept tokens and the new one.
   bytes_t held(std::size_t layer, bytes_t ctx) const {
     return m.sliding_layer(layer) ? std::min<bytes_t>(ctx, m.sliding.window) : ctx;
   }
@@ -74,13 +75,17 @@ struct Walk {
   // states onto empty tensors (copies), and each later forward's with torch.cat([old, new]) per
   // tensor, the old one dying when the layer attribute is replaced. The new states go: the
   // attention's locals are rebound to the cache's tensors. `row_k`, `row_v`: values per token.
+  // A sliding layer (DynamicSlidingWindowLayer.update) cats the same way and keeps the slice
+  // [-(window - 1):] of the result, a view: the prompt's whole cat stays allocated until the next
+  // update replaces it (Phi-3 mini's prefills, tests/data/torch_prefill_phi3_h200.json: after a
+  // prompt of 4 x 4,096 tokens 6.44 GB stay beyond the weights, every token's keys and values,
+  // where the kept window's are 3.22 GB; after one decode step the window's).
   void cache_update(std::size_t i, std::vector<TensorId>& cache, bytes_t past, TensorId kn, TensorId vn, bytes_t row_k,
                     bytes_t row_v, const char* key_name, const char* value_name) {
     if (cache.empty()) {
-      const bytes_t keep = held(i, s);
-      if (mech.cache_copy_on_first_update || keep < s) {
-        cache.push_back(act(key_name, mul(b, keep, row_k, kv_e), "torch.cat", "bf16", "b·kv·s·hd", Term::kv_cache));
-        cache.push_back(act(value_name, mul(b, keep, row_v, kv_e), "torch.cat", "bf16", "b·kv·s·hd", Term::kv_cache));
+      if (mech.cache_copy_on_first_update) {
+        cache.push_back(act(key_name, mul(b, s, row_k, kv_e), "torch.cat", "bf16", "b·kv·s·hd", Term::kv_cache));
+        cache.push_back(act(value_name, mul(b, s, row_v, kv_e), "torch.cat", "bf16", "b·kv·s·hd", Term::kv_cache));
         sim.drop(kn);
         sim.drop(vn);
       } else {
@@ -118,10 +123,26 @@ struct Walk {
     sim.drop(q);  // query_states, key_states = apply_rotary_pos_emb(...)
     sim.drop(k);
     cache_update(i, cache, past, ke, v, kvd, kvd, "KV cache (keys)", "KV cache (values)");
+    // A sliding layer past its window gets the mask (masked()): sdpa_attention_forward then
+    // repeats the keys and values over every head rather than passing enable_gqa, and SDPA turns
+    // the bool mask into an additive bias in the query's dtype before the memory-efficient kernel
+    // runs (as in training: inventory_torch.cpp, memory_efficient_sdpa); both go as the attention
+    // returns, the bias first. The keys are the update's whole result: the cache's tensor.
+    const bool mask = masked(i, past);
+    const bytes_t S = past == 0 ? s : held(i, past + s);  // the keys attended: the update's result
+    TensorId rk = kNone, rv = kNone, bias = kNone;
+    if (mask && m.num_heads != m.num_kv_heads) {
+      rk = act("repeat_kv keys (mask given: no enable_gqa)", mul(b, S, qd, e), "repeat_kv", "bf16", "b·a·S·hd");
+      rv = act("repeat_kv values (mask given: no enable_gqa)", mul(b, S, qd, e), "repeat_kv", "bf16", "b·a·S·hd");
+    }
+    if (mask) bias = act("sdpa attn_bias: additive mask", mul(b, s, S, e), "convert_boolean_attn_mask", "bf16", "b·1·s·S");
     // scaled_dot_product_attention (flash, enable_gqa): output and the fp32 log-sum-exp
     TensorId lse = act("sdpa log-sum-exp", mul(b, m.num_heads, s, 4), "flash attention", "fp32", "b·a·s");
     TensorId ao = act("sdpa output", mul(T, qd, e), "sdpa", "bf16", "b·s·a·hd");
     sim.drop(lse);
+    sim.drop(bias);
+    sim.drop(rk);
+    sim.drop(rv);
     if (mech.sdpa_output_copy) {
       TensorId c = act("sdpa output (contiguous)", mul(T, qd, e), "contiguous", "bf16", "b·s·a·hd");
       sim.drop(ao);
@@ -229,6 +250,14 @@ struct Walk {
     return o;
   }
 
+  // Whether layer i's attention gets the sliding window's mask in a forward over `s` new tokens
+  // after `past` cached ones: create_sliding_window_causal_mask skips it for SDPA while the keys
+  // it would cover, DynamicSlidingWindowLayer.get_mask_sizes' kv_length (the cached tokens, at
+  // most window - 1, plus the new ones), are fewer than the window.
+  bool masked(std::size_t i, bytes_t past) const {
+    return m.sliding_layer(i) && std::min<bytes_t>(past, m.sliding.window - 1) + s >= m.sliding.window;
+  }
+
   // One decoder layer. `cache` holds this layer's [k, v] (MLA: [latent, rotary key]) (in/out);
   // `past` is the cached length.
   TensorId layer(std::size_t i, TensorId x, std::vector<TensorId>& cache, bytes_t past) {
@@ -273,6 +302,14 @@ struct Walk {
     }
     // LlamaRotaryEmbedding: fp32 freqs for position_ids (batch 1), cos and sin cast to bf16
     const bytes_t rot = m.mla.enabled() ? m.mla.qk_rope_head_dim : hd;
+    // The sliding window's bool mask, made before the rotary embeddings and held by the model's
+    // forward until it returns, for a prompt that reaches the window, and for every prompt where
+    // the model makes it for no layer (ArchQuirks::unused_sliding_mask; training's walk makes the
+    // same ones: inventory_torch.cpp, bool_causal_mask); a decode step's mask is one row
+    // (b·1·1·window bools), not walked.
+    TensorId mask = kNone;
+    if (past == 0 && ((m.sliding.enabled() && s >= m.sliding.window) || m.quirks.unused_sliding_mask))
+      mask = sliding_window_mask();
     TensorId pf = act("rotary positions fp32", mul(s, 4), "float", "fp32", "1·s", Term::other);
     TensorId fr = act("rotary freqs", mul(s, rot / 2, 4), "matmul", "fp32", "1·s·hd/2", Term::other);
     TensorId em = act("rotary emb", mul(s, rot, 4), "cat", "fp32", "1·s·hd", Term::other);
@@ -307,10 +344,26 @@ struct Walk {
     }
     sim.drop(hn);
     sim.drop(emb);
+    sim.drop(mask);
     sim.drop(cos);
     sim.drop(sin);
     sim.drop(pos);
     return logits;
+  }
+
+  // sdpa_mask of and_masks(sliding_window_overlay, causal_mask_function) over the prompt: from a
+  // 0-d True, each function's s·s bools and their running and (the first two freed by the
+  // second and), expanded to the batch as a view.
+  TensorId sliding_window_mask() {
+    const bytes_t ss = mul(s, s);
+    TensorId overlay = act("attention mask: sliding_window_overlay bool", ss, "sliding_window_overlay", "bool", "1·1·s·s");
+    TensorId first = act("attention mask: True & overlay", ss, "and_masks", "bool", "1·1·s·s");
+    sim.drop(overlay);
+    TensorId causal = act("attention mask: causal bool (kv_idx <= q_idx)", ss, "causal_mask_function", "bool", "1·1·s·s");
+    TensorId both = act("sliding-window attention mask (bool)", ss, "and_masks", "bool", "1·1·s·s");
+    sim.drop(causal);
+    sim.drop(first);
+    return both;
   }
 };
 
