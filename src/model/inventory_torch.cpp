@@ -1240,28 +1240,6 @@ TensorId decoder_layers(Step& st, TensorId x, bool checkpoint, std::size_t begin
   return x;
 }
 
-// transformers' sdpa_mask: the mask function evaluated on broadcast indices, then expanded to the
-// batch (a view: without a padding mask the bool mask is s·s bytes whatever b). A sliding window's
-// function is and_masks(causal, sliding_window_overlay): `result & mask(...)` per function, from a
-// 0-d True, so the causal bool, its and with True, the overlay's bool and their and, each s·s, the
-// first freed by the second and, the middle two by the last (Gemma 2 2B amp-bf16 full recompute
-// with eager attention, tests/data/eager_alone/, events 6-11). Returns the mask, held.
-TensorId bool_causal_mask(Step& st, bool sliding_window) {
-  auto& sim = st.sim;
-  const bytes_t ss = mul(st.d.s, st.d.s);
-  TensorId causal = sim.make("attention mask: causal bool (kv_idx <= q_idx)", ss, Term::activations,
-                             "causal_mask_function", "bool", "1·1·s·s", false);
-  if (!sliding_window) return causal;
-  TensorId first = sim.make("attention mask: True & causal", ss, Term::activations, "and_masks", "bool", "1·1·s·s", false);
-  sim.drop(causal);
-  TensorId overlay = sim.make("attention mask: sliding_window_overlay bool", ss, Term::activations,
-                              "sliding_window_overlay", "bool", "1·1·s·s", false);
-  TensorId both = sim.make("sliding-window attention mask (bool)", ss, Term::activations, "and_masks", "bool", "1·1·s·s", false);
-  sim.drop(first);
-  sim.drop(overlay);
-  return both;
-}
-
 TensorId forward(Step& st, bool checkpoint) {
   auto& sim = st.sim;
   const auto& d = st.d;
@@ -1280,7 +1258,7 @@ TensorId forward(Step& st, bool checkpoint) {
   // events 1-3), freed once the float one is made. Held like the sliding-window mask below.
   if (st.job.attention == Attention::math) {
     auto eager_mask = [&](bool sliding_kind) {
-      TensorId bool_mask = bool_causal_mask(st, sliding_kind);
+      TensorId bool_mask = st.ops().bool_causal_mask(d.s, sliding_kind);
       TensorId made = sim.make("causal mask (4-D, residual dtype)", mul(d.b, d.s, d.s, st.r.resid), Term::activations,
                                "create_causal_mask", st.r.resid_name, "b·1·s·s", false);
       sim.drop(bool_mask);
@@ -1300,14 +1278,14 @@ TensorId forward(Step& st, bool checkpoint) {
   // matmul takes the cuBLAS workspace). The model's forward holds it through the layers; under
   // checkpointing each sliding layer's recompute closure holds it too, until that layer's frame
   // goes in its backward (layer 0's, the last: layer 0 is a sliding layer in Gemma 2 as well).
-  if (st.masked) st.mask = bool_causal_mask(st, true);
+  if (st.masked) st.mask = st.ops().bool_causal_mask(d.s, true);
   // Qwen2-MoE's forward makes causal_mask_mapping's sliding-window entry though no layer slides,
   // whatever the sequence (the bool mask is not skipped for SDPA: its window, 32,768, is no local
   // size sdpa_mask skips for), and holds it to the end of the forward (Qwen1.5-MoE's whole-run
   // snapshots at 2,048 and 4,096 tokens, tests/data/mul_order_alone/ and inprocess_alone/: the four
   // s·s bools, then the rotary embeddings; the last freed as the model returns).
   else if (st.m.quirks.unused_sliding_mask && st.job.attention == Attention::flash)
-    st.unused_mask = bool_causal_mask(st, true);
+    st.unused_mask = st.ops().bool_causal_mask(d.s, true);
   rotary_embeddings(st);
   x = decoder_layers(st, x, checkpoint);
   sim.set_section(static_cast<int>(d.L) + 1);  // after the layers

@@ -305,11 +305,11 @@ struct Walk {
     // The sliding window's bool mask, made before the rotary embeddings and held by the model's
     // forward until it returns, for a prompt that reaches the window, and for every prompt where
     // the model makes it for no layer (ArchQuirks::unused_sliding_mask; training's walk makes the
-    // same ones: inventory_torch.cpp, bool_causal_mask); a decode step's mask is one row
+    // same ones: TorchOps::bool_causal_mask); a decode step's mask is one row
     // (b·1·1·window bools), not walked.
     TensorId mask = kNone;
     if (past == 0 && ((m.sliding.enabled() && s >= m.sliding.window) || m.quirks.unused_sliding_mask))
-      mask = sliding_window_mask();
+      mask = ops().bool_causal_mask(s, true);
     TensorId pf = act("rotary positions fp32", mul(s, 4), "float", "fp32", "1·s", Term::other);
     TensorId fr = act("rotary freqs", mul(s, rot / 2, 4), "matmul", "fp32", "1·s·hd/2", Term::other);
     TensorId em = act("rotary emb", mul(s, rot, 4), "cat", "fp32", "1·s·hd", Term::other);
@@ -349,21 +349,6 @@ struct Walk {
     sim.drop(sin);
     sim.drop(pos);
     return logits;
-  }
-
-  // sdpa_mask of and_masks(sliding_window_overlay, causal_mask_function) over the prompt: from a
-  // 0-d True, each function's s·s bools and their running and (the first two freed by the
-  // second and), expanded to the batch as a view.
-  TensorId sliding_window_mask() {
-    const bytes_t ss = mul(s, s);
-    TensorId overlay = act("attention mask: sliding_window_overlay bool", ss, "sliding_window_overlay", "bool", "1·1·s·s");
-    TensorId first = act("attention mask: True & overlay", ss, "and_masks", "bool", "1·1·s·s");
-    sim.drop(overlay);
-    TensorId causal = act("attention mask: causal bool (kv_idx <= q_idx)", ss, "causal_mask_function", "bool", "1·1·s·s");
-    TensorId both = act("sliding-window attention mask (bool)", ss, "and_masks", "bool", "1·1·s·s");
-    sim.drop(causal);
-    sim.drop(first);
-    return both;
   }
 };
 

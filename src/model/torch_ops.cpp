@@ -659,4 +659,19 @@ TensorId TorchOps::grouped_mm_experts(TensorId x, TensorId weights, TensorId gat
   return out;
 }
 
+TensorId TorchOps::bool_causal_mask(bytes_t s, bool sliding_window) {
+  const bytes_t ss = mul(s, s);
+  TensorId causal = sim.make("attention mask: causal bool (kv_idx <= q_idx)", ss, Term::activations,
+                             "causal_mask_function", "bool", "1·1·s·s", false);
+  if (!sliding_window) return causal;
+  TensorId first = sim.make("attention mask: True & causal", ss, Term::activations, "and_masks", "bool", "1·1·s·s", false);
+  sim.drop(causal);
+  TensorId overlay = sim.make("attention mask: sliding_window_overlay bool", ss, Term::activations,
+                              "sliding_window_overlay", "bool", "1·1·s·s", false);
+  TensorId both = sim.make("sliding-window attention mask (bool)", ss, Term::activations, "and_masks", "bool", "1·1·s·s", false);
+  sim.drop(first);
+  sim.drop(overlay);
+  return both;
+}
+
 }  // namespace membudget::detail

@@ -61,6 +61,15 @@ struct TorchOps {
                   TensorId pass = kNone);
   std::pair<TensorId, TensorId> partial_rotary_slices(TensorId t);
 
+  // transformers' sdpa_mask over `s` tokens: the mask function evaluated on broadcast indices, then
+  // expanded to the batch (a view: without a padding mask the bool mask is s·s bytes whatever b). A
+  // sliding window's function is and_masks(causal, sliding_window_overlay): `result & mask(...)` per
+  // function, from a 0-d True, so the causal bool, its and with True, the overlay's bool and their
+  // and, each s·s, the first freed by the second and, the middle two by the last (Gemma 2 2B
+  // amp-bf16 full recompute with eager attention, tests/data/eager_alone/, events 6-11; Qwen1.5-MoE's
+  // snapshots make the overlay's first, the same sizes in the same order). Returns the mask, held.
+  TensorId bool_causal_mask(bytes_t s, bool sliding_window);
+
   // hidden_states = residual + hidden_states: a new b·s·h tensor of `eb` bytes per value.
   TensorId residual_add(TensorId residual, TensorId branch, bytes_t eb, const char* dtype, const char* name);
   // The end of a decoder layer's attention or MLP block: Gemma 2's norm on the branch
