@@ -267,6 +267,12 @@ void AutogradSim::workspace_after_gradients(LaunchSize size) {
   n.workspace_pieces = 1;
 }
 
+void AutogradSim::temporaries_before_workspace(std::array<bytes_t, 3> pieces, std::uint8_t kept) {
+  if (!last_node_recorded_) return;
+  nodes_.back().before_workspace = pieces;
+  nodes_.back().before_workspace_kept = kept;
+}
+
 void AutogradSim::promote_last_gradient(std::uint8_t slot, bytes_t computed_bytes) {
   if (!last_node_recorded_) return;
   nodes_.back().promoted_slot = slot;
@@ -487,7 +493,17 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
       if (grads_[o] != kNone) active = true;
     if (active) {
       TensorId ws[8] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
+      TensorId before[3] = {kNone, kNone, kNone};  // temporaries_before_workspace's kept pieces
       auto make_workspace = [&] {
+        for (std::size_t p = 0; p < std::size(before); ++p)
+          if (n.before_workspace[p])
+            before[p] = make("backward temporaries (an expression before the workspace)", n.before_workspace[p], Term::activations,
+                             n.op, "", "", false);
+        for (std::size_t p = std::size(before); p-- > 0;)
+          if (!((n.before_workspace_kept >> p) & 1u)) {
+            drop(before[p]);
+            before[p] = kNone;
+          }
         for (std::uint8_t p = 0; p < n.workspace_pieces; ++p)  // equal pieces, the first taking the remainder
           ws[p] = make("backward workspace", n.workspace / n.workspace_pieces + (p == 0 ? n.workspace % n.workspace_pieces : 0),
                        Term::activations, n.op, "", "", false);
@@ -497,6 +513,12 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
             drop(ws[p]);
             ws[p] = kNone;
           }
+      };
+      auto drop_before = [&] {
+        for (std::size_t p = std::size(before); p-- > 0;) {
+          drop(before[p]);
+          before[p] = kNone;
+        }
       };
       const bool reduced = n.reduced_slot != kNoSlot;
       // the workspace is made before input `workspace_slot`'s gradient (after every gradient when
@@ -539,11 +561,13 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
         // (flash attention's fp32 dq accumulator, then the recomputed q, k, v and output: the
         // snapshot of Qwen1.5-MoE's 4-layer bf16 full recompute, tests/data/inprocess_alone/).
         // A product that validate_outputs reduces below stays until then.
-        if (!ws_at_reduced)
+        if (!ws_at_reduced) {
+          drop_before();
           for (std::size_t p = std::size(ws); p-- > 0;) {
             drop(ws[p]);
             ws[p] = kNone;
           }
+        }
         release_saved(n);
       }
       // autograd's validate_outputs, input by input in the function's order (the reverse of the
@@ -562,6 +586,7 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
           drop(promoted_product);
         }
       }
+      drop_before();
       for (std::size_t p = std::size(ws); p-- > 0;) drop(ws[p]);  // the last allocated first
       for (TensorId o : n.outputs) {
         if (grads_[o] == kNone) continue;

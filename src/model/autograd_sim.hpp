@@ -202,6 +202,12 @@ class AutogradSim {
   // The last recorded node allocates its input gradients before its workspace (flash attention's
   // backward: dq, dk, dv, then the fp32 accumulators), of `size` (one request).
   void workspace_after_gradients(LaunchSize size);
+  // The last recorded node evaluates an expression after its input gradients and before its
+  // workspace (workspace_after_gradients): `pieces` allocated in order (0: none); those whose bit is
+  // not in `kept` go, the last made first, before the workspace is made, the kept ones just before
+  // it goes. (ATen's fp32 memory-efficient attention backward computes delta itself:
+  // grad_out * out, its .sum(-1), then the sum transposed and made contiguous, which the kernel reads.)
+  void temporaries_before_workspace(std::array<bytes_t, 3> pieces, std::uint8_t kept);
   // The last recorded node's recomputed saved tensors (a checkpointed region's) go after its
   // workspace and its incoming gradient, as when the node releases its variables, not with the
   // backward function's locals (the memory-efficient attention's backward in DeepSeek-V2-Lite's
@@ -341,6 +347,8 @@ class AutogradSim {
     bool saved_outlive_node = false;    // saved_outlive_last_node
     std::uint8_t workspace_slot = 0;    // made before this input's gradient (kNoSlot: after all)
     LaunchSize workspace_launch{};      // its size's parts (one piece)
+    std::array<bytes_t, 3> before_workspace{};  // temporaries_before_workspace
+    std::uint8_t before_workspace_kept = 0;
     std::uint8_t reduced_slot = kNoSlot;  // reduce_last_gradient
     bool reduced_from_workspace = false;
     std::array<LaunchSize, 2> reduction_temporaries{};

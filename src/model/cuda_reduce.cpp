@@ -62,6 +62,13 @@ ReduceStaging cuda_reduce_staging(std::uint64_t outputs, std::uint64_t inputs_pe
   return {buffer, checked_mul(4, grid_x, "reduction semaphores")};
 }
 
+bytes_t mem_efficient_grad_q_bytes(std::uint64_t batch_heads, std::uint64_t queries, std::uint64_t head_dim) {
+  constexpr std::uint64_t kBlockQueries = 64, kBlockColumns = 128, kHeaderFloats = 4;
+  const auto ceil_div = [](std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0); };  // a + b - 1 may wrap
+  const std::uint64_t blocks = checked_mul(ceil_div(queries, kBlockQueries), ceil_div(head_dim, kBlockColumns), "attention workspace");
+  return checked_product("attention workspace", batch_heads, blocks, (kBlockQueries * kBlockColumns + kHeaderFloats) * 4);
+}
+
 bytes_t launch_bytes(const LaunchSize& l) {
   const auto [a0, a1, a2] = l.args;
   switch (l.kind) {
@@ -69,6 +76,7 @@ bytes_t launch_bytes(const LaunchSize& l) {
     case LaunchSize::Kind::reduce_buffer: return cuda_reduce_staging(a0, a1, l.along_fastest, a2).buffer;
     case LaunchSize::Kind::reduce_semaphores: return cuda_reduce_staging(a0, a1, l.along_fastest, a2).semaphores;
     case LaunchSize::Kind::sum: return checked_add(checked_add(a0, a1, "kernel workspace"), a2, "kernel workspace");
+    case LaunchSize::Kind::mem_efficient_grad_q: return mem_efficient_grad_q_bytes(a0, a1, a2);
     case LaunchSize::Kind::embedding_partial_sums:
     case LaunchSize::Kind::embedding_partial_offsets: {
       // up to 3,072 indices (without scale_grad_by_freq) one kernel adds the rows straight into

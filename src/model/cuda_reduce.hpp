@@ -50,12 +50,22 @@ struct LaunchSize {
     embedding_partial_sums,
     embedding_partial_offsets,
     sum,  // a request of several parts of different shapes (flash attention's backward workspace)
+    // the fp32 memory-efficient attention backward's dq accumulators (mem_efficient_grad_q_bytes):
+    // arguments batch × heads, queries, head_dim
+    mem_efficient_grad_q,
   };
   Kind kind = Kind::none;
   bool along_fastest = false;  // reduce_*
   std::array<std::uint64_t, 3> args{};
   bool operator==(const LaunchSize&) const = default;
 };
+// The workspace ATen's fp32 memory-efficient attention backward allocates (attention_backward.cu,
+// Params::workspace_size, torch 2.11): per batch and head, one GradQTempStorage per block of
+// kBlockSizeI queries and kBlockSizeJ head-dim columns, a 16-byte lock-and-counter header and the
+// block's fp32 dq tile. On sm80 and later the fp32 kernels of head_dim up to 128 tile 64 x 128
+// (fmha_cutlassB_f32_aligned_64x128_k128_sm80: Mistral 7B's 32 heads of 128 at 6,144 tokens ask
+// 100,712,448 bytes, tests/data/common_heldout/); a 128-query tile would change only the headers.
+bytes_t mem_efficient_grad_q_bytes(std::uint64_t batch_heads, std::uint64_t queries, std::uint64_t head_dim);
 // The bytes at these arguments (Error(overflow) past 2^64).
 bytes_t launch_bytes(const LaunchSize& l);
 // The reduction of `outputs` values of `inputs_per_output` each (cuda_reduce_staging's arguments):

@@ -863,16 +863,23 @@ struct Step {
                      });
   }
 
-  // scaled_dot_product_attention. Flash/cuDNN need 16-bit inputs: with GQA (enable_gqa) in fp32 no
-  // fused kernel applies and PyTorch falls back to its math implementation. Under autocast q and k
-  // (fp32 after rotary) are cast to bf16.
-  bool fused_sdpa() const { return job.attention == Attention::flash && r.compute != 4; }
+  // scaled_dot_product_attention's kernel (sdp_utils.cpp, torch 2.11): flash and cuDNN take 16-bit
+  // inputs and no mask; the memory-efficient kernel takes fp32 and an attention bias but not
+  // enable_gqa, which transformers passes for GQA without a mask (use_gqa_in_sdpa); the math
+  // implementation takes the rest. So fp32 runs the memory-efficient kernel under MHA or a mask
+  // (Mistral 7B fp32 past its window, tests/data/common_heldout/) and math under GQA without one
+  // (Llama 3.2 1B fp32, tests/data/torch_train_h200.json). Under autocast q and k (fp32 after
+  // rotary) are cast to bf16.
+  bool fused_sdpa() const {
+    return job.attention == Attention::flash && (r.compute != 4 || layer_masked || d.a == d.kva);
+  }
+  // A mask (the sliding window's, from s = window on) makes SDPA pass an attention bias.
+  bool sdpa_bias() const { return layer_masked && fused_sdpa(); }
   // transformers' sdpa_attention_forward passes enable_gqa only without a mask (use_gqa_in_sdpa);
   // with one it repeat_kv's the keys and values first.
-  bool repeats_kv_for_mask() const { return memory_efficient_sdpa() && d.a != d.kva; }
-  // A mask (the sliding window's, from s = window on) makes SDPA pass an attention bias, which
-  // selects the memory-efficient kernel over cuDNN's and flash's.
-  bool memory_efficient_sdpa() const { return layer_masked && fused_sdpa(); }
+  bool repeats_kv_for_mask() const { return sdpa_bias() && d.a != d.kva; }
+  // The memory-efficient kernel: a bias selects it over cuDNN's and flash's, and fp32 has no other.
+  bool memory_efficient_sdpa() const { return fused_sdpa() && (layer_masked || r.compute == 4); }
 
   TensorId attention(TensorId qe, TensorId ke, TensorId v) {
     // transformers' eager attention repeats the keys and values and leaves the casts to each
@@ -896,7 +903,7 @@ struct Step {
       // as attn_bias and saves for backward (Phi-3 mini's whole-run snapshot with flash attention
       // in tests/data/phi3_heldout/: the two scalars, the bias, then the output).
       TensorId bias = kNone;
-      if (memory_efficient_sdpa())
+      if (sdpa_bias())
         bias = sim.make("sdpa attn_bias: additive mask (saved)", mul(d.b, d.s, d.s, r.compute), Term::activations,
                         "convert_boolean_attn_mask", r.compute_name, "b·1·s·s", false);
       // cuDNN / flash: saves q, k, v (not repeated), the output and the fp32 log-sum-exp
@@ -920,13 +927,26 @@ struct Step {
       // tensors, in Phi-3 mini's snapshots in tests/data/phi3_heldout/) and saves the bias too.
       if (bias != kNone)
         sim.node("EfficientAttentionBackward (attn_bias)", {q, k, v}, {out}, {q, k, v, out, lse, bias}, ws);
+      else if (memory_efficient_sdpa())
+        sim.node("EfficientAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
       else
         sim.node("FlashAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
-      // dq, dk, dv, then the accumulators (Qwen2.5 7B: 56, 8, 8, 224.9 MiB) in one request 256
-      // bytes larger than they are (the same on Llama 3.2 1B, Llama 3.1 8B and Qwen2.5 1.5B and
-      // 7B: 8,454,400 bytes for the 1B at 512 tokens; with a bias, Phi-3 mini's), which rounds it
-      // up a block
-      sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
+      if (r.compute == 4) {
+        // The fp32 kernel leaves delta to ATen (kKernelComputesDelta is the 16-bit kernels'):
+        // after dq, dk and dv, (grad_out * out) and its .sum(-1) go once the sum is transposed into
+        // a contiguous b·a·s, which stays through the kernel; then the dq accumulators
+        // (mem_efficient_grad_q_bytes). Mistral 7B fp32 at 6,144 tokens, tests/data/common_heldout/:
+        // 96 MiB, 768 KiB, 768 KiB, then 100,712,448 bytes.
+        const bytes_t per_query = mul(d.b, d.a, d.s, 4);
+        sim.temporaries_before_workspace({mul(d.T, d.qd, 4), per_query, per_query}, 0b100);
+        sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::mem_efficient_grad_q, false, {mul(d.b, d.a), d.s, d.hd}});
+      } else {
+        // dq, dk, dv, then the accumulators (Qwen2.5 7B: 56, 8, 8, 224.9 MiB) in one request 256
+        // bytes larger than they are (the same on Llama 3.2 1B, Llama 3.1 8B and Qwen2.5 1.5B and
+        // 7B: 8,454,400 bytes for the 1B at 512 tokens; with a bias, Phi-3 mini's), which rounds it
+        // up a block
+        sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
+      }
       sim.drop(lse);
       sim.drop(bias);
       if (cp()) {
@@ -938,7 +958,7 @@ struct Step {
         sim.drop(out);
         out = oc;
       }
-    } else {  // flash asked for, but fp32: SDPA's math kernel (eager attention returned above)
+    } else {  // flash asked for, but fp32 under GQA without a mask: SDPA's math kernel (eager attention returned above)
       out = sdpa_math(q, k, v);
     }
     // sdpa_attention_forward's locals `key` and `value`, the repeated ones, go as it returns, after
