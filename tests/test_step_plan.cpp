@@ -8,6 +8,7 @@
 #include "helpers.hpp"
 #include "membudget/api.hpp"
 #include "membudget/budget.hpp"
+#include "model/cuda_reduce.hpp"
 #include "model/inventory.hpp"
 #include "model/plan_common.hpp"
 #include "model/step_plan.hpp"
@@ -367,4 +368,20 @@ TEST_CASE("basis_values: 64-bit arithmetic gives what monomial() and sat_mul() g
         CHECK(fits == (want <= kMax64));
         if (fits) CHECK(got == static_cast<std::uint64_t>(want));
       }
+}
+
+// The fp32 memory-efficient attention backward's dq accumulators: a 64-query by 128-column fp32
+// tile with a 16-byte header per (batch·head, query block, column block). Mistral 7B fp32 at 6,144
+// tokens (32 heads of 128) measured 100,712,448 bytes beside its backward's output gradient
+// (tests/data/common_heldout/); the tiles round up, and sizes past 2^64 are an error, not a wrap.
+TEST_CASE("the memory-efficient attention's dq accumulators round to whole tiles and never wrap") {
+  using membudget::detail::mem_efficient_grad_q_bytes;
+  CHECK(mem_efficient_grad_q_bytes(32, 6144, 128) == 100712448);
+  CHECK(mem_efficient_grad_q_bytes(32, 6145, 128) == mem_efficient_grad_q_bytes(32, 6144 + 64, 128));
+  CHECK(mem_efficient_grad_q_bytes(32, 6145, 128) > mem_efficient_grad_q_bytes(32, 6144, 128));
+  CHECK(mem_efficient_grad_q_bytes(32, 6144, 256) == 2 * mem_efficient_grad_q_bytes(32, 6144, 128));
+  CHECK(mem_efficient_grad_q_bytes(32, 6144, 96) == mem_efficient_grad_q_bytes(32, 6144, 128));
+  CHECK(mem_efficient_grad_q_bytes(0, 6144, 128) == 0);
+  CHECK_THROWS_AS(mem_efficient_grad_q_bytes(1ull << 40, 1ull << 40, 128), Error);
+  CHECK_THROWS_AS(mem_efficient_grad_q_bytes(1, ~0ull, ~0ull), Error);
 }
