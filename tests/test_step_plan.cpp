@@ -385,3 +385,31 @@ TEST_CASE("the memory-efficient attention's dq accumulators round to whole tiles
   CHECK_THROWS_AS(mem_efficient_grad_q_bytes(1ull << 40, 1ull << 40, 128), Error);
   CHECK_THROWS_AS(mem_efficient_grad_q_bytes(1, ~0ull, ~0ull), Error);
 }
+
+// Phi-3's partial-rotary cat leaves q contiguous b·a·s·hd. cuDNN allocates its output in q's layout,
+// so HF's transpose(1, 2).contiguous() copies it for o_proj (tests/data/phi3_heldout/); the fp32
+// memory-efficient kernel allocates b·s·a·hd whatever q's layout, so there the transpose is a view
+// (Phi-3 mini fp32 at 2 x 1,024: 96 MiB over four layers, tools/matrices/sdpa_fp32_heldout_h200.json).
+TEST_CASE("Phi-3's attention output is copied for o_proj under cuDNN, not under the fp32 memory-efficient kernel") {
+  ModelSpec phi = load_model(test::source_path("configs/phi-3-mini.yaml"));
+  phi.num_layers = 2;
+  Job j;
+  j.batch = 2;
+  j.seq = 1024;
+  j.attention = Attention::flash;
+  PredictOptions o;
+  o.explain = true;
+  const auto copies_at_forward_peak = [&](Precision p) {
+    j.precision = p;
+    const Budget b = predict(phi, j, o);
+    std::uint64_t n = 0;
+    for (const PhasePeak& ph : b.phases)
+      if (ph.phase == Phase::forward_peak)
+        for (const TensorBytes& t : ph.live)
+          if (t.name.find("attention output (contiguous copy") != std::string::npos) n += t.count;
+    return n;
+  };
+  CHECK(copies_at_forward_peak(Precision::bf16) == 2);
+  CHECK(copies_at_forward_peak(Precision::amp_bf16) == 2);
+  CHECK(copies_at_forward_peak(Precision::fp32) == 0);
+}

@@ -632,12 +632,16 @@ struct Step {
     // attn_output.transpose(1, 2).contiguous(): cuDNN writes its output in q's layout (flash in
     // b·s·a·hd). q keeps q_proj's b·s·a·hd layout through rotary, so this is a view that o_proj
     // saves; Phi-3's partial-rotary cat makes q contiguous b·a·s·hd, and then it is a copy, saved by
-    // o_proj beside the output SDPA saves. The math paths copy (below).
+    // o_proj beside the output SDPA saves. The math paths copy (below). In fp32 the kernel is the
+    // memory-efficient one, whose output ATen allocates b·s·a·hd whatever q's layout
+    // (_efficient_attention_forward's {B, M, num_heads, Kv}): a view again. (Phi-3 mini fp32 at
+    // 2 x 1,024, tools/matrices/sdpa_fp32_heldout_h200.json: forward and backward peaks measured
+    // 96 MiB below the prediction with the copy, its four layers' b·s·h fp32.)
     // In the backward, cuDNN's kernel wants the output's gradient in the output's layout (a copy
     // of o_proj's input gradient); the memory-efficient kernel a mask selects takes it as it is
     // (Phi-3 mini bf16 at 2 x 2,048 in tests/data/phi3_heldout/: dq, dk and dv come first).
     TensorId attc = att;
-    if (m.quirks.partial_rotary && fused_sdpa()) {
+    if (m.quirks.partial_rotary && fused_sdpa() && r.compute != 4) {
       attc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, d.qd, r.compute), Term::activations,
                       "contiguous", r.compute_name, "b·s·a·hd", true);
       if (memory_efficient_sdpa())
