@@ -14,7 +14,8 @@ import tempfile
 # matrix field -> predict flag (the fields torch_profile_step.py reads)
 FLAGS = {"batch": "-b", "seq": "-s", "precision": "--precision", "recompute": "--recompute",
          "attention": "--attention", "optimizer": "--optimizer", "optimizer_impl": "--optimizer-impl",
-         "lora": "--lora", "allocator_conf": "--allocator-conf"}
+         "lora": "--lora", "allocator_conf": "--allocator-conf",
+         "experts_implementation": "--experts"}
 KNOWN = set(FLAGS) | {"name", "config", "overrides", "steps", "warmup", "snapshot"}
 
 
