@@ -894,9 +894,11 @@ TEST_CASE("CLI sweep: fits on reserved by default with a device, --fit-on alloca
 // blocks as c10 does, so its per-phase allocated peaks are what a run's phases measure. predict()
 // gives them for the phases where the job's allocator settings round beyond 512 bytes
 // (roundup_power2_divisions: predict.cpp, allocated_as_replayed), so they are held here on every
-// committed single-GPU step, whatever its settings. 2026-12-04: 168 steps (the held-out ones too), every phase within
-// 0.1% (the simulation's own phases: within 1% but Qwen2.5 1.5B's bf16 1 × 512 forward peaks,
-// −1.6%, and 5-6% low under roundup_power2_divisions).
+// committed single-GPU step, whatever its settings. 2026-12-05: 181 steps (the held-out ones too), every phase within
+// 0.1% (the simulation's own phases: within 1% but Qwen2.5 1.5B's bf16 1 × 512 forward peaks, −1.6%,
+// and 5-6% low under roundup_power2_divisions). Gemma 2 2B fp32's floor (sdpa_fp32_heldout) is within
+// 0.05% here and +0.22% in the simulation: 23 of its 24 fp32 Adam states of 81 MiB are carved from
+// cached activation segments (the run's snapshot), where the simulation gives each its own 82 MiB.
 TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU step") {
   int steps = 0;
   double worst = 0;
@@ -908,7 +910,10 @@ TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU ste
                           "tests/data/allocator_conf/torch_train_max_split_roundup_h200.json",
                           "tests/data/heldout_conf/torch_train_heldout_default_h200.json",
                           "tests/data/heldout_conf/torch_train_heldout_expandable_h200.json",
-                          "tests/data/heldout_conf/torch_train_heldout_roundup_h200.json"}) {
+                          "tests/data/heldout_conf/torch_train_heldout_roundup_h200.json",
+                          "tests/data/sdpa_fp32_heldout/torch_train_sdpa_fp32_heldout_h100.json",
+                          "tests/data/common_heldout/torch_train_common_heldout_h100.json",
+                          "tests/data/qwen2moe_mask/torch_train_qwen2moe_mask_h100.json"}) {
     std::ifstream in(test::source_path(rel));
     REQUIRE(in.good());
     const auto data = nlohmann::json::parse(in);
@@ -926,6 +931,8 @@ TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU ste
         CAPTURE(name);
         CAPTURE(to_string(kTrainPhases[i]));
         CHECK(std::fabs(err) <= 0.002);
+        if (std::getenv("MEMBUDGET_RESERVED_VERBOSE") && std::fabs(err) > 0.0005)
+          std::printf("%+7.3f%%  %s %s\n", err * 100, name.c_str(), to_string(kTrainPhases[i]));
         worst = std::max(worst, std::fabs(err));
       }
       ++steps;
