@@ -33,11 +33,15 @@ TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool ex
 // stream: the step plan compiles it as its own regime).
 bool sliding_window_mask(const ModelSpec& m, const Job& job);
 
-// Whether eager attention's matmuls fold the batch into the heads (b·a) as views: a tensor laid
-// out b·s·a·hd (the query, the output's gradient, the keys and values where they are not repeated)
-// folds without a copy only where the batch is 1 (a different allocation stream: the step plan
-// compiles it as its own regime).
-bool eager_matmul_folds_as_view(const Job& job);
+// Whether attention's matmuls fold the batch into the heads (b·a) as views: a tensor laid out
+// b·s·a·hd (the query, the output's gradient, the keys and values where they are not repeated)
+// folds without a copy only where the batch is 1.
+bool matmul_folds_batch_as_view(const Job& job);
+// Whether some layer's attention runs such matmuls (so that the batch-1 step allocates a different
+// stream: the step plan compiles it as its own regime): eager attention, and SDPA's math kernel,
+// which runs in fp32 under GQA without a mask (Step::fused_sdpa; a masked layer runs the
+// memory-efficient kernel, so this may hold where every layer is masked).
+bool attention_folds_batch(const ModelSpec& m, const Job& job);
 
 // The highest decoder layer whose checkpoint frame is the last to hold one of the model's
 // attention masks (each frame holds the mask its layer was called with: Step::layer_mask), so its

@@ -776,8 +776,12 @@ struct Step {
                           "b·s·a·(nope+v)");
     const bytes_t vb = sim.info(kvb).bytes / mul(d.T, a, nope + vd);
     TensorId kvbt = transposed(kvb, "kv_b_proj output (transposed view)");
+    // (sdpa's backward names kv_b_proj's output among its saved tensors, for the order it frees
+    // them in; eager attention's `@ v` saves the value view, which holds the output as its base)
     TensorId kn = ops().view("k_nope (view of kv_b_proj output)", mul(d.T, a, nope, vb)),
-             val = ops().view("value_states (view of kv_b_proj output)", mul(d.T, a, vd, vb));
+             val = job.attention == Attention::math
+                       ? sim.view_of(kvbt, "value_states (view of kv_b_proj output)", mul(d.T, a, vd, vb), sim.info(kvb).dtype)
+                       : ops().view("value_states (view of kv_b_proj output)", mul(d.T, a, vd, vb));
     sim.node("SplitBackward0", {kvbt}, {kn, val}, {});
     // key_states = k_pass.new_empty(...); key_states[..., :nope] = k_pass; key_states[..., nope:] =
     // k_rot expanded over the heads: two CopySlices. Each backward copies its incoming gradient
@@ -805,26 +809,33 @@ struct Step {
       key = key_nope;
       sim.hold(key);
     }
-    // sdpa: q, k at qk, v at v width (the memory-efficient kernel); saves q, k, v, out, lse. Its
-    // backward makes dq, dk, dv, then one request for the fp32 dq accumulator and the fp32 delta,
-    // 256 bytes more than they are (as flash's); after the accumulators and the incoming gradient
-    // the saved tensors go, in the order lse, v's base, q, k, out (DeepSeek-V2-Lite's whole-run
-    // snapshot in tests/data/heldout_conf/: events 1013-1025 of the first recomputed layer's backward).
-    TensorId out = sim.make("sdpa output (saved)", mul(d.T, a, vd, r.compute), Term::activations, "sdpa", r.compute_name,
-                            "b·a·s·v", true);
-    TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, a, d.s, 4), Term::activations, "sdpa", "fp32", "b·a·s", false);
-    const bytes_t ws = mul(d.T, a, qk, 4) + mul(d.b, a, d.s, 4);
-    sim.node("EfficientAttentionBackward", {qs, key, val}, {out}, {lse, kvb, qs, key_nope, out}, ws);
-    sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
-    sim.saved_outlive_last_node();
-    sim.drop(lse);
-    // attn_output.transpose(1, 2).contiguous(): a copy o_proj saves; its backward hands o_proj's
-    // input gradient on as it is (the memory-efficient kernel takes it strided: no copy in the
-    // snapshot's backward)
-    TensorId oc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, a, vd, r.compute), Term::activations,
-                           "contiguous", r.compute_name, "b·s·a·v", true);
-    sim.pass_through_node("CloneBackward0", {out}, oc);
-    sim.drop(out);
+    TensorId oc = kNone;
+    if (job.attention == Attention::math) {
+      // eager_attention_forward (repeat_kv a no-op: as many key heads as query heads): the query
+      // and the keys are contiguous (cat, new_empty), the values a view of kv_b_proj's b·s·a·(nope+v)
+      oc = eager_attention(qs, key, val, EagerOperands{mul(a, qk), mul(a, vd), false, false, true});
+    } else {
+      // sdpa: q, k at qk, v at v width (the memory-efficient kernel); saves q, k, v, out, lse. Its
+      // backward makes dq, dk, dv, then one request for the fp32 dq accumulator and the fp32 delta,
+      // 256 bytes more than they are (as flash's); after the accumulators and the incoming gradient
+      // the saved tensors go, in the order lse, v's base, q, k, out (DeepSeek-V2-Lite's whole-run
+      // snapshot in tests/data/heldout_conf/: events 1013-1025 of the first recomputed layer's backward).
+      TensorId out = sim.make("sdpa output (saved)", mul(d.T, a, vd, r.compute), Term::activations, "sdpa", r.compute_name,
+                              "b·a·s·v", true);
+      TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, a, d.s, 4), Term::activations, "sdpa", "fp32", "b·a·s", false);
+      const bytes_t ws = mul(d.T, a, qk, 4) + mul(d.b, a, d.s, 4);
+      sim.node("EfficientAttentionBackward", {qs, key, val}, {out}, {lse, kvb, qs, key_nope, out}, ws);
+      sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
+      sim.saved_outlive_last_node();
+      sim.drop(lse);
+      // attn_output.transpose(1, 2).contiguous(): a copy o_proj saves; its backward hands o_proj's
+      // input gradient on as it is (the memory-efficient kernel takes it strided: no copy in the
+      // snapshot's backward)
+      oc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, a, vd, r.compute), Term::activations,
+                    "contiguous", r.compute_name, "b·s·a·v", true);
+      sim.pass_through_node("CloneBackward0", {out}, oc);
+      sim.drop(out);
+    }
     TensorId o = linear(oc, mul(a, vd), d.h, p.o, kNone, "o_proj output", "b·s·h");
     sim.drop(oc);
     // the attention returns: its locals go, in the order the snapshot frees them (q_pe's rotary
@@ -976,45 +987,71 @@ struct Step {
     return out;
   }
 
-  // at::_scaled_dot_product_attention_math: q·√scale, k repeated (enable_gqa) then ·√scale, a
-  // causal mask materialised as s² floats, softmax (saves its result), then @ v (repeated).
+  // matmul folds b·a into bmm's batch: an operand laid out b·s·a·hd (as projected: the query
+  // after a rotary that does not end in a cat, keys and values nothing copied) folds as a view only
+  // where b is 1 and is copied otherwise; the copy is what bmm saves (Llama 3.2 1B amp-bf16 full
+  // recompute at 2 × 1,024, tests/data/eager_alone/).
+  // `width`: the operand's elements a token (a·hd).
+  TensorId matmul_operand(TensorId x, bytes_t width, bool laid_out_b_s_a_hd, const char* name) {
+    if (matmul_folds_batch_as_view(job) || !laid_out_b_s_a_hd) {
+      sim.hold(x);
+      return x;
+    }
+    TensorId copy = sim.make(name, mul(d.T, width, r.compute), Term::activations, "matmul: reshape", r.compute_name, "b·a·s·hd", true);
+    sim.pass_through_node("CloneBackward", {x}, copy);  // its gradient folds back as a view
+    return copy;
+  }
+
+  // at::_scaled_dot_product_attention_math with is_causal (SDPA's fp32 kernel under GQA without a
+  // mask), as its locals live: q·√scale (the query's layout); the causal mask, ones(s, s) bool,
+  // .tril(), then at::where into s² floats (the bools freed as it is made); k and v repeated
+  // (enable_gqa); k·√scale; matmul(q, kᵀ), its copy of q where b > 1; the mask added in place;
+  // _safe_softmax: softmax, then eq(-inf) (b·a·s·s bools) and their all(-1) for the fully masked
+  // rows, freed before the scores; @ v. The scaled q, the repeated k and v and the mask go as the
+  // function returns. TinyLlama 1.1B fp32 full recompute at 2 × 2,000 (tests/data/combos_heldout/):
+  // 31.25 MiB, 3.8 MiB twice, 15.3 MiB, four 31.25 MiB, 976.6 MiB twice, 244.1 MiB.
   TensorId sdpa_math(TensorId q, TensorId k, TensorId v) {
     const bytes_t e = r.compute;
     const bytes_t bas2 = mul(d.b, d.a, d.s, d.s);
-    TensorId qs = sim.make("sdpa math: scaled q (saved)", mul(d.T, d.qd, e), Term::activations, "mul", "", "b·a·s·hd", true);
+    TensorId qs = sim.make("sdpa math: scaled q", mul(d.T, d.qd, e), Term::activations, "mul", r.compute_name, "b·s·a·hd", true);
     sim.node("MulBackward1", {q}, {qs}, {});
+    TensorId ones = sim.make("sdpa math: ones(s, s)", mul(d.s, d.s), Term::activations, "ones", "bool", "s·s", false);
+    TensorId tril = sim.make("sdpa math: tril", mul(d.s, d.s), Term::activations, "tril", "bool", "s·s", false);
+    sim.drop(ones);
+    TensorId mask = sim.make("sdpa math: causal mask", mul(d.s, d.s, e), Term::activations, "where", r.compute_name, "s·s", false);
+    sim.drop(tril);
     TensorId kr = k, vr = v;
     if (d.a != d.kva) {
-      kr = sim.make("sdpa math: repeated k", mul(d.T, d.qd, e), Term::activations, "repeat_interleave", "", "b·a·s·hd", true);
+      kr = sim.make("sdpa math: repeated k", mul(d.T, d.qd, e), Term::activations, "repeat_interleave", r.compute_name, "b·a·s·hd", true);
       sim.node("RepeatInterleaveBackward", {k}, {kr}, {});
-      vr = sim.make("sdpa math: repeated v (saved)", mul(d.T, d.qd, e), Term::activations, "repeat_interleave", "", "b·a·s·hd", true);
+      vr = sim.make("sdpa math: repeated v", mul(d.T, d.qd, e), Term::activations, "repeat_interleave", r.compute_name, "b·a·s·hd", true);
       sim.node("RepeatInterleaveBackward", {v}, {vr}, {});
     } else {
       sim.hold(kr);
       sim.hold(vr);
     }
-    TensorId ks = sim.make("sdpa math: scaled k (saved)", mul(d.T, d.qd, e), Term::activations, "mul", "", "b·a·s·hd", true);
+    TensorId ks = sim.make("sdpa math: scaled k", mul(d.T, d.qd, e), Term::activations, "mul", r.compute_name, "b·a·s·hd", true);
     sim.node("MulBackward1", {kr}, {ks}, {});
-    sim.drop(kr);
-    TensorId mask = sim.make("sdpa math: causal mask", mul(d.s, d.s, 1 + e), Term::activations, "tril + where", "", "s·s", false);
-    TensorId sc = sim.make("sdpa math: scores", mul(bas2, e), Term::activations, "matmul", "", "b·a·s·s", true);
-    sim.node("BmmBackward", {qs, ks}, {sc}, {qs, ks});
-    sim.drop(qs);
+    TensorId qf = matmul_operand(qs, d.qd, !m.quirks.partial_rotary, "sdpa math: matmul's copy of q (b > 1)");
+    TensorId sc = sim.make("sdpa math: scores", mul(bas2, e), Term::activations, "matmul", r.compute_name, "b·a·s·s", true);
+    sim.node("BmmBackward", {ks, qf}, {sc}, {qf, ks});
+    sim.drop(qf);
     sim.drop(ks);
-    TensorId sm = sim.make("sdpa math: softmax output (saved)", mul(bas2, e), Term::activations, "softmax", "", "b·a·s·s", true);
+    TensorId sm = sim.make("sdpa math: softmax output (saved)", mul(bas2, e), Term::activations, "softmax", r.compute_name, "b·a·s·s", true);
     // _safe_softmax's backward is _softmax_backward_data; on CUDA (SoftMax.cu,
     // softmax_backward_cuda_out) it computes `Tensor tmp = grad * output` before the reduction:
     // a temporary the size of the scores beside grad_input.
     sim.node("SoftmaxBackward", {sc}, {sm}, {sm}, mul(bas2, e));
+    TensorId masked = sim.make("sdpa math: _safe_softmax's eq(-inf)", bas2, Term::activations, "eq", "bool", "b·a·s·s", false);
+    sim.transient("sdpa math: _safe_softmax's fully masked rows", mul(d.b, d.a, d.s));
+    sim.drop(masked);
     sim.drop(sc);
-    sim.drop(mask);
-    TensorId o = sim.make("sdpa output", mul(d.T, d.qd, e), Term::activations, "matmul", "", "b·a·s·hd", true);
-    sim.node("BmmBackward", {sm, vr}, {o}, {sm, vr});
-    sim.drop(sm);
-    sim.drop(vr);
+    TensorId o = sim.make("sdpa output", mul(d.T, d.qd, e), Term::activations, "matmul", r.compute_name, "b·a·s·hd", true);
+    sim.node("BmmBackward", {vr, sm}, {o}, {sm, vr});  // the values' gradient, then the weights'
+    for (TensorId t : {sm, qs, kr, vr, mask}) sim.drop(t);
     // the math output is b·a·s·hd: HF's transpose(1, 2).contiguous() copies it for o_proj
     TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, e), Term::activations,
-                           "contiguous", "", "b·s·a·hd", true);
+                           "contiguous", r.compute_name, "b·s·a·hd", true);
     sim.node("CloneBackward", {o}, {oc}, {});
     sim.drop(o);
     return oc;
@@ -1030,9 +1067,6 @@ struct Step {
   // layer (layer_attn_weights). The snapshot of Llama 3.2 1B amp-bf16 full recompute with this
   // attention (tests/data/mul_order_alone/) shows each of these.
   TensorId eager(TensorId q, TensorId k, TensorId v) {
-    const bytes_t e = r.compute;
-    const bytes_t bas2 = mul(d.b, d.a, d.s, d.s);
-    const bytes_t qb = sim.info(q).bytes / mul(d.T, d.qd);  // the query's element size: .to(query.dtype)
     TensorId kr = k, vr = v;
     if (d.a != d.kva) {
       std::tie(kr, vr) = repeat_kv(k, v, "repeat_kv keys", "repeat_kv values");
@@ -1040,31 +1074,35 @@ struct Step {
       sim.hold(kr);
       sim.hold(vr);
     }
-    // matmul folds b·a into bmm's batch: q (and the keys and values where repeat_kv returns them
-    // as they are, a == kv heads) are laid out b·s·a·hd, which folds as a view only where b is 1
-    // and is copied otherwise; the copy is what bmm saves, the autocast cast before it goes as
-    // matmul returns (Llama 3.2 1B amp-bf16 full recompute at 2 × 1,024, tests/data/eager_alone/).
-    const bool folds_as_view = eager_matmul_folds_as_view(job);
-    auto folded = [&](TensorId x, bool transposed_layout, const char* name) {
-      if (folds_as_view || !transposed_layout) {
-        sim.hold(x);
-        return x;
-      }
-      TensorId copy = sim.make(name, mul(d.T, d.qd, e), Term::activations, "matmul: reshape", r.compute_name, "b·a·s·hd", true);
-      sim.pass_through_node("CloneBackward", {x}, copy);  // its gradient folds back as a view
-      return copy;
-    };
     // Which are laid out b·s·a·hd: the query, unless the rotary ends in a cat (Phi-3's partial
     // rotary: contiguous); the keys and values only where nothing copied them (repeat_kv, the
     // DynamicCache's cat, the rotary's cat for the keys; Phi-3's values are a slice of qkv_proj's
     // b·s·(q+2kv) output, the same layout with a larger stride)
     const bool repeated = d.a != d.kva, rotary_cat = m.quirks.partial_rotary;
-    const bool keys_as_projected = !repeated && !kv_cached() && !rotary_cat;
-    const bool values_as_projected = !repeated && !kv_cached();
-    TensorId kc = cast_input(kr, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
-    TensorId qc = cast_input(q, mul(d.T, d.qd), "eager attention: autocast casts of k, q");
-    TensorId kf = folded(kc, keys_as_projected, "eager attention: matmul's copy of k (b > 1)");
-    TensorId qf = folded(qc, !rotary_cat, "eager attention: matmul's copy of q (b > 1)");
+    const EagerOperands operands{d.qd, d.qd, !rotary_cat, !repeated && !kv_cached() && !rotary_cat, !repeated && !kv_cached()};
+    TensorId out = eager_attention(q, kr, vr, operands);
+    sim.drop(kr);
+    sim.drop(vr);
+    return out;
+  }
+
+  // eager_attention_forward's operands once repeated: q and k of `qk` elements a token (a·hd;
+  // the latent attention's a·(nope + rope)), v and the output of `vw` (a·hd; its a·v), and which
+  // are laid out b·s·a·hd (matmul_operand).
+  struct EagerOperands {
+    bytes_t qk, vw;
+    bool q_as_projected, k_as_projected, v_as_projected;
+  };
+  TensorId eager_attention(TensorId q, TensorId kr, TensorId vr, const EagerOperands& x) {
+    const bytes_t e = r.compute;
+    const bytes_t bas2 = mul(d.b, d.a, d.s, d.s);
+    const bytes_t qb = sim.info(q).bytes / mul(d.T, x.qk);  // the query's element size: .to(query.dtype)
+    const bool folds_as_view = matmul_folds_batch_as_view(job);
+    // (under autocast, the cast before matmul's copy goes as matmul returns)
+    TensorId kc = cast_input(kr, mul(d.T, x.qk), "eager attention: autocast casts of k, q");
+    TensorId qc = cast_input(q, mul(d.T, x.qk), "eager attention: autocast casts of k, q");
+    TensorId kf = matmul_operand(kc, x.qk, x.k_as_projected, "eager attention: matmul's copy of k (b > 1)");
+    TensorId qf = matmul_operand(qc, x.qk, x.q_as_projected, "eager attention: matmul's copy of q (b > 1)");
     TensorId sc = sim.make("attention scores", mul(bas2, e), Term::activations, "matmul", r.compute_name, "b·a·s·s", true);
     // BmmBackward0 computes mat2's gradient before self's (the generated code takes a function's
     // inputs last first, as MulBackward0's): the keys', then the queries'
@@ -1115,14 +1153,14 @@ struct Step {
     // `attn_weights = softmax(attn_weights, ...).to(query.dtype)`: the masked scores' variable
     // lets them go once the whole statement has run
     sim.drop(msk);
-    TensorId vc = cast_input(vr, mul(d.T, d.qd), "eager attention: autocast cast of v");
+    TensorId vc = cast_input(vr, mul(d.T, x.vw), "eager attention: autocast cast of v");
     TensorId wc = cast_input(sm, bas2, "eager attention: autocast cast of the weights (saved by @ v)");
-    TensorId vf = folded(vc, values_as_projected, "eager attention: matmul's copy of v (b > 1)");
-    TensorId o = sim.make("attention probs @ v", mul(d.T, d.qd, e), Term::activations, "matmul", r.compute_name,
+    TensorId vf = matmul_operand(vc, x.vw, x.v_as_projected, "eager attention: matmul's copy of v (b > 1)");
+    TensorId o = sim.make("attention probs @ v", mul(d.T, x.vw, e), Term::activations, "matmul", r.compute_name,
                           "b·a·s·hd", true);
     sim.node("BmmBackward", {vf, wc}, {o}, {wc, vf});  // the values' gradient, then the weights'
     for (TensorId t : {wc, vf, vc}) sim.drop(t);
-    TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, e), Term::activations,
+    TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, x.vw, e), Term::activations,
                            "contiguous", r.compute_name, "b·s·a·hd", true);
     // The output's gradient reaches the bmm as the transpose of o_proj's b·s·a·hd input gradient;
     // matmul's _unsafe_view backward reshapes it to (b·a)·s·hd, a view where b is 1 (a dimension
@@ -1133,8 +1171,6 @@ struct Step {
     else
       sim.node("CloneBackward", {o}, {oc}, {});
     sim.drop(o);
-    sim.drop(kr);
-    sim.drop(vr);
     sim.drop(layer_attn_weights);
     layer_attn_weights = sm;
     return oc;
@@ -2065,7 +2101,10 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
 // transformers materialises an SDPA mask for a sliding window once the sequence reaches the window
 // (forward() says why), for a window on every layer (Mistral, Phi-3) or on every other one
 // (Gemma 2: the mask goes to the sliding layers only, Step::layer()).
-bool eager_matmul_folds_as_view(const Job& job) { return job.batch == 1; }
+bool matmul_folds_batch_as_view(const Job& job) { return job.batch == 1; }
+bool attention_folds_batch(const ModelSpec& m, const Job& job) {
+  return job.attention == Attention::math || (job.precision == Precision::fp32 && m.num_heads != m.num_kv_heads);
+}
 
 std::uint64_t last_mask_holder(const ModelSpec& m, const Job& job) {
   const bool eager = job.attention == Attention::math;

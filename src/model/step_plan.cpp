@@ -221,9 +221,10 @@ std::array<plan::Probe, 3> training_probes(const ModelSpec& m, const Job& job) {
   using namespace plan;
   // Probes inside the job's regime.
   const int regime = StepPlan::regime(m, job);
-  // Eager attention: b = 1 at every probe in its batch-1 regime, b ≥ 2 at every probe outside it
+  // Attention that folds b·a (attention_folds_batch): b = 1 at every probe in its batch-1 regime,
+  // b ≥ 2 at every probe outside it
   const bool batch_one = regime & StepPlan::kBatchOne;
-  std::uint64_t b0 = job.attention == Attention::math && !batch_one ? 2 : 1, s0 = 1;
+  std::uint64_t b0 = attention_folds_batch(m, job) && !batch_one ? 2 : 1, s0 = 1;
   if (regime & 2) s0 = m.sliding.window;  // s ≥ window at every probe
   if (job.loss == Loss::chunked) {
     if (regime & 1) {  // T ≥ loss_chunk at every probe: through s (at the window or b = 1), or b
@@ -382,7 +383,7 @@ struct PlanBuilder {
 
 int StepPlan::regime(const ModelSpec& m, const Job& job) {
   const int chunk = job.loss == Loss::chunked && static_cast<u128>(job.batch) * job.seq > job.loss_chunk ? 1 : 0;
-  const bool batch_one = job.attention == Attention::math && eager_matmul_folds_as_view(job);
+  const bool batch_one = attention_folds_batch(m, job) && matmul_folds_batch_as_view(job);
   return chunk | (sliding_window_mask(m, job) ? 2 : 0) | (batch_one ? kBatchOne : 0);
 }
 

@@ -32,8 +32,8 @@ class StepPlan {
   // The regime of a job: the chunked loss computes min(loss_chunk, b·s) logits rows, a different
   // size class on either side of b·s = loss_chunk (bit 0); a sliding window on every layer makes
   // transformers build an SDPA mask from s = window on (bit 1; sliding_window_mask in
-  // inventory.hpp); eager attention at micro-batch 1 reshapes its output gradient as a view, where
-  // a larger batch copies it (bit 2, kBatchOne: eager_matmul_folds_as_view; its probes keep b = 1,
+  // inventory.hpp); eager attention and SDPA's math kernel at micro-batch 1 fold b·a as views, where
+  // a larger batch copies (bit 2, kBatchOne: attention_folds_batch; its probes keep b = 1,
   // so its plan is the batch-1 step's). Plans are compiled per regime.
   static constexpr int kBatchOne = 4;
   static int regime(const ModelSpec& m, const Job& job);
