@@ -306,3 +306,16 @@ TEST_CASE("common fine-tuning setups and Qwen1.5-MoE's masks, held out, land wit
 TEST_CASE("SDPA's fp32 memory-efficient kernel, held out, lands within 1% too") {
   check_file("tests/data/sdpa_fp32_heldout/torch_train_sdpa_fp32_heldout_h100.json", 4);
 }
+
+// Combinations no earlier run measured, held out, predicted before measured (tests/data/
+// combos_heldout/predicted_before.json, by ca653f6) and measured alone on an H100: Gemma (1) 2B,
+// Qwen3 0.6B fp32 eager, Qwen2.5 0.5B amp-bf16 full with fused AdamW, OLMoE fp32, TinyLlama fp32
+// full with for-loop SGD momentum, Llama 3.2 3B eager with Adafactor foreach, Qwen2.5 7B amp-bf16
+// full, Gemma 2 9B past its window with for-loop AdamW, DeepSeek-V2-Lite eager, Mixtral amp-bf16
+// full, Qwen3-30B-A3B batched_mm with SGD, Llama 3.1 8B fp32 eager full. As predicted, ten within
+// 0.21% on every phase; TinyLlama's forward −2.68% (SDPA's math kernel: its mask, locals, q copy
+// and _safe_softmax bools) and DeepSeek-V2-Lite's −1.29% (its latent attention walked as SDPA under
+// --attention math): −0.05% and −0.03% since 0f63d7e.
+TEST_CASE("combinations no earlier run measured, held out, land within 1% too") {
+  check_file("tests/data/combos_heldout/torch_train_combos_heldout_h100.json", 12);
+}

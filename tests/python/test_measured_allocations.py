@@ -394,6 +394,16 @@ MASKED_SDPA_STREAMS = [  # (snapshot, config, flags, overrides): SDPA from the s
      ["--batch", "2", "--seq", "4096", "--precision", "bf16", "--recompute", "full"], {"num_hidden_layers": 4}),
 ]
 
+# SDPA's math kernel (fp32 under GQA without a mask), held out (tools/matrices/combos_heldout_h200.json,
+# measured on an H100): its causal mask made as ones, tril and where, the scaled query, the repeated
+# keys and values and the mask held until it returns, matmul's copy of the query (b > 1), and
+# _safe_softmax's eq(-inf) bools beside the scores
+SDPA_MATH_STREAMS = [
+    ("combos_heldout/tinyllama-1.1b_fp32_full_flash_sgd-momentum_for-loop_b2s2000", "configs/hf/tinyllama-1.1b.json",
+     ["--batch", "2", "--seq", "2000", "--precision", "fp32", "--recompute", "full", "--optimizer", "sgd-momentum",
+      "--optimizer-impl", "for-loop"], {}),
+]
+
 
 def whole_stream_differences(tmp_path, snapshot, config, flags, overrides):
     """How many entries of a whole-run snapshot's large-pool stream (up to three steps, as far as
@@ -450,3 +460,12 @@ def test_address_ties_repeat_the_same_segment_order():
         orders = [segment_address_order(p) for p in paths]
         assert len(orders[0]) > 50, step
         assert all(o == orders[0] for o in orders), step
+
+
+@pytest.mark.skipif(not CLI, reason="MEMBUDGET_CLI not set (ctest sets it)")
+@pytest.mark.parametrize("snapshot,config,flags,overrides", SDPA_MATH_STREAMS)
+def test_sdpa_math_kernel_runs_as_torch_runs_it(tmp_path, snapshot, config, flags, overrides):
+    """SDPA's math kernel measured alone with a whole-run snapshot: the whole measured stream is the
+    walk's, allocation for allocation."""
+    unmatched = whole_stream_differences(tmp_path, snapshot, config, ["--attention", "flash", *flags], overrides)
+    assert unmatched == 0, f"{unmatched} of the measured stream's entries differ"
