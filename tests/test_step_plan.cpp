@@ -381,6 +381,10 @@ TEST_CASE("the memory-efficient attention's dq accumulators round to whole tiles
   CHECK(mem_efficient_grad_q_bytes(32, 6145, 128) > mem_efficient_grad_q_bytes(32, 6144, 128));
   CHECK(mem_efficient_grad_q_bytes(32, 6144, 256) == 2 * mem_efficient_grad_q_bytes(32, 6144, 128));
   CHECK(mem_efficient_grad_q_bytes(32, 6144, 96) == mem_efficient_grad_q_bytes(32, 6144, 128));
+  // heads wider than 128 tile 128 queries by 64 columns: DeepSeek-V2-Lite's 16 heads of 192 at
+  // 1,024 tokens measured 12,589,056 bytes (tests/data/attention_fix_heldout/)
+  CHECK(mem_efficient_grad_q_bytes(16, 1024, 192) == 12589056);
+  CHECK(mem_efficient_grad_q_bytes(16, 1025, 192) == mem_efficient_grad_q_bytes(16, 1024 + 128, 192));
   CHECK(mem_efficient_grad_q_bytes(0, 6144, 128) == 0);
   CHECK_THROWS_AS(mem_efficient_grad_q_bytes(1ull << 40, 1ull << 40, 128), Error);
   CHECK_THROWS_AS(mem_efficient_grad_q_bytes(1, ~0ull, ~0ull), Error);

@@ -63,7 +63,8 @@ ReduceStaging cuda_reduce_staging(std::uint64_t outputs, std::uint64_t inputs_pe
 }
 
 bytes_t mem_efficient_grad_q_bytes(std::uint64_t batch_heads, std::uint64_t queries, std::uint64_t head_dim) {
-  constexpr std::uint64_t kBlockQueries = 64, kBlockColumns = 128, kHeaderFloats = 4;
+  constexpr std::uint64_t kHeaderFloats = 4;
+  const std::uint64_t kBlockQueries = head_dim <= 128 ? 64 : 128, kBlockColumns = head_dim <= 128 ? 128 : 64;
   const auto ceil_div = [](std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0); };  // a + b - 1 may wrap
   const std::uint64_t blocks = checked_mul(ceil_div(queries, kBlockQueries), ceil_div(head_dim, kBlockColumns), "attention workspace");
   return checked_product("attention workspace", batch_heads, blocks, (kBlockQueries * kBlockColumns + kHeaderFloats) * 4);

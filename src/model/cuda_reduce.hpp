@@ -64,7 +64,9 @@ struct LaunchSize {
 // kBlockSizeI queries and kBlockSizeJ head-dim columns, a 16-byte lock-and-counter header and the
 // block's fp32 dq tile. On sm80 and later the fp32 kernels of head_dim up to 128 tile 64 x 128
 // (fmha_cutlassB_f32_aligned_64x128_k128_sm80: Mistral 7B's 32 heads of 128 at 6,144 tokens ask
-// 100,712,448 bytes, tests/data/common_heldout/); a 128-query tile would change only the headers.
+// 100,712,448 bytes, tests/data/common_heldout/), wider heads 128 x 64 (the k65536 kernel:
+// DeepSeek-V2-Lite's 16 heads of 192 at 1,024 tokens ask 12,589,056 bytes, 24 tiles a head where
+// 64 x 128 would make 32, tests/data/attention_fix_heldout/).
 bytes_t mem_efficient_grad_q_bytes(std::uint64_t batch_heads, std::uint64_t queries, std::uint64_t head_dim);
 // The bytes at these arguments (Error(overflow) past 2^64).
 bytes_t launch_bytes(const LaunchSize& l);

@@ -696,6 +696,26 @@ struct Step {
     return out;
   }
 
+  // The fused kernel's backward after the node's dq, dk, dv (`ws`: its accumulators' bytes; `out_width`
+  // the output's elements a token, `qk_head_dim` the query's per head). The fp32 memory-efficient
+  // kernel leaves delta to ATen (kKernelComputesDelta is the 16-bit kernels'): (grad_out * out)
+  // and its .sum(-1) go once the sum is transposed into a contiguous b·a·s, which stays through the
+  // kernel; then the dq accumulators (mem_efficient_grad_q_bytes). Mistral 7B fp32 at 6,144 tokens,
+  // tests/data/common_heldout/: 96 MiB, 768 KiB, 768 KiB, then 100,712,448 bytes; DeepSeek-V2-Lite's
+  // latent attention in fp32, tests/data/attention_fix_heldout/: 8 MiB, then 12,589,056 bytes. The
+  // 16-bit kernels request the accumulators 256 bytes larger than they are (Qwen2.5 7B: 56, 8, 8,
+  // 224.9 MiB; the same on Llama 3.2 1B, Llama 3.1 8B and Qwen2.5 1.5B and 7B: 8,454,400 bytes for
+  // the 1B at 512 tokens; with a bias, Phi-3 mini's), which rounds it up a block.
+  void fused_sdpa_backward_workspace(bytes_t out_width, bytes_t qk_head_dim, bytes_t ws) {
+    if (r.compute == 4) {
+      const bytes_t per_query = mul(d.b, d.a, d.s, 4);
+      sim.temporaries_before_workspace({mul(d.T, out_width, 4), per_query, per_query}, 0b100);
+      sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::mem_efficient_grad_q, false, {mul(d.b, d.a), d.s, qk_head_dim}});
+    } else {
+      sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
+    }
+  }
+
   TensorId mla_attention(const LayerParams& p, TensorId n1) {
     const LatentAttention& la = m.mla;
     const bytes_t a = m.num_heads, nope = la.qk_nope_head_dim, rope = la.qk_rope_head_dim, vd = la.v_head_dim,
@@ -720,7 +740,10 @@ struct Step {
     sim.node("SplitBackward0", {q}, {q_nope, q_pe}, {});
     TensorId ckv = linear(n1, d.h, kvr + rope, p.kv_a, kNone, "kv_a_proj_with_mqa output", "b·s·(r+rope)");
     const bytes_t cb = sim.info(ckv).bytes / mul(d.T, kvr + rope);
-    TensorId kv_nope = ops().view("kv_nope (view of compressed_kv)", mul(d.T, kvr, cb)),
+    // (in fp32 the latent's norm saves kv_nope itself, its .to(float32) a no-op: the view then
+    // holds compressed_kv until backward, as DeepSeek-V2-Lite fp32's snapshot keeps it)
+    TensorId kv_nope = cb == 4 ? sim.view_of(ckv, "kv_nope (view of compressed_kv)", mul(d.T, kvr, cb), sim.info(ckv).dtype)
+                               : ops().view("kv_nope (view of compressed_kv)", mul(d.T, kvr, cb)),
              k_pe = ops().view("k_pe (view of compressed_kv)", mul(d.T, rope, cb));
     sim.node("SplitBackward0", {ckv}, {kv_nope, k_pe}, {});
     TensorId k_nope = ops().rmsnorm(kv_nope, p.kv_a_norm, "kv_a_layernorm output", kvr, 1, cb);
@@ -736,12 +759,18 @@ struct Step {
       sim.drop(k_pe);
     } else {
     // apply_rotary_emb: the fp32 copies live until it returns (view_as_complex views of them)
-    TensorId xq = sim.make("rotary: q_pe.float() (copy)", mul(d.T, a, rope, 4), Term::activations, "float + reshape", "fp32",
-                           "b·a·s·rope", true);
-    sim.node("ToCopyBackward0", {q_pe}, {xq}, {});
-    TensorId xk = sim.make("rotary: k_pe.float() (copy)", mul(d.T, rope, 4), Term::activations, "float + reshape", "fp32",
-                           "b·s·rope", true);
-    sim.node("ToCopyBackward0", {k_pe}, {xk}, {});
+    // (.float() of an fp32 tensor is the tensor itself: DeepSeek-V2-Lite fp32's snapshot has only the products)
+    auto as_fp32 = [&](TensorId x, bytes_t width, bytes_t eb, const char* name, const char* shape) {
+      if (eb == 4) {
+        sim.hold(x);
+        return x;
+      }
+      TensorId c = sim.make(name, mul(d.T, width, 4), Term::activations, "float + reshape", "fp32", shape, true);
+      sim.node("ToCopyBackward0", {x}, {c}, {});
+      return c;
+    };
+    TensorId xq = as_fp32(q_pe, mul(a, rope), qb, "rotary: q_pe.float() (copy)", "b·a·s·rope");
+    TensorId xk = as_fp32(k_pe, rope, cb, "rotary: k_pe.float() (copy)", "b·s·rope");
     auto rotate = [&](TensorId xf, bytes_t width, bytes_t eb, const char* tag) {
       TensorId c = sim.make("rotary: x * freqs_cis (complex64)", mul(d.T, width, 4), Term::activations, "mul", "complex64", "", true);
       sim.node("MulBackward0", {xf}, {c}, {cos});
@@ -825,16 +854,22 @@ struct Step {
       TensorId lse = sim.make("sdpa log-sum-exp (saved)", mul(d.b, a, d.s, 4), Term::activations, "sdpa", "fp32", "b·a·s", false);
       const bytes_t ws = mul(d.T, a, qk, 4) + mul(d.b, a, d.s, 4);
       sim.node("EfficientAttentionBackward", {qs, key, val}, {out}, {lse, kvb, qs, key_nope, out}, ws);
-      sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
+      fused_sdpa_backward_workspace(mul(a, vd), qk, ws);
       sim.saved_outlive_last_node();
       sim.drop(lse);
-      // attn_output.transpose(1, 2).contiguous(): a copy o_proj saves; its backward hands o_proj's
-      // input gradient on as it is (the memory-efficient kernel takes it strided: no copy in the
-      // snapshot's backward)
-      oc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, a, vd, r.compute), Term::activations,
-                    "contiguous", r.compute_name, "b·s·a·v", true);
-      sim.pass_through_node("CloneBackward0", {out}, oc);
-      sim.drop(out);
+      // attn_output.transpose(1, 2).contiguous(): in 16-bit a copy o_proj saves (the kernel's
+      // output follows the contiguous query's layout, b·a·s·v); its backward hands o_proj's input
+      // gradient on as it is (the kernel takes it strided: no copy in the snapshot's backward). In
+      // fp32 the memory-efficient kernel allocates its output b·s·a·v, so the transpose is a view
+      // (DeepSeek-V2-Lite fp32, tests/data/attention_fix_heldout/: o_proj straight after sdpa).
+      if (r.compute == 4) {
+        oc = out;
+      } else {
+        oc = sim.make("attention output (contiguous copy, saved by o_proj)", mul(d.T, a, vd, r.compute), Term::activations,
+                      "contiguous", r.compute_name, "b·s·a·v", true);
+        sim.pass_through_node("CloneBackward0", {out}, oc);
+        sim.drop(out);
+      }
     }
     TensorId o = linear(oc, mul(a, vd), d.h, p.o, kNone, "o_proj output", "b·s·h");
     sim.drop(oc);
@@ -946,22 +981,7 @@ struct Step {
         sim.node("EfficientAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
       else
         sim.node("FlashAttentionBackward", {q, k, v}, {out}, {q, k, v, out, lse}, ws);
-      if (r.compute == 4) {
-        // The fp32 kernel leaves delta to ATen (kKernelComputesDelta is the 16-bit kernels'):
-        // after dq, dk and dv, (grad_out * out) and its .sum(-1) go once the sum is transposed into
-        // a contiguous b·a·s, which stays through the kernel; then the dq accumulators
-        // (mem_efficient_grad_q_bytes). Mistral 7B fp32 at 6,144 tokens, tests/data/common_heldout/:
-        // 96 MiB, 768 KiB, 768 KiB, then 100,712,448 bytes.
-        const bytes_t per_query = mul(d.b, d.a, d.s, 4);
-        sim.temporaries_before_workspace({mul(d.T, d.qd, 4), per_query, per_query}, 0b100);
-        sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::mem_efficient_grad_q, false, {mul(d.b, d.a), d.s, d.hd}});
-      } else {
-        // dq, dk, dv, then the accumulators (Qwen2.5 7B: 56, 8, 8, 224.9 MiB) in one request 256
-        // bytes larger than they are (the same on Llama 3.2 1B, Llama 3.1 8B and Qwen2.5 1.5B and
-        // 7B: 8,454,400 bytes for the 1B at 512 tokens; with a bias, Phi-3 mini's), which rounds it
-        // up a block
-        sim.workspace_after_gradients(LaunchSize{LaunchSize::Kind::sum, false, {ws, 256, 0}});
-      }
+      fused_sdpa_backward_workspace(d.qd, d.hd, ws);
       sim.drop(lse);
       sim.drop(bias);
       if (cp()) {
@@ -1049,10 +1069,15 @@ struct Step {
     TensorId o = sim.make("sdpa output", mul(d.T, d.qd, e), Term::activations, "matmul", r.compute_name, "b·a·s·hd", true);
     sim.node("BmmBackward", {vr, sm}, {o}, {sm, vr});  // the values' gradient, then the weights'
     for (TensorId t : {sm, qs, kr, vr, mask}) sim.drop(t);
-    // the math output is b·a·s·hd: HF's transpose(1, 2).contiguous() copies it for o_proj
+    // the math output is b·a·s·hd: HF's transpose(1, 2).contiguous() copies it for o_proj; its
+    // gradient comes back through matmul's reshape, a view where b is 1 (as in eager_attention:
+    // TinyLlama at 1 × 3,000, tests/data/attention_fix_heldout/), a copy otherwise
     TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, e), Term::activations,
                            "contiguous", r.compute_name, "b·s·a·hd", true);
-    sim.node("CloneBackward", {o}, {oc}, {});
+    if (matmul_folds_batch_as_view(job))
+      sim.pass_through_node("CloneBackward", {o}, oc);
+    else
+      sim.node("CloneBackward", {o}, {oc}, {});
     sim.drop(o);
     return oc;
   }

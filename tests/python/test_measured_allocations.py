@@ -402,6 +402,14 @@ SDPA_MATH_STREAMS = [
     ("combos_heldout/tinyllama-1.1b_fp32_full_flash_sgd-momentum_for-loop_b2s2000", "configs/hf/tinyllama-1.1b.json",
      ["--batch", "2", "--seq", "2000", "--precision", "fp32", "--recompute", "full", "--optimizer", "sgd-momentum",
       "--optimizer-impl", "for-loop"], {}),
+    # held out again after that (tools/matrices/attention_fix_heldout_h200.json): at b = 1 (no copy of
+    # the query; the output's gradient a view), without recompute, and at b = 3 under full recompute
+    ("attention_fix_heldout/tinyllama-1.1b_fp32_none_flash_adamw_b1s3000", "configs/hf/tinyllama-1.1b.json",
+     ["--batch", "1", "--seq", "3000", "--precision", "fp32"], {}),
+    ("attention_fix_heldout/qwen2.5-1.5b_fp32_none_flash_adamw_b2s1500", "configs/hf/qwen2.5-1.5b.json",
+     ["--batch", "2", "--seq", "1500", "--precision", "fp32"], {}),
+    ("attention_fix_heldout/llama-3.2-3b_fp32_full_flash_adamw_b3s1200", "configs/hf/llama-3.2-3b.json",
+     ["--batch", "3", "--seq", "1200", "--precision", "fp32", "--recompute", "full"], {}),
 ]
 
 
