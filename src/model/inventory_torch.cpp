@@ -845,8 +845,8 @@ struct Step {
       oc = eager_attention(qs, key, val, EagerOperands{mul(a, qk), mul(a, vd), false, false, true});
     } else {
       // sdpa: q, k at qk, v at v width (the memory-efficient kernel); saves q, k, v, out, lse. Its
-      // backward makes dq, dk, dv, then one request for the fp32 dq accumulator and the fp32 delta,
-      // 256 bytes more than they are (as flash's); after the accumulators and the incoming gradient
+      // backward makes dq, dk, dv, then its accumulators (fused_sdpa_backward_workspace: in 16-bit
+      // one request for the fp32 dq accumulator and delta, as flash's); after them and the incoming gradient
       // the saved tensors go, in the order lse, v's base, q, k, out (DeepSeek-V2-Lite's whole-run
       // snapshot in tests/data/heldout_conf/: events 1013-1025 of the first recomputed layer's backward).
       TensorId out = sim.make("sdpa output (saved)", mul(d.T, a, vd, r.compute), Term::activations, "sdpa", r.compute_name,
@@ -1022,6 +1022,23 @@ struct Step {
     return copy;
   }
 
+  // A matmul attention's b·a·s·hd output (`width` elements a token) as HF's transpose(1, 2)
+  // .contiguous() leaves it for o_proj: a copy o_proj saves; `o` goes. The output's gradient reaches
+  // the bmm as the transpose of o_proj's b·s·a·hd input gradient; matmul's _unsafe_view backward
+  // reshapes it to (b·a)·s·hd, a view where b is 1 (a dimension of size 1 merges with any), a copy
+  // otherwise (Llama 3.2 1B eager at 1 × 2048 makes none: tests/data/mul_order_alone/; SDPA's math
+  // kernel, TinyLlama at 1 × 3,000: tests/data/attention_fix_heldout/).
+  TensorId contiguous_output(TensorId o, bytes_t width) {
+    TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, width, r.compute), Term::activations,
+                           "contiguous", r.compute_name, "b·s·a·hd", true);
+    if (matmul_folds_batch_as_view(job))
+      sim.pass_through_node("CloneBackward", {o}, oc);
+    else
+      sim.node("CloneBackward", {o}, {oc}, {});
+    sim.drop(o);
+    return oc;
+  }
+
   // at::_scaled_dot_product_attention_math with is_causal (SDPA's fp32 kernel under GQA without a
   // mask), as its locals live: q·√scale (the query's layout); the causal mask, ones(s, s) bool,
   // .tril(), then at::where into s² floats (the bools freed as it is made); k and v repeated
@@ -1069,17 +1086,7 @@ struct Step {
     TensorId o = sim.make("sdpa output", mul(d.T, d.qd, e), Term::activations, "matmul", r.compute_name, "b·a·s·hd", true);
     sim.node("BmmBackward", {vr, sm}, {o}, {sm, vr});  // the values' gradient, then the weights'
     for (TensorId t : {sm, qs, kr, vr, mask}) sim.drop(t);
-    // the math output is b·a·s·hd: HF's transpose(1, 2).contiguous() copies it for o_proj; its
-    // gradient comes back through matmul's reshape, a view where b is 1 (as in eager_attention:
-    // TinyLlama at 1 × 3,000, tests/data/attention_fix_heldout/), a copy otherwise
-    TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, d.qd, e), Term::activations,
-                           "contiguous", r.compute_name, "b·s·a·hd", true);
-    if (matmul_folds_batch_as_view(job))
-      sim.pass_through_node("CloneBackward", {o}, oc);
-    else
-      sim.node("CloneBackward", {o}, {oc}, {});
-    sim.drop(o);
-    return oc;
+    return contiguous_output(o, d.qd);
   }
 
   // transformers' eager_attention_forward: repeat_kv (a copy in the keys' and values' dtypes: fp32
@@ -1122,7 +1129,6 @@ struct Step {
     const bytes_t e = r.compute;
     const bytes_t bas2 = mul(d.b, d.a, d.s, d.s);
     const bytes_t qb = sim.info(q).bytes / mul(d.T, x.qk);  // the query's element size: .to(query.dtype)
-    const bool folds_as_view = matmul_folds_batch_as_view(job);
     // (under autocast, the cast before matmul's copy goes as matmul returns)
     TensorId kc = cast_input(kr, mul(d.T, x.qk), "eager attention: autocast casts of k, q");
     TensorId qc = cast_input(q, mul(d.T, x.qk), "eager attention: autocast casts of k, q");
@@ -1185,17 +1191,7 @@ struct Step {
                           "b·a·s·hd", true);
     sim.node("BmmBackward", {vf, wc}, {o}, {wc, vf});  // the values' gradient, then the weights'
     for (TensorId t : {wc, vf, vc}) sim.drop(t);
-    TensorId oc = sim.make("attention output (contiguous, saved by o_proj)", mul(d.T, x.vw, e), Term::activations,
-                           "contiguous", r.compute_name, "b·s·a·hd", true);
-    // The output's gradient reaches the bmm as the transpose of o_proj's b·s·a·hd input gradient;
-    // matmul's _unsafe_view backward reshapes it to (b·a)·s·hd, a view where b is 1 (a dimension
-    // of size 1 merges with any), a copy otherwise (Llama 3.2 1B at 1 × 2048 makes none:
-    // tests/data/mul_order_alone/).
-    if (folds_as_view)
-      sim.pass_through_node("CloneBackward", {o}, oc);
-    else
-      sim.node("CloneBackward", {o}, {oc}, {});
-    sim.drop(o);
+    TensorId oc = contiguous_output(o, x.vw);
     sim.drop(layer_attn_weights);
     layer_attn_weights = sm;
     return oc;
