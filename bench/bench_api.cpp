@@ -241,6 +241,24 @@ void BM_predict_reserved_new_shape(benchmark::State& state) {
 }
 BENCHMARK(BM_predict_reserved_new_shape)->Arg(8)->Arg(70)->Unit(benchmark::kMicrosecond);
 
+// The same as the first question about the model and recipe: the stream compiled (four
+// simulations, the replay scripts and their closed windows), then replayed.
+void BM_predict_reserved_first_question(benchmark::State& state) {
+  const ModelSpec& m = model_of(state.range(0));
+  Job j;
+  PredictOptions o;
+  o.reserved = true;
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const auto& [b, s] = shapes()[i++ % shapes().size()];
+    j.batch = 1 + b % 4;
+    j.seq = 1 + s % 8192;
+    clear_estimate_cache();
+    benchmark::DoNotOptimize(predict(m, j, o).reserved_peak);
+  }
+}
+BENCHMARK(BM_predict_reserved_first_question)->Arg(8)->Arg(70)->Unit(benchmark::kMillisecond);
+
 // max_micro_batch(): galloping + binary search, a different sequence length every call (every
 // estimate in the search is a new shape).
 void BM_max_micro_batch(benchmark::State& state) {

@@ -56,7 +56,8 @@ struct Estimate {
 // input.
 Estimate estimate(const ModelSpec& model, const Job& job);
 Estimate summarize(const Budget& budget);
-// Empties this thread's plans and memo table (benchmarks of the first question; memory control).
+// Empties this thread's plans, reserved-memory streams and memo table (benchmarks of the first
+// question; memory control).
 void clear_estimate_cache() noexcept;
 
 // The largest number of bytes the card may hold: capacity · (1 − headroom). Throws

@@ -13,6 +13,7 @@
 #include "parallel.hpp"
 #include "pipeline.hpp"
 #include "predictors.hpp"
+#include "reserved.hpp"
 #include "membudget/input.hpp"
 #include "membudget/serving.hpp"
 #include "serve_plan.hpp"
@@ -208,6 +209,7 @@ void clear_estimate_cache() noexcept {
   cache().clear();
   detail::StepPlan::clear_cache();
   detail::ServePlan::clear_cache();
+  detail::clear_reserved_streams();
 }
 
 bytes_t usable_bytes(const Device& device, double headroom) {

@@ -175,18 +175,28 @@ struct ReplayScript {
     }
     window_end.assign(n, 0);
     const auto first_phase = static_cast<std::size_t>(std::find(events.begin(), events.end(), SimTrace::kPhase) - events.begin());
-    for (std::size_t i = first_phase + 1; i < n; ++i) {
+    // From the last allocation back: a window from i holds the window of every allocation k inside
+    // it, so the scan takes k's (already known) in one step and fails where k has none (a window of
+    // another stream fails too). Scanning event by event instead was quadratic in the step's
+    // length (a forward's saved tensors reach to the phase's end): most of a 70B compile.
+    for (std::size_t i = n; i-- > first_phase + 1;) {
       const std::int32_t ev = events[i];
       if (ev < 0 || partner[i] < 0 || !one_block(static_cast<std::size_t>(ev))) continue;
       const measure::StreamId stream = tensors[static_cast<std::size_t>(ev)].stream;
       auto end = static_cast<std::size_t>(partner[i]);
       bool closed = true;
-      for (std::size_t k = i + 1; k <= end && closed; ++k) {
+      for (std::size_t k = i + 1; k <= end && closed;) {
         const std::int32_t e = events[k];
-        if (e == SimTrace::kPhase) closed = false;
-        else if (e >= 0) {
-          closed = partner[k] >= 0 && one_block(static_cast<std::size_t>(e)) && tensors[static_cast<std::size_t>(e)].stream == stream;
-          if (closed) end = std::max(end, static_cast<std::size_t>(partner[k]));
+        if (e == SimTrace::kPhase) {
+          closed = false;
+        } else if (e < 0) {
+          ++k;
+        } else {
+          closed = window_end[k] != 0 && tensors[static_cast<std::size_t>(e)].stream == stream;
+          if (closed) {
+            end = std::max(end, static_cast<std::size_t>(window_end[k]) - 1);
+            k = window_end[k];
+          }
         }
       }
       if (closed) window_end[i] = static_cast<std::uint32_t>(end + 1);
@@ -619,6 +629,8 @@ class ReservedStream {
     return PlanCache<ReservedStream, 16>::mine().get(m, job, static_cast<std::uint64_t>(StepPlan::regime(m, job)), compile);
   }
 
+  static void clear_cache() noexcept { PlanCache<ReservedStream, 16>::mine().clear(); }
+
   // The recorded streams (the first probe's) as the replay reads them; sizes() gives their bytes.
   const std::array<ReplayScript, 2>& scripts() const { return scripts_; }
   // Every tensor's bytes at (b, seq); false where the shape is not the plan's (a sequence that is
@@ -800,6 +812,8 @@ ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const 
 }
 
 bool reserved_stream_compiles(const ModelSpec& m, const Job& job) { return ReservedStream::cached(m, job) != nullptr; }
+
+void clear_reserved_streams() noexcept { ReservedStream::clear_cache(); }
 
 void allocated_as_replayed(Budget& b, const ReservedResult& r) {
   auto replace = [](std::vector<PhasePeak>& phases, const std::array<bytes_t, 4>& replayed) {

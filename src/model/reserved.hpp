@@ -42,6 +42,8 @@ ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const 
                                       bool skip_closed_windows = true);
 // Whether (m, job)'s regime has a compiled stream (compiling it on first use; for tests).
 bool reserved_stream_compiles(const ModelSpec& m, const Job& job);
+// Empties this thread's compiled streams (clear_estimate_cache).
+void clear_reserved_streams() noexcept;
 
 // The same replay of step 0 and the steady steps as simulate_torch_train recorded them (`traces`),
 // giving memory_reserved() after each allocation or free of the last steady step from its first
