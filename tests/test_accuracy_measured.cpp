@@ -329,3 +329,24 @@ TEST_CASE("combinations no earlier run measured, held out, land within 1% too") 
 TEST_CASE("the corrected attention paths, held out again, land within 1% too") {
   check_file("tests/data/attention_fix_heldout/torch_train_attention_fix_heldout_h100.json", 5);
 }
+
+// Models no earlier run measured, their config.json as released (tests/data/hf/), held out and
+// predicted before measured (tests/data/new_models_heldout/predicted_before.json, by 7e4ad22),
+// each alone on an H100: SmolLM2 360M (15 heads over 5 KV heads, tied) amp-bf16 and fp32 eager
+// full recompute with fused AdamW; Qwen3 4B (head_dim 128 beside a 2,560 hidden size) in bf16 and
+// with LoRA over all 36 layers; Gemma 7B (head_dim 256, a 256k vocabulary) amp-bf16 and fp32 with
+// SGD momentum; Phi-3 medium (fused QKV over 10 KV heads) in fp32 and amp-bf16 full recompute past
+// its window; Mistral NeMo 12B with eager attention and fused AdamW. Seven of the nine within 0.34%
+// on every phase. One known gap of the simulation (these are its phases, estimate()'s; predict with
+// the replay, the CLI's, is within 0.15% on all nine: test_reserved):
+//  - SmolLM2 360M: its k and v projections and their Adam states (1.17 MiB each) take free blocks
+//    of up to 2.17 MiB whole (c10 splits off a remainder only above 1 MiB), 37 MiB at the floor in
+//    the run's snapshot, and its temporaries and gradients more; the simulation gives only the
+//    parameters' own segments slack. amp-bf16: floor −0.87%, optimizer −1.82%; fp32: backward
+//    −1.00%, optimizer −1.10%.
+TEST_CASE("models no earlier run measured, held out, land within 1% too") {
+  check_file("tests/data/new_models_heldout/torch_train_new_models_heldout_h100.json", 9,
+             {{"smollm2-360m/amp-bf16/", Phase::optimizer_peak, -0.02, 0.0},
+              {"smollm2-360m/fp32/", Phase::backward_peak, -0.015, 0.0},
+              {"smollm2-360m/fp32/", Phase::optimizer_peak, -0.015, 0.0}});
+}

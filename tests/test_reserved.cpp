@@ -626,18 +626,66 @@ TEST_CASE("roundup_power2_divisions: the phases count the rounded blocks, or the
   CHECK(b.reserved_peak > 0);
   const auto r = membudget::detail::simulate_reserved_full(
       m, job, membudget::detail::parse_allocator_conf("roundup_power2_divisions:4").policy);
+  int explained = 0;
   for (std::size_t i = 0; i < b.phases.size(); ++i) {
     CAPTURE(b.phases[i].name());
     CHECK(b.phases[i].bytes == r.allocated_steady[i]);
     CHECK(b.phases[i].bytes >= d.phases[i].bytes);
-    bytes_t listed = 0, rounding = 0;
-    for (const TensorBytes& t : b.phases[i].live) (t.name == "allocator rounding" ? rounding : listed) += t.bytes;
-    if (b.phases[i].bytes > d.phases[i].bytes) CHECK(rounding == b.phases[i].bytes - d.phases[i].bytes);
+    // the simulation's slack entries give way to one entry of the replay's: the tensors plus it
+    // make the phase
+    bytes_t listed = 0, slack = 0, simulated_slack = 0;
+    for (const TensorBytes& t : b.phases[i].live) {
+      CHECK(t.op != membudget::detail::kCachingAllocatorOp);
+      (t.name == membudget::detail::kAllocatorSlack ? slack : listed) += t.bytes;
+    }
+    for (const TensorBytes& t : d.phases[i].live)
+      if (t.op == membudget::detail::kCachingAllocatorOp) simulated_slack += t.bytes;
+    if (d.phases[i].live.empty()) continue;  // (the floor lists nothing)
+    CHECK(listed == d.phases[i].bytes - simulated_slack);
+    CHECK(listed + slack == b.phases[i].bytes);
+    ++explained;
   }
+  CHECK(explained == 3);
   CHECK(b.peak > d.peak);
   Job serve = job;
   serve.mode = Mode::infer;
   CHECK_THROWS_AS(predict(m, serve, rounded), Error);
+}
+
+// Wherever the replay runs, its allocated peaks are the phases (predict.cpp): with c10's defaults
+// too, where they differ from the simulation's by the blocks taken whole. SmolLM2 360M: its k and v
+// projections (1.17 MiB) take free blocks of up to 2.17 MiB whole; measured, the replay's phases are
+// within 0.15% and the simulation's optimizer phase 1.8% low (tests/data/new_models_heldout/).
+TEST_CASE("predict with the replay reports the replay's allocated phases, step 0 and steady") {
+  const ModelSpec m = load_model(test::source_path("tests/data/hf/smollm2-360m.json"));
+  Job job;
+  job.batch = 2;
+  job.seq = 1000;
+  job.precision = Precision::fp32;
+  PredictOptions replayed;
+  replayed.reserved = true;
+  const Budget b = predict(m, job, replayed);
+  const Budget d = predict(m, job);
+  const auto r = membudget::detail::simulate_reserved(m, job, AllocatorPolicy{});
+  bool differs = false;
+  for (std::size_t i = 0; i < b.phases.size(); ++i) {
+    CAPTURE(b.phases[i].name());
+    CHECK(b.phases[i].bytes == r.allocated_steady[i]);
+    CHECK(b.step0[i].bytes == r.allocated_step0[i]);
+    differs = differs || b.phases[i].bytes != d.phases[i].bytes;
+  }
+  CHECK(differs);  // (else this proves nothing)
+  bytes_t peak = 0;
+  for (const auto& p : b.phases) peak = std::max(peak, p.bytes);
+  for (const auto& p : b.step0) peak = std::max(peak, p.bytes);
+  CHECK(b.peak == peak);
+  // the CLI's JSON says the same
+  const auto out = test::run_cli("predict " + test::source_path("tests/data/hf/smollm2-360m.json") +
+                                 " --batch 2 --seq 1000 --precision fp32 --format json 2>/dev/null");
+  REQUIRE(out.exit_code == 0);
+  const auto json = nlohmann::json::parse(out.out);
+  for (std::size_t i = 0; i < b.phases.size(); ++i)
+    CHECK(json["phases"][b.phases[i].name()].get<bytes_t>() == b.phases[i].bytes);
 }
 
 TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
@@ -891,22 +939,30 @@ TEST_CASE("CLI sweep: fits on reserved by default with a device, --fit-on alloca
 
 
 // The replay counts memory_allocated() as well as memory_reserved(): its allocator rounds and splits
-// blocks as c10 does, so its per-phase allocated peaks are what a run's phases measure. predict()
-// gives them for the phases where the job's allocator settings round beyond 512 bytes
-// (roundup_power2_divisions: predict.cpp, allocated_as_replayed), so they are held here on every
-// committed single-GPU step, whatever its settings. 2026-12-05: 198 steps (the held-out ones too), every phase within
-// 0.1% (the simulation's own phases: within 1% but Qwen2.5 1.5B's bf16 1 × 512 forward peaks, −1.6%,
-// and 5-6% low under roundup_power2_divisions). Gemma 2 2B fp32's floor (sdpa_fp32_heldout) is within
-// 0.05% here and +0.22% in the simulation: 23 of its 24 fp32 Adam states of 81 MiB are carved from
-// cached activation segments (the run's snapshot), where the simulation gives each its own 82 MiB.
+// blocks as c10 does, so its per-phase allocated peaks are what a run's phases measure, and predict()
+// gives them for the phases wherever the replay runs (PredictOptions::reserved, the CLI; and every
+// job whose allocator settings round beyond 512 bytes: predict.cpp, allocated_as_replayed). So they
+// are held here on every committed single-GPU step, whatever its settings: 2026-12-06, 289 steps
+// (every file test_accuracy_measured reads, the held-out ones too, and the reserved-memory runs), every phase within 0.15%. The
+// simulation's own phases (estimate(), predict() without the replay) are within 1% but where blocks
+// are taken whole: Qwen2.5 1.5B's bf16 1 × 512 forward peaks −1.6%, SmolLM2 360M's optimizer phase
+// −1.8% (its k and v projections, 1.17 MiB, take free blocks of up to 2.17 MiB whole), and 5-6% low
+// under roundup_power2_divisions. Gemma 2 2B fp32's floor (sdpa_fp32_heldout) is within 0.05% here
+// and +0.22% in the simulation: 23 of its 24 fp32 Adam states of 81 MiB are carved from cached
+// activation segments (the run's snapshot), where the simulation gives each its own 82 MiB.
 TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU step") {
   int steps = 0;
   double worst = 0;
-  for (const char* rel : {"tests/data/torch_train_h200.json", "tests/data/torch_train_holdout_h200.json",
-                          "tests/data/torch_train_reserved_h200.json", "tests/data/torch_train_reserved_expandable_h200.json",
-                          "tests/data/torch_train_moe_h200.json", "tests/data/torch_train_lora_h200.json",
-                          "tests/data/torch_train_optimizer_impl_h200.json", "tests/data/expandable_more/torch_train_expandable_more_h200.json",
-                          "tests/data/allocator_conf/torch_train_max_split_h200.json", "tests/data/allocator_conf/torch_train_roundup_h200.json",
+  for (const char* rel : {"tests/data/torch_train_h200.json",
+                          "tests/data/torch_train_holdout_h200.json",
+                          "tests/data/torch_train_reserved_h200.json",
+                          "tests/data/torch_train_reserved_expandable_h200.json",
+                          "tests/data/torch_train_moe_h200.json",
+                          "tests/data/torch_train_lora_h200.json",
+                          "tests/data/torch_train_optimizer_impl_h200.json",
+                          "tests/data/expandable_more/torch_train_expandable_more_h200.json",
+                          "tests/data/allocator_conf/torch_train_max_split_h200.json",
+                          "tests/data/allocator_conf/torch_train_roundup_h200.json",
                           "tests/data/allocator_conf/torch_train_max_split_roundup_h200.json",
                           "tests/data/heldout_conf/torch_train_heldout_default_h200.json",
                           "tests/data/heldout_conf/torch_train_heldout_expandable_h200.json",
@@ -915,7 +971,27 @@ TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU ste
                           "tests/data/common_heldout/torch_train_common_heldout_h100.json",
                           "tests/data/qwen2moe_mask/torch_train_qwen2moe_mask_h100.json",
                           "tests/data/combos_heldout/torch_train_combos_heldout_h100.json",
-                          "tests/data/attention_fix_heldout/torch_train_attention_fix_heldout_h100.json"}) {
+                          "tests/data/attention_fix_heldout/torch_train_attention_fix_heldout_h100.json",
+                          "tests/data/torch_train_8b_class_h200.json",
+                          "tests/data/torch_train_gemma2_long_h200.json",
+                          "tests/data/torch_train_gemma2_eager_h200.json",
+                          "tests/data/torch_train_fused_adamw_h200.json",
+                          "tests/data/adafactor_loop/torch_train_adafactor_loop_h200.json",
+                          "tests/data/adamw_loop/torch_train_adamw_loop_h200.json",
+                          "tests/data/torch_train_moe_impl_h200.json",
+                          "tests/data/inprocess_alone/torch_train_inprocess_alone3_h200.json",
+                          "tests/data/heldout_conf/torch_train_deepseek_tie_default_h200.json",
+                          "tests/data/heldout_conf/torch_train_deepseek_tie_expandable_h200.json",
+                          "tests/data/ties_repeat/torch_train_ties_repeat_h200.json",
+                          "tests/data/mul_order_alone/torch_train_mul_order_alone_h200.json",
+                          "tests/data/eager_alone/torch_train_eager_alone_h200.json",
+                          "tests/data/eager_alone/torch_train_eager_alone_more_h200.json",
+                          "tests/data/eager_alone/torch_train_eager_heldout_h200.json",
+                          "tests/data/phi3_heldout/torch_train_phi3_heldout_h200.json",
+                          "tests/data/sdpa_window_heldout/torch_train_sdpa_window_heldout_h100.json",
+                          "tests/data/sdpa_window_heldout2/torch_train_sdpa_window_heldout2_h100.json",
+                          "tests/data/phi3_maxbatch/torch_train_phi3_maxbatch_h100.json",
+                          "tests/data/new_models_heldout/torch_train_new_models_heldout_h100.json"}) {
     std::ifstream in(test::source_path(rel));
     REQUIRE(in.good());
     const auto data = nlohmann::json::parse(in);
@@ -940,7 +1016,7 @@ TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU ste
       ++steps;
     }
   }
-  CHECK(steps >= 130);
+  CHECK(steps >= 280);
   MESSAGE(steps << " steps: the replay's allocated phases within " << worst * 100 << "% of the measured");
 }
 
@@ -974,6 +1050,15 @@ TEST_CASE("reserved_peak of combinations no earlier run measured, held out") {
   const auto combos = reserved_errors("tests/data/combos_heldout/torch_train_combos_heldout_h100.json");
   CHECK(combos.size() == 12);
   CHECK(count_within(combos, 0.002, 0.002) == 12);
+}
+
+// Models no earlier run measured (tests/data/new_models_heldout/, predicted by 7e4ad22), each alone
+// on an H100: reserved as predicted within 0.29% (SmolLM2 360M fp32 eager under full recompute), the
+// other eight within 0.01%.
+TEST_CASE("reserved_peak of models no earlier run measured, held out") {
+  const auto fresh = reserved_errors("tests/data/new_models_heldout/torch_train_new_models_heldout_h100.json");
+  CHECK(fresh.size() == 9);
+  CHECK(count_within(fresh, 0.003, 0.001) == 8);
 }
 
 // The same, reserved (tests/data/attention_fix_heldout/): within 0.19% as predicted by 9d80da3

@@ -70,6 +70,9 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
     const Fit fit = check_fit(budget, *dev, f->job.headroom);
     // what the card must hold at the answer: reserved + outside where the job has a reserved model
     const bytes_t required = r.reserved_required ? r.reserved_required : r.at_max.required;
+    // the allocated figures at the answer are the budget's (the replay's phases where it runs), so
+    // that the output agrees with its own budget; the search's estimate decided only where to look
+    const bytes_t allocated_required = fit.allocated_required;
     if (format == Format::json) {
       nlohmann::ordered_json o2;
       o2["model"] = spec.name;
@@ -78,9 +81,9 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
       o2["max_micro_batch"] = r.max_micro_batch;
       o2["required"] = required;
       o2["basis"] = r.reserved_required ? "reserved" : "allocated";
-      o2["allocated_required"] = r.at_max.required;
-      o2["peak"] = r.at_max.peak;
-      o2["peak_phase"] = r.at_max.peak_phase;
+      o2["allocated_required"] = allocated_required;
+      o2["peak"] = budget.peak;
+      o2["peak_phase"] = budget.peak_phase;
       if (f->global_batch) {
         o2["global_batch"] = f->global_batch;
         o2["data_parallel"] = f->data_parallel;
@@ -104,7 +107,7 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
       } else {
         std::cout << "  max micro-batch  " << r.max_micro_batch << "  (needs "
                   << (r.reserved_required ? format_bytes(r.reserved_required) + " reserved + outside, " : std::string())
-                  << format_bytes(r.at_max.required) << " allocated + outside, peak " << r.at_max.peak_phase << ")\n";
+                  << format_bytes(allocated_required) << " allocated + outside, peak " << budget.peak_phase << ")\n";
         if (f->global_batch)
           std::cout << "  global batch " << f->global_batch << " = micro-batch " << r.accum_micro_batch << " × "
                     << r.grad_accum_steps << " accumulation steps × " << f->data_parallel << " data-parallel ranks\n";

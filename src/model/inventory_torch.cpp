@@ -2233,7 +2233,7 @@ class TrainPass {
     }
     if (trace_) trace_->optimizer_loop = oc_.loop;
     sim_.alloc_raw("allocator: whole segments held by parameters", tails_.params, Term::other, Role::workspace,
-                   "caching allocator");
+                   kCachingAllocatorOp);
   }
 
   // What a steady step finds allocated: the optimizer state (and the fp32 master copy), which stay
@@ -2468,7 +2468,7 @@ class TrainPass {
     }
     sim_.alloc_raw("master weights (fp32)", oc_.master, Term::model_states, Role::master_weight, "optimizer", "fp32", "");
     sim_.alloc_raw("allocator: whole segments held by optimizer state", tails_.state, Term::other, Role::workspace,
-                   "caching allocator");
+                   kCachingAllocatorOp);
   }
   // cuBLAS workspace, one per handle (forward and autograd threads), kept once made: 32 MiB on
   // Hopper (CUBLAS_WORKSPACE_CONFIG :4096:8).

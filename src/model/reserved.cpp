@@ -111,7 +111,7 @@ struct ReplayScript {
                                          effective_optimizer_impl(job) == OptimizerImpl::for_loop &&
                                          !recipe_of(job.precision).master && job.lora_rank == 0;
         tensor.runs_loop = info.role == Role::optimizer_temporary && !trace.optimizer_loop.empty();
-        skipped[t] = is(info.op, "caching allocator");
+        skipped[t] = is(info.op, kCachingAllocatorOp);
       }
       script.events.reserve(trace.events.size());
       for (const SimTrace::Event& ev : trace.events)
@@ -821,14 +821,25 @@ void allocated_as_replayed(Budget& b, const ReservedResult& r) {
       const auto i = static_cast<std::size_t>(std::find(std::begin(kTrainPhases), std::end(kTrainPhases), p.phase) -
                                               std::begin(kTrainPhases));
       if (i >= replayed.size() || replayed[i] == 0) continue;
-      if (replayed[i] > p.bytes) {  // (predict clears the lists unless it explains)
-        TensorBytes rounding;
-        rounding.name = "allocator rounding";
-        rounding.op = "roundup_power2_divisions (the allocator replay)";
-        rounding.bytes = replayed[i] - p.bytes;
-        rounding.term = Term::other;
-        rounding.role = Role::workspace;  // allocator slack
-        p.live.push_back(std::move(rounding));
+      if (!p.live.empty()) {  // (predict clears the lists unless it explains)
+        // The simulation's own estimate of the allocator's slack (the blocks parameters and
+        // optimizer state take whole: its kCachingAllocatorOp entries) gives way to the replay's,
+        // which places every block; the tensors stay as the simulation lists them.
+        bytes_t tensors = p.bytes;
+        std::erase_if(p.live, [&tensors](const TensorBytes& t) {
+          const bool slack = t.op == kCachingAllocatorOp;
+          if (slack) tensors -= std::min(tensors, t.bytes);
+          return slack;
+        });
+        if (replayed[i] > tensors) {
+          TensorBytes slack;
+          slack.name = kAllocatorSlack;
+          slack.op = "the caching allocator's blocks as replayed: rounding, remainders taken whole";
+          slack.bytes = replayed[i] - tensors;
+          slack.term = Term::other;
+          slack.role = Role::workspace;
+          p.live.push_back(std::move(slack));
+        }
       }
       p.bytes = replayed[i];
     }

@@ -51,10 +51,14 @@ void clear_reserved_streams() noexcept;
 struct SimTrace;
 std::vector<bytes_t> reserved_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy);
 
-// The phases of `b` (steady and step 0) as the replay `r` counted memory_allocated() in them: its
-// allocator rounds blocks as the job's PYTORCH_CUDA_ALLOC_CONF says (roundup_power2_divisions),
-// where the simulation counts 512-byte blocks. Each phase's tensors (explain) gain an entry for
-// the bytes the rounding adds.
+// The phases of `b` (steady and step 0) as the replay `r` counted memory_allocated() in them, which
+// predict reports wherever the replay runs: its allocator places every block as c10 does, so its
+// phases count the blocks taken whole (a remainder of 1 MiB or less is not split off) and the
+// rounding of the job's PYTORCH_CUDA_ALLOC_CONF (roundup_power2_divisions), where the simulation
+// counts 512-byte blocks and estimates the slack of parameters and optimizer state alone. Each
+// phase's tensors (explain) trade the simulation's slack entries for one kAllocatorSlack entry
+// with the replay's (none where the replay counts no more than the tensors).
+inline constexpr const char* kAllocatorSlack = "allocator slack";
 void allocated_as_replayed(Budget& b, const ReservedResult& r);
 
 // PYTORCH_CUDA_ALLOC_CONF ("expandable_segments:True,max_split_size_mb:128") into a policy.
