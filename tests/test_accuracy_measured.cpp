@@ -350,3 +350,22 @@ TEST_CASE("models no earlier run measured, held out, land within 1% too") {
               {"smollm2-360m/fp32/", Phase::backward_peak, -0.015, 0.0},
               {"smollm2-360m/fp32/", Phase::optimizer_peak, -0.015, 0.0}});
 }
+
+// Four more models no run measured, held out (tests/data/new_models_heldout2/, configs beside the
+// data; predicted by cf3065c with the replay's phases, which predict reports since a02cb61: every
+// phase within 0.11%, test_reserved): SmolLM2 135M (hidden 576: every tensor below 4 MiB), SmolLM2
+// 1.7B, Qwen2.5 3B, Qwen3 1.7B. The simulation's phases (these, estimate()'s) miss where small
+// tensors take blocks whole, the gap named above, wider on the smaller model:
+//  - SmolLM2 135M: amp-bf16 floor −1.60%, optimizer −2.53%; bf16 with SGD momentum, optimizer
+//    −1.24%; fp32 with Adafactor, floor −1.35%, optimizer −2.81%.
+//  - Qwen2.5 3B bf16: floor +1.21% (its MLP weights' Adam states carved from cached blocks where
+//    the simulation gives each a segment of its own).
+TEST_CASE("four more models no earlier run measured, held out, land within 1% too, the small-block gap aside") {
+  check_file("tests/data/new_models_heldout2/torch_train_new_models_heldout2_h100.json", 9,
+             {{"smollm2-135m/amp-bf16/", Phase::floor, -0.02, 0.0},
+              {"smollm2-135m/amp-bf16/", Phase::optimizer_peak, -0.03, 0.0},
+              {"smollm2-135m/bf16/", Phase::optimizer_peak, -0.02, 0.0},
+              {"smollm2-135m/fp32/", Phase::floor, -0.02, 0.0},
+              {"smollm2-135m/fp32/", Phase::optimizer_peak, -0.03, 0.0},
+              {"qwen2.5-3b/bf16/", Phase::floor, 0.0, 0.015}});
+}

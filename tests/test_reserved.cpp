@@ -942,7 +942,7 @@ TEST_CASE("CLI sweep: fits on reserved by default with a device, --fit-on alloca
 // blocks as c10 does, so its per-phase allocated peaks are what a run's phases measure, and predict()
 // gives them for the phases wherever the replay runs (PredictOptions::reserved, the CLI; and every
 // job whose allocator settings round beyond 512 bytes: predict.cpp, allocated_as_replayed). So they
-// are held here on every committed single-GPU step, whatever its settings: 2026-12-06, 289 steps
+// are held here on every committed single-GPU step, whatever its settings: 2026-12-06, 298 steps
 // (every file test_accuracy_measured reads, the held-out ones too, and the reserved-memory runs), every phase within 0.15%. The
 // simulation's own phases (estimate(), predict() without the replay) are within 1% but where blocks
 // are taken whole: Qwen2.5 1.5B's bf16 1 × 512 forward peaks −1.6%, SmolLM2 360M's optimizer phase
@@ -991,7 +991,8 @@ TEST_CASE("the replay's allocated phase peaks, on every committed single-GPU ste
                           "tests/data/sdpa_window_heldout/torch_train_sdpa_window_heldout_h100.json",
                           "tests/data/sdpa_window_heldout2/torch_train_sdpa_window_heldout2_h100.json",
                           "tests/data/phi3_maxbatch/torch_train_phi3_maxbatch_h100.json",
-                          "tests/data/new_models_heldout/torch_train_new_models_heldout_h100.json"}) {
+                          "tests/data/new_models_heldout/torch_train_new_models_heldout_h100.json",
+                          "tests/data/new_models_heldout2/torch_train_new_models_heldout2_h100.json"}) {
     std::ifstream in(test::source_path(rel));
     REQUIRE(in.good());
     const auto data = nlohmann::json::parse(in);
@@ -1059,6 +1060,13 @@ TEST_CASE("reserved_peak of models no earlier run measured, held out") {
   const auto fresh = reserved_errors("tests/data/new_models_heldout/torch_train_new_models_heldout_h100.json");
   CHECK(fresh.size() == 9);
   CHECK(count_within(fresh, 0.003, 0.001) == 8);
+}
+
+// Four more (tests/data/new_models_heldout2/, predicted by cf3065c): reserved within 0.02%.
+TEST_CASE("reserved_peak of four more models no earlier run measured, held out") {
+  const auto fresh = reserved_errors("tests/data/new_models_heldout2/torch_train_new_models_heldout2_h100.json");
+  CHECK(fresh.size() == 9);
+  CHECK(count_within(fresh, 0.001, 0.0005) == 9);
 }
 
 // The same, reserved (tests/data/attention_fix_heldout/): within 0.19% as predicted by 9d80da3

@@ -134,9 +134,9 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
       options.allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(options.allocator_conf);
   // Where the replay runs, its allocator's per-phase peaks stand for the phases
   // (allocated_as_replayed): it places every block as c10 does, so it counts the blocks a request
-  // takes whole and the job's rounding, where the simulation counts 512-byte blocks (on the 284
-  // committed single-GPU steps the replay's phases are within 0.15% of the measured, the
-  // simulation's within 1.82%: tests/test_reserved.cpp, docs/accuracy.md). roundup_power2_divisions
+  // takes whole and the job's rounding, where the simulation counts 512-byte blocks (measured on
+  // every committed single-GPU step: docs/accuracy.md, "The replay's phases"; tests/test_reserved.cpp
+  // holds them). roundup_power2_divisions
   // rounds blocks up to a step of their power-of-two interval, 5-6% more than 512-byte blocks, so
   // such a setting runs the replay, asked or not.
   const bool rounds = conf.policy.rounds_to_divisions();
