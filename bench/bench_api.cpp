@@ -226,7 +226,11 @@ BENCHMARK(BM_predict_full_simulation)->Arg(8)->Arg(70)->Unit(benchmark::kMicrose
 // 2026-12-02: 3.8 / 12.0 ms (11,100× / 34,600×, 347 ns); one steady step earlier that day: 2.3 /
 // 7.9 ms; 2026-12-01, the step simulated at every shape: 8.5 / 27.6 ms. The goal, 1 ms,
 // is not met.
-void BM_predict_reserved_new_shape(benchmark::State& state) {
+//
+// predict() with the reserved replay at a new shape every call; `first_question`: the model and
+// recipe's compiled stream cleared before each (four simulations, the replay scripts and their
+// closed windows, then the replay), as the first question about them costs.
+void reserved_shapes(benchmark::State& state, bool first_question) {
   const ModelSpec& m = model_of(state.range(0));
   Job j;
   PredictOptions o;
@@ -236,27 +240,14 @@ void BM_predict_reserved_new_shape(benchmark::State& state) {
     const auto& [b, s] = shapes()[i++ % shapes().size()];
     j.batch = 1 + b % 4;
     j.seq = 1 + s % 8192;
+    if (first_question) clear_estimate_cache();
     benchmark::DoNotOptimize(predict(m, j, o).reserved_peak);
   }
 }
+void BM_predict_reserved_new_shape(benchmark::State& state) { reserved_shapes(state, false); }
 BENCHMARK(BM_predict_reserved_new_shape)->Arg(8)->Arg(70)->Unit(benchmark::kMicrosecond);
 
-// The same as the first question about the model and recipe: the stream compiled (four
-// simulations, the replay scripts and their closed windows), then replayed.
-void BM_predict_reserved_first_question(benchmark::State& state) {
-  const ModelSpec& m = model_of(state.range(0));
-  Job j;
-  PredictOptions o;
-  o.reserved = true;
-  std::size_t i = 0;
-  for (auto _ : state) {
-    const auto& [b, s] = shapes()[i++ % shapes().size()];
-    j.batch = 1 + b % 4;
-    j.seq = 1 + s % 8192;
-    clear_estimate_cache();
-    benchmark::DoNotOptimize(predict(m, j, o).reserved_peak);
-  }
-}
+void BM_predict_reserved_first_question(benchmark::State& state) { reserved_shapes(state, true); }
 BENCHMARK(BM_predict_reserved_first_question)->Arg(8)->Arg(70)->Unit(benchmark::kMillisecond);
 
 // max_micro_batch(): galloping + binary search, a different sequence length every call (every

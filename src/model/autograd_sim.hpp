@@ -439,12 +439,12 @@ inline bytes_t round512(bytes_t b) { return b == 0 ? 0 : kPyTorchAllocator.round
 
 // What memory_allocated() counts for a tensor of `b` bytes given a segment of its own
 // (AllocatorPolicy::own_segment_block): an 81 MiB fp32 Gemma 2 MLP weight is an 82 MiB block.
+inline bytes_t own_segment_block(bytes_t b) { return b == 0 ? 0 : kPyTorchAllocator.own_segment_block(b); }
+
 // The op of the simulation's estimate of the allocator's slack: whole segments that parameters and
 // optimizer state hold beyond their bytes, added to memory_allocated() by hand. The reserved replay
 // skips these tensors (its allocator makes the blocks) and, where it stands for the phases, puts
 // its own slack in their place (allocated_as_replayed).
 inline constexpr const char* kCachingAllocatorOp = "caching allocator";
-
-inline bytes_t own_segment_block(bytes_t b) { return b == 0 ? 0 : kPyTorchAllocator.own_segment_block(b); }
 
 }  // namespace membudget::detail

@@ -40,6 +40,15 @@ void check_simulated(const ModelSpec& m, const Job& job) {
                                             " on a mixture of experts is not modelled (its experts are served in bf16 or fp16)");
 }
 
+// What each group of ranks is predicted with (Budget::ranks, the pipeline's most loaded rank): the
+// job's options, so that every group's phases are on this rank's footing (replayed where it is),
+// without the lists or the groups of its own.
+PredictOptions group_options(const PredictOptions& options) {
+  PredictOptions one = options;
+  one.ranks = one.explain = false;
+  return one;
+}
+
 // A group of ranks whose figures are `src`'s (Budget::ranks).
 Budget::RankGroup rank_group(std::vector<std::uint64_t> ranks, const Budget& src) {
   Budget::RankGroup g;
@@ -65,8 +74,7 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
     std::vector<std::vector<std::uint64_t>> groups = detail::distinct_ranks(model, job);
     std::vector<Budget> each;
     std::size_t best = 0;
-    PredictOptions one = options;  // every group on the same footing (replayed where asked)
-    one.ranks = one.explain = false;
+    const PredictOptions one = detail::group_options(options);
     for (const auto& group : groups) {
       at.parallel.rank = group.front();
       each.push_back(predict(model, at, one));
@@ -136,9 +144,8 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   // (allocated_as_replayed): it places every block as c10 does, so it counts the blocks a request
   // takes whole and the job's rounding, where the simulation counts 512-byte blocks (measured on
   // every committed single-GPU step: docs/accuracy.md, "The replay's phases"; tests/test_reserved.cpp
-  // holds them). roundup_power2_divisions
-  // rounds blocks up to a step of their power-of-two interval, 5-6% more than 512-byte blocks, so
-  // such a setting runs the replay, asked or not.
+  // holds them). roundup_power2_divisions rounds blocks up to a step of their power-of-two
+  // interval, 5-6% more than 512-byte blocks, so such a setting runs the replay, asked or not.
   const bool rounds = conf.policy.rounds_to_divisions();
   if ((options.reserved || rounds) && job.mode == Mode::train && job.profile == Profile::torch) {
     const detail::ReservedResult r = detail::simulate_reserved(model, job, conf.policy);
@@ -169,9 +176,7 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
     b.rank = layout.rank;
     b.world = layout.world;
     if (options.ranks) {
-      // each group's phases on the same footing as this rank's (replayed where this one is)
-      PredictOptions one = options;
-      one.ranks = one.explain = false;
+      const PredictOptions one = detail::group_options(options);
       for (auto& group : detail::distinct_ranks(model, job)) {
         Job at = job;
         at.parallel.rank = group.front();
