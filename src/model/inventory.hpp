@@ -39,7 +39,7 @@ bool sliding_window_mask(const ModelSpec& m, const Job& job);
 bool matmul_folds_batch_as_view(const Job& job);
 // Whether some layer's attention runs such matmuls (so that the batch-1 step allocates a different
 // stream: the step plan compiles it as its own regime): eager attention, and SDPA's math kernel,
-// which runs in fp32 under GQA without a mask (Step::fused_sdpa; a masked layer runs the
+// which runs in fp32 under GQA without a mask (attention_runs_as_matmuls; a masked layer runs the
 // memory-efficient kernel, so this may hold where every layer is masked).
 bool attention_folds_batch(const ModelSpec& m, const Job& job);
 

@@ -69,6 +69,19 @@ struct LayerParams {
   Adapter aq, ak, av, ao, agate, aup, adown;  // LoRA (job.lora_rank > 0)
 };
 
+// scaled_dot_product_attention's kernel (sdp_utils.cpp, torch 2.11): flash and cuDNN take 16-bit
+// inputs and no mask; the memory-efficient kernel takes fp32 and an attention bias but not
+// enable_gqa, which transformers passes for GQA without a mask (use_gqa_in_sdpa); the math
+// implementation takes the rest. So fp32 runs the memory-efficient kernel under MHA or a mask
+// (Mistral 7B fp32 past its window, tests/data/common_heldout/) and math under GQA without one
+// (Llama 3.2 1B fp32, tests/data/torch_train_h200.json). Under autocast q and k (fp32 after
+// rotary) are cast to bf16.
+// Eager attention, and SDPA's math implementation, run attention as plain batched matmuls (where
+// they fold the batch into the heads: attention_folds_batch); the other kernels are fused.
+bool attention_runs_as_matmuls(Attention attention, bool fp32_compute, bool masked, bool grouped_query) {
+  return attention == Attention::math || (fp32_compute && !masked && grouped_query);
+}
+
 struct Step {
   const ModelSpec& m;
   const Job& job;
@@ -913,16 +926,8 @@ struct Step {
                      });
   }
 
-  // scaled_dot_product_attention's kernel (sdp_utils.cpp, torch 2.11): flash and cuDNN take 16-bit
-  // inputs and no mask; the memory-efficient kernel takes fp32 and an attention bias but not
-  // enable_gqa, which transformers passes for GQA without a mask (use_gqa_in_sdpa); the math
-  // implementation takes the rest. So fp32 runs the memory-efficient kernel under MHA or a mask
-  // (Mistral 7B fp32 past its window, tests/data/common_heldout/) and math under GQA without one
-  // (Llama 3.2 1B fp32, tests/data/torch_train_h200.json). Under autocast q and k (fp32 after
-  // rotary) are cast to bf16.
-  bool fused_sdpa() const {
-    return job.attention == Attention::flash && (r.compute != 4 || layer_masked || d.a == d.kva);
-  }
+  // SDPA's flash, cuDNN or memory-efficient kernel (attention_runs_as_matmuls says which runs).
+  bool fused_sdpa() const { return !attention_runs_as_matmuls(job.attention, r.compute == 4, layer_masked, d.a != d.kva); }
   // A mask (the sliding window's, from s = window on) makes SDPA pass an attention bias.
   bool sdpa_bias() const { return layer_masked && fused_sdpa(); }
   // transformers' sdpa_attention_forward passes enable_gqa only without a mask (use_gqa_in_sdpa);
@@ -2068,6 +2073,14 @@ struct Trainable {
   // the order they step; empty with one.
   std::vector<std::uint64_t> per_optimizer;
   bool whole_model = false;  // one optimizer over every parameter, whole (one GPU, DDP)
+
+  // One optimizer stepping every trainable element of the rank in one call.
+  static Trainable one_optimizer(std::uint64_t elements, std::uint64_t largest) {
+    Trainable t;
+    t.elements = t.per_step_call = elements;
+    t.largest = largest;
+    return t;
+  }
 };
 Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const RankLayout& l, const PipelineStage* stage) {
   if (stage) {
@@ -2089,12 +2102,12 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
   }
   if (job.lora_rank) {
     const std::uint64_t n = lora_parameters(sizing, job.lora_rank);
-    return {n, largest_trainable(sizing, job.lora_rank), n};
+    return Trainable::one_optimizer(n, largest_trainable(sizing, job.lora_rank));
   }
   switch (l.strategy) {
     case DataStrategy::zero1: {
       const Partition p = zero1_partition(sizing, l.shard)[l.shard_rank];
-      return {p.elements, p.largest, p.elements};
+      return Trainable::one_optimizer(p.elements, p.largest);
     }
     case DataStrategy::fsdp: {
       std::uint64_t n = 0, largest = 0;
@@ -2103,7 +2116,7 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
         n = checked_add(n, mine, "FSDP2 local shards");
         largest = std::max(largest, mine);
       }
-      return {n, largest, n};
+      return Trainable::one_optimizer(n, largest);
     }
     default: break;
   }
@@ -2124,7 +2137,8 @@ Trainable trainable_elements(const Job& job, const ModelSpec& sizing, const Rank
 // (Gemma 2: the mask goes to the sliding layers only, Step::layer()).
 bool matmul_folds_batch_as_view(const Job& job) { return job.batch == 1; }
 bool attention_folds_batch(const ModelSpec& m, const Job& job) {
-  return job.attention == Attention::math || (job.precision == Precision::fp32 && m.num_heads != m.num_kv_heads);
+  // (an unmasked layer: a layer the sliding window masks may still run a fused kernel)
+  return attention_runs_as_matmuls(job.attention, job.precision == Precision::fp32, false, m.num_heads != m.num_kv_heads);
 }
 
 std::uint64_t last_mask_holder(const ModelSpec& m, const Job& job) {
