@@ -11,7 +11,8 @@ namespace membudget {
 // The steady-state training step (or the serving step) of `budget` (predict()'s result for `model` and `budget.job`) as an
 // SVG timeline: the simulated allocation stream replayed event by event, live bytes stacked by role
 // (parameters, gradients, optimizer state, saved activations, temporaries, logits and loss,
-// workspace), each phase's start marked and its peak labelled with the budget's own figure
+// workspace, and, where the reserved replay runs, the allocator's slack above the tensors: the
+// stack's top is then the replay's memory_allocated(), the phases' own figure), each phase's start marked and its peak labelled with the budget's own figure
 // (`data-phase` / `data-bytes` attributes), the peak's largest tensors named, the reserved memory
 // event by event (when the budget has it: the stream replayed through the caching allocator with
 // `allocator_conf`, a PYTORCH_CUDA_ALLOC_CONF), and, with a card, its capacity and the usable limit. A rank of a parallel job is drawn as predicted (a pipeline stage's phases

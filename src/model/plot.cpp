@@ -22,10 +22,14 @@
 namespace membudget {
 namespace {
 
-// The bands, bottom to top, and the roles each gathers.
-constexpr std::array<const char*, 7> kBands = {"parameters", "gradients",      "optimizer state", "saved activations",
-                                               "temporaries", "logits and loss", "workspace"};
-constexpr std::array<const char*, 7> kColours = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"};
+// The bands, bottom to top, and the roles each gathers; the last is no tensor's: the caching
+// allocator's slack (memory_allocated() above the tensors' bytes: blocks taken whole or rounded up),
+// drawn where the replay runs, so that the stack's top is the allocated memory the phases report.
+constexpr std::array<const char*, 8> kBands = {"parameters",  "gradients",       "optimizer state", "saved activations",
+                                               "temporaries", "logits and loss", "workspace",       "allocator slack"};
+constexpr std::array<const char*, 8> kColours = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
+                                                 "#edc948", "#b07aa1", "#9c755f", "#bab0ac"};
+constexpr std::size_t kSlackBand = kBands.size() - 1;
 
 std::size_t band_of(Role r) {
   switch (r) {
@@ -133,15 +137,22 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
   const bool serving = stream.serving;
   const std::vector<Sample>& samples = stream.samples;
   const auto& phase_starts = stream.phase_starts;
-  // memory_reserved() after every event, from the same stream replayed through the caching
-  // allocator (one value per sample), where the budget has the reserved model
+  // memory_allocated() and memory_reserved() after every event, from the same stream replayed
+  // through the caching allocator (one value per sample), where the budget has the reserved model:
+  // the allocated bytes above the tensors' are the slack band, the reserved bytes a line
   std::vector<bytes_t> reserved;
   if (!b.reserved.empty()) {
     const detail::AllocatorConf conf = allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(allocator_conf);
-    reserved = detail::reserved_timeline(stream.traces, job, conf.policy);  // the stream drawn, not simulated again
-    if (reserved.size() != samples.size())  // the same stream, event for event
-      throw std::logic_error("--plot: the reserved replay saw " + std::to_string(reserved.size()) +
+    const std::vector<detail::MemoryAt> replayed = detail::memory_timeline(stream.traces, job, conf.policy);  // the stream drawn, not simulated again
+    if (replayed.size() != samples.size())  // the same stream, event for event
+      throw std::logic_error("--plot: the reserved replay saw " + std::to_string(replayed.size()) +
                              " events, the timeline " + std::to_string(samples.size()));
+    reserved.reserve(replayed.size());
+    for (std::size_t i = 0; i < replayed.size(); ++i) {
+      const bytes_t tensors = stream.samples[i].total();
+      stream.samples[i].band[kSlackBand] = replayed[i].allocated > tensors ? replayed[i].allocated - tensors : 0;
+      reserved.push_back(replayed[i].reserved);
+    }
   }
   // At most ~2000 points: each bucket keeps its highest moment (peaks stay visible).
   const std::size_t kMaxPoints = 2000;
@@ -254,7 +265,8 @@ std::string render_timeline_svg(const ModelSpec& model, const Budget& b, const s
   }
   // the peak and its largest tensors (the budget's live list at its peak phase, when explained)
   const double px = X(at[peak_i]), py = Y(pts[peak_i].total());
-  o << "<circle class=\"peak\" data-bytes=\"" << b.peak << "\" cx=\"" << num(px) << "\" cy=\"" << num(py)
+  // data-drawn-bytes: the stack's height there (where the replay runs, its allocated bytes)
+  o << "<circle class=\"peak\" data-bytes=\"" << b.peak << "\" data-drawn-bytes=\"" << pts[peak_i].total() << "\" cx=\"" << num(px) << "\" cy=\"" << num(py)
     << "\" r=\"4\" fill=\"black\"/>\n";
   const PhasePeak* peak_phase = nullptr;
   for (const auto& p : b.phases)

@@ -234,10 +234,10 @@ class Replay {
   std::size_t skipped_events() const { return skipped_events_; }
 
   // `sizes`: each tensor's bytes (the trace's own, or a compiled stream's evaluated at the shape:
-  // ReservedStream). `timeline`: memory_reserved() after each event from the first phase start
-  // on (predict --plot).
+  // ReservedStream). `timeline`: memory_allocated() and memory_reserved() after each event from
+  // the first phase start on (predict --plot), every event replayed.
   void run(const ReplayScript& script, const std::vector<bytes_t>& sizes, bool steady, std::array<bytes_t, 4>& phase_reserved,
-           std::vector<bytes_t>* timeline = nullptr) {
+           std::vector<MemoryAt>* timeline = nullptr) {
     sizes_ = &sizes;
     trainable_.clear();
     trainable_optimizer_.clear();
@@ -261,14 +261,15 @@ class Replay {
     phase_allocated_ = {};
     made_at_first_forward_.clear();
     bool rebuild_pending = steady;
-    const bool skips = skips_closed_windows() && script.window_end.size() == script.events.size();
+    // (a timeline records every event: a skipped window's allocated bytes are not known event by event)
+    const bool skips = !timeline && skips_closed_windows() && script.window_end.size() == script.events.size();
     for (std::size_t i = 0; i < script.events.size(); ++i) {
       const std::int32_t ev = script.events[i];
       if (rebuild_pending && phase >= 0 && ev >= 0) {
         rebuild_at_first_forward(script, phase);
         rebuild_pending = false;
       }
-      if (skips && phase >= 0 && !rebuild_pending && script.window_end[i] && skip_closed_window(script, i, steady, phase, timeline)) {
+      if (skips && phase >= 0 && !rebuild_pending && script.window_end[i] && skip_closed_window(script, i, steady, phase)) {
         i = script.window_end[i] - 1;
         continue;
       }
@@ -284,7 +285,7 @@ class Replay {
         free_tensor(static_cast<std::size_t>(~ev));
       else
         allocate_tensor(script, static_cast<std::size_t>(ev), steady, phase);
-      if (timeline && phase >= 0) timeline->push_back(reserved());
+      if (timeline && phase >= 0) timeline->push_back({static_cast<bytes_t>(alloc_.stats().allocated.current), reserved()});
     }
     if (phase >= 0 && phase < 4) phase_reserved[static_cast<std::size_t>(phase)] = reserved();
     // What this step leaves allocated, for the next step's prologue to find: by name and size, in
@@ -418,8 +419,7 @@ class Replay {
   // frees only add room, so the end always holds the next. Such a window is replayed as its frees
   // of older tensors alone, its own blocks counted as their rounded sizes in the allocated peaks
   // (an unsplit block's extra bytes are not counted: exact only on the replay's reserved figures).
-  bool skip_closed_window(const ReplayScript& script, std::size_t from, bool steady, int phase,
-                          std::vector<bytes_t>* timeline) {
+  bool skip_closed_window(const ReplayScript& script, std::size_t from, bool steady, int phase) {
     const std::size_t end = script.window_end[from];
     const measure::StreamId stream = script.tensors[static_cast<std::size_t>(script.events[from])].stream;
     const AllocatorPolicy& p = alloc_.policy();
@@ -457,7 +457,6 @@ class Replay {
       bytes_t& phase_peak = phase_allocated_[static_cast<std::size_t>(phase)];
       phase_peak = std::max(phase_peak, peak);
     }
-    if (timeline) timeline->insert(timeline->end(), end - from, reserved());
     skipped_events_ += end - from;
     return true;
   }
@@ -743,10 +742,10 @@ constexpr int kMaxSteadySteps = 8;
 // grow the reserved memory after an earlier one placed the blocks differently (FSDP2 under
 // amp-bf16 grows at its second and third steps: tests/data/torch_train_fsdp_reserved_fakepg_h200.json),
 // so the first steady step is not enough; kMaxSteadySteps bounds a layout that never repeats.
-// `sizes`: the tensors' bytes in each pass; `timeline`: memory_reserved() after each event of the
+// `sizes`: the tensors' bytes in each pass; `timeline`: the memory after each event of the
 // last steady step.
 ReservedResult replay_steps(Replay& replay, const std::array<ReplayScript, 2>& scripts,
-                            const std::array<std::vector<bytes_t>, 2>& sizes, std::vector<bytes_t>* timeline = nullptr) {
+                            const std::array<std::vector<bytes_t>, 2>& sizes, std::vector<MemoryAt>* timeline = nullptr) {
   ReservedResult r;
   replay.run(scripts[0], sizes[0], false, r.step0);
   r.allocated_step0 = replay.phase_allocated();
@@ -769,7 +768,7 @@ ReservedResult replay_steps(Replay& replay, const std::array<ReplayScript, 2>& s
 
 // The replay of steps simulated at the shape (`traces`, as simulate_torch_train records them).
 ReservedResult replay_traces(Replay& replay, const std::array<SimTrace, 2>& traces, const Job& job,
-                             std::vector<bytes_t>* timeline = nullptr) {
+                             std::vector<MemoryAt>* timeline = nullptr) {
   return replay_steps(replay, ReplayScript::of(traces, job), recorded_sizes(traces), timeline);
 }
 
@@ -783,9 +782,9 @@ std::string predicted_snapshot_pickle(const ModelSpec& m, const Job& job, const 
   return measure::snapshot_pickle(replay.allocator());
 }
 
-std::vector<bytes_t> reserved_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy) {
+std::vector<MemoryAt> memory_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy) {
   Replay replay(policy);
-  std::vector<bytes_t> timeline;
+  std::vector<MemoryAt> timeline;
   replay_traces(replay, traces, job, &timeline);
   return timeline;
 }

@@ -46,10 +46,14 @@ bool reserved_stream_compiles(const ModelSpec& m, const Job& job);
 void clear_reserved_streams() noexcept;
 
 // The same replay of step 0 and the steady steps as simulate_torch_train recorded them (`traces`),
-// giving memory_reserved() after each allocation or free of the last steady step from its first
-// phase start on: one value per event, as predict --plot samples the stream it drew from those traces.
+// giving memory_allocated() and memory_reserved() after each allocation or free of the last steady
+// step from its first phase start on: one value per event, as predict --plot samples the stream it
+// drew from those traces (the allocated bytes above the tensors' are the allocator's slack).
 struct SimTrace;
-std::vector<bytes_t> reserved_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy);
+struct MemoryAt {
+  bytes_t allocated = 0, reserved = 0;
+};
+std::vector<MemoryAt> memory_timeline(const std::array<SimTrace, 2>& traces, const Job& job, const AllocatorPolicy& policy);
 
 // The phases of `b` (steady and step 0) as the replay `r` counted memory_allocated() in them, which
 // predict reports wherever the replay runs: its allocator places every block as c10 does, so its
