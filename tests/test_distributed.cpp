@@ -427,6 +427,19 @@ TEST_CASE("ranks measured again alone: TP, FSDP2 and pipeline ranks") {
   report(w, "ranks measured alone");
 }
 
+// Ten layouts on eight models no distributed run had measured (tools/matrices/dist_new_models_h200.json:
+// Qwen3 4B FSDP2 8 and TP 4, Gemma 7B FSDP2 8 with full recompute at 4,096 and DDP 4, Phi-3 mini
+// ZeRO-1 rank 1 of 4, Mistral NeMo 12B FSDP2 without resharding, SmolLM2 1.7B HSDP and 360M DDP with
+// gradient_as_bucket_view in fp32, Qwen2.5 3B FSDP2 × TP 2, Qwen3 1.7B TP 2 with sequence
+// parallelism), predicted before they were measured (tests/data/dist_new_models/predicted_before.json,
+// by b3611ad), each rank alone in a fresh process (tools/device/dist_new_models_run.sh).
+TEST_CASE("held-out layouts on new models, predicted before they were measured: FSDP2, HSDP, DDP, ZeRO-1, TP, SP, FSDP2 × TP") {
+  Worst w;
+  check_file("tests/data/dist_new_models/torch_train_dist_new_models_fakepg.json", 0.01, none, w, 0.005, -0.005, 0.01);
+  CHECK(w.cases == 10);
+  report(w, "held-out layouts on new models");
+}
+
 // Expert parallelism as transformers 5.17 runs it (tools/matrices/ep_h200.json, each rank measured
 // alone in a fresh process): Qwen3-30B-A3B over 8 and 4 ranks, Mixtral 8x7B over 8 (one expert
 // per rank: the ep_router's other path) and 4, OLMoE over 4 and 8, Qwen1.5-MoE (a shared expert)
