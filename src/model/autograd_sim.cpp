@@ -12,6 +12,7 @@ TensorId AutogradSim::add(TensorInfo info) {
   tensors_.push_back(info);
   grads_.push_back(kNone);
   grad_view_.push_back(0);
+  subclass_grad_.push_back(dtensor_scope_ && !info.param ? 1 : 0);  // (a parameter's .grad: AccumulateGrad, in place)
   return static_cast<TensorId>(tensors_.size() - 1);
 }
 
@@ -375,7 +376,7 @@ void AutogradSim::grad_contribution(TensorId input, const char* op, bool view, T
     return;
   }
   const bool param = tensors_[input].param;
-  const bool old_shared = grad_view_[input] || tensors_[old].holders > 1;
+  const bool old_shared = grad_view_[input] || tensors_[old].holders > 1 || subclass_grad_[input];
   // the contribution this node computes, alive until the input buffer takes it after the node
   auto computed = [&] {
     return make("gradient accumulation temporary", grad_bytes(input), param ? Term::model_states : Term::activations,
@@ -608,7 +609,7 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
       const TensorId old = grads_[p.input];
       // Decided now that the node's incoming gradients are released: a buffer that an add shared
       // with this node's own input may have become the last reference (old_var.add_(var)).
-      if (p.in_place || (!grad_view_[p.input] && tensors_[old].holders == 1)) {
+      if (p.in_place || (!grad_view_[p.input] && !subclass_grad_[p.input] && tensors_[old].holders == 1)) {
         drop(p.incoming);
         return;
       }

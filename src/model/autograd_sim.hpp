@@ -26,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cuda_reduce.hpp"
@@ -171,6 +172,10 @@ class AutogradSim {
   // cannot add a later contribution into it in place. Under GradMode::off it does nothing.
   void node(const char* op, std::initializer_list<TensorId> inputs, std::initializer_list<TensorId> outputs,
             std::initializer_list<TensorId> saved, bytes_t bwd_workspace = 0, std::uint8_t view_grads = 0);
+  // Whether the tensors made from now on are DTensors (a tensor subclass): autograd's input buffer
+  // never adds into a subclass's gradient in place (input_buffer.cpp, can_accumulate_inplace), so a
+  // later contribution to one is summed into a new tensor. Returns the previous setting.
+  bool dtensor_scope(bool on) { return std::exchange(dtensor_scope_, on); }
   // A node whose backward launches nothing and hands its incoming gradient to each input as the
   // same tensor, where the input has the output's size and dtype (else it gets a reduced or cast
   // copy): an add (AddBackward0, AddBackward1; a broadcast or promoted addend gets its own), or
@@ -392,6 +397,8 @@ class AutogradSim {
   std::vector<Region> regions_;
   std::vector<TensorId> grads_;  // tensor → its gradient buffer (kNone: none)
   std::vector<char> grad_view_;  // tensor → its gradient buffer is a view (cannot be added to in place)
+  std::vector<char> subclass_grad_;  // tensor → a DTensor made under dtensor_scope (summed out of place)
+  bool dtensor_scope_ = false;
   std::vector<PendingSum> pending_;  // out-of-place sums of the node being run
   std::size_t replay_cursor_ = kNoReplay;
   // torch.utils.checkpoint's early stop (non-reentrant, early_stop=True): the recompute raises as

@@ -42,6 +42,10 @@ bool matmul_folds_batch_as_view(const Job& job);
 // which runs in fp32 under GQA without a mask (attention_runs_as_matmuls; a masked layer runs the
 // memory-efficient kernel, so this may hold where every layer is masked).
 bool attention_folds_batch(const ModelSpec& m, const Job& job);
+// Whether the batch-1 step allocates a different stream than a larger batch's (the step plan's
+// batch-1 regime, StepPlan::kBatchOne): attention that folds the batch (above), or sequence
+// parallelism's all-gathers, whose sequence concat is a view only at batch 1 (Step::sp_all_gather).
+bool stream_differs_at_batch_one(const ModelSpec& m, const Job& job);
 
 // The highest decoder layer whose checkpoint frame is the last to hold one of the model's
 // attention masks (each frame holds the mask its layer was called with: Step::layer_mask), so its

@@ -190,26 +190,55 @@ struct Step {
   bool cp() const { return job.parallel.context > 1; }
   bytes_t stream_rows() const { return sp() ? d.T / job.parallel.tensor : d.T; }
   TorchOps stream_ops() { return {sim, m, stream_rows(), r.param}; }
-  TensorId stream_norm(TensorId x, TensorId w, const char* tag) { return stream_ops().rmsnorm(x, w, tag, d.h, 1); }
-  // Shard(1) → Replicate: the whole sequence, in the local tensor's dtype. Its backward
-  // reduce-scatters the gradient: a contiguous b·s copy, then the local share.
+  // Under SP the norms are SequenceParallel modules: their ops run on DTensors, whose gradients
+  // autograd sums out of place (AutogradSim::dtensor_scope; the fp32 input's two contributions, from
+  // the pow and the product, make a third tensor: Qwen3 1.7B TP 2 with SP, tests/data/dist_new_models/).
+  // The residual stream's adds too (RowwiseParallel's Shard(1) outputs stay DTensors).
+  template <class Op>
+  TensorId on_stream(Op&& op) {
+    const bool outside = sim.dtensor_scope(sp());
+    TensorId out = op();
+    sim.dtensor_scope(outside);
+    return out;
+  }
+  TensorId stream_norm(TensorId x, TensorId w, const char* tag) {
+    return on_stream([&] { return stream_ops().rmsnorm(x, w, tag, d.h, 1); });
+  }
+  TensorId stream_close_block(TensorId x, TensorId branch, TensorId norm, const char* norm_name, const char* out_name) {
+    return on_stream([&] { return stream_ops().close_block(x, branch, norm, norm_name, r.resid, r.resid_name, out_name); });
+  }
+  // Shard(1) → Replicate: the whole sequence, in the local tensor's dtype. all_gather_tensor
+  // gathers the ranks' shares along dim 0 (t·b rows of s/t) and _maybe_view_chunk_cat puts them
+  // along the sequence: a view where the batch is 1, else a torch.cat into a second whole tensor
+  // while the gathered one lives (Qwen3 1.7B TP 2 with SP at b = 2, tests/data/dist_new_models/:
+  // such a 32 MiB pair at each of a layer's two all-gathers, and at the two in its backward,
+  // sp_reduce_scatter's). Its backward reduce-scatters the gradient: a contiguous b·s copy, then
+  // the local share.
+  bytes_t sp_gather_concat_buffer(bytes_t whole) const { return d.b > 1 ? whole : 0; }
   TensorId sp_all_gather(TensorId local, const char* name) {
     const bytes_t whole = sim.info(local).bytes * job.parallel.tensor;
-    TensorId out = sim.make(name, whole, Term::activations, "all_gather (Shard(1) → Replicate)", "", "b·s·h", true);
+    const TensorId gathered =
+        sp_gather_concat_buffer(whole) ? sim.make("SP all-gather output along the batch (before the sequence concat)", whole,
+                                                  Term::other, Role::communication, "all_gather", "", "t·b·(s/t)·h", false)
+                                       : kNone;
+    TensorId out =
+        on_stream([&] { return sim.make(name, whole, Term::activations, "all_gather (Shard(1) → Replicate)", "", "b·s·h", true); });
+    if (gathered != kNone) sim.drop(gathered);
     sim.node("all_gather backward: reduce_scatter", {local}, {out}, {}, whole);
     return out;
   }
   // Partial → Shard(1): _reduce_shard_tensor copies the partial sum into a contiguous buffer, the
   // collective writes this rank's share, the copy and the partial go. Backward all-gathers the
-  // gradient (a whole b·s·h tensor).
+  // gradient (a whole b·s·h tensor; at b > 1 through a second one, sp_all_gather's concat).
   TensorId sp_reduce_scatter(TensorId partial, const char* name) {
     const bytes_t whole = sim.info(partial).bytes;
     TensorId copy = sim.make("SP reduce-scatter input (contiguous copy)", whole, Term::other, Role::communication,
                              "reduce_scatter", "", "b·s·h", false);
-    TensorId out = sim.make(name, whole / job.parallel.tensor, Term::activations, "reduce_scatter (Partial → Shard(1))", "",
-                            "b·(s/t)·h", true);
+    TensorId out = on_stream([&] {
+      return sim.make(name, whole / job.parallel.tensor, Term::activations, "reduce_scatter (Partial → Shard(1))", "", "b·(s/t)·h", true);
+    });
     sim.drop(copy);
-    sim.node("reduce_scatter backward: all_gather", {partial}, {out}, {});
+    sim.node("reduce_scatter backward: all_gather", {partial}, {out}, {}, sp_gather_concat_buffer(whole));
     sim.drop(partial);
     return out;
   }
@@ -482,8 +511,7 @@ struct Step {
     TensorId o = m.mla.enabled() ? mla_attention(p, n1) : attention_block(p, n1);
     sim.drop(n1_local);
     // Gemma 2's post_attention_layernorm on the branch, then the residual add
-    TensorId h1 = stream_ops().close_block(x, o, p.norm3, "post-attention norm output", r.resid, r.resid_name,
-                                           "residual stream (saved by the next norm)");
+    TensorId h1 = stream_close_block(x, o, p.norm3, "post-attention norm output", "residual stream (saved by the next norm)");
     TensorId n2 = stream_norm(h1, p.norm2, "post_attention_layernorm output");
     TensorId n2_local = kNone;  // SP: held until the MLP returns
     if (sp()) n2 = sp_all_gather(n2_local = n2, "SP all-gather of post_attention_layernorm output (saved by gate/up)");
@@ -505,8 +533,7 @@ struct Step {
                             });
     sim.drop(n2);  // hidden_states = self.mlp(hidden_states)
     sim.drop(n2_local);
-    TensorId h2 = stream_ops().close_block(h1, dn, p.norm4, "post-feedforward norm output", r.resid, r.resid_name,
-                                           "residual stream (layer output)");
+    TensorId h2 = stream_close_block(h1, dn, p.norm4, "post-feedforward norm output", "residual stream (layer output)");
     sim.drop(h1);
     sim.drop(layer_attn_weights);  // the layer returns: its `_` goes
     layer_attn_weights = kNone;
@@ -2139,6 +2166,10 @@ bool matmul_folds_batch_as_view(const Job& job) { return job.batch == 1; }
 bool attention_folds_batch(const ModelSpec& m, const Job& job) {
   // (an unmasked layer: a layer the sliding window masks may still run a fused kernel)
   return attention_runs_as_matmuls(job.attention, job.precision == Precision::fp32, false, m.num_heads != m.num_kv_heads);
+}
+
+bool stream_differs_at_batch_one(const ModelSpec& m, const Job& job) {
+  return attention_folds_batch(m, job) || (job.parallel.sequence_parallel && job.parallel.tensor > 1);
 }
 
 std::uint64_t last_mask_holder(const ModelSpec& m, const Job& job) {

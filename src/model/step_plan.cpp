@@ -221,10 +221,10 @@ std::array<plan::Probe, 3> training_probes(const ModelSpec& m, const Job& job) {
   using namespace plan;
   // Probes inside the job's regime.
   const int regime = StepPlan::regime(m, job);
-  // Attention that folds b·a (attention_folds_batch): b = 1 at every probe in its batch-1 regime,
-  // b ≥ 2 at every probe outside it
+  // A step whose stream differs at batch 1 (stream_differs_at_batch_one: attention that folds b·a,
+  // SP's all-gathers): b = 1 at every probe in its batch-1 regime, b ≥ 2 at every probe outside it
   const bool batch_one = regime & StepPlan::kBatchOne;
-  std::uint64_t b0 = attention_folds_batch(m, job) && !batch_one ? 2 : 1, s0 = 1;
+  std::uint64_t b0 = stream_differs_at_batch_one(m, job) && !batch_one ? 2 : 1, s0 = 1;
   if (regime & 2) s0 = m.sliding.window;  // s ≥ window at every probe
   if (job.loss == Loss::chunked) {
     if (regime & 1) {  // T ≥ loss_chunk at every probe: through s (at the window or b = 1), or b
@@ -243,9 +243,10 @@ std::array<plan::Probe, 3> training_probes(const ModelSpec& m, const Job& job) {
   const std::array<Probe, 3> probes{{{b0, s0}, {b1, 3 * s0}, {b2, 7 * s0}}};
   // Sequence parallelism: every size is c · b^i · (s / t)^j with integer c (a sharded tensor has
   // s / t rows, a gathered one t · (s / t)), so the plan's variable is the local sequence s / t
-  // and the probes simulate t times it. The regimes' bounds are in whole sequences: not compiled.
+  // and the probes simulate t times it. The chunk's and the window's bounds are in whole sequences:
+  // not compiled (the batch-1 regime has none).
   const std::uint64_t unit = StepPlan::seq_unit(job);
-  if (unit > 1 && regime != 0) throw Fail{};
+  if (unit > 1 && (regime & ~StepPlan::kBatchOne) != 0) throw Fail{};
   if (probes[2].s > (1ull << 32) / probes[2].b / unit) throw Fail{};
   return probes;
 }
@@ -383,7 +384,7 @@ struct PlanBuilder {
 
 int StepPlan::regime(const ModelSpec& m, const Job& job) {
   const int chunk = job.loss == Loss::chunked && static_cast<u128>(job.batch) * job.seq > job.loss_chunk ? 1 : 0;
-  const bool batch_one = attention_folds_batch(m, job) && matmul_folds_batch_as_view(job);
+  const bool batch_one = stream_differs_at_batch_one(m, job) && matmul_folds_batch_as_view(job);
   return chunk | (sliding_window_mask(m, job) ? 2 : 0) | (batch_one ? kBatchOne : 0);
 }
 

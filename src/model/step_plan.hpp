@@ -33,8 +33,9 @@ class StepPlan {
   // size class on either side of b·s = loss_chunk (bit 0); a sliding window on every layer makes
   // transformers build an SDPA mask from s = window on (bit 1; sliding_window_mask in
   // inventory.hpp); eager attention and SDPA's math kernel at micro-batch 1 fold b·a as views, where
-  // a larger batch copies (bit 2, kBatchOne: attention_folds_batch; its probes keep b = 1,
-  // so its plan is the batch-1 step's). Plans are compiled per regime.
+  // a larger batch copies, and so does SP's all-gather concat (bit 2, kBatchOne:
+  // stream_differs_at_batch_one; its probes keep b = 1, so its plan is the batch-1 step's). Plans
+  // are compiled per regime.
   static constexpr int kBatchOne = 4;
   static int regime(const ModelSpec& m, const Job& job);
 

@@ -226,6 +226,17 @@ EXACT_STREAMS = [  # (snapshot, config, flags): steps whose every allocation the
     # whole-run snapshot, moe_snapshots/, still differs in 126 entries: its grouped router.)
     ("heldout_conf/deepseek-v2-lite_L4_bf16_full_flash_adamw_b1s2048_heldout", "tests/data/hf/moe/deepseek-v2-lite.json",
      ["--batch", "1", "--seq", "2048", "--precision", "bf16", "--recompute", "full"], {"num_hidden_layers": 4}),
+    # held-out layouts on new models (tests/data/dist_new_models/, predicted before measured): SP at
+    # b = 2 (its DTensor sums and all-gather concats: 393 entries differed before), FSDP2 × TP, DDP's
+    # bucket view in fp32, FSDP2 with full recompute
+    ("dist_new_models/snap/qwen3-1.7b_tp-sp_w2r0_bf16_none_b2s4096", "tests/data/new_models_heldout2/configs/qwen3-1.7b.json",
+     ["--batch", "2", "--seq", "4096", "--precision", "bf16", "--tp", "2", "--sp", "--rank", "0"]),
+    ("dist_new_models/snap/qwen2.5-3b_fsdp_tp_w8r0_tp2_bf16_none_b2s2048", "tests/data/new_models_heldout2/configs/qwen2.5-3b.json",
+     ["--batch", "2", "--seq", "2048", "--precision", "bf16"] + ["--tp", "2", "--fsdp", "4", "--rank", "0"]),
+    ("dist_new_models/snap/smollm2-360m_ddp-bucketview_w2r0_fp32_none_b4s2048", "tests/data/hf/smollm2-360m.json",
+     ["--batch", "4", "--seq", "2048", "--precision", "fp32"] + ["--dp", "2", "--ddp-bucket-view", "--rank", "0"]),
+    ("dist_new_models/snap/gemma-7b_fsdp-reshard_w8r0_amp-bf16_full_b1s4096", "tests/data/hf/gemma-7b.json",
+     ["--batch", "1", "--seq", "4096", "--precision", "amp-bf16", "--recompute", "full"] + ["--fsdp", "8", "--rank", "0"]),
 ]
 EXACT_STREAMS = [entry if len(entry) == 4 else entry + ({},) for entry in EXACT_STREAMS]
 
