@@ -440,6 +440,21 @@ TEST_CASE("held-out layouts on new models, predicted before they were measured: 
   report(w, "held-out layouts on new models");
 }
 
+// Where the DTensor sums (AutogradSim::dtensor_scope) and SP's all-gather concat moved the
+// prediction (tools/matrices/sp_sums_heldout_h200.json: the golden grid's four TP 2 + SP ranks at
+// b = 1, by -1.1% to -4.1% of reserved, and Qwen2.5 1.5B at b = 4 with full recompute), predicted
+// before measured (tests/data/sp_sums_heldout/), each rank alone. 2026-12-06, on an H100: reserved
+// -0.92%, -0.14%, +0.45%, +0.79% and -0.01% (before those mechanisms +0.27%, +4.30%, +4.01%, +3.20%;
+// predicted_without.json); every phase within 0.05%. Llama 3.2 1B's -0.92%: its first foreach
+// AdamW step redistributes the tied embedding's 501 MiB replicated state to a shard
+// (_replicate_to_shard), which the replay does not make.
+TEST_CASE("TP + SP ranks where the DTensor sums moved the prediction, predicted before measured") {
+  Worst w;
+  check_file("tests/data/sp_sums_heldout/torch_train_sp_sums_fakepg.json", 0.01, none, w, 0.01, -0.01, 0.01);
+  CHECK(w.cases == 5);
+  report(w, "TP + SP ranks, DTensor sums");
+}
+
 // Expert parallelism as transformers 5.17 runs it (tools/matrices/ep_h200.json, each rank measured
 // alone in a fresh process): Qwen3-30B-A3B over 8 and 4 ranks, Mixtral 8x7B over 8 (one expert
 // per rank: the ep_router's other path) and 4, OLMoE over 4 and 8, Qwen1.5-MoE (a shared expert)

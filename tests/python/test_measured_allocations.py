@@ -231,6 +231,12 @@ EXACT_STREAMS = [  # (snapshot, config, flags): steps whose every allocation the
     # bucket view in fp32, FSDP2 with full recompute
     ("dist_new_models/snap/qwen3-1.7b_tp-sp_w2r0_bf16_none_b2s4096", "tests/data/new_models_heldout2/configs/qwen3-1.7b.json",
      ["--batch", "2", "--seq", "4096", "--precision", "bf16", "--tp", "2", "--sp", "--rank", "0"]),
+    # TP + SP at b = 1, with and without the vocabulary-parallel loss (tests/data/sp_sums_heldout/:
+    # the norms' and the residual stream's DTensor gradients summed out of place)
+    ("sp_sums_heldout/snap/llama-3.2-1b_tp-sp-lp_w2r0_amp-bf16_none_b1s1024", "configs/hf/llama-3.2-1b.json",
+     ["--batch", "1", "--seq", "1024", "--precision", "amp-bf16", "--tp", "2", "--sp", "--loss-parallel", "--rank", "0"]),
+    ("sp_sums_heldout/snap/qwen2.5-0.5b_tp-sp_w2r0_amp-bf16_none_b1s1024", "configs/hf/qwen2.5-0.5b.json",
+     ["--batch", "1", "--seq", "1024", "--precision", "amp-bf16", "--tp", "2", "--sp", "--rank", "0"]),
     ("dist_new_models/snap/qwen2.5-3b_fsdp_tp_w8r0_tp2_bf16_none_b2s2048", "tests/data/new_models_heldout2/configs/qwen2.5-3b.json",
      ["--batch", "2", "--seq", "2048", "--precision", "bf16"] + ["--tp", "2", "--fsdp", "4", "--rank", "0"]),
     ("dist_new_models/snap/smollm2-360m_ddp-bucketview_w2r0_fp32_none_b4s2048", "tests/data/hf/smollm2-360m.json",
