@@ -432,7 +432,7 @@ TEST_CASE("ranks measured again alone: TP, FSDP2 and pipeline ranks") {
 // ZeRO-1 rank 1 of 4, Mistral NeMo 12B FSDP2 without resharding, SmolLM2 1.7B HSDP and 360M DDP with
 // gradient_as_bucket_view in fp32, Qwen2.5 3B FSDP2 × TP 2, Qwen3 1.7B TP 2 with sequence
 // parallelism), predicted before they were measured (tests/data/dist_new_models/predicted_before.json,
-// by b3611ad), each rank alone in a fresh process (tools/device/dist_new_models_run.sh).
+// by b3611ad), each rank alone in a fresh process (tools/device/dist_alone_run.sh dist_new_models ...).
 TEST_CASE("held-out layouts on new models, predicted before they were measured: FSDP2, HSDP, DDP, ZeRO-1, TP, SP, FSDP2 × TP") {
   Worst w;
   check_file("tests/data/dist_new_models/torch_train_dist_new_models_fakepg.json", 0.01, none, w, 0.005, -0.005, 0.01);
