@@ -372,8 +372,11 @@ namespace {
 
 using nlohmann::json;
 
+// Every config.json model_type membudget describes, as the messages list them (the dense families,
+// then those with experts).
 constexpr const char* kSupportedTypes =
-    "llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, deepseek_v2, deepseek_v3";
+    "llama, mistral, qwen2, qwen3, gemma, gemma2, phi3; with experts: mixtral, qwen2_moe, qwen3_moe, olmoe, "
+    "deepseek_v2, deepseek_v3";
 
 // A value as it appears in a message: scalars as JSON (at most 64 characters; dump() would
 // recurse through a deeply nested value and copy a huge one), containers by their kind.
@@ -506,7 +509,7 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
       (experts && !moe_family && !deepseek))
     throw Error(ErrorKind::unsupported,
                 where + ": model_type '" + t + "' is a mixture-of-experts model membudget does not describe yet (it "
-                        "describes mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3)");
+                        "describes " + kSupportedTypes + ")");
 
   const bool llama = t == "llama" || t == "olmoe", mistral = t == "mistral" || t == "mixtral",
              qwen2 = t == "qwen2" || t == "qwen2_moe", qwen3 = t == "qwen3" || t == "qwen3_moe", gemma = t == "gemma",
