@@ -245,6 +245,50 @@ moe:
   bad("normalize_top_k: true", "normalize_top_k: true\n  dense_layers: [1, -2]", "moe.dense_layers");
   bad("normalize_top_k: true", "normalize_top_k: true\n  router: sinkhorn", "moe.router");
   bad("normalize_top_k: true", "normalize_top_k: true\n  gating: 2", "unknown key");
+  // settings the block would ignore, or a block that is not there (a shared expert without its
+  // gate beside this router walked a gate parameter that did not exist: a crash)
+  bad("normalize_top_k: true", "normalize_top_k: true\n  shared_ff: 512", "shared_gate: true");
+  bad("normalize_top_k: true", "normalize_top_k: true\n  shared_gate: true", "there is none");
+  bad("normalize_top_k: true", "normalize_top_k: true\n  dense_layers: [48]", "layer 48 is not one of the model's 48");
+  bad("normalize_top_k: true", "normalize_top_k: true\n  first_dense: 48", "no layer a mixture of experts");
+  bad("normalize_top_k: true", "normalize_top_k: true\n  sparse_step: 49", "no layer a mixture of experts");
+  bad("  expert_ff: 768\n", "  expert_ff: 99999999\n", "moe.expert_ff");
+  bad("normalize_top_k: true", "normalize_top_k: true\n  shared_ff: 99999999\n  shared_gate: true", "moe.shared_ff");
+  bad("normalize_top_k: true", "normalize_top_k: true\n  router: deepseek_v3\n  groups: 32\n  group_top_k: 1",
+      "cannot be chosen from the 1 groups of 4");
+  CHECK(parse_model_yaml(yaml + "  shared_ff: 512\n  shared_gate: true\n", "gated.yaml").parameters().total >
+        y.parameters().total);  // the gated shared expert, as Qwen2-MoE's
+}
+
+TEST_CASE("config.json MoE fields that would be ignored or mean a dense model are refused by name") {
+  const auto edited = [](const char* file, auto&& edit) {
+    std::ifstream in(test::source_path(file));
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    edit(cfg);
+    try {
+      (void)parse_hf_config(cfg.dump(), "config.json");
+      return std::string("loaded");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  auto has = [](const std::string& what, const char* needle) {
+    CAPTURE(what);
+    CHECK(what.find(needle) != std::string::npos);
+  };
+  has(edited("tests/data/hf/moe/mixtral-8x7b.json", [](nlohmann::json& c) { c["num_local_experts"] = 0; }),
+      "num_local_experts: must be at least 1");
+  has(edited("tests/data/hf/moe/qwen3-30b-a3b.json", [](nlohmann::json& c) { c["num_experts"] = 0; }),
+      "num_experts: must be at least 1");
+  has(edited("tests/data/hf/moe/qwen3-30b-a3b.json", [](nlohmann::json& c) { c["mlp_only_layers"] = "0"; }),
+      "mlp_only_layers: must be a list");
+  has(edited("tests/data/hf/moe/qwen3-30b-a3b.json", [](nlohmann::json& c) { c["mlp_only_layers"] = {0, 48}; }),
+      "layer 48 is not one of");
+  has(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json& c) { c["n_shared_experts"] = 1000000; }),
+      "exceeds the limit");
+  has(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json& c) { c["topk_group"] = 1; c["num_experts_per_tok"] = 64; }),
+      "cannot be chosen");
+  CHECK(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json&) {}) == "loaded");
 }
 
 // transformers 5.17's MoE blocks: Mixtral's, Qwen2-MoE's and OLMoE's __init__ assign self.gate, then

@@ -64,11 +64,48 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
   for (const auto& [name, v] : required)
     if (v == 0) return invalid(name, "must be > 0; set it to the model's value");
   if (s.moe.enabled()) {
-    if (s.moe.top_k == 0 || s.moe.top_k > s.moe.experts)
-      return invalid("num_experts_per_tok", "must be from 1 to the number of experts (" + std::to_string(s.moe.experts) + ")");
-    if (s.moe.expert_ff == 0) return invalid("moe_intermediate_size", "must be > 0");
-    if (s.moe.experts > (1u << 16)) return invalid("num_experts", "is absurdly large (limit 65536)");
-    if (s.moe.sparse_step == 0) return invalid("decoder_sparse_step", "must be at least 1");
+    // Each field named as a YAML spec and as a config.json give it (the families' keys differ:
+    // Mixtral's num_local_experts, DeepSeek's n_routed_experts).
+    const MixtureOfExperts& e = s.moe;
+    if (e.top_k == 0 || e.top_k > e.experts)
+      return invalid("moe.top_k (config.json: num_experts_per_tok)",
+                     "must be from 1 to the number of experts (" + std::to_string(e.experts) + ")");
+    if (e.expert_ff == 0) return invalid("moe.expert_ff (config.json: moe_intermediate_size)", "must be > 0");
+    if (e.expert_ff > kMaxDim)
+      return invalid("moe.expert_ff (config.json: moe_intermediate_size)",
+                     std::to_string(e.expert_ff) + " exceeds the limit of " + std::to_string(kMaxDim) + "; check the value for a typo");
+    if (e.shared_ff > kMaxDim)
+      return invalid("moe.shared_ff (config.json: shared_expert_intermediate_size, or n_shared_experts × moe_intermediate_size)",
+                     std::to_string(e.shared_ff) + " exceeds the limit of " + std::to_string(kMaxDim) + "; check the value for a typo");
+    if (e.experts > (1u << 16))
+      return invalid("moe.experts (config.json: num_experts, num_local_experts or n_routed_experts)", "is absurdly large (limit 65536)");
+    if (e.sparse_step == 0) return invalid("moe.sparse_step (config.json: decoder_sparse_step)", "must be at least 1");
+    // The shared expert: Qwen2-MoE's beside a softmax top-k router is always gated (its
+    // shared_expert_gate), DeepSeek's never; the two are the shapes the MoE block walks.
+    const bool softmax_router = e.router == MixtureOfExperts::Router::softmax_top_k;
+    if (e.shared_gate && e.shared_ff == 0)
+      return invalid("moe.shared_gate", "gates a shared expert, and there is none: set moe.shared_ff or remove shared_gate");
+    if (e.shared_ff && softmax_router && !e.shared_gate)
+      return Problem{ErrorKind::unsupported, "moe.shared_gate",
+                     "a shared expert beside the softmax top-k router is Qwen2-MoE's, gated: set shared_gate: true (an "
+                     "ungated one is DeepSeek's: router deepseek_v2 or deepseek_v3)"};
+    if (e.shared_gate && !softmax_router)
+      return Problem{ErrorKind::unsupported, "moe.shared_gate",
+                     "DeepSeek's shared experts are summed ungated; a gate on them is not modelled"};
+    for (std::uint64_t il : e.dense_layers)
+      if (il >= s.num_layers)
+        return invalid("moe.dense_layers (config.json: mlp_only_layers)",
+                       "layer " + std::to_string(il) + " is not one of the model's " + std::to_string(s.num_layers) + " layers");
+    // Group-limited routing picks its top k among the experts of its top groups only.
+    if (e.groups > 1 && e.experts % e.groups == 0 && e.group_top_k <= e.groups &&
+        e.top_k > e.group_top_k * (e.experts / e.groups))
+      return invalid("moe.top_k (config.json: num_experts_per_tok)",
+                     std::to_string(e.top_k) + " experts cannot be chosen from the " + std::to_string(e.group_top_k) +
+                         " groups of " + std::to_string(e.experts / e.groups) + " that routing keeps (group_top_k / topk_group)");
+    if (s.num_layers <= kMaxLayers && s.moe_layers() == 0)
+      return invalid("moe.first_dense, moe.sparse_step or moe.dense_layers (config.json: first_k_dense_replace, "
+                     "decoder_sparse_step, mlp_only_layers)",
+                     "leave no layer a mixture of experts; remove the moe section (config.json: the experts) for a dense model");
   }
 
   const std::pair<const char*, std::uint64_t> dims[] = {
@@ -646,13 +683,18 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
       }
       if (t != "olmoe") {
         e.sparse_step = r.opt_uint("decoder_sparse_step").value_or(1);
-        if (const json* d = r.find("mlp_only_layers"); d && d->is_array())
+        if (const json* d = r.find("mlp_only_layers"); d && !d->is_array())
+          throw r.error("mlp_only_layers", "must be a list of layer indices (got " + brief(*d) + ")");
+        else if (d)
           for (const json& x : *d) {
             if (!x.is_number_unsigned()) throw r.error("mlp_only_layers", "must be a list of layer indices");
             e.dense_layers.push_back(x.get<std::uint64_t>());
           }
       }
     }
+    if (e.experts == 0)  // 0 would silently mean a dense model
+      throw r.error(t == "mixtral" ? "num_local_experts" : deepseek ? "n_routed_experts" : "num_experts",
+                    "must be at least 1 for model_type '" + t + "'");
     e.router_first = t == "mixtral" || t == "qwen2_moe" || t == "olmoe";
     e.top_k = r.req_uint("num_experts_per_tok");
     e.output_router_logits = r.opt_bool("output_router_logits").value_or(false);
