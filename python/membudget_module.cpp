@@ -279,6 +279,7 @@ PYBIND11_MODULE(_core, m) {
         if (o.global_batch) {
           d["accum_micro_batch"] = r.accum_micro_batch;
           d["grad_accum_steps"] = r.grad_accum_steps;
+          d["data_parallel"] = r.data_parallel;
         }
         d["evaluations"] = r.evaluations;
         if (r.reserved_required) d["reserved_required"] = r.reserved_required;

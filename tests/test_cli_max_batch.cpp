@@ -39,6 +39,30 @@ TEST_CASE("max-batch --format json: max_micro_batch, the budget there, accumulat
   CHECK(mb <= expect.max_micro_batch);
 }
 
+TEST_CASE("max-batch --global-batch: divided over the job's own data-parallel ranks, a different count refused") {
+  const std::string model = test::source_path("configs/llama-3.2-1b.yaml");
+  const auto r = test::run_cli("max-batch " + model + " --device H100 --seq 1024 --global-batch 64 --dp 8 --format json");
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["data_parallel"] == 8);
+  CHECK(j["accum_micro_batch"].get<std::uint64_t>() * j["grad_accum_steps"].get<std::uint64_t>() * 8 == 64);
+  // HSDP: replicas × shards take micro-batches of their own; the same count given again is accepted
+  const auto hsdp = test::run_cli("max-batch " + model + " --device H100 --seq 1024 --global-batch 64 --dp 2 --fsdp 4 "
+                                  "--data-parallel 8 --format json");
+  REQUIRE(hsdp.exit_code == 0);
+  CHECK(nlohmann::json::parse(hsdp.out)["data_parallel"] == 8);
+  const auto other = test::run_cli("max-batch " + model + " --device H100 --seq 1024 --global-batch 64 --dp 8 --data-parallel 4");
+  CHECK(other.exit_code == 2);
+  CHECK(other.out.find("has 8 data-parallel ranks") != std::string::npos);
+  const auto uneven = test::run_cli("max-batch " + model + " --device H100 --seq 1024 --global-batch 60 --dp 8");
+  CHECK(uneven.exit_code == 2);
+  CHECK(uneven.out.find("not a multiple of the data-parallel size 8") != std::string::npos);
+  // tensor-parallel ranks share their micro-batch: a single replica
+  const auto tp = test::run_cli("max-batch " + model + " --device H100 --seq 1024 --global-batch 64 --tp 2 --format json");
+  REQUIRE(tp.exit_code == 0);
+  CHECK(nlohmann::json::parse(tp.out)["data_parallel"] == 1);
+}
+
 TEST_CASE("max-batch: nothing fits exits 1; no device is an error") {
   const std::string model = test::source_path("configs/llama-3.1-8b.yaml");
   const auto r = test::run_cli("max-batch " + model + " --device RTX-4090");

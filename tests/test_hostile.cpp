@@ -132,11 +132,17 @@ TEST_CASE("parse_bytes is exact over the whole 64-bit range and refuses what doe
   CHECK(message_of([] { parse_bytes("18446744073709551616", "--device-memory"); }).find("--device-memory") == 0);
 }
 
-TEST_CASE("--device-memory and --overhead keep the last digit of a size above 2^63") {
+TEST_CASE("--device-memory keeps the last digit of a size above 2^63; --overhead past 1 PiB is refused, not wrapped") {
   const std::string spec = test::source_path("configs/tiny-llama.yaml");
-  auto r = test::run_cli("predict " + spec + " --batch 1 --seq 64 --overhead 9223372036854775809 --format json 2>/dev/null");
+  // nvidia_smi = reserved_peak + overhead: near 2^64 it wrapped to less than reserved_peak
+  auto r = test::run_cli("predict " + spec + " --batch 1 --seq 64 --overhead 9223372036854775809 --format json");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("--overhead: 8.00 EiB is more than any GPU holds") != std::string::npos);
+  r = test::run_cli("predict " + spec + " --batch 1 --seq 64 --overhead 1125899906842624 --format json 2>/dev/null");
   REQUIRE(r.exit_code == 0);
-  CHECK(nlohmann::json::parse(r.out)["terms"]["overhead"].get<std::uint64_t>() == 9223372036854775809ull);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["terms"]["overhead"].get<std::uint64_t>() == 1125899906842624ull);
+  CHECK(j["nvidia_smi"].get<std::uint64_t>() == j["reserved_peak"].get<std::uint64_t>() + 1125899906842624ull);
   r = test::run_cli("predict " + spec + " --batch 1 --seq 64 --device-memory 18446744073709551615 --headroom 0 --format json");
   REQUIRE(r.exit_code == 0);
   CHECK(nlohmann::json::parse(r.out)["device"]["capacity"].get<std::uint64_t>() == kMax64);
@@ -251,6 +257,12 @@ TEST_CASE("oom --step is a whole number up to 10^9; a message whose free memory 
   const std::string what = message_of([&] { parse_oom_message(text); });
   CHECK(what.find("80.00 GiB") != std::string::npos);
   CHECK(what.find("79.00 GiB") != std::string::npos);
+  // nor more reserved (allocated + unallocated) than the device has
+  std::string over = text;
+  over.replace(over.find("80.00 GiB is free"), 9, "1.00 GiB");
+  over.replace(over.find("60.00 GiB is allocated"), 9, "200.00 GiB");
+  const std::string what_over = message_of([&] { parse_oom_message(over); });
+  CHECK(what_over.find("reserved memory (201.00 GiB) exceeds the total capacity (79.00 GiB)") != std::string::npos);
   // free == capacity is possible (nothing allocated yet) and read.
   std::string equal = text;
   equal.replace(equal.find("80.00 GiB is free"), 9, "79.00 GiB");

@@ -703,8 +703,9 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
   CHECK(l.policy.roundup_power2_divisions[0] == 2);
   CHECK(l.policy.roundup_power2_divisions[2] == 4);
   CHECK(l.policy.roundup_power2_divisions[3] == 8);
-  // c10 refuses a max split below a large segment by raising it to 20 MiB
-  CHECK(parse_allocator_conf("max_split_size_mb:1").policy.max_split_size == 20 * MiB);
+  // c10 (AcceleratorAllocatorConfig::parseMaxSplitSize) refuses a max split below a large
+  // segment at startup: "max_split_size_mb too small, must be >= 20"
+  CHECK(parse_allocator_conf("max_split_size_mb:20").policy.max_split_size == 20 * MiB);
   auto fails = [](const char* conf, const char* needle) {
     try {
       parse_allocator_conf(conf);
@@ -718,6 +719,8 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
   fails("pinned_use_cuda_host_register:True", "'pinned_use_cuda_host_register' is not modelled");
   fails("backend:cudaMallocAsync", "'backend' is not modelled");
   fails("expandable_segments:yes", "expandable_segments");
+  fails("max_split_size_mb:19", "max_split_size_mb: 19 is below 20");
+  fails("max_split_size_mb:0", "max_split_size_mb: 0 is below 20");
   fails("max_split_size_mb:x", "max_split_size_mb");
   fails("roundup_power2_divisions:3", "power of 2");
   fails("garbage_collection_threshold:1.5", "garbage_collection_threshold");

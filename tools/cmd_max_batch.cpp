@@ -35,7 +35,7 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
   f->job.add_allocator_conf(cmd);
   cmd->add_option("--seq,-s", f->job.seq, "sequence length in tokens (default 4096)");
   cmd->add_option("--global-batch", f->global_batch_text, "target global batch (sequences per optimizer step)");
-  cmd->add_option("--data-parallel", f->data_parallel_text, "data-parallel ranks sharing the global batch (default 1)");
+  cmd->add_option("--data-parallel", f->data_parallel_text, "data-parallel ranks sharing the global batch (default: the job's --dp × --fsdp, else 1)");
   cmd->add_option("--max", f->limit_text, "largest micro-batch tried (default 65536)");
   cmd->callback([f, cmd] {
     // At least 1 when given: 0 would silently mean "no target" (--global-batch) or "the default"
@@ -86,7 +86,7 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
       o2["peak_phase"] = budget.peak_phase;
       if (f->global_batch) {
         o2["global_batch"] = f->global_batch;
-        o2["data_parallel"] = f->data_parallel;
+        o2["data_parallel"] = r.data_parallel;
         o2["accum_micro_batch"] = r.accum_micro_batch;
         o2["grad_accum_steps"] = r.grad_accum_steps;
       }
@@ -110,7 +110,7 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
                   << format_bytes(allocated_required) << " allocated + outside, peak " << budget.peak_phase << ")\n";
         if (f->global_batch)
           std::cout << "  global batch " << f->global_batch << " = micro-batch " << r.accum_micro_batch << " × "
-                    << r.grad_accum_steps << " accumulation steps × " << f->data_parallel << " data-parallel ranks\n";
+                    << r.grad_accum_steps << " accumulation steps × " << r.data_parallel << " data-parallel ranks\n";
       }
     }
     if (r.max_micro_batch == 0) set_exit_status(1);

@@ -85,7 +85,8 @@ struct SearchOptions {
   // max_sequence_length: only multiples of this (e.g. 128). max_micro_batch: ignored.
   std::uint64_t multiple_of = 1;
   // max_micro_batch: the global batch to reach with gradient accumulation over data_parallel
-  // ranks (0: none).
+  // ranks (0: none). A job with data-parallel ranks of its own (Parallelism::data_ranks: --dp ×
+  // --fsdp) is divided over those; data_parallel other than 1 must then be the same number.
   std::uint64_t global_batch = 0;
   std::uint64_t data_parallel = 1;
   // max_micro_batch: decide on the reserved memory (reserved_peak + overhead, PredictOptions::reserved;
@@ -103,6 +104,7 @@ struct MaxBatchResult {
   // and the accumulation steps it needs (global_batch = micro_batch · steps · data_parallel).
   std::uint64_t accum_micro_batch = 0;
   std::uint64_t grad_accum_steps = 0;
+  std::uint64_t data_parallel = 1;    // the data-parallel ranks the global batch was divided over
   std::uint32_t evaluations = 0;      // estimates the search made
   // With SearchOptions::reserved: reserved_peak + overhead at max_micro_batch (0 where the job has
   // no reserved model: serving, the harness, FSDP2), and how many reserved predictions it took.

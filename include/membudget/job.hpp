@@ -138,6 +138,9 @@ struct Parallelism {
   // Ranks in the job (data × fsdp × tensor × pipeline × context × expert); saturates at 2^64 − 1 (validate refuses it).
   std::uint64_t world() const noexcept;
   bool single() const noexcept { return world() == 1; }
+  // The ranks that each take a micro-batch of their own (DDP's or HSDP's replicas × FSDP2's
+  // shards); tensor, expert, pipeline and context ranks share theirs. Saturates as world() does.
+  std::uint64_t data_ranks() const noexcept;
 };
 
 struct Job;

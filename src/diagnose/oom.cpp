@@ -348,6 +348,13 @@ Attempt read_message(std::string_view s, std::size_t start, std::size_t after_an
     a.reached = c.pos();
     return a;
   }
+  // Nor can PyTorch hold more than the device has (the reserved memory is in its segments).
+  if (r.reserved > r.capacity) {
+    a.why = "its figures contradict each other: PyTorch's reserved memory (" + format_bytes(r.reserved) +
+            ") exceeds the total capacity (" + format_bytes(r.capacity) + "), so it was edited or corrupted";
+    a.reached = c.pos();
+    return a;
+  }
   r.message = std::string(s.substr(start, c.pos() - start));
   a.report = std::move(r);
   a.reached = c.pos();

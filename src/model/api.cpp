@@ -324,10 +324,17 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
   MaxBatchResult r;
   r.limit = usable_bytes(device, o.headroom);
   if (o.data_parallel == 0) throw Error(ErrorKind::invalid_argument, "data_parallel: must be at least 1");
-  if (o.global_batch && o.global_batch % o.data_parallel)
+  // The job's own data-parallel ranks share the global batch; a different count given beside them
+  // would size the accumulation for another job.
+  const std::uint64_t job_data_ranks = job.parallel.data_ranks();
+  if (job_data_ranks > 1 && o.data_parallel != 1 && o.data_parallel != job_data_ranks)
+    throw Error(ErrorKind::invalid_argument, "--data-parallel " + std::to_string(o.data_parallel) + ": the job's layout has " +
+                                                 std::to_string(job_data_ranks) + " data-parallel ranks (--dp × --fsdp)");
+  r.data_parallel = job_data_ranks > 1 ? job_data_ranks : o.data_parallel;
+  if (o.global_batch && o.global_batch % r.data_parallel)
     throw Error(ErrorKind::invalid_argument, "--global-batch: " + std::to_string(o.global_batch) +
                                                  " is not a multiple of the data-parallel size " +
-                                                 std::to_string(o.data_parallel));
+                                                 std::to_string(r.data_parallel));
   std::uint64_t hi_limit = o.limit ? o.limit : 65536;
   if (job.seq) hi_limit = std::min<std::uint64_t>(hi_limit, std::max<std::uint64_t>(1, (1ull << 32) / job.seq));
   std::uint64_t lo = largest_that_fits(
@@ -369,7 +376,7 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
   }
   r.max_micro_batch = lo;
   if (lo && o.global_batch) {
-    const std::uint64_t per_rank = o.global_batch / o.data_parallel;
+    const std::uint64_t per_rank = o.global_batch / r.data_parallel;
     std::uint64_t mb = std::min(lo, per_rank);
     while (mb > 1 && per_rank % mb) --mb;
     r.accum_micro_batch = mb;

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "membudget/bytes.hpp"
 #include "membudget/job.hpp"
 
 namespace membudget {
@@ -150,6 +151,11 @@ double dtype_bytes(DType d) noexcept {
     case DType::int4: return 0.5;
   }
   return 2;
+}
+
+std::uint64_t Parallelism::data_ranks() const noexcept {
+  const unsigned __int128 d = static_cast<unsigned __int128>(data) * fsdp;
+  return d > ~std::uint64_t{0} ? ~std::uint64_t{0} : static_cast<std::uint64_t>(d);
 }
 
 std::uint64_t Parallelism::world() const noexcept {
@@ -391,6 +397,11 @@ void Job::validate() const {
     throw bad("--batch × --seq", std::to_string(batch) + " × " + std::to_string(seq) +
                                      " tokens per micro-batch is absurdly large (limit 2^32)");
   if (loss == Loss::chunked && loss_chunk == 0) throw bad("--loss-chunk", "must be at least 1");
+  // Memory outside the allocator is added to every figure (required, nvidia_smi): a value past any
+  // card's memory is a typo, and near 2^64 the sums would wrap.
+  constexpr bytes_t kMaxOverhead = bytes_t{1} << 50;  // 1 PiB
+  if (overhead && *overhead > kMaxOverhead)
+    throw bad("--overhead", format_bytes(*overhead) + " is more than any GPU holds (limit 1 PiB); check the value for a typo");
   validate_parallel(*this);
   if (group_size == 0) throw bad("--group-size", "must be at least 1");
   if (lora_rank > 65536) throw bad("--lora", "rank " + std::to_string(lora_rank) + " is absurdly large (limit 65536)");

@@ -899,8 +899,11 @@ AllocatorConf parse_allocator_conf(std::string_view conf) {
       else throw conf_error("expandable_segments: '" + v + "' is not True or False");
     } else if (k == "max_split_size_mb") {
       const std::uint64_t mb = conf_count(k, v);
-      // c10: at least a large segment (20 MiB); larger than any request when unset
-      out.policy.max_split_size = std::max<bytes_t>(mb, 20) * MiB;
+      // c10 refuses less than a large segment at startup (AcceleratorAllocatorConfig::
+      // parseMaxSplitSize: "max_split_size_mb too small, must be >= 20"); unset, it is larger
+      // than any request
+      if (mb < 20) throw conf_error("max_split_size_mb: " + v + " is below 20 (PyTorch refuses it at startup: too small, must be >= 20)");
+      out.policy.max_split_size = mb * MiB;
     } else if (k == "roundup_power2_divisions") {
       if (!v.empty() && v.front() == '[') {
         if (v.back() != ']') throw conf_error("roundup_power2_divisions: '" + v + "' lacks its ']'");
