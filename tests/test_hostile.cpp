@@ -330,6 +330,13 @@ TEST_CASE("the CLI refuses options the mode or the command does not use, exit 2,
       {"attribute " + test::source_path("tests/data/snapshots/train_tiny_llama_amp_bf16_ctx_all.pickle") + " --top -1",
        "--top"},
       {"oom --batch 4 'CUDA out of memory'", "--batch"},
+      // an empty value is no value (each was read as "not given": the default, silently)
+      {"predict " + spec + " --batch ''", "--batch: the value is empty"},
+      {"predict " + spec + " --tp ''", "--tp: the value is empty"},
+      {"predict " + spec + " --allocator-conf ''", "--allocator-conf: the value is empty"},
+      {"sweep " + spec + " --batch ''", "--batch: the value is empty"},
+      {"serve " + spec + " --device H100 --traffic ''", "--traffic: the value is empty"},
+      {"max-batch " + spec + " --device H100 --max ''", "--max: the value is empty"},
   };
   for (const auto& c : cases) {
     const std::string& args = c.first;

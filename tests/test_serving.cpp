@@ -163,6 +163,13 @@ TEST_CASE("vLLM pool: bad inputs and a pool too small for one request") {
   o.max_model_len = 200000;
   CHECK_THROWS_WITH_AS(plan_serving(m, o), doctest::Contains("max_positions 131072"), Error);
   o.max_model_len.reset();
+  // vLLM's scheduler gives every sequence of a step a token at least (L4: 256 sequences by default)
+  o.max_num_batched_tokens = 1;
+  CHECK_THROWS_WITH_AS(plan_serving(m, o), doctest::Contains("must be greater than or equal to max_num_seqs (256)"), Error);
+  o.max_num_seqs = 1;
+  CHECK(plan_serving(m, o).max_num_batched_tokens == 1);
+  o.max_num_batched_tokens.reset();
+  o.max_num_seqs.reset();
   const ServePlan p = plan_serving(m, o);  // 131072 tokens need 16 GiB; an L4 has ~4 GiB left
   CHECK_FALSE(p.fits_one_request);
   CHECK(p.error.rfind("To serve at least one request with the models's max seq len (131072), (16.0 GiB KV cache is "

@@ -28,6 +28,16 @@ int run(int argc, const char* const* argv) {
   auto& commands = registry();
   std::sort(commands.begin(), commands.end(), [](const Command& a, const Command& b) { return a.order < b.order; });
   for (auto& c : commands) c.add(app);
+  // An option given an empty value (`--batch ''`) is no value: each command reads an empty string
+  // as "not given", which silently meant the default. Refused for every command, before it runs.
+  for (CLI::App* sub : app.get_subcommands({}))
+    sub->parse_complete_callback([sub] {
+      for (const CLI::Option* o : sub->get_options())
+        if (o->count() > 0 && o->get_type_size() != 0)
+          for (const std::string& v : o->results())
+            if (v.empty())
+              throw Error(ErrorKind::invalid_argument, o->get_name() + ": the value is empty; give one or leave the option out");
+    });
   int code = 0;
   try {
     app.parse(argc, argv);

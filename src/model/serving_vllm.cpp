@@ -189,6 +189,12 @@ ServePlan plan_serving(const ModelSpec& m, const ServeOptions& o) {
   p.max_num_seqs = o.max_num_seqs.value_or(big ? 1024 : 256);
   if (p.max_num_batched_tokens == 0) throw bad("--max-num-batched-tokens: must be at least 1");
   if (p.max_num_seqs == 0) throw bad("--max-num-seqs: must be at least 1");
+  // SchedulerConfig._verify_args: every sequence of a step gets at least one token of it
+  if (p.max_num_batched_tokens < p.max_num_seqs)
+    throw bad("--max-num-batched-tokens " + std::to_string(p.max_num_batched_tokens) + " is below --max-num-seqs " +
+              std::to_string(p.max_num_seqs) + "; vLLM refuses it as 'max_num_batched_tokens (" +
+              std::to_string(p.max_num_batched_tokens) + ") must be greater than or equal to max_num_seqs (" +
+              std::to_string(p.max_num_seqs) + ")'");
 
   // total · utilization ≤ total; in doubles it can round up to 2^64 (a total within 1 KiB of 2^64),
   // which no integer holds: the range is checked, never cast blindly.
