@@ -337,6 +337,8 @@ TEST_CASE("the CLI refuses options the mode or the command does not use, exit 2,
       {"sweep " + spec + " --batch ''", "--batch: the value is empty"},
       {"serve " + spec + " --device H100 --traffic ''", "--traffic: the value is empty"},
       {"max-batch " + spec + " --device H100 --max ''", "--max: the value is empty"},
+      {"oom --file " + test::source_path("tests/data/snapshots/oom_fragmented_2gib.txt") + " 'CUDA out of memory'",
+       "TEXT or --file FILE, not both"},
   };
   for (const auto& c : cases) {
     const std::string& args = c.first;
@@ -421,6 +423,20 @@ TEST_CASE("a spec's name reaches no terminal raw: table, markdown, csv, errors; 
 }
 
 // ---- 11. values that would silently mean "absent" ------------------------------------------------
+
+TEST_CASE("what a spec file holds beyond the model is refused, not dropped: a second YAML document, a quantized checkpoint") {
+  const std::string yaml = "name: t\nvocab_size: 256\nhidden_size: 64\nintermediate_size: 128\nnum_layers: 2\n"
+                           "num_heads: 4\nnum_kv_heads: 2\nmax_positions: 512\n";
+  CHECK(parse_model_yaml(yaml, "t.yaml").num_layers == 2);
+  CHECK(parse_model_yaml("---\n" + yaml, "t.yaml").num_layers == 2);  // one document, marked
+  const std::string two = message_of([&] { parse_model_yaml(yaml + "---\nnum_layers: 1\n", "t.yaml"); });
+  CHECK(two.find("t.yaml: holds 2 YAML documents") != std::string::npos);
+  std::ifstream in(test::source_path("tests/data/hf/llama-3.1-8b.json"));
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
+  const std::string quantized = message_of([&] { parse_hf_config(cfg.dump(), "config.json"); });
+  CHECK(quantized.find("quantization_config: a \"gptq\" checkpoint's quantized weights are not read") != std::string::npos);
+}
 
 TEST_CASE("sliding_window 0 and an all-zero mla section are refused, not read as absent") {
   CHECK(kind_of([] { parse_model_yaml(std::string(kTinyYaml) + "sliding_window:\n  window: 0\n"); }) ==

@@ -170,6 +170,12 @@ TEST_CASE("vLLM pool: bad inputs and a pool too small for one request") {
   CHECK(plan_serving(m, o).max_num_batched_tokens == 1);
   o.max_num_batched_tokens.reset();
   o.max_num_seqs.reset();
+  // vLLM's block sizes: 1, 8, 16, ..., 256
+  o.block_size = 3;
+  CHECK_THROWS_WITH_AS(plan_serving(m, o), doctest::Contains("--block-size: 3 is not one vLLM takes"), Error);
+  o.block_size = 32;
+  CHECK(plan_serving(m, o).block_size == 32);
+  o.block_size = 16;
   const ServePlan p = plan_serving(m, o);  // 131072 tokens need 16 GiB; an L4 has ~4 GiB left
   CHECK_FALSE(p.fits_one_request);
   CHECK(p.error.rfind("To serve at least one request with the models's max seq len (131072), (16.0 GiB KV cache is "

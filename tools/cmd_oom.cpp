@@ -35,6 +35,8 @@ struct OomOptions {
 };
 
 std::string read_input(const OomOptions& o) {
+  if (!o.text.empty() && !o.file.empty())
+    throw Error(ErrorKind::invalid_argument, "oom: give the message as TEXT or --file FILE, not both");
   if (!o.text.empty()) return o.text;
   if (!o.file.empty()) return read_input_file(o.file, limits::kMaxOomTextBytes, "out-of-memory text");
   return read_input_stream(std::cin, limits::kMaxOomTextBytes, "out-of-memory text", "standard input");

@@ -166,7 +166,10 @@ ServePlan plan_serving(const ModelSpec& m, const ServeOptions& o) {
   if (o.total_memory > static_cast<bytes_t>(INT64_MAX))
     throw Error(ErrorKind::overflow, "--device-memory: " + std::to_string(o.total_memory) +
                                          " bytes is more than vLLM's budget can hold here (at most 2^63 - 1)");
-  if (o.block_size == 0) throw bad("--block-size: must be at least 1 (vLLM uses 16)");
+  // CacheConfig's BlockSize (vllm/config/cache.py): `vllm serve --block-size` takes only these
+  constexpr std::uint64_t kBlockSizes[] = {1, 8, 16, 32, 64, 128, 256};
+  if (std::find(std::begin(kBlockSizes), std::end(kBlockSizes), o.block_size) == std::end(kBlockSizes))
+    throw bad("--block-size: " + std::to_string(o.block_size) + " is not one vLLM takes (1, 8, 16, 32, 64, 128, 256; 16 by default)");
   ServePlan p;
   p.total_memory = o.total_memory;
   p.gpu_memory_utilization = o.gpu_memory_utilization;

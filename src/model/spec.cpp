@@ -556,6 +556,18 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
                                             "' is not supported (supported: " + kSupportedTypes +
                                             "); write a YAML spec instead (docs/model-spec.md)");
 
+  // A quantized checkpoint's weights are what its quantization_config says, not the 16-bit
+  // tensors the rest of the config describes; read as such, every weight figure would be wrong.
+  if (const json* q = r.find("quantization_config")) {
+    std::string how = "quantized";
+    if (q->is_object() && q->contains("quant_method") && (*q)["quant_method"].is_string())
+      how = (*q)["quant_method"].get<std::string>();
+    throw r.error("quantization_config",
+                  "a " + brief(json(how)) + " checkpoint's quantized weights are not read from config.json; remove "
+                  "quantization_config to predict the 16-bit model, and serve with --weights fp8, int8 or int4 for "
+                  "quantized weights (QLoRA training is not modelled)",
+                  ErrorKind::unsupported);
+  }
   ModelSpec s;
   s.name = r.opt_string("_name_or_path").value_or("");
   s.family = t;

@@ -231,7 +231,12 @@ Enum parse_enum(const YamlReader& r, const YamlReader::Entries& e, std::string_v
 ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(text));
+    // Every document, so that a second one (after a `---`) is refused rather than dropped.
+    const std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
+    if (documents.size() > 1)
+      throw Error(ErrorKind::parse, where + ": holds " + std::to_string(documents.size()) +
+                                        " YAML documents (separated by ---); a spec is one document");
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::Exception& e) {
     std::string loc = where;
     if (!e.mark.is_null())
