@@ -337,6 +337,7 @@ TEST_CASE("the CLI refuses options the mode or the command does not use, exit 2,
       {"sweep " + spec + " --batch ''", "--batch: the value is empty"},
       {"serve " + spec + " --device H100 --traffic ''", "--traffic: the value is empty"},
       {"max-batch " + spec + " --device H100 --max ''", "--max: the value is empty"},
+      {"max-batch " + spec + " --device H100 --max 18446744073709551616", "from 1 to 18446744073709551615"},
       {"oom --file " + test::source_path("tests/data/snapshots/oom_fragmented_2gib.txt") + " 'CUDA out of memory'",
        "TEXT or --file FILE, not both"},
   };
@@ -454,6 +455,16 @@ TEST_CASE("sliding_window 0 and an all-zero mla section are refused, not read as
   CHECK(kind_of([&] { parse_hf_config(mistral + "0}"); }) == ErrorKind::invalid_spec);
   CHECK_FALSE(parse_hf_config(mistral + "null}").sliding.enabled());
   CHECK(parse_hf_config(mistral + "128}").sliding.window == 128);
+  // the latent attention walk has no window: training ignored it while serving applied it
+  const std::string mla = std::string(kTinyYaml) +
+                          "head_dim: 24\nmla:\n  kv_lora_rank: 32\n  qk_rope_head_dim: 8\n  qk_nope_head_dim: 16\n  v_head_dim: 16\n";
+  CHECK(parse_model_yaml(mla).mla.enabled());
+  CHECK(message_of([&] { parse_model_yaml(mla + "sliding_window:\n  window: 128\n"); }).find("not modelled with mla") !=
+        std::string::npos);
+  // and config.json's parse errors name the file's place, not nlohmann's exception class
+  const std::string broken = message_of([] { parse_hf_config("{\"model_type\": \"llama\",", "c.json"); });
+  CHECK(broken.find("c.json:1:") != std::string::npos);
+  CHECK(broken.find("json.exception") == std::string::npos);
 }
 
 // ---- 12. byte-order marks ----------------------------------------------------------------------

@@ -1,8 +1,8 @@
 #include "job_flags.hpp"
 
-#include <iostream>
-
 #include <cctype>
+#include <charconv>
+#include <iostream>
 
 #include "membudget/input.hpp"
 #include "membudget/job_yaml.hpp"
@@ -140,11 +140,15 @@ std::vector<std::string> JobFlags::given_job_flags() const {
 }
 
 std::uint64_t parse_whole(const std::string& text, const char* option, std::uint64_t min, std::uint64_t max) {
-  const bool digits = !text.empty() && text.size() <= 19 && text.find_first_not_of("0123456789") == std::string::npos;
-  if (!digits || std::stoull(text) < min || std::stoull(text) > max)
+  // from_chars reads every digit of a 64-bit value (2^64 - 1 is 20 of them) and reports overflow
+  std::uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [at, ec] = std::from_chars(text.data(), end, v);
+  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || ec != std::errc{} || at != end || v < min || v > max)
     throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + text + "' is not a whole number from " +
                                                  std::to_string(min) + " to " + std::to_string(max));
-  return std::stoull(text);
+  return v;
 }
 
 void refuse_given(const CLI::App& cmd, std::initializer_list<const char*> flags, const std::string& why) {

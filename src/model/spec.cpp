@@ -183,6 +183,11 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
     if (s.qk_norm)
       return Problem{ErrorKind::unsupported, "qk_norm",
                      "qk_norm is not supported with mla; set qk_norm: false"};
+    // The latent attention walk has no window and no fused projection (DeepSeek's have neither)
+    if (s.sliding.enabled())
+      return Problem{ErrorKind::unsupported, "sliding_window", "a sliding window is not modelled with mla"};
+    if (s.quirks.fused_qkv)
+      return Problem{ErrorKind::unsupported, "quirks.fused_qkv", "a fused qkv_proj is not modelled with mla"};
   }
   return std::nullopt;
 }
@@ -502,6 +507,17 @@ MlpKind mlp_from_activation(const JsonReader& r, const std::string& family) {
                      "gelu_pytorch_tanh)", ErrorKind::unsupported);
 }
 
+// nlohmann's message without its "[json.exception.parse_error.101] " tag, which names the library's
+// exception class rather than anything in the user's file.
+std::string json_message(const json::exception& e) {
+  std::string_view m = e.what();
+  if (m.starts_with("[json.exception.")) {
+    const auto close = m.find("] ");
+    if (close != std::string_view::npos) m.remove_prefix(close + 2);
+  }
+  return std::string(m);
+}
+
 }  // namespace
 
 ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) {
@@ -516,10 +532,10 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
       else ++col;
     }
     throw Error(ErrorKind::parse, where + ":" + std::to_string(line) + ":" + std::to_string(col) +
-                                      ": malformed JSON: " + e.what());
+                                      ": malformed JSON: " + json_message(e));
   } catch (const json::exception& e) {
     // A number beyond a double (1e400), anywhere in the file, even under a key we ignore.
-    throw Error(ErrorKind::parse, where + ": malformed JSON: " + e.what());
+    throw Error(ErrorKind::parse, where + ": malformed JSON: " + json_message(e));
   }
   if (!j.is_object())
     throw Error(ErrorKind::parse, where + ": expected a JSON object (a Hugging Face config.json)");
@@ -668,7 +684,9 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
       e.expert_ff = r.req_uint("moe_intermediate_size");
       e.shared_ff = checked_mul(r.opt_uint("n_shared_experts").value_or(0), e.expert_ff, "n_shared_experts x moe_intermediate_size");
       e.first_dense = r.opt_uint("first_k_dense_replace").value_or(0);
-      if (r.opt_uint("moe_layer_freq").value_or(1) != 1)
+      const std::uint64_t moe_every = r.opt_uint("moe_layer_freq").value_or(1);
+      if (moe_every == 0) throw r.error("moe_layer_freq", "must be at least 1 (1: every layer after first_k_dense_replace)");
+      if (moe_every != 1)
         throw r.error("moe_layer_freq", "MoE on every n-th layer only (n > 1) is not modelled", ErrorKind::unsupported);
       const std::string method = r.opt_string("topk_method").value_or("greedy");
       if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc")
