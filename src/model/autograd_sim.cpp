@@ -306,6 +306,9 @@ TensorId AutogradSim::grad_of(TensorId t) const {
 }
 
 bytes_t AutogradSim::grad_bytes(TensorId input) const {
+  // (an op walked with a parameter the spec never made passes kNone here: refused, not read)
+  if (input < 0 || static_cast<std::size_t>(input) >= tensors_.size())
+    throw Error(ErrorKind::unsupported, "internal: a gradient of a tensor that does not exist (id " + std::to_string(input) + ")");
   // a gradient has its tensor's dtype and shape
   return tensors_[input].grad_bytes ? tensors_[input].grad_bytes : tensors_[input].bytes;
 }
