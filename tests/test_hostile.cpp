@@ -257,12 +257,6 @@ TEST_CASE("oom --step is a whole number up to 10^9; a message whose free memory 
   const std::string what = message_of([&] { parse_oom_message(text); });
   CHECK(what.find("80.00 GiB") != std::string::npos);
   CHECK(what.find("79.00 GiB") != std::string::npos);
-  // nor more reserved (allocated + unallocated) than the device has
-  std::string over = text;
-  over.replace(over.find("80.00 GiB is free"), 9, "1.00 GiB");
-  over.replace(over.find("60.00 GiB is allocated"), 9, "200.00 GiB");
-  const std::string what_over = message_of([&] { parse_oom_message(over); });
-  CHECK(what_over.find("reserved memory (201.00 GiB) exceeds the total capacity (79.00 GiB)") != std::string::npos);
   // free == capacity is possible (nothing allocated yet) and read.
   std::string equal = text;
   equal.replace(equal.find("80.00 GiB is free"), 9, "79.00 GiB");
@@ -430,8 +424,13 @@ TEST_CASE("what a spec file holds beyond the model is refused, not dropped: a se
                            "num_heads: 4\nnum_kv_heads: 2\nmax_positions: 512\n";
   CHECK(parse_model_yaml(yaml, "t.yaml").num_layers == 2);
   CHECK(parse_model_yaml("---\n" + yaml, "t.yaml").num_layers == 2);  // one document, marked
+  CHECK(parse_model_yaml("# a spec\n---\n" + yaml + "...\n# the end\n", "t.yaml").num_layers == 2);
   const std::string two = message_of([&] { parse_model_yaml(yaml + "---\nnum_layers: 1\n", "t.yaml"); });
-  CHECK(two.find("t.yaml: holds 2 YAML documents") != std::string::npos);
+  CHECK(two.find("t.yaml:9: a second YAML document begins here") != std::string::npos);
+  const std::string after_end = message_of([&] { parse_model_yaml(yaml + "...\nnum_layers: 1\n", "t.yaml"); });
+  CHECK(after_end.find("t.yaml:10: a second YAML document") != std::string::npos);
+  // yaml-cpp's LoadAll looped forever on this (the fuzzer's find): read as one malformed document
+  CHECK(kind_of([] { parse_model_yaml("!\n,#", "t.yaml"); }) == ErrorKind::invalid_spec);
   std::ifstream in(test::source_path("tests/data/hf/llama-3.1-8b.json"));
   nlohmann::json cfg = nlohmann::json::parse(in);
   cfg["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};

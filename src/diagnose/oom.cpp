@@ -348,13 +348,8 @@ Attempt read_message(std::string_view s, std::size_t start, std::size_t after_an
     a.reached = c.pos();
     return a;
   }
-  // Nor can PyTorch hold more than the device has (the reserved memory is in its segments).
-  if (r.reserved > r.capacity) {
-    a.why = "its figures contradict each other: PyTorch's reserved memory (" + format_bytes(r.reserved) +
-            ") exceeds the total capacity (" + format_bytes(r.capacity) + "), so it was edited or corrupted";
-    a.reached = c.pos();
-    return a;
-  }
+  // (PyTorch's reserved memory may exceed the capacity: on Windows the driver spills into shared
+  // system memory; test_oom's message from iPASSR issue 9 reserves 19.15 GiB of an 8 GiB card.)
   r.message = std::string(s.substr(start, c.pos() - start));
   a.report = std::move(r);
   a.reached = c.pos();

@@ -22,11 +22,14 @@ def test_capacity_near_2_64_answers_at_once():
     assert time.monotonic() - t0 < 5
 
 
-def test_sizes_are_exact_above_2_63():
-    e = membudget.estimate(TINY, batch=1, seq=64, overhead="9223372036854775809")
-    assert e["overhead"] == 9223372036854775809
-    e = membudget.estimate(TINY, batch=1, seq=64, overhead=9223372036854775809)  # an int, read through str()
-    assert e["overhead"] == 9223372036854775809
+def test_sizes_are_exact_and_an_overhead_past_any_card_is_refused():
+    e = membudget.estimate(TINY, batch=1, seq=64, overhead="1125899906842624")  # 1 PiB, the limit
+    assert e["overhead"] == 1125899906842624
+    e = membudget.estimate(TINY, batch=1, seq=64, overhead=1125899906842623)  # an int, read through str()
+    assert e["overhead"] == 1125899906842623
+    # near 2^64, reserved + overhead wrapped: refused, naming the option
+    with pytest.raises(membudget.Error, match="--overhead: 8.00 EiB is more than any GPU holds"):
+        membudget.estimate(TINY, batch=1, seq=64, overhead="9223372036854775809")
     with pytest.raises(membudget.Error, match="overflows 64 bits"):
         membudget.estimate(TINY, overhead=str(2**64))
 
