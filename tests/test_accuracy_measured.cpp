@@ -360,6 +360,12 @@ TEST_CASE("models no earlier run measured, held out, land within 1% too") {
 //    −1.24%; fp32 with Adafactor, floor −1.35%, optimizer −2.81%.
 //  - Qwen2.5 3B bf16: floor +1.21% (its MLP weights' Adam states carved from cached blocks where
 //    the simulation gives each a segment of its own).
+// LoRA r16 on 14B-24B models no run had measured (tests/data/lora_large_heldout/, predicted by
+// 620c1fa before measured, each alone on an H100): Qwen2.5 14B, Qwen3 14B, Mistral Small 24B.
+TEST_CASE("LoRA on 14B-24B models no earlier run measured, held out, lands within 1%") {
+  check_file("tests/data/lora_large_heldout/torch_train_lora_large_heldout_h100.json", 4);
+}
+
 TEST_CASE("four more models no earlier run measured, held out, land within 1% too, the small-block gap aside") {
   check_file("tests/data/new_models_heldout2/torch_train_new_models_heldout2_h100.json", 9,
              {{"smollm2-135m/amp-bf16/", Phase::floor, -0.02, 0.0},
