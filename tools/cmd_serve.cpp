@@ -191,10 +191,6 @@ Registrar reg("serve", 20, [](CLI::App& app) {
   cmd->add_option("--traffic", f->traffic, "requests × context to check: 64x2048 or CONCURRENCY:MEAN:MAX");
   cmd->add_option("--format", f->format, "table (default) | json");
   cmd->callback([f, cmd] {
-    if (cmd->count("--device") && f->device.empty())
-      throw Error(ErrorKind::invalid_argument, "--device: empty; give a card name (H100, A100-40GB, …) or --device-memory SIZE");
-    if (cmd->count("--device-memory") && f->device_memory.empty())
-      throw Error(ErrorKind::invalid_argument, "--device-memory: empty; give a size such as 80GiB");
     const ModelSpec spec = load_model(f->model_path);
     if (f->format != "table" && f->format != "json")
       throw Error(ErrorKind::invalid_argument, "--format: '" + f->format + "' is not one of table, json");

@@ -226,10 +226,7 @@ void warn_beyond_context(const ModelSpec& spec, std::uint64_t seq) {
 }
 
 std::optional<Device> JobFlags::device_choice() const {
-  if (given("--device") && device.empty())
-    throw Error(ErrorKind::invalid_argument, "--device: empty; give a card name (H100, A100-40GB, …) or --device-memory SIZE");
-  if (given("--device-memory") && device_memory.empty())
-    throw Error(ErrorKind::invalid_argument, "--device-memory: empty; give a size such as 80GiB");
+  // (an empty --device or --device-memory never gets here: tools/cli_main.cpp refuses every empty value)
   if (!device.empty() && !device_memory.empty())
     throw Error(ErrorKind::invalid_argument, "--device and --device-memory: give one, not both");
   if (device.empty() && device_memory.empty() && cmd_ && cmd_->count("--headroom"))

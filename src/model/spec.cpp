@@ -71,12 +71,6 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
       return invalid("moe.top_k (config.json: num_experts_per_tok)",
                      "must be from 1 to the number of experts (" + std::to_string(e.experts) + ")");
     if (e.expert_ff == 0) return invalid("moe.expert_ff (config.json: moe_intermediate_size)", "must be > 0");
-    if (e.expert_ff > kMaxDim)
-      return invalid("moe.expert_ff (config.json: moe_intermediate_size)",
-                     std::to_string(e.expert_ff) + " exceeds the limit of " + std::to_string(kMaxDim) + "; check the value for a typo");
-    if (e.shared_ff > kMaxDim)
-      return invalid("moe.shared_ff (config.json: shared_expert_intermediate_size, or n_shared_experts × moe_intermediate_size)",
-                     std::to_string(e.shared_ff) + " exceeds the limit of " + std::to_string(kMaxDim) + "; check the value for a typo");
     if (e.experts > (1u << 16))
       return invalid("moe.experts (config.json: num_experts, num_local_experts or n_routed_experts)", "is absurdly large (limit 65536)");
     if (e.sparse_step == 0) return invalid("moe.sparse_step (config.json: decoder_sparse_step)", "must be at least 1");
@@ -112,6 +106,9 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
       {"vocab_size", s.vocab_size}, {"hidden_size", s.hidden_size},
       {"intermediate_size", s.intermediate_size}, {"num_heads", s.num_heads},
       {"num_kv_heads", s.num_kv_heads}, {"head_dim", s.head_dim},
+      {"moe.expert_ff (config.json: moe_intermediate_size)", s.moe.expert_ff},
+      {"moe.shared_ff (config.json: shared_expert_intermediate_size, or n_shared_experts × moe_intermediate_size)",
+       s.moe.shared_ff},
   };
   for (const auto& [name, v] : dims)
     if (v > kMaxDim)

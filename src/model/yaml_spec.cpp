@@ -245,14 +245,14 @@ void refuse_second_document(std::string_view text, const std::string& where) {
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     const bool start = marker(line, "---"), end = marker(line, "...");
-    if ((start && content) || (ended && !start && !end && line.find_first_not_of(" \t") != std::string_view::npos &&
-                               line[line.find_first_not_of(" \t")] != '#'))
+    if (start) line.remove_prefix(3);  // "--- name: x" starts a document with content
+    const std::size_t first = line.find_first_not_of(" \t");
+    const bool words = first != std::string_view::npos && line[first] != '#';  // neither blank nor a comment
+    if ((start && content) || (ended && !start && !end && words))
       throw Error(ErrorKind::parse, where + ":" + std::to_string(line_no) +
                                         ": a second YAML document begins here; a spec is one document");
     if (end && content) ended = true;
-    if (start) line.remove_prefix(3);
-    const std::size_t first = line.find_first_not_of(" \t");
-    if (!end && first != std::string_view::npos && line[first] != '#' && line[first] != '%') content = true;
+    if (!end && words && line[first] != '%') content = true;  // (a directive is not content)
   }
 }
 }  // namespace
