@@ -16,6 +16,7 @@
 #include "helpers.hpp"
 #include "membudget/api.hpp"
 #include "membudget/input.hpp"
+#include "membudget/job_sources.hpp"
 #include "membudget/job_yaml.hpp"
 #include "membudget/leaks.hpp"
 #include "membudget/oom.hpp"
@@ -366,6 +367,62 @@ TEST_CASE("a key given twice in job:, and a second job: section, are errors nami
   CHECK(j.batch == 2);
   CHECK(j.seq == 128);
   CHECK(test::run_cli("predict " + temp_file("dup_job.yaml", dup)).exit_code == 2);
+}
+
+TEST_CASE("a job setting a check refuses is named where it was given: flag, job: line, TrainingArguments field") {
+  // kTinyYaml is lines 1-8: job: is line 9, its keys from line 10
+  const std::string zero = temp_file("zero_batch.yaml", std::string(kTinyYaml) + "job:\n  seq: 128\n  batch: 0\n");
+  auto r = test::run_cli("predict " + zero);
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("zero_batch.yaml:11: job.batch: must be at least 1") != std::string::npos);
+  // given as a flag after, the flag is its place (and the section's value is gone)
+  r = test::run_cli("predict " + zero + " --batch 0");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("--batch: must be at least 1") != std::string::npos);
+  CHECK(r.out.find("zero_batch.yaml") == std::string::npos);
+  CHECK(test::run_cli("predict " + zero + " --batch 1").exit_code == 0);
+  // a message naming several settings lists the places of those not given as flags
+  const std::string tp = temp_file("tp_dp.yaml", std::string(kTinyYaml) + "job:\n  seq: 128\n  parallel:\n    tensor_parallel: 2\n");
+  r = test::run_cli("predict " + tp + " --dp 2");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("(--tp is job.parallel.tensor_parallel at ") != std::string::npos);
+  CHECK(r.out.find("tp_dp.yaml:12)") != std::string::npos);
+  // a key the section's own job does not read is refused, as the flag would be
+  const std::string chunk = temp_file("chunk.yaml", std::string(kTinyYaml) + "job:\n  seq: 128\n  loss: full\n  loss_chunk: 64\n");
+  r = test::run_cli("predict " + chunk);
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("chunk.yaml:12: job.loss_chunk: applies only with --loss chunked (--loss is job.loss at ") != std::string::npos);
+  CHECK(r.out.find("chunk.yaml:11)") != std::string::npos);
+  CHECK(test::run_cli("predict " + chunk + " --loss chunked").exit_code == 2);  // the section contradicts itself
+  const std::string infer = temp_file("infer_precision.yaml", std::string(kTinyYaml) + "job:\n  mode: infer\n  precision: bf16\n");
+  r = test::run_cli("predict " + infer);
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("infer_precision.yaml:11: job.precision: applies to training") != std::string::npos);
+  // a TrainingArguments field read as the setting
+  const std::string args = temp_file("huge_batch_args.json", R"({"per_device_train_batch_size": 8589934592})");
+  r = test::run_cli("predict " + temp_file("tiny.yaml", kTinyYaml) + " --seq 64 --trainer-args " + args);
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("huge_batch_args.json: TrainingArguments.per_device_train_batch_size: is absurdly large") != std::string::npos);
+}
+
+TEST_CASE("JobSources::locate: an opening flag becomes its place, others are listed once, the kind is kept") {
+  JobSources s;
+  s.note("--batch", "a.yaml:3", "job.batch");
+  s.note("--seq", "a.yaml:4", "job.seq");
+  s.note("--seq", "b.json", "TrainingArguments.x");  // a later read replaces
+  s.note("--pp", "a.yaml:5", "job.parallel.pp");
+  const Error opening = s.locate(Error(ErrorKind::invalid_job, "--batch: must be at least 1 (--batch again)"));
+  CHECK(std::string(opening.what()) == "a.yaml:3: job.batch: must be at least 1 (--batch again)");
+  CHECK(opening.kind() == ErrorKind::invalid_job);
+  const Error listed = s.locate(Error(ErrorKind::unsupported, "--batch × --seq: too many; --pp-schedule and --pp too"));
+  CHECK(std::string(listed.what()) ==
+        "--batch × --seq: too many; --pp-schedule and --pp too (--batch is job.batch at a.yaml:3; --seq is "
+        "TrainingArguments.x at b.json; --pp is job.parallel.pp at a.yaml:5)");
+  CHECK(listed.kind() == ErrorKind::unsupported);
+  s.given_as_flag("--batch");
+  CHECK(std::string(s.locate(Error(ErrorKind::invalid_job, "--batch: must be at least 1")).what()) == "--batch: must be at least 1");
+  CHECK(s.flags() == std::vector<std::string>{"--pp", "--seq"});
+  CHECK(std::string(s.locate(Error(ErrorKind::io, "no flags here")).what()) == "no flags here");
 }
 
 // ---- 10. names escaped for the terminal ------------------------------------------------------------

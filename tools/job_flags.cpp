@@ -167,9 +167,18 @@ void JobFlags::add_allocator_conf(CLI::App* cmd) {
 ModelSpec JobFlags::model() const { return load_model(model_path); }
 
 Job JobFlags::job(const ModelSpec& spec, bool warn) const {
-  Job j = load_job_section(model_path, Job{});
+  // Where each setting not given as a flag was read, for the checks' messages (job_sources.hpp).
+  JobSources sources;
+  Job j = load_job_section(model_path, Job{}, &sources);
+  // The section's own settings apply to the job it describes (its loss_chunk needs its loss
+  // chunked; its mode infer reads no precision); flags given below may then override any of them.
+  try {
+    check_options_apply(j, sources.flags());
+  } catch (const Error& e) {
+    throw sources.locate(e);
+  }
   if (!trainer_args.empty())  // after the spec's job: section, before the flags
-    j = apply_training_arguments(j, read_input_file(trainer_args, 16ull << 20, "TrainingArguments JSON"), trainer_args);
+    j = apply_training_arguments(j, read_input_file(trainer_args, 16ull << 20, "TrainingArguments JSON"), trainer_args, &sources);
   if (!batch.empty()) j.batch = parse_count(batch, "--batch");
   if (!seq.empty()) j.seq = parse_count(seq, "--seq");
   if (!mode.empty()) j.mode = parse_mode(mode);
@@ -212,8 +221,14 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (!experts.empty()) j.experts = parse_experts_impl(experts);
   if (!routing.empty()) j.routing = parse_routing(routing);
   if (router_aux_loss) j.router_aux_loss = true;
-  j.validate();
-  check_options_apply(j, given_job_flags());
+  const std::vector<std::string> flags = given_job_flags();
+  for (const std::string& flag : flags) sources.given_as_flag(flag);
+  try {
+    j.validate();
+    check_options_apply(j, flags);
+  } catch (const Error& e) {
+    throw sources.locate(e);
+  }
   if (warn) warn_beyond_context(spec, j.seq);
   return j;
 }

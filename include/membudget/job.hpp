@@ -149,6 +149,9 @@ struct Job;
 // sp (true/false), rank (a rank). Dashes and underscores are alike. Returns false for another key;
 // throws Error(invalid_job) "<where>: ..." for a bad value.
 bool set_parallel_option(Job& job, std::string_view key, std::string_view value, std::string_view where);
+// The command-line flag of a parallel-layout key as set_parallel_option takes it ("data_parallel"
+// → "--dp"); empty for another key.
+std::string parallel_flag(std::string_view key);
 // The same for the mixture-of-experts keys: experts (grouped_mm, batched_mm, eager), routing
 // (balanced, worst), router_aux_loss (true/false).
 bool set_moe_option(Job& job, std::string_view key, std::string_view value, std::string_view where);

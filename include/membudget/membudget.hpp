@@ -18,6 +18,7 @@
 #include "membudget/error.hpp"
 #include "membudget/input.hpp"
 #include "membudget/job.hpp"
+#include "membudget/job_sources.hpp"
 #include "membudget/job_yaml.hpp"
 #include "membudget/leaks.hpp"
 #include "membudget/oom.hpp"

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "membudget/job.hpp"
+#include "membudget/job_sources.hpp"
 
 namespace membudget {
 
@@ -17,7 +18,8 @@ namespace membudget {
 // gradient_accumulation_steps > 1, fp16, fsdp and deepspeed (the world size is not in the JSON:
 // give --fsdp N), torch_compile, use_cpu, optim_args, optim_target_modules, torch_empty_cache_steps,
 // use_reentrant true, any other optim. The sequence length is not a TrainingArguments field.
-// `where` names the source in messages (a file name).
-Job apply_training_arguments(Job base, std::string_view json_text, std::string_view where);
+// `where` names the source in messages (a file name); `sources`, when given, records the fields
+// read as the settings they set (the CLI's messages name them: job_sources.hpp).
+Job apply_training_arguments(Job base, std::string_view json_text, std::string_view where, JobSources* sources = nullptr);
 
 }  // namespace membudget

@@ -320,9 +320,26 @@ void validate_parallel(const Job& j) {
 }
 }  // namespace
 
-bool set_parallel_option(Job& job, std::string_view key, std::string_view value, std::string_view where) {
+std::string parallel_flag(std::string_view key) {
   std::string k(key);
   std::replace(k.begin(), k.end(), '_', '-');
+  static constexpr std::pair<std::string_view, std::string_view> kAliases[] = {
+      {"data-parallel", "dp"},   {"context-parallel", "cp"}, {"tensor-parallel", "tp"},     {"expert-parallel", "ep"},
+      {"pipeline-parallel", "pp"}, {"zero-stage", "zero"},   {"sequence-parallel", "sp"}};
+  for (const auto& [alias, name] : kAliases)
+    if (k == alias) k = name;
+  static constexpr std::string_view kFlags[] = {"dp", "fsdp", "cp", "tp", "ep", "pp", "zero", "reshard-after-forward",
+                                                "ddp-bucket-view", "sp", "loss-parallel", "fsdp-offload", "pp-schedule",
+                                                "microbatches", "virtual-stages", "pp-layers", "rank"};
+  for (const std::string_view f : kFlags)
+    if (k == f) return "--" + k;
+  return {};
+}
+
+bool set_parallel_option(Job& job, std::string_view key, std::string_view value, std::string_view where) {
+  const std::string flag = parallel_flag(key);
+  if (flag.empty()) return false;
+  const std::string_view k = std::string_view(flag).substr(2);
   const std::string v(value);
   auto fail = [&](const std::string& what) { return Error(ErrorKind::invalid_job, std::string(where) + ": '" + v + "' " + what); };
   auto count = [&](std::uint64_t max) {
@@ -330,25 +347,25 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
       throw fail("is not a whole number from 0 to " + std::to_string(max));
     return static_cast<std::uint64_t>(std::stoull(v));
   };
-  auto flag = [&] {
+  auto boolean = [&] {
     if (v == "true" || v == "True" || v == "1") return true;
     if (v == "false" || v == "False" || v == "0") return false;
     throw fail("is not true or false");
   };
   constexpr std::uint64_t kRanks = 1ull << 20;
   Parallelism& p = job.parallel;
-  if (k == "dp" || k == "data-parallel") p.data = count(kRanks);
+  if (k == "dp") p.data = count(kRanks);
   else if (k == "fsdp") p.fsdp = count(kRanks);
-  else if (k == "cp" || k == "context-parallel") p.context = count(kRanks);
-  else if (k == "tp" || k == "tensor-parallel") p.tensor = count(kRanks);
-  else if (k == "ep" || k == "expert-parallel") p.expert = count(kRanks);
-  else if (k == "pp" || k == "pipeline-parallel") p.pipeline = count(kRanks);
-  else if (k == "zero" || k == "zero-stage") p.zero_stage = static_cast<int>(count(3));
-  else if (k == "reshard-after-forward") p.reshard_after_forward = flag();
-  else if (k == "ddp-bucket-view") p.ddp_bucket_view = flag();
-  else if (k == "sp" || k == "sequence-parallel") p.sequence_parallel = flag();
-  else if (k == "loss-parallel") p.loss_parallel = flag();
-  else if (k == "fsdp-offload") p.fsdp_offload = flag();
+  else if (k == "cp") p.context = count(kRanks);
+  else if (k == "tp") p.tensor = count(kRanks);
+  else if (k == "ep") p.expert = count(kRanks);
+  else if (k == "pp") p.pipeline = count(kRanks);
+  else if (k == "zero") p.zero_stage = static_cast<int>(count(3));
+  else if (k == "reshard-after-forward") p.reshard_after_forward = boolean();
+  else if (k == "ddp-bucket-view") p.ddp_bucket_view = boolean();
+  else if (k == "sp") p.sequence_parallel = boolean();
+  else if (k == "loss-parallel") p.loss_parallel = boolean();
+  else if (k == "fsdp-offload") p.fsdp_offload = boolean();
   else if (k == "pp-schedule") p.pp_schedule = parse_pipeline_schedule(v, where);
   else if (k == "microbatches") p.microbatches = count(kRanks);
   else if (k == "virtual-stages") p.virtual_stages = count(kRanks);

@@ -7,15 +7,15 @@
 
 namespace membudget {
 
-Job load_job_section(const std::string& path, Job job) {
-  return parse_job_section(read_input_file(path, limits::kMaxSpecBytes, "model spec"), path, job);
+Job load_job_section(const std::string& path, Job job, JobSources* sources) {
+  return parse_job_section(read_input_file(path, limits::kMaxSpecBytes, "model spec"), path, job, sources);
 }
 
-Job parse_job_section(std::string_view spec_text, const std::string& path, Job job) {
+Job parse_job_section(std::string_view spec_text, const std::string& path, Job job, JobSources* sources) {
   const std::string_view text = strip_bom(spec_text);
   const auto first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || text[first] == '{') return job;  // JSON: no job section
-  return detail::apply_yaml_job_section(text, path, job);
+  return detail::apply_yaml_job_section(text, path, job, sources);
 }
 
 }  // namespace membudget

@@ -6,10 +6,12 @@
 #include <string_view>
 
 #include "membudget/job.hpp"
+#include "membudget/job_sources.hpp"
 
 namespace membudget::detail {
 
-// Applies the `job:` section of YAML spec text (BOM already stripped, not JSON) over `job`.
-Job apply_yaml_job_section(std::string_view text, const std::string& path, Job job);
+// Applies the `job:` section of YAML spec text (BOM already stripped, not JSON) over `job`,
+// noting each key's place in `sources` when given.
+Job apply_yaml_job_section(std::string_view text, const std::string& path, Job job, JobSources* sources);
 
 }  // namespace membudget::detail

@@ -23,7 +23,7 @@ bool unset(const json& j, const char* field) {
 }
 }  // namespace
 
-Job apply_training_arguments(Job job, std::string_view json_text, std::string_view where) {
+Job apply_training_arguments(Job job, std::string_view json_text, std::string_view where, JobSources* sources) {
   json j;
   try {
     j = json::parse(json_text);
@@ -33,6 +33,9 @@ Job apply_training_arguments(Job job, std::string_view json_text, std::string_vi
   if (!j.is_object()) throw Error(ErrorKind::invalid_job, std::string(where) + ": not a TrainingArguments JSON object");
   auto refuse = [&](const char* field, const std::string& what) {
     throw field_error(where, field, what, ErrorKind::unsupported);
+  };
+  auto read_as = [&](const char* flag, const char* field) {
+    if (sources) sources->note(flag, std::string(where), std::string("TrainingArguments.") + field);
   };
   auto boolean = [&](const char* field) {
     if (unset(j, field)) return false;
@@ -44,6 +47,7 @@ Job apply_training_arguments(Job job, std::string_view json_text, std::string_vi
     if (!b.is_number_unsigned() || b.get<std::uint64_t>() == 0)
       throw field_error(where, "per_device_train_batch_size", "is not a whole number ≥ 1", ErrorKind::invalid_job);
     job.batch = b.get<std::uint64_t>();
+    read_as("--batch", "per_device_train_batch_size");
   }
   if (j.contains("gradient_accumulation_steps") && !j["gradient_accumulation_steps"].is_null()) {
     const json& g = j["gradient_accumulation_steps"];
@@ -55,7 +59,10 @@ Job apply_training_arguments(Job job, std::string_view json_text, std::string_vi
                                                 "accumulation; not modelled yet (1 is)");
   }
   if (boolean("fp16")) refuse("fp16", "fp16 mixed precision with a GradScaler is not modelled (bf16 is)");
-  if (j.contains("bf16") || j.contains("fp16")) job.precision = boolean("bf16") ? Precision::amp_bf16 : Precision::fp32;
+  if (j.contains("bf16") || j.contains("fp16")) {
+    job.precision = boolean("bf16") ? Precision::amp_bf16 : Precision::fp32;
+    read_as("--precision", j.contains("bf16") ? "bf16" : "fp16");
+  }
   if (j.contains("optim") && !j["optim"].is_null()) {
     if (!j["optim"].is_string()) throw field_error(where, "optim", "is not a string", ErrorKind::invalid_job);
     const std::string o = j["optim"].get<std::string>();
@@ -69,9 +76,12 @@ Job apply_training_arguments(Job job, std::string_view json_text, std::string_vi
     else
       refuse("optim", "'" + o + "' is not modelled (adamw_torch, adamw_torch_fused, sgd, adamw_bnb_8bit are; transformers' "
                                 "own adafactor differs from torch.optim's)");
+    read_as("--optimizer", "optim");
+    read_as("--optimizer-impl", "optim");
   }
   if (boolean("gradient_checkpointing")) {
     job.recompute = Recompute::full;
+    read_as("--recompute", "gradient_checkpointing");
     if (j.contains("gradient_checkpointing_kwargs") && j["gradient_checkpointing_kwargs"].is_object()) {
       const json& kw = j["gradient_checkpointing_kwargs"];
       if (kw.contains("use_reentrant") && kw["use_reentrant"].is_boolean() && kw["use_reentrant"].get<bool>())

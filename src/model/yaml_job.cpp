@@ -2,6 +2,7 @@
 // One of the two translation units that use yaml-cpp (with yaml_spec.cpp).
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -10,7 +11,7 @@
 
 namespace membudget::detail {
 
-Job apply_yaml_job_section(std::string_view text, const std::string& path, Job job) {
+Job apply_yaml_job_section(std::string_view text, const std::string& path, Job job, JobSources* sources) {
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
@@ -36,7 +37,8 @@ Job apply_yaml_job_section(std::string_view text, const std::string& path, Job j
       throw Error(ErrorKind::invalid_job, path + ":" + std::to_string(kv.first.Mark().line + 1) + ": job: keys must be plain names");
     const std::string key = kv.first.Scalar();
     const YAML::Node& v = kv.second;
-    const std::string where = path + ":" + std::to_string(v.Mark().line + 1) + ": job." + key;
+    const std::string line = path + ":" + std::to_string(v.Mark().line + 1);
+    const std::string where = line + ": job." + key;
     if (!seen.insert(key).second) throw Error(ErrorKind::invalid_job, where + ": duplicate key; give each key once");
     auto text_of = [&]() {
       if (!v.IsScalar()) throw Error(ErrorKind::invalid_job, where + ": must be a scalar");
@@ -54,12 +56,14 @@ Job apply_yaml_job_section(std::string_view text, const std::string& path, Job j
         std::set<std::string> pseen;
         for (const auto& pk : v) {
           const std::string pkey = pk.first.IsScalar() ? pk.first.Scalar() : "";
-          const std::string pwhere = path + ":" + std::to_string(pk.second.Mark().line + 1) + ": job.parallel." + pkey;
+          const std::string pline = path + ":" + std::to_string(pk.second.Mark().line + 1);
+          const std::string pwhere = pline + ": job.parallel." + pkey;
           if (!pseen.insert(pkey).second) throw Error(ErrorKind::invalid_job, pwhere + ": duplicate key; give each key once");
           if (!pk.second.IsScalar()) throw Error(ErrorKind::invalid_job, pwhere + ": must be a scalar");
           if (!set_parallel_option(job, pkey, pk.second.Scalar(), pwhere))
             throw Error(ErrorKind::invalid_job, pwhere + ": unknown key (known: dp, fsdp, zero, reshard_after_forward, "
                                                          "ddp_bucket_view, rank, tp, pp, cp, ep, sp, ...)");
+          if (sources) sources->note(parallel_flag(pkey), pline, "job.parallel." + pkey);
         }
         continue;
       }
@@ -84,6 +88,11 @@ Job apply_yaml_job_section(std::string_view text, const std::string& path, Job j
                                                     "lora, experts, routing, router_aux_loss, parallel)");
     } catch (const YAML::Exception& e) {
       throw Error(ErrorKind::invalid_job, where + ": " + e.msg);
+    }
+    if (sources) {  // the key's command-line flag: the key with dashes
+      std::string flag = "--" + key;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      sources->note(flag, line, "job." + key);
     }
   }
   return job;

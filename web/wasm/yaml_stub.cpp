@@ -18,7 +18,7 @@ namespace {
 ModelSpec parse_model_yaml(std::string_view, const std::string& where) { refuse_yaml(where); }
 
 namespace detail {
-Job apply_yaml_job_section(std::string_view, const std::string& path, Job) { refuse_yaml(path); }
+Job apply_yaml_job_section(std::string_view, const std::string& path, Job, JobSources*) { refuse_yaml(path); }
 }  // namespace detail
 
 }  // namespace membudget
