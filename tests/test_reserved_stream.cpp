@@ -208,3 +208,55 @@ TEST_CASE("closed windows skipped: not under a setting whose best fit or roundin
     CHECK(detail::simulate_reserved_full(m, job, policy).skipped_events == 0);
   }
 }
+
+TEST_CASE("the stream is compiled at a regime's second question: the first is answered by one simulated step") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  detail::clear_reserved_streams();
+  Job job;
+  job.batch = 2;
+  job.seq = 1000;
+  const detail::ReservedResult first = detail::simulate_reserved(m, job, AllocatorPolicy{});
+  CHECK_FALSE(detail::reserved_stream_held(m, job));
+  job.seq = 1004;  // another shape of the same regime
+  const detail::ReservedResult second = detail::simulate_reserved(m, job, AllocatorPolicy{});
+  CHECK(detail::reserved_stream_held(m, job));
+  CHECK(second.reserved_peak == detail::simulate_reserved_full(m, job, AllocatorPolicy{}).reserved_peak);
+  job.seq = 1000;
+  CHECK(detail::simulate_reserved(m, job, AllocatorPolicy{}).reserved_peak == first.reserved_peak);  // now replayed compiled
+  // another recipe is another regime: asked once, not compiled
+  job.recompute = Recompute::full;
+  (void)detail::simulate_reserved(m, job, AllocatorPolicy{});
+  CHECK_FALSE(detail::reserved_stream_held(m, job));
+  detail::clear_reserved_streams();
+  job.recompute = Recompute::none;
+  CHECK_FALSE(detail::reserved_stream_held(m, job));
+}
+
+TEST_CASE("predict() at a regime's first question (one simulated step for the estimate and the replay) equals its compiled answer") {
+  for (const char* cfg : {"configs/llama-3.2-1b.yaml", "configs/qwen2.5-0.5b.yaml"}) {
+    CAPTURE(cfg);
+    const ModelSpec m = load_model(test::source_path(cfg));
+    Job job;
+    job.batch = 3;
+    job.seq = 1500;
+    PredictOptions o;
+    o.reserved = true;
+    clear_estimate_cache();
+    const Budget first = predict(m, job, o);
+    CHECK_FALSE(detail::reserved_stream_held(m, job));
+    Job other = job;
+    other.seq = 700;
+    (void)predict(m, other, o);  // the second question compiles
+    REQUIRE(detail::reserved_stream_held(m, job));
+    const Budget compiled = predict(m, job, o);
+    CHECK(first.reserved_peak == compiled.reserved_peak);
+    CHECK(first.peak == compiled.peak);
+    CHECK(first.states.total() == compiled.states.total());
+    CHECK(first.activations.total() == compiled.activations.total());
+    CHECK(first.logits.total() == compiled.logits.total());
+    REQUIRE(first.phases.size() == compiled.phases.size());
+    for (std::size_t p = 0; p < first.phases.size(); ++p) CHECK(first.phases[p].bytes == compiled.phases[p].bytes);
+    REQUIRE(first.step0.size() == compiled.step0.size());
+    for (std::size_t p = 0; p < first.step0.size(); ++p) CHECK(first.step0[p].bytes == compiled.step0[p].bytes);
+  }
+}

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iterator>
+#include <optional>
 
 #include "inventory.hpp"
 #include "korthikanti.hpp"
@@ -83,7 +84,9 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
     at.parallel.rank = groups[best].front();
     PredictOptions chosen = options;
     chosen.ranks = false;
-    Budget b = predict(model, at, chosen);
+    // Asked again only for the lists --explain adds: the rank's second question would compile its
+    // reserved stream (PlanCache::get_on_second_use) for an answer already at hand.
+    Budget b = options.explain ? predict(model, at, chosen) : std::move(each[best]);
     if (options.ranks)
       for (std::size_t g = 0; g < groups.size(); ++g)
         b.ranks.push_back(detail::rank_group(std::move(groups[g]), g == best ? b : each[g]));
@@ -96,6 +99,18 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   b.parameters = model.parameters();
   b.terms.overhead = job.overhead.value_or(default_overhead(job.profile));
 
+  // Parsed whenever given (a bad key is an error even without the replay); nothing on the fast path.
+  const detail::AllocatorConf conf =
+      options.allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(options.allocator_conf);
+  // Where the replay runs, its allocator's per-phase peaks stand for the phases
+  // (allocated_as_replayed): it places every block as c10 does, so it counts the blocks a request
+  // takes whole and the job's rounding, where the simulation counts 512-byte blocks (measured on
+  // every committed single-GPU step: docs/accuracy.md, "The replay's phases"; tests/test_reserved.cpp
+  // holds them). roundup_power2_divisions rounds blocks up to a step of their power-of-two
+  // interval, 5-6% more than 512-byte blocks, so such a setting runs the replay, asked or not.
+  const bool rounds = conf.policy.rounds_to_divisions();
+  const bool replays = (options.reserved || rounds) && job.mode == Mode::train && job.profile == Profile::torch;
+  std::optional<detail::ReservedResult> replayed;
   if (job.mode == Mode::infer && job.profile == Profile::harness) {
     detail::predict_harness_infer(b, options);
   } else if (job.mode == Mode::infer) {
@@ -103,9 +118,15 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   } else if (job.profile == Profile::harness) {
     detail::predict_harness(b, options);
   } else {
-    detail::TorchStepResult r = options.explain || options.full_simulation
-                                    ? detail::simulate_torch_train(model, job, options.explain)
-                                    : detail::simulate_torch_train_fast(model, job);
+    detail::TorchStepResult r;
+    if (options.explain || options.full_simulation) {
+      r = detail::simulate_torch_train(model, job, options.explain);
+    } else {
+      // The replay's first question about a regime simulates the step at the shape: that
+      // simulation's result is the estimate too, with no plan compiled for one question.
+      if (replays) replayed = detail::simulate_reserved(model, job, conf.policy, &r);
+      if (!replayed || !replayed->step_simulated) r = detail::simulate_torch_train_fast(model, job);
+    }
     b.states.weights = r.weights;
     b.states.gradients = r.gradients;
     b.states.optimizer = r.optimizer_state;
@@ -137,18 +158,8 @@ Budget predict(const ModelSpec& model, const Job& job, const PredictOptions& opt
   b.terms.model_states = b.states.total();
   b.terms.activations = b.activations.total();
   b.terms.logits_loss = b.logits.total();
-  // Parsed whenever given (a bad key is an error even without the replay); nothing on the fast path.
-  const detail::AllocatorConf conf =
-      options.allocator_conf.empty() ? detail::AllocatorConf{} : detail::parse_allocator_conf(options.allocator_conf);
-  // Where the replay runs, its allocator's per-phase peaks stand for the phases
-  // (allocated_as_replayed): it places every block as c10 does, so it counts the blocks a request
-  // takes whole and the job's rounding, where the simulation counts 512-byte blocks (measured on
-  // every committed single-GPU step: docs/accuracy.md, "The replay's phases"; tests/test_reserved.cpp
-  // holds them). roundup_power2_divisions rounds blocks up to a step of their power-of-two
-  // interval, 5-6% more than 512-byte blocks, so such a setting runs the replay, asked or not.
-  const bool rounds = conf.policy.rounds_to_divisions();
-  if ((options.reserved || rounds) && job.mode == Mode::train && job.profile == Profile::torch) {
-    const detail::ReservedResult r = detail::simulate_reserved(model, job, conf.policy);
+  if (replays) {
+    const detail::ReservedResult r = replayed ? *replayed : detail::simulate_reserved(model, job, conf.policy);
     for (std::size_t i = 0; i < std::size(kTrainPhases); ++i) {
       b.reserved.push_back({kTrainPhases[i], r.steady[i], {}});
       b.reserved_step0.push_back({kTrainPhases[i], r.step0[i], {}});

@@ -622,13 +622,21 @@ class ReservedStream {
     }
   }
 
-  // This thread's stream for (m, job)'s regime, compiled on first use; nullptr: simulate. At most
-  // 16 streams per thread (a 70B one holds some 2 MB), cleared when full.
+  // This thread's stream for (m, job)'s regime; nullptr: simulate. Compiled when the regime is asked
+  // about a second time: the compile simulates four steps where the first question needs one
+  // (PlanCache::get_on_second_use). At most 16 streams per thread (a 70B one holds some 2 MB),
+  // cleared when full.
   static const ReservedStream* cached(const ModelSpec& m, const Job& job) {
-    return PlanCache<ReservedStream, 16>::mine().get(m, job, static_cast<std::uint64_t>(StepPlan::regime(m, job)), compile);
+    return PlanCache<ReservedStream, 16>::mine().get_on_second_use(m, job, regime(m, job), compile);
+  }
+  static bool held(const ModelSpec& m, const Job& job) { return PlanCache<ReservedStream, 16>::mine().holds(m, job, regime(m, job)); }
+  // The same, compiled now (for tests).
+  static const ReservedStream* compiled(const ModelSpec& m, const Job& job) {
+    return PlanCache<ReservedStream, 16>::mine().get(m, job, regime(m, job), compile);
   }
 
   static void clear_cache() noexcept { PlanCache<ReservedStream, 16>::mine().clear(); }
+  static std::uint64_t regime(const ModelSpec& m, const Job& job) { return static_cast<std::uint64_t>(StepPlan::regime(m, job)); }
 
   // The recorded streams (the first probe's) as the replay reads them; sizes() gives their bytes.
   const std::array<ReplayScript, 2>& scripts() const { return scripts_; }
@@ -789,7 +797,7 @@ std::vector<MemoryAt> memory_timeline(const std::array<SimTrace, 2>& traces, con
   return timeline;
 }
 
-ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy) {
+ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy, TorchStepResult* step) {
   if (const ReservedStream* stream = ReservedStream::cached(m, job)) {
     thread_local std::array<std::vector<bytes_t>, 2> sizes;
     if (stream->sizes(job.batch, job.seq, sizes)) {
@@ -798,19 +806,26 @@ ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const Alloc
       return replay_steps(replay, stream->scripts(), sizes);
     }
   }
-  return simulate_reserved_full(m, job, policy);
+  return simulate_reserved_full(m, job, policy, true, step);
 }
 
 ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy,
-                                      bool skip_closed_windows) {
+                                      bool skip_closed_windows, TorchStepResult* step) {
   std::array<SimTrace, 2> traces;
-  simulate_torch_train(m, job, false, nullptr, &traces);
+  TorchStepResult simulated = simulate_torch_train(m, job, false, nullptr, &traces);
   Replay replay(policy);
   replay.allow_skipping(skip_closed_windows);
-  return replay_traces(replay, traces, job);
+  ReservedResult r = replay_traces(replay, traces, job);
+  if (step) {
+    *step = std::move(simulated);
+    r.step_simulated = true;
+  }
+  return r;
 }
 
-bool reserved_stream_compiles(const ModelSpec& m, const Job& job) { return ReservedStream::cached(m, job) != nullptr; }
+bool reserved_stream_compiles(const ModelSpec& m, const Job& job) { return ReservedStream::compiled(m, job) != nullptr; }
+
+bool reserved_stream_held(const ModelSpec& m, const Job& job) { return ReservedStream::held(m, job); }
 
 void clear_reserved_streams() noexcept { ReservedStream::clear_cache(); }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/allocator_policy.hpp"
+#include "inventory.hpp"
 #include "membudget/budget.hpp"
 
 namespace membudget::detail {
@@ -28,20 +29,28 @@ struct ReservedResult {
   // Events of the steps replayed that were closed windows' (reserved.cpp, skip_closed_window):
   // the allocated figures above count those windows' blocks at their rounded sizes.
   std::size_t skipped_events = 0;
+  bool step_simulated = false;  // the step was simulated at the shape (simulate_reserved's `step` set)
 };
 
 // Replays step 0, then steady steps until the allocator's layout repeats, of `job` (mode train,
 // profile torch) through a CachingAllocator on fake device memory (addresses only) with `policy`.
-// A model and recipe seen before replays its compiled stream (reserved.cpp's ReservedStream: the
-// streams simulated once, their sizes evaluated at the shape) where it has one; the result is
-// simulate_reserved_full's.
-ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy);
+// A model and recipe asked about before replays its compiled stream (reserved.cpp's
+// ReservedStream: the streams simulated once, their sizes evaluated at the shape, compiled at the
+// second question) where it has one; the result is simulate_reserved_full's.
+// `step`, when given, receives simulate_torch_train's result where the step was simulated at the
+// shape for the replay (the regime's first question: ReservedResult::step_simulated), so that the
+// caller's estimate costs no second simulation.
+ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy,
+                                 TorchStepResult* step = nullptr);
 // The same, the step simulated at the shape every time (what the compiled stream is tested against);
 // `skip_closed_windows` false replays every event (what the skipping is tested against).
 ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy,
-                                      bool skip_closed_windows = true);
-// Whether (m, job)'s regime has a compiled stream (compiling it on first use; for tests).
+                                      bool skip_closed_windows = true, TorchStepResult* step = nullptr);
+// Whether (m, job)'s regime has a compiled stream (compiling it now; for tests).
 bool reserved_stream_compiles(const ModelSpec& m, const Job& job);
+// Whether this thread has compiled (m, job)'s regime (or found it does not compile), compiling
+// nothing (for tests).
+bool reserved_stream_held(const ModelSpec& m, const Job& job);
 // Empties this thread's compiled streams (clear_estimate_cache).
 void clear_reserved_streams() noexcept;
 
