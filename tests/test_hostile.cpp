@@ -170,6 +170,27 @@ TEST_CASE("a number beyond a double anywhere in a config.json is a parse error, 
 
 // ---- 4. sweep grids bounded before the work ---------------------------------------------------------
 
+TEST_CASE("rank counts a C++ caller sets near 2^64 saturate world() and are refused, never wrap past the limit") {
+  Job j;
+  j.parallel.data = j.parallel.fsdp = j.parallel.tensor = std::uint64_t{1} << 43;  // 2^129: 2 in 128 bits
+  CHECK(j.parallel.world() == kMax64);
+  CHECK(j.parallel.data_ranks() == kMax64);  // 2^86 saturates too
+  const std::string m = message_of([&] { j.validate(); });
+  CHECK(m.find("absurdly large") != std::string::npos);
+  Job k;
+  k.parallel.data = kMax64;
+  k.parallel.fsdp = 1;
+  CHECK(k.parallel.data_ranks() == kMax64);
+  k.parallel.tensor = 0;
+  CHECK(k.parallel.world() == 0);  // a zero count is validate's "must be at least 1"
+  Job fits;
+  fits.parallel.data = 4;
+  fits.parallel.fsdp = 8;
+  fits.parallel.tensor = 2;
+  CHECK(fits.parallel.world() == 64);
+  CHECK(fits.parallel.data_ranks() == 32);
+}
+
 TEST_CASE("a sweep grid past the point limit is refused before any point is computed") {
   const ModelSpec m = load_model(test::source_path("configs/tiny-llama.yaml"));
   SweepGrid g;

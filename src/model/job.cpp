@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -153,16 +154,24 @@ double dtype_bytes(DType d) noexcept {
   return 2;
 }
 
-std::uint64_t Parallelism::data_ranks() const noexcept {
-  const unsigned __int128 d = static_cast<unsigned __int128>(data) * fsdp;
-  return d > ~std::uint64_t{0} ? ~std::uint64_t{0} : static_cast<std::uint64_t>(d);
+namespace {
+// A product of rank counts, saturating at 2^64 − 1 (0 where a count is 0). Factor by factor: six
+// counts a C++ caller set near 2^64 overflow even 128 bits, and a wrapped product could pass
+// validate's limit.
+std::uint64_t saturating_product(std::initializer_list<std::uint64_t> counts) noexcept {
+  std::uint64_t product = 1;
+  bool saturated = false;
+  for (const std::uint64_t c : counts) {
+    if (c == 0) return 0;
+    saturated = saturated || __builtin_mul_overflow(product, c, &product);
+  }
+  return saturated ? ~std::uint64_t{0} : product;
 }
+}  // namespace
 
-std::uint64_t Parallelism::world() const noexcept {
-  using u128 = unsigned __int128;
-  const u128 w = static_cast<u128>(data) * fsdp * tensor * pipeline * context * expert;
-  return w > ~std::uint64_t{0} ? ~std::uint64_t{0} : static_cast<std::uint64_t>(w);
-}
+std::uint64_t Parallelism::data_ranks() const noexcept { return saturating_product({data, fsdp}); }
+
+std::uint64_t Parallelism::world() const noexcept { return saturating_product({data, fsdp, tensor, pipeline, context, expert}); }
 
 namespace {
 // The layouts predict() models (docs/distributed.md) and the settings that make sense with them;
