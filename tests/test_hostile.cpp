@@ -189,6 +189,25 @@ TEST_CASE("rank counts a C++ caller sets near 2^64 saturate world() and are refu
   fits.parallel.tensor = 2;
   CHECK(fits.parallel.world() == 64);
   CHECK(fits.parallel.data_ranks() == 32);
+  // a pipeline's counts: 2 × 2^63 virtual stages wrapped to 0 stages (a division by zero), layer
+  // counts of 2^64 − 1 and 2 summed to 1
+  Job pp;
+  pp.parallel.pipeline = 2;
+  pp.parallel.pp_schedule = PipelineSchedule::interleaved;
+  pp.parallel.virtual_stages = std::uint64_t{1} << 63;
+  CHECK(message_of([&] { pp.validate(); }).find("--virtual-stages: 9223372036854775808 is absurdly large") != std::string::npos);
+  pp.parallel.pp_schedule = PipelineSchedule::one_f_one_b;
+  pp.parallel.virtual_stages = 1;
+  pp.parallel.pp_layers = {kMax64, 2};
+  CHECK(message_of([&] { pp.validate(); }).find("--pp-layers: 18446744073709551615 layers in a stage is absurdly large") !=
+        std::string::npos);
+  const ModelSpec one = [] {
+    ModelSpec m = load_model(temp_file("one_layer.yaml", std::string(kTinyYaml)));
+    m.num_layers = 1;
+    return m;
+  }();
+  PredictOptions o;
+  CHECK_THROWS_AS(predict(one, pp, o), Error);
 }
 
 TEST_CASE("a sweep grid past the point limit is refused before any point is computed") {

@@ -249,12 +249,16 @@ void validate_parallel(const Job& j) {
               "applies to pipeline parallelism (--pp N, N ≥ 2)");
   if (p.pipeline > 1) {
     if (p.virtual_stages == 0) throw bad("--virtual-stages", "must be at least 1");
+    // (each count as set_parallel_option bounds it, for a C++ caller too: their products and sums
+    // below stay far from 2^64)
+    if (p.virtual_stages > (1ull << 20))
+      throw bad("--virtual-stages", std::to_string(p.virtual_stages) + " is absurdly large (limit 2^20)");
     const bool interleaved = p.pp_schedule == PipelineSchedule::interleaved;
     if (interleaved && p.virtual_stages < 2)
       throw bad("--virtual-stages", "interleaved 1F1B runs V ≥ 2 stage modules per rank: give --virtual-stages V");
     if (!interleaved && p.virtual_stages > 1)
       throw bad("--virtual-stages", "applies to --pp-schedule interleaved (GPipe and 1F1B run one stage per rank)");
-    const std::uint64_t stages = p.pipeline * p.virtual_stages;  // each ≤ 2^20 (set_parallel_option)
+    const std::uint64_t stages = p.pipeline * p.virtual_stages;  // each ≤ 2^20 (world() above, virtual_stages)
     if (stages > (1ull << 20))
       throw bad("--pp × --virtual-stages", std::to_string(stages) + " stages is absurdly large (limit 2^20)");
     if (p.microbatches > (1ull << 20)) throw bad("--microbatches", std::to_string(p.microbatches) + " is absurdly large (limit 2^20)");
@@ -271,8 +275,10 @@ void validate_parallel(const Job& j) {
       throw bad("--pp-layers", "gives " + std::to_string(p.pp_layers.size()) + " stages' layer counts for " +
                                    std::to_string(stages) + " stages (--pp " + std::to_string(p.pipeline) +
                                    (interleaved ? " × --virtual-stages " + std::to_string(p.virtual_stages) : std::string()) + ")");
-    for (std::uint64_t n : p.pp_layers)
+    for (std::uint64_t n : p.pp_layers) {
       if (n == 0) throw bad("--pp-layers", "a stage with no decoder layers is not modelled (every stage needs one)");
+      if (n > (1ull << 20)) throw bad("--pp-layers", std::to_string(n) + " layers in a stage is absurdly large (limit 2^20)");
+    }
   }
   if (p.sequence_parallel && p.tensor < 2) throw bad("--sp", "sequence parallelism applies to tensor parallelism (--tp N, N ≥ 2)");
   if (p.loss_parallel && p.tensor < 2) throw bad("--loss-parallel", "the vocabulary-parallel loss applies to tensor parallelism (--tp N)");

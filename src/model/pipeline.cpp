@@ -12,7 +12,7 @@ std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallel
   const std::uint64_t n = p.pipeline * p.virtual_stages, L = m.num_layers;  // every stage module (validated: ≤ 2^40)
   if (!p.pp_layers.empty()) {
     std::uint64_t sum = 0;
-    for (std::uint64_t c : p.pp_layers) sum += c;  // each ≤ 2^20 (set_parallel_option), at most 2^20 of them
+    for (std::uint64_t c : p.pp_layers) sum += c;  // each ≤ 2^20, at most 2^20 of them (Job::validate)
     if (sum != L)
       throw Error(ErrorKind::invalid_job, "--pp-layers: the stages' layer counts add up to " + std::to_string(sum) + ", but " +
                                               m.display_name() + " has " +
