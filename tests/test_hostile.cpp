@@ -208,6 +208,72 @@ TEST_CASE("rank counts a C++ caller sets near 2^64 saturate world() and are refu
   }();
   PredictOptions o;
   CHECK_THROWS_AS(predict(one, pp, o), Error);
+  // a schedule of 2^20 microbatches ran for minutes: more than 256 is refused, at once
+  pp.parallel.pp_layers.clear();
+  pp.parallel.microbatches = 257;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(message_of([&] { (void)predict(load_model(test::source_path("configs/llama-3.2-1b.yaml")), pp, o); })
+            .find("--microbatches: 257 is more than the 256 modelled") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  CHECK(test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --pp 2 --microbatches 1048576 --precision bf16")
+            .exit_code == 2);
+  // ZeRO-1's partition over 2^20 ranks took 16 s
+  Job zero;
+  zero.parallel.zero_stage = 1;
+  zero.parallel.data = 65537;
+  CHECK(message_of([&] { zero.validate(); }).find("--zero: 1 over 65537 ranks is absurdly large") != std::string::npos);
+  zero.parallel.data = 65536;
+  CHECK_NOTHROW(zero.validate());
+}
+
+TEST_CASE("fields a C++ caller sets past the loaders' checks: MoE groups, a group size near 2^64") {
+  // group-limited routing's groups must divide the experts: 2^24 groups of 8 experts grew the
+  // peak to terabytes (the loaders refuse it with the line; ModelSpec::validate for everyone)
+  ModelSpec m = load_model(test::source_path("tests/data/hf/moe/deepseek-v2-lite.json"));
+  for (const auto& [groups, top] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
+           {m.moe.experts + 1, 1}, {std::uint64_t{1} << 24, 1}, {0, 1}, {2, 3}, {2, 0}}) {
+    CAPTURE(groups);
+    CAPTURE(top);
+    ModelSpec g = m;
+    g.moe.groups = groups;
+    g.moe.group_top_k = top;
+    g.moe.group_limited = groups > 1;
+    CHECK(message_of([&] { g.validate(); }).find("moe.groups (config.json: n_group): must divide moe.experts") != std::string::npos);
+  }
+  // int4 scales per group: ceil(n / group) wrapped to 0 for a group near 2^64 (fewer bytes than
+  // at 2^63, where every row has one scale)
+  const ModelSpec dense = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job serve;
+  serve.mode = Mode::infer;
+  serve.weights = DType::int4;
+  serve.group_size = std::uint64_t{1} << 63;
+  const bytes_t at_2_63 = predict(dense, serve).states.total();
+  serve.group_size = kMax64;
+  CHECK(predict(dense, serve).states.total() == at_2_63);
+}
+
+TEST_CASE("an enum a C++ caller casts from another number is refused, naming the setting") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  auto refused = [&](auto set, const char* flag) {
+    Job j;
+    set(j);
+    CAPTURE(flag);
+    CHECK(message_of([&] { (void)predict(m, j); }).find(std::string(flag) + ": is not one of its values") != std::string::npos);
+  };
+  refused([](Job& j) { j.mode = static_cast<Mode>(77); }, "--mode");
+  refused([](Job& j) { j.optimizer = static_cast<Optimizer>(77); }, "--optimizer");
+  refused([](Job& j) { j.optimizer_impl = static_cast<OptimizerImpl>(77); }, "--optimizer-impl");
+  refused([](Job& j) { j.loss = static_cast<Loss>(77); }, "--loss");
+  refused([](Job& j) { j.activations = static_cast<ActivationModel>(77); }, "--activations");
+  refused([](Job& j) { j.kv_dtype = static_cast<DType>(77); }, "--kv-dtype");
+  refused([](Job& j) { j.parallel.pp_schedule = static_cast<PipelineSchedule>(77); }, "--pp-schedule");
+  ModelSpec bad = m;
+  bad.norm = static_cast<NormKind>(77);
+  CHECK(message_of([&] { bad.validate(); }).find("norm: is not one of its kinds") != std::string::npos);
+  bad = m;
+  bad.mlp = static_cast<MlpKind>(77);
+  CHECK(message_of([&] { bad.validate(); }).find("mlp: is not one of its kinds") != std::string::npos);
+  CHECK_NOTHROW(m.validate());
 }
 
 TEST_CASE("a sweep grid past the point limit is refused before any point is computed") {

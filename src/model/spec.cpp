@@ -63,6 +63,12 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
   };
   for (const auto& [name, v] : required)
     if (v == 0) return invalid(name, "must be > 0; set it to the model's value");
+  // (a C++ caller can cast any number to an enum)
+  if (std::string_view(to_string(s.mlp)) == "unknown") return invalid("mlp", "is not one of its kinds (a number cast to the enum)");
+  if (std::string_view(to_string(s.norm)) == "unknown") return invalid("norm", "is not one of its kinds (a number cast to the enum)");
+  if (s.moe.enabled() && s.moe.router != MixtureOfExperts::Router::softmax_top_k && s.moe.router != MixtureOfExperts::Router::deepseek_v2 &&
+      s.moe.router != MixtureOfExperts::Router::deepseek_v3)
+    return invalid("moe.router", "is not one of its kinds (a number cast to the enum)");
   if (s.moe.enabled()) {
     // Each field named as a YAML spec and as a config.json give it (the families' keys differ:
     // Mixtral's num_local_experts, DeepSeek's n_routed_experts).
@@ -90,9 +96,12 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
       if (il >= s.num_layers)
         return invalid("moe.dense_layers (config.json: mlp_only_layers)",
                        "layer " + std::to_string(il) + " is not one of the model's " + std::to_string(s.num_layers) + " layers");
+    // (the loaders refuse these with the line; a C++ caller sets the fields directly)
+    if (e.groups == 0 || e.experts % e.groups != 0 || e.group_top_k == 0 || e.group_top_k > e.groups)
+      return invalid("moe.groups (config.json: n_group)", "must divide moe.experts (" + std::to_string(e.experts) +
+                                                              "), with 1 ≤ group_top_k (topk_group) ≤ groups");
     // Group-limited routing picks its top k among the experts of its top groups only.
-    if (e.groups > 1 && e.experts % e.groups == 0 && e.group_top_k <= e.groups &&
-        e.top_k > e.group_top_k * (e.experts / e.groups))
+    if (e.groups > 1 && e.top_k > e.group_top_k * (e.experts / e.groups))
       return invalid("moe.top_k (config.json: num_experts_per_tok)",
                      std::to_string(e.top_k) + " experts cannot be chosen from the " + std::to_string(e.group_top_k) +
                          " groups of " + std::to_string(e.experts / e.groups) + " that routing keeps (group_top_k / topk_group)");

@@ -33,7 +33,7 @@ struct StoredTensor {
 // `t` stored as `weights`; `quantizable`: a decoder-layer projection (the embedding and lm_head
 // stay 16-bit).
 inline StoredTensor stored_tensor(const ParamTensor& t, bool quantizable, DType weights, std::uint64_t group) {
-  auto cdiv = [](std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; };
+  auto cdiv = [](std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0); };  // (a + b - 1 wraps for b near 2^64)
   auto bytes = [](std::uint64_t a, std::uint64_t b, std::uint64_t c = 1) {
     return checked_product("served weight bytes", a, b, c);
   };
