@@ -230,14 +230,15 @@ TEST_CASE("fields a C++ caller sets past the loaders' checks: MoE groups, a grou
   // group-limited routing's groups must divide the experts: 2^24 groups of 8 experts grew the
   // peak to terabytes (the loaders refuse it with the line; ModelSpec::validate for everyone)
   ModelSpec m = load_model(test::source_path("tests/data/hf/moe/deepseek-v2-lite.json"));
-  for (const auto& [groups, top] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
+  // (a pair, not a structured binding: clang before 16 cannot capture a binding in CAPTURE's lambda)
+  for (const std::pair<std::uint64_t, std::uint64_t> groups_top : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
            {m.moe.experts + 1, 1}, {std::uint64_t{1} << 24, 1}, {0, 1}, {2, 3}, {2, 0}}) {
-    CAPTURE(groups);
-    CAPTURE(top);
+    CAPTURE(groups_top.first);
+    CAPTURE(groups_top.second);
     ModelSpec g = m;
-    g.moe.groups = groups;
-    g.moe.group_top_k = top;
-    g.moe.group_limited = groups > 1;
+    g.moe.groups = groups_top.first;
+    g.moe.group_top_k = groups_top.second;
+    g.moe.group_limited = groups_top.first > 1;
     CHECK(message_of([&] { g.validate(); }).find("moe.groups (config.json: n_group): must divide moe.experts") != std::string::npos);
   }
   // int4 scales per group: ceil(n / group) wrapped to 0 for a group near 2^64 (fewer bytes than
