@@ -13,13 +13,19 @@ TensorId AutogradSim::add(TensorInfo info) {
   grads_.push_back(kNone);
   grad_view_.push_back(0);
   subclass_grad_.push_back(dtensor_scope_ && !info.param ? 1 : 0);  // (a parameter's .grad: AccumulateGrad, in place)
-  return static_cast<TensorId>(tensors_.size() - 1);
+  live_slot_.push_back(0);
+  const auto id = static_cast<TensorId>(tensors_.size() - 1);
+  if (info.param) params_.push_back(id);
+  return id;
 }
 
 void AutogradSim::allocate(TensorId t) {
   auto& ti = tensors_[t];
   ti.alive = true;
   live_ = checked_add(live_, ti.rounded, ti.name);
+  live_by_term_[static_cast<std::size_t>(ti.term)] += ti.rounded;
+  live_slot_[t] = static_cast<std::uint32_t>(live_list_.size());
+  live_list_.push_back(t);
   if (explain_) log_.push_back(t);
   if (trace_) trace_->events.push_back({t, section_});
   note_peak();
@@ -64,13 +70,23 @@ std::vector<TensorBytes> AutogradSim::groups_at(std::size_t event) const {
   return out;
 }
 
+void AutogradSim::release(TensorId t) {
+  auto& ti = tensors_[t];
+  ti.alive = false;
+  live_ -= ti.rounded;
+  live_by_term_[static_cast<std::size_t>(ti.term)] -= ti.rounded;
+  const TensorId moved = live_list_.back();
+  live_list_[live_slot_[t]] = moved;
+  live_slot_[moved] = live_slot_[t];
+  live_list_.pop_back();
+  if (explain_) log_.push_back(~t);
+  if (trace_) trace_->events.push_back({~t, section_});
+}
+
 void AutogradSim::release_if_dead(TensorId t) {
   auto& ti = tensors_[t];
   if (!ti.alive || ti.holders > 0 || ti.saved > 0) return;
-  ti.alive = false;
-  live_ -= ti.rounded;
-  if (explain_) log_.push_back(~t);
-  if (trace_) trace_->events.push_back({~t, section_});
+  release(t);
   if (ti.base != kNone) drop(ti.base);  // a view lets go of the storage it views
 }
 
@@ -316,10 +332,7 @@ bytes_t AutogradSim::grad_bytes(TensorId input) const {
 void AutogradSim::release_storage(TensorId t) {
   auto& ti = tensors_[t];
   if (!ti.alive) throw Error(ErrorKind::unsupported, std::string("internal: storage of ") + ti.name + " released twice");
-  ti.alive = false;
-  live_ -= ti.rounded;
-  if (explain_) log_.push_back(~t);
-  if (trace_) trace_->events.push_back({~t, section_});
+  release(t);
 }
 
 void AutogradSim::restore_storage(TensorId t) {
@@ -433,27 +446,34 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
     allocate(g);
     grads_[root] = g;
   }
-  for (std::size_t t = 0; t < tensors_.size(); ++t)
-    if (tensors_[t].param && grads_[t] != kNone) grad_view_[t] = 0;  // accumulated in place (see above)
+  for (TensorId p : params_)
+    if (grads_[p] != kNone) grad_view_[p] = 0;  // accumulated in place (see above)
 
+  // (What follows visits the graph's nodes, not every node and tensor made so far: a pipeline
+  // stage runs a backward per microbatch, and scans of the whole simulation made its cost grow
+  // with the square of the microbatches.)
   std::vector<TensorId> grad_holders{root};  // tensors that have been given a gradient
   // grad_ready: each parameter's gradient is complete after the earliest node that has it as input
-  std::vector<std::vector<TensorId>> ready_after;
+  std::vector<std::vector<TensorId>> ready_after;  // by node, from `first`
   if (hooks_.grad_ready) {
-    ready_after.resize(nodes_.size());
-    std::vector<char> seen(tensors_.size(), 0);
+    ready_after.resize(end > first ? end - first : 0);
+    param_seen_.resize(tensors_.size(), 0);
     for (std::size_t k = first; k < end; ++k)
       for (TensorId i : nodes_[k].inputs)
-        if (i != kNone && tensors_[i].param && tensors_[i].requires_grad && !seen[i]) {
-          seen[i] = 1;
-          ready_after[k].push_back(i);
+        if (i != kNone && tensors_[i].param && tensors_[i].requires_grad && !param_seen_[i]) {
+          param_seen_[i] = 1;
+          ready_after[k - first].push_back(i);
         }
+    for (const auto& ready : ready_after)
+      for (TensorId p : ready) param_seen_[p] = 0;
   }
   // Each checkpointed region's recompute trigger (its last node that saves: see below) and the
   // node after which its frame goes (its first that saves), in the order backward reaches them.
+  // (Only this graph's regions: the loop below reaches no node outside it.)
   std::vector<std::pair<std::size_t, const Region*>> triggers;
   std::vector<std::pair<std::size_t, TensorId>> frames;
   for (const auto& r : regions_) {
+    if (r.end_node <= first || r.first_node >= end) continue;
     std::size_t last = r.end_node, first_saving = r.first_node;
     while (last-- > r.first_node && !nodes_[last].saves) {}
     while (first_saving < r.end_node && !nodes_[first_saving].saves) ++first_saving;
@@ -628,7 +648,7 @@ void AutogradSim::backward(TensorId root, const Graph& graph, RecomputeFn recomp
       if (tensors_[p.input].param) settle(p);
     pending_.clear();
     if (hooks_.grad_ready)
-      for (TensorId p : ready_after[k])
+      for (TensorId p : ready_after[k - first])
         if (grads_[p] != kNone) hooks_.grad_ready(*this, hooks_.ctx, p);
   }
   if (hooks_.section) hooks_.section(*this, hooks_.ctx, section_run, -1);
@@ -656,35 +676,44 @@ void AutogradSim::begin_phase(Phase phase) {
 
 void AutogradSim::finish_trace() {
   if (!trace_) return;
-  trace_->tensors = tensors_;
-}
-
-std::array<bytes_t, 6> AutogradSim::live_by_term() const {
-  std::array<bytes_t, 6> out{};
-  for (const auto& t : tensors_)
-    if (t.alive) out[static_cast<int>(t.term)] += t.rounded;
-  return out;
+  trace_->tensors = std::move(tensors_);
 }
 
 std::vector<TensorBytes> AutogradSim::live_groups(Term term) const {
-  std::map<std::string, TensorBytes> groups;
-  for (const auto& t : tensors_) {
-    if (!t.alive || t.term != term) continue;
-    auto& g = groups[t.name];
-    if (g.name.empty()) {
-      g.name = t.name; g.op = t.op; g.dtype = t.dtype; g.shape = t.shape; g.term = t.term; g.role = t.role; g.count = 0;
+  struct Group {
+    TensorId first = kNone;  // the group's first tensor made, which describes it
+    TensorBytes sum;
+  };
+  std::map<std::string, Group> groups;
+  for (const TensorId id : live_list_) {
+    const TensorInfo& t = tensors_[id];
+    if (t.term != term) continue;
+    Group& g = groups[t.name];
+    if (g.first == kNone) g.sum.count = 0;
+    if (g.first == kNone || id < g.first) {
+      g.first = id;
+      g.sum.name = t.name; g.sum.op = t.op; g.sum.dtype = t.dtype; g.sum.shape = t.shape; g.sum.term = t.term; g.sum.role = t.role;
     }
-    g.count += 1;
-    g.bytes += t.rounded;
+    g.sum.count += 1;
+    g.sum.bytes += t.rounded;
   }
   std::vector<TensorBytes> out;
-  for (auto& [_, g] : groups) out.push_back(std::move(g));
+  for (auto& [_, g] : groups) out.push_back(std::move(g.sum));
   return out;
 }
 
 std::vector<PhasePeak> AutogradSim::take_phases() {
+  // A phase entered many times (a pipeline schedule's forwards and backwards) is reported at its
+  // highest entry, the first of equals; only that entry's live set is rebuilt (each rebuild reads
+  // the whole log).
   if (explain_)
-    for (std::size_t i = 0; i < phases_.size(); ++i) phases_[i].live = groups_at(peak_event_[i]);
+    for (std::size_t i = 0; i < phases_.size(); ++i) {
+      bool highest = true;
+      for (std::size_t j = 0; j < phases_.size() && highest; ++j)
+        if (j != i && phases_[j].phase == phases_[i].phase)
+          highest = j < i ? phases_[j].bytes < phases_[i].bytes : phases_[j].bytes <= phases_[i].bytes;
+      if (highest) phases_[i].live = groups_at(peak_event_[i]);
+    }
   return std::move(phases_);
 }
 

@@ -245,6 +245,7 @@ class AutogradSim {
   void set_section(int s) { section_ = s; }
   int section() const { return section_; }
   // Records the allocation stream into `trace` (nullptr: stop); finish_trace() adds the tensors.
+  // finish_trace() ends the simulation: the tensors move into the trace (take_phases first).
   void record_to(SimTrace* trace) { trace_ = trace; }
   // The recorded stream reaches the moment the after-forward figures are taken (SimTrace::after_forward).
   void mark_after_forward() {
@@ -305,6 +306,8 @@ class AutogradSim {
 
   // ---- phases ----
   void begin_phase(Phase phase);
+  // Each entry into a phase, with its peak; with explain, the live tensors at the peak of each
+  // phase's highest entry (the first of equals; the others' `live` is empty).
   std::vector<PhasePeak> take_phases();
   bytes_t live() const { return live_; }
   // Explicit allocation outside the tensor model (optimizer state, workspaces): alloc then free.
@@ -316,8 +319,9 @@ class AutogradSim {
   // A tensor's logical size (numel × element size): its bytes, or for a view (no storage of its own)
   // the bytes it views.
   bytes_t logical_bytes(TensorId t) const { return grad_bytes(t); }
-  std::array<bytes_t, 6> live_by_term() const;           // indexed by Term
-  std::vector<TensorBytes> live_groups(Term term) const;  // live tensors of one term, by name
+  const std::array<bytes_t, 6>& live_by_term() const { return live_by_term_; }  // indexed by Term
+  // Live tensors of one term, by name (each group described as its first tensor made).
+  std::vector<TensorBytes> live_groups(Term term) const;
 
  private:
   // A node's tensor lists, stored inline (no allocation per node).
@@ -379,6 +383,7 @@ class AutogradSim {
                       const char* shape, bool requires_grad) const;
   TensorId add(TensorInfo info);
   void allocate(TensorId t);
+  void release(TensorId t);  // its storage goes (the one place a live tensor stops being live)
   void release_if_dead(TensorId t);
   void note_peak();
   // The node's incoming gradient when it is handed to `input` as is (pass_through_node), else kNone.
@@ -393,6 +398,10 @@ class AutogradSim {
   Deferred deferred_;  // allocate_at_next_matmul's tensor, until a matmul runs
   bool discard_saves_ = false;
   std::vector<TensorInfo> tensors_;
+  // Every parameter, as made: backward() visits these, not every tensor, since a pipeline stage's
+  // tensors grow with the microbatches and it runs one backward per microbatch.
+  std::vector<TensorId> params_;
+  std::vector<char> param_seen_;  // backward()'s scratch (grad_ready), all 0 between calls
   std::vector<Node> nodes_;
   std::vector<Region> regions_;
   std::vector<TensorId> grads_;  // tensor → its gradient buffer (kNone: none)
@@ -412,6 +421,12 @@ class AutogradSim {
   void stop_replay(std::initializer_list<TensorId> outputs, std::initializer_list<TensorId> saved);
   void release_saved(Node& n);
   bytes_t live_ = 0;
+  // The live tensors, kept as they change so that the figures taken after each pipeline forward
+  // (live_by_term, live_groups) cost the live set, not every tensor made: live_list_ in no order,
+  // live_slot_[t] tensor t's place in it.
+  std::array<bytes_t, 6> live_by_term_{};
+  std::vector<TensorId> live_list_;
+  std::vector<std::uint32_t> live_slot_;
   std::vector<PhasePeak> phases_;
   int section_ = 0;
   std::vector<TensorId> log_;             // explain: allocations (id) and frees (~id), in order

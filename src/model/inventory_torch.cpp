@@ -2456,8 +2456,8 @@ class TrainPass {
 
   // The phases (the floor as measured at the step's start) and, for a steady step, the model states.
   void finish() {
-    sim_.finish_trace();
     auto phases = sim_.take_phases();
+    sim_.finish_trace();
     phases.erase(phases.begin());  // the "floor" phase's peak is the forward's first moment: use floor_
     std::vector<PhasePeak> out;
     out.push_back({Phase::floor, floor_, {}});

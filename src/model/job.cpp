@@ -261,10 +261,9 @@ void validate_parallel(const Job& j) {
     const std::uint64_t stages = p.pipeline * p.virtual_stages;  // each ≤ 2^20 (world() above, virtual_stages)
     if (stages > (1ull << 20))
       throw bad("--pp × --virtual-stages", std::to_string(stages) + " stages is absurdly large (limit 2^20)");
-    // The schedule is simulated microbatch by microbatch, each backward scanning every tensor made
-    // so far: the time grows faster than the count (Llama 3.1 70B over 8 stages: 0.6 s at 16, 2.7 s
-    // at 64; Llama 3.2 1B over 2 stages: 8.8 s at 256, past a minute at 1024). 256 covers the
-    // accumulation steps pipelines run.
+    // The schedule is simulated microbatch by microbatch, every tensor of every microbatch
+    // recorded, so time and memory grow with the count (docs/robustness.md has the figures).
+    // 256 covers the accumulation steps pipelines run.
     constexpr std::uint64_t kMaxMicrobatches = 256;
     if (p.microbatches > kMaxMicrobatches)
       throw Error(ErrorKind::unsupported, "--microbatches: " + std::to_string(p.microbatches) + " is more than the " +
