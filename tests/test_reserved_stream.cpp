@@ -222,6 +222,7 @@ TEST_CASE("the stream is compiled at a regime's second question: the first is an
   CHECK(detail::reserved_stream_held(m, job));
   CHECK(second.reserved_peak == detail::simulate_reserved_full(m, job, AllocatorPolicy{}).reserved_peak);
   job.seq = 1000;
+  detail::clear_reserved_answers();  // (else the first answer, remembered, is given again)
   CHECK(detail::simulate_reserved(m, job, AllocatorPolicy{}).reserved_peak == first.reserved_peak);  // now replayed compiled
   // another recipe is another regime: asked once, not compiled
   job.recompute = Recompute::full;
@@ -248,6 +249,7 @@ TEST_CASE("predict() at a regime's first question (one simulated step for the es
     other.seq = 700;
     (void)predict(m, other, o);  // the second question compiles
     REQUIRE(detail::reserved_stream_held(m, job));
+    detail::clear_reserved_answers();  // (else the first answer, remembered, is given again)
     const Budget compiled = predict(m, job, o);
     CHECK(first.reserved_peak == compiled.reserved_peak);
     CHECK(first.peak == compiled.peak);
@@ -259,4 +261,56 @@ TEST_CASE("predict() at a regime's first question (one simulated step for the es
     REQUIRE(first.step0.size() == compiled.step0.size());
     for (std::size_t p = 0; p < first.step0.size(); ++p) CHECK(first.step0[p].bytes == compiled.step0[p].bytes);
   }
+}
+
+TEST_CASE("a question asked again is answered as before, compiling nothing; another policy or shape is another question") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  detail::clear_reserved_streams();
+  Job job;
+  job.batch = 2;
+  job.seq = 1000;
+  const detail::ReservedResult first = detail::simulate_reserved(m, job, AllocatorPolicy{});
+  const detail::ReservedResult again = detail::simulate_reserved(m, job, AllocatorPolicy{});
+  CHECK_FALSE(detail::reserved_stream_held(m, job));  // no second question of the regime
+  CHECK(again.reserved_peak == first.reserved_peak);
+  CHECK(again.steady == first.steady);
+  CHECK(again.allocated_steady == first.allocated_steady);
+  CHECK_FALSE(again.step_simulated);
+  // expandable segments reserve another figure at this shape: a remembered answer would repeat the first
+  AllocatorPolicy expandable;
+  expandable.expandable_segments = true;
+  const bytes_t with_expandable = detail::simulate_reserved(m, job, expandable).reserved_peak;
+  CHECK(with_expandable == detail::simulate_reserved_full(m, job, expandable).reserved_peak);
+  CHECK(with_expandable != first.reserved_peak);
+  job.seq = 1004;  // another shape: the regime's second question, which compiles
+  CHECK(detail::simulate_reserved(m, job, AllocatorPolicy{}).reserved_peak ==
+        detail::simulate_reserved_full(m, job, AllocatorPolicy{}).reserved_peak);
+  CHECK(detail::reserved_stream_held(m, job));
+}
+
+TEST_CASE("predict --explain of a pipeline asks its chosen stage twice, and compiles no stream for it") {
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  clear_estimate_cache();
+  Job job;
+  job.precision = Precision::bf16;
+  job.parallel.pipeline = 2;
+  PredictOptions o;
+  o.reserved = true;
+  o.explain = true;
+  const Budget b = predict(m, job, o);
+  for (std::uint64_t rank : {0u, 1u}) {
+    CAPTURE(rank);
+    Job stage = job;
+    stage.parallel.rank = rank;
+    CHECK_FALSE(detail::reserved_stream_held(m, stage));
+  }
+  // and the figures are those of a fresh answer
+  clear_estimate_cache();
+  PredictOptions plain = o;
+  plain.explain = false;
+  const Budget fresh = predict(m, job, plain);
+  CHECK(b.reserved_peak == fresh.reserved_peak);
+  CHECK(b.peak == fresh.peak);
+  REQUIRE(b.phases.size() == fresh.phases.size());
+  for (std::size_t p = 0; p < b.phases.size(); ++p) CHECK(b.phases[p].bytes == fresh.phases[p].bytes);
 }

@@ -50,6 +50,8 @@ struct AllocatorPolicy {
   // [32 GiB, 64 GiB) (and above); 0 or 1: plain 512-byte rounding.
   std::array<std::uint32_t, 16> roundup_power2_divisions{};
 
+  bool operator==(const AllocatorPolicy&) const = default;
+
   // The block size of a request of `bytes` (> 0): c10 round_size.
   constexpr bytes_t round_size(bytes_t bytes) const {
     if (bytes < min_block_size) return min_block_size;

@@ -797,7 +797,40 @@ std::vector<MemoryAt> memory_timeline(const std::array<SimTrace, 2>& traces, con
   return timeline;
 }
 
-ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy, TorchStepResult* step) {
+namespace {
+// The answers this thread gave last, by question (the job's key, its shape included, and the
+// allocator's policy). A question asked again is answered as before, replaying and compiling
+// nothing: predict() asks a pipeline's chosen stage again for the lists --explain adds, and as the
+// regime's second question that compiled its stream, four simulated steps for an answer at hand.
+// Up to 64 answers, forgotten all at once when full.
+class RecentAnswers {
+ public:
+  static RecentAnswers& mine() {
+    thread_local RecentAnswers answers;
+    return answers;
+  }
+  const ReservedResult* find(const Key& key, const AllocatorPolicy& policy) const {
+    for (const Answer& a : answers_)
+      if (a.key == key && a.policy == policy) return &a.result;
+    return nullptr;
+  }
+  void remember(const Key& key, const AllocatorPolicy& policy, const ReservedResult& result) {
+    if (answers_.size() >= 64) answers_.clear();
+    answers_.push_back({key, policy, result});
+    answers_.back().result.step_simulated = false;  // (no step is handed back with it)
+  }
+  void clear() noexcept { answers_.clear(); }
+
+ private:
+  struct Answer {
+    Key key;
+    AllocatorPolicy policy;
+    ReservedResult result;
+  };
+  std::vector<Answer> answers_;
+};
+
+ReservedResult answer(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy, TorchStepResult* step) {
   if (const ReservedStream* stream = ReservedStream::cached(m, job)) {
     thread_local std::array<std::vector<bytes_t>, 2> sizes;
     if (stream->sizes(job.batch, job.seq, sizes)) {
@@ -807,6 +840,17 @@ ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const Alloc
     }
   }
   return simulate_reserved_full(m, job, policy, true, step);
+}
+}  // namespace
+
+ReservedResult simulate_reserved(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy, TorchStepResult* step) {
+  RecentAnswers& recent = RecentAnswers::mine();
+  const Key key = key_of(m, job);
+  if (!step)  // (a caller that wants the step simulated is answered afresh)
+    if (const ReservedResult* known = recent.find(key, policy)) return *known;
+  ReservedResult r = answer(m, job, policy, step);
+  recent.remember(key, policy, r);
+  return r;
 }
 
 ReservedResult simulate_reserved_full(const ModelSpec& m, const Job& job, const AllocatorPolicy& policy,
@@ -827,7 +871,12 @@ bool reserved_stream_compiles(const ModelSpec& m, const Job& job) { return Reser
 
 bool reserved_stream_held(const ModelSpec& m, const Job& job) { return ReservedStream::held(m, job); }
 
-void clear_reserved_streams() noexcept { ReservedStream::clear_cache(); }
+void clear_reserved_streams() noexcept {
+  ReservedStream::clear_cache();
+  RecentAnswers::mine().clear();
+}
+
+void clear_reserved_answers() noexcept { RecentAnswers::mine().clear(); }
 
 void allocated_as_replayed(Budget& b, const ReservedResult& r) {
   auto replace = [](std::vector<PhasePeak>& phases, const std::array<bytes_t, 4>& replayed) {

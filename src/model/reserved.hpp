@@ -51,8 +51,11 @@ bool reserved_stream_compiles(const ModelSpec& m, const Job& job);
 // Whether this thread has compiled (m, job)'s regime (or found it does not compile), compiling
 // nothing (for tests).
 bool reserved_stream_held(const ModelSpec& m, const Job& job);
-// Empties this thread's compiled streams (clear_estimate_cache).
+// Empties this thread's compiled streams and its recent answers (clear_estimate_cache).
 void clear_reserved_streams() noexcept;
+// Forgets this thread's recent answers only (simulate_reserved answers a question asked again as
+// before; for tests that hold a fresh answer to an earlier one).
+void clear_reserved_answers() noexcept;
 
 // The same replay of step 0 and the steady steps as simulate_torch_train recorded them (`traces`),
 // giving memory_allocated() and memory_reserved() after each allocation or free of the last steady
