@@ -241,6 +241,11 @@ TEST_CASE("fields a C++ caller sets past the loaders' checks: MoE groups, a grou
     g.moe.group_limited = groups_top.first > 1;
     CHECK(message_of([&] { g.validate(); }).find("moe.groups (config.json: n_group): must divide moe.experts") != std::string::npos);
   }
+  // a layer listed many times among the dense ones: each layer's lookup read the whole list (10
+  // million repeats took max_micro_batch past 6 s); each at most once keeps it the layers long
+  ModelSpec repeats = load_model(test::source_path("tests/data/hf/moe/qwen3-30b-a3b.json"));
+  repeats.moe.dense_layers.assign(10'000'000, 1);
+  CHECK(message_of([&] { repeats.validate(); }).find("layer 1 is listed twice") != std::string::npos);
   // int4 scales per group: ceil(n / group) wrapped to 0 for a group near 2^64 (fewer bytes than
   // at 2^63, where every row has one scale)
   const ModelSpec dense = load_model(test::source_path("configs/llama-3.2-1b.yaml"));

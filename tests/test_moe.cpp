@@ -250,6 +250,7 @@ moe:
   bad("normalize_top_k: true", "normalize_top_k: true\n  shared_ff: 512", "shared_gate: true");
   bad("normalize_top_k: true", "normalize_top_k: true\n  shared_gate: true", "there is none");
   bad("normalize_top_k: true", "normalize_top_k: true\n  dense_layers: [48]", "layer 48 is not one of the model's 48");
+  bad("normalize_top_k: true", "normalize_top_k: true\n  dense_layers: [3, 7, 3]", "layer 3 is listed twice");
   bad("normalize_top_k: true", "normalize_top_k: true\n  first_dense: 48", "no layer a mixture of experts");
   bad("normalize_top_k: true", "normalize_top_k: true\n  sparse_step: 49", "no layer a mixture of experts");
   bad("  expert_ff: 768\n", "  expert_ff: 99999999\n", "moe.expert_ff");
@@ -284,6 +285,8 @@ TEST_CASE("config.json MoE fields that would be ignored or mean a dense model ar
       "mlp_only_layers: must be a list");
   has(edited("tests/data/hf/moe/qwen3-30b-a3b.json", [](nlohmann::json& c) { c["mlp_only_layers"] = {0, 48}; }),
       "layer 48 is not one of");
+  has(edited("tests/data/hf/moe/qwen3-30b-a3b.json", [](nlohmann::json& c) { c["mlp_only_layers"] = {0, 5, 0}; }),
+      "mlp_only_layers): layer 0 is listed twice");
   has(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json& c) { c["n_shared_experts"] = 1000000; }),
       "exceeds the limit");
   has(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json& c) { c["topk_group"] = 1; c["num_experts_per_tok"] = 64; }),

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 namespace membudget {
@@ -92,10 +93,17 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
     if (e.shared_gate && !softmax_router)
       return Problem{ErrorKind::unsupported, "moe.shared_gate",
                      "DeepSeek's shared experts are summed ungated; a gate on them is not modelled"};
-    for (std::uint64_t il : e.dense_layers)
+    // Each layer at most once, so the list is at most the layers long: ModelSpec::moe_layer looks
+    // through it for every layer (10 million repeats through the C++ API took max_micro_batch
+    // past 6 s).
+    std::vector<char> listed(std::min<std::uint64_t>(s.num_layers, kMaxLayers), 0);
+    for (std::uint64_t il : e.dense_layers) {
       if (il >= s.num_layers)
         return invalid("moe.dense_layers (config.json: mlp_only_layers)",
                        "layer " + std::to_string(il) + " is not one of the model's " + std::to_string(s.num_layers) + " layers");
+      if (il < listed.size() && std::exchange(listed[il], 1))
+        return invalid("moe.dense_layers (config.json: mlp_only_layers)", "layer " + std::to_string(il) + " is listed twice");
+    }
     // (the loaders refuse these with the line; a C++ caller sets the fields directly)
     if (e.groups == 0 || e.experts % e.groups != 0 || e.group_top_k == 0 || e.group_top_k > e.groups)
       return invalid("moe.groups (config.json: n_group)", "must divide moe.experts (" + std::to_string(e.experts) +
