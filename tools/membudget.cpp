@@ -13,9 +13,9 @@ int main(int argc, char** argv) {
   // replay's streams), each growing vectors of up to hundreds of MiB, then freeing them. glibc's
   // defaults give such memory back to the kernel (blocks over an mmap threshold of 128 KiB to
   // 32 MiB, the heap's top past 128 KiB), so every growth and the next simulation fault the pages
-  // in again. A short-lived process keeps it in its heap instead: Llama 3.1 70B over 8 stages,
-  // 2.1 s -> 0.8 s at 64 microbatches, 8.0 s -> 3.1 s at 256, at a tenth more peak memory
-  // (docs/api.md, "Speed").
+  // in again. A short-lived process keeps it in its heap instead: Llama 3.1 70B over 8 stages
+  // takes 0.72x the time at 64 microbatches, 1.5 s instead of 4.6 s at 256, at up to a fifth more
+  // peak memory (docs/api.md, "Speed").
   mallopt(M_MMAP_MAX, 0);  // no block of its own mapping: all from the heap, reused once freed
   mallopt(M_TRIM_THRESHOLD, INT_MAX);
 #endif

@@ -19,6 +19,7 @@
 // records nothing and saves nothing, so a tensor lives exactly while a Python reference holds it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <initializer_list>
 #include <cstdint>
@@ -113,10 +114,26 @@ enum class GradMode : std::uint8_t { record, off };
 class AutogradSim {
  public:
   explicit AutogradSim(bool explain, GradMode grad = GradMode::record) : explain_(explain), grad_(grad) {
-    tensors_.reserve(1024);
-    grads_.reserve(1024);
-    nodes_.reserve(1024);
+    // Room for what this thread's last simulation made: simulations come in runs of one size (a
+    // step's two passes, a pipeline's stages, the reserved stream's probes), and a vector grown by
+    // doubling to tens of MiB faults in twice its pages (a pipeline's 64 microbatches: 60,000
+    // tensors). Room reserved and not used is only address space.
+    const Sizes& last = last_sizes();
+    tensors_.reserve(last.tensors);
+    grads_.reserve(last.tensors);
+    grad_view_.reserve(last.tensors);
+    subclass_grad_.reserve(last.tensors);
+    live_slot_.reserve(last.tensors);
+    nodes_.reserve(last.nodes);
   }
+  ~AutogradSim() {
+    Sizes& last = last_sizes();
+    last.tensors = std::max<std::size_t>(grads_.size(), 1024);  // (tensors_ may have moved into the trace)
+    last.nodes = std::max<std::size_t>(nodes_.size(), 1024);
+    if (trace_) last.events = trace_->events.size();
+  }
+  AutogradSim(const AutogradSim&) = delete;
+  AutogradSim& operator=(const AutogradSim&) = delete;
 
   // ---- forward ----
   // False under GradMode::off: nothing requires grad and nothing is saved.
@@ -246,7 +263,10 @@ class AutogradSim {
   int section() const { return section_; }
   // Records the allocation stream into `trace` (nullptr: stop); finish_trace() adds the tensors.
   // finish_trace() ends the simulation: the tensors move into the trace (take_phases first).
-  void record_to(SimTrace* trace) { trace_ = trace; }
+  void record_to(SimTrace* trace) {
+    trace_ = trace;
+    if (trace_) trace_->events.reserve(last_sizes().events);
+  }
   // The recorded stream reaches the moment the after-forward figures are taken (SimTrace::after_forward).
   void mark_after_forward() {
     if (trace_) trace_->after_forward = trace_->events.size();
@@ -393,6 +413,13 @@ class AutogradSim {
   bytes_t grad_bytes(TensorId input) const;
   TensorId make_grad(TensorId input, const char* op);
 
+  struct Sizes {
+    std::size_t tensors = 1024, nodes = 1024, events = 0;
+  };
+  static Sizes& last_sizes() {
+    thread_local Sizes sizes;
+    return sizes;
+  }
   bool explain_;
   GradMode grad_;
   Deferred deferred_;  // allocate_at_next_matmul's tensor, until a matmul runs
