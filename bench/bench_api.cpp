@@ -227,6 +227,11 @@ BENCHMARK(BM_predict_full_simulation)->Arg(8)->Arg(70)->Unit(benchmark::kMicrose
 // 7.9 ms; 2026-12-01, the step simulated at every shape: 8.5 / 27.6 ms. The goal, 1 ms,
 // is not met.
 //
+// 2026-12-07, later (same VM, glibc's default malloc, the bench of 5ebb162 run alternately, two
+// rounds): each simulation reserving room for what the thread's last one made (AutogradSim), first
+// question 70B 20.2-20.5 -> 5.7-6.7 ms, second 117-119 -> 33-36 ms; 8B 2.2 -> 2.1-2.3 ms and
+// 7.2-15.8 -> 6.5-7.2 ms; a new shape unchanged (1.04-1.20 / 2.74-3.05 ms against 1.05-1.06 /
+// 2.76-2.82 ms).
 // 2026-12-07 (2-core VM, glibc keeping freed memory), the stream compiled at the second question
 // (PlanCache::get_on_second_use) and the first question's one simulation its estimate too: first
 // question 2.1-2.3 / 6.1-6.3 ms against 7.4-11.1 / 17.2 ms for the build before, two runs
