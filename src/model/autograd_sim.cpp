@@ -679,13 +679,13 @@ void AutogradSim::finish_trace() {
   trace_->tensors = std::move(tensors_);
 }
 
-std::vector<TensorBytes> AutogradSim::live_groups(Term term) const {
+std::vector<TensorBytes> AutogradSim::groups_of(const std::vector<TensorId>& ids, Term term) const {
   struct Group {
     TensorId first = kNone;  // the group's first tensor made, which describes it
     TensorBytes sum;
   };
   std::map<std::string, Group> groups;
-  for (const TensorId id : live_list_) {
+  for (const TensorId id : ids) {
     const TensorInfo& t = tensors_[id];
     if (t.term != term) continue;
     Group& g = groups[t.name];

@@ -340,8 +340,10 @@ class AutogradSim {
   // the bytes it views.
   bytes_t logical_bytes(TensorId t) const { return grad_bytes(t); }
   const std::array<bytes_t, 6>& live_by_term() const { return live_by_term_; }  // indexed by Term
-  // Live tensors of one term, by name (each group described as its first tensor made).
-  std::vector<TensorBytes> live_groups(Term term) const;
+  // The live tensors, in no order.
+  const std::vector<TensorId>& live_tensors() const { return live_list_; }
+  // Tensors `ids` of one term, by name (each group described as its first tensor made).
+  std::vector<TensorBytes> groups_of(const std::vector<TensorId>& ids, Term term) const;
 
  private:
   // A node's tensor lists, stored inline (no allocation per node).
@@ -449,7 +451,7 @@ class AutogradSim {
   void release_saved(Node& n);
   bytes_t live_ = 0;
   // The live tensors, kept as they change so that the figures taken after each pipeline forward
-  // (live_by_term, live_groups) cost the live set, not every tensor made: live_list_ in no order,
+  // (live_by_term, live_tensors) cost the live set, not every tensor made: live_list_ in no order,
   // live_slot_[t] tensor t's place in it.
   std::array<bytes_t, 6> live_by_term_{};
   std::vector<TensorId> live_list_;

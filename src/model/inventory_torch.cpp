@@ -2426,8 +2426,10 @@ class TrainPass {
     res_.after_forward_activations = by_term[static_cast<int>(Term::activations)];
     res_.after_forward_logits = by_term[static_cast<int>(Term::logits_loss)];
     res_.after_forward_autocast = by_term[static_cast<int>(Term::model_states)] - weights_ - oc_.state - oc_.master;
-    res_.saved = sim_.live_groups(Term::activations);
-    res_.saved_logits = sim_.live_groups(Term::logits_loss);
+    // the saved tensors by name are grouped once the step is over (finish): a GPipe schedule
+    // comes here after every microbatch's forward, and grouping its whole live set each time made
+    // half of a 256-microbatch step
+    after_forward_live_ = sim_.live_tensors();
   }
 
   // optimizer.step(), then zero_grad(set_to_none=True).
@@ -2456,6 +2458,10 @@ class TrainPass {
 
   // The phases (the floor as measured at the step's start) and, for a steady step, the model states.
   void finish() {
+    if (steady_) {
+      res_.saved = sim_.groups_of(after_forward_live_, Term::activations);
+      res_.saved_logits = sim_.groups_of(after_forward_live_, Term::logits_loss);
+    }
     auto phases = sim_.take_phases();
     sim_.finish_trace();
     phases.erase(phases.begin());  // the "floor" phase's peak is the forward's first moment: use floor_
@@ -2543,6 +2549,7 @@ class TrainPass {
   std::vector<TensorId> grad_ids_;
   std::vector<std::vector<TensorId>> recv_, grad_recv_;  // a pipeline rank's buffers, [chunk][microbatch]
   std::vector<TensorId> previous_chunks_;
+  std::vector<TensorId> after_forward_live_;  // the live tensors when the after-forward figures were taken
 };
 
 }  // namespace
