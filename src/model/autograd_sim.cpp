@@ -676,6 +676,7 @@ void AutogradSim::begin_phase(Phase phase) {
 
 void AutogradSim::finish_trace() {
   if (!trace_) return;
+  last_sizes().events = trace_->events.size();
   trace_->tensors = std::move(tensors_);
 }
 

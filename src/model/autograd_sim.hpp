@@ -126,11 +126,10 @@ class AutogradSim {
     live_slot_.reserve(last.tensors);
     nodes_.reserve(last.nodes);
   }
-  ~AutogradSim() {
+  ~AutogradSim() {  // (its own members only: the trace may be gone; finish_trace notes its events)
     Sizes& last = last_sizes();
     last.tensors = std::max<std::size_t>(grads_.size(), 1024);  // (tensors_ may have moved into the trace)
     last.nodes = std::max<std::size_t>(nodes_.size(), 1024);
-    if (trace_) last.events = trace_->events.size();
   }
   AutogradSim(const AutogradSim&) = delete;
   AutogradSim& operator=(const AutogradSim&) = delete;
