@@ -680,42 +680,44 @@ void AutogradSim::finish_trace() {
   trace_->tensors = std::move(tensors_);
 }
 
-std::vector<TensorBytes> AutogradSim::groups_of(const std::vector<TensorId>& ids, Term term) const {
-  struct Group {
-    TensorId first = kNone;  // the group's first tensor made, which describes it
-    TensorBytes sum;
-  };
-  std::map<std::string, Group> groups;
+std::vector<TensorBytes> AutogradSim::groups_of(std::vector<TensorId> ids, Term term) const {
+  std::sort(ids.begin(), ids.end());  // each group described as its first tensor made
+  std::map<std::string, TensorBytes> groups;
   for (const TensorId id : ids) {
     const TensorInfo& t = tensors_[id];
     if (t.term != term) continue;
-    Group& g = groups[t.name];
-    if (g.first == kNone) g.sum.count = 0;
-    if (g.first == kNone || id < g.first) {
-      g.first = id;
-      g.sum.name = t.name; g.sum.op = t.op; g.sum.dtype = t.dtype; g.sum.shape = t.shape; g.sum.term = t.term; g.sum.role = t.role;
+    auto& g = groups[t.name];
+    if (g.name.empty()) {
+      g.name = t.name; g.op = t.op; g.dtype = t.dtype; g.shape = t.shape; g.term = t.term; g.role = t.role; g.count = 0;
     }
-    g.sum.count += 1;
-    g.sum.bytes += t.rounded;
+    g.count += 1;
+    g.bytes += t.rounded;
   }
   std::vector<TensorBytes> out;
-  for (auto& [_, g] : groups) out.push_back(std::move(g.sum));
+  for (auto& [_, g] : groups) out.push_back(std::move(g));
   return out;
 }
 
 std::vector<PhasePeak> AutogradSim::take_phases() {
-  // A phase entered many times (a pipeline schedule's forwards and backwards) is reported at its
-  // highest entry, the first of equals; only that entry's live set is rebuilt (each rebuild reads
-  // the whole log).
-  if (explain_)
-    for (std::size_t i = 0; i < phases_.size(); ++i) {
-      bool highest = true;
-      for (std::size_t j = 0; j < phases_.size() && highest; ++j)
-        if (j != i && phases_[j].phase == phases_[i].phase)
-          highest = j < i ? phases_[j].bytes < phases_[i].bytes : phases_[j].bytes <= phases_[i].bytes;
-      if (highest) phases_[i].live = groups_at(peak_event_[i]);
+  // A phase entered many times (a pipeline schedule's forwards and backwards) is reported once, at
+  // its highest entry (the first of equals), where its first entry stood; only that entry's live
+  // set is rebuilt (each rebuild reads the whole log).
+  std::vector<PhasePeak> out;
+  std::vector<std::size_t> at;  // out[i]'s entry in phases_
+  for (std::size_t i = 0; i < phases_.size(); ++i) {
+    const auto same = std::find_if(out.begin(), out.end(), [&](const PhasePeak& q) { return q.phase == phases_[i].phase; });
+    if (same == out.end()) {
+      out.push_back(std::move(phases_[i]));
+      at.push_back(i);
+    } else if (phases_[i].bytes > same->bytes) {
+      *same = std::move(phases_[i]);
+      at[static_cast<std::size_t>(same - out.begin())] = i;
     }
-  return std::move(phases_);
+  }
+  if (explain_)
+    for (std::size_t k = 0; k < out.size(); ++k) out[k].live = groups_at(peak_event_[at[k]]);
+  phases_.clear();
+  return out;
 }
 
 }  // namespace membudget::detail

@@ -325,8 +325,9 @@ class AutogradSim {
 
   // ---- phases ----
   void begin_phase(Phase phase);
-  // Each entry into a phase, with its peak; with explain, the live tensors at the peak of each
-  // phase's highest entry (the first of equals; the others' `live` is empty).
+  // Each phase once, in the order first entered, with its highest entry's peak (a pipeline
+  // schedule enters its phases many times; the first of equals); with explain, the live tensors
+  // at that peak.
   std::vector<PhasePeak> take_phases();
   bytes_t live() const { return live_; }
   // Explicit allocation outside the tensor model (optimizer state, workspaces): alloc then free.
@@ -342,7 +343,7 @@ class AutogradSim {
   // The live tensors, in no order.
   const std::vector<TensorId>& live_tensors() const { return live_list_; }
   // Tensors `ids` of one term, by name (each group described as its first tensor made).
-  std::vector<TensorBytes> groups_of(const std::vector<TensorId>& ids, Term term) const;
+  std::vector<TensorBytes> groups_of(std::vector<TensorId> ids, Term term) const;
 
  private:
   // A node's tensor lists, stored inline (no allocation per node).

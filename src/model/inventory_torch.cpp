@@ -2462,16 +2462,9 @@ class TrainPass {
       res_.saved = sim_.groups_of(after_forward_live_, Term::activations);
       res_.saved_logits = sim_.groups_of(after_forward_live_, Term::logits_loss);
     }
-    auto phases = sim_.take_phases();
+    std::vector<PhasePeak> out = sim_.take_phases();  // each phase once (a schedule's at its highest entry)
     sim_.finish_trace();
-    phases.erase(phases.begin());  // the "floor" phase's peak is the forward's first moment: use floor_
-    std::vector<PhasePeak> out;
-    out.push_back({Phase::floor, floor_, {}});
-    for (auto& p : phases) {  // a pipeline schedule enters each phase many times: its peak is the highest
-      auto same = std::find_if(out.begin(), out.end(), [&](const PhasePeak& q) { return q.phase == p.phase; });
-      if (same == out.end()) out.push_back(std::move(p));
-      else if (p.bytes > same->bytes) *same = std::move(p);
-    }
+    out.front() = {Phase::floor, floor_, {}};  // the "floor" phase's peak is the forward's first moment: use floor_
     if (!steady_) {
       res_.step0 = std::move(out);
       return;
