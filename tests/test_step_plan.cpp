@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "helpers.hpp"
 #include "membudget/api.hpp"
 #include "membudget/budget.hpp"
 #include "model/cuda_reduce.hpp"
 #include "model/inventory.hpp"
+#include "model/job_key.hpp"
 #include "model/plan_common.hpp"
 #include "model/step_plan.hpp"
 
@@ -256,6 +258,34 @@ TEST_CASE("a plan is small: few basis components and rows") {
     CHECK(plan->basis_size() <= 17);
     CHECK(plan->rows() <= 200);
   }
+}
+
+TEST_CASE("the plans' keys hold a job's layer lists whole: equal lists one number, different lists never one") {
+  using detail::list_number;
+  CHECK(list_number({}) == 0);
+  const std::vector<std::uint64_t> split{4, 4, 4, 4};
+  CHECK(list_number(split) != 0);
+  CHECK(list_number(split) == list_number(std::vector<std::uint64_t>{4, 4, 4, 4}));
+  CHECK(list_number(split) != list_number(std::vector<std::uint64_t>{4, 4, 4, 5}));
+  CHECK(list_number(std::vector<std::uint64_t>{3, 5}) != list_number(std::vector<std::uint64_t>{5, 3}));
+  // more lists than a thread remembers: each its own number, and one forgotten and seen again a
+  // number no other list has had
+  std::set<std::uint64_t> given;
+  for (std::uint64_t i = 0; i < 10000; ++i) CHECK(given.insert(list_number(std::vector<std::uint64_t>{i, 7})).second);
+  CHECK(!given.contains(list_number(std::vector<std::uint64_t>{0, 7})));
+  // the keys: a pipeline's split and an MoE model's dense layers each change the key
+  const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job a;
+  a.parallel.pipeline = 2;
+  a.parallel.pp_layers = {6, 10};
+  Job b = a;
+  b.parallel.pp_layers = {10, 6};
+  CHECK(detail::key_of(m, a) != detail::key_of(m, b));
+  b.parallel.pp_layers = {6, 10};
+  CHECK(detail::key_of(m, a) == detail::key_of(m, b));
+  ModelSpec dense = m;
+  dense.moe.dense_layers = {1};
+  CHECK(detail::key_of(dense, a) != detail::key_of(m, a));
 }
 
 TEST_CASE("plans for LoRA jobs (frozen base, fp32 adapters) == the full simulation") {

@@ -7,11 +7,19 @@
 #include <cstdint>
 #include <functional>
 #include <string_view>
+#include <vector>
 
 #include "membudget/job.hpp"
 #include "membudget/spec.hpp"
 
 namespace membudget::detail {
+
+// A list's word in a key (moe.dense_layers, parallel.pp_layers): 0 for the empty list, else the
+// number this thread gave the list when it first saw it. Lists are compared whole, so two lists
+// never share a number (a digest of them could: two jobs would share a cached answer). Numbers are
+// never given twice: when its table is full the thread forgets the lists, and one seen again gets a
+// new number (a cache miss, not another list's answer).
+std::uint64_t list_number(const std::vector<std::uint64_t>& list);
 
 // Every field that can change a number (the quirks select Gemma's norms and Phi-3's fused
 // projections; the name and the family change nothing once the loader has set the quirks).
@@ -48,9 +56,7 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
       (std::uint64_t{m.moe.output_router_logits} << 8) | (std::uint64_t{m.moe.group_limited} << 9));
   put(m.moe.groups | (m.moe.group_top_k << 32));
   put(m.moe.first_dense); put(m.moe.sparse_step);
-  std::uint64_t dense = m.moe.dense_layers.size();  // the indices, folded (FNV-1a)
-  for (std::uint64_t il : m.moe.dense_layers) dense = (dense ^ il) * 0x100000001b3ull;
-  put(dense);
+  put(list_number(m.moe.dense_layers));
   put(j.overhead.has_value()); put(j.overhead.value_or(0)); put(static_cast<std::uint64_t>(j.kv_dtype));
   put(static_cast<std::uint64_t>(j.weights)); put(j.group_size);
   const ArchQuirks& q = m.quirks;
@@ -65,9 +71,7 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
       (std::uint64_t{j.parallel.fsdp_offload} << 5) |
       (j.parallel.virtual_stages << 8));
   put(j.parallel.microbatches);
-  std::uint64_t split = j.parallel.pp_layers.size();  // the per-stage layer counts, folded (FNV-1a)
-  for (std::uint64_t n : j.parallel.pp_layers) split = (split ^ n) * 0x100000001b3ull;
-  put(split);
+  put(list_number(j.parallel.pp_layers));
   return k;
 }
 
