@@ -169,14 +169,18 @@ ModelSpec JobFlags::model() const { return load_model(model_path); }
 Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   // Where each setting not given as a flag was read, for the checks' messages (job_sources.hpp).
   JobSources sources;
+  // A check's error, located where the setting it names was read.
+  auto located = [&sources](auto&& check) {
+    try {
+      check();
+    } catch (const Error& e) {
+      throw sources.locate(e);
+    }
+  };
   Job j = load_job_section(model_path, Job{}, &sources);
   // The section's own settings apply to the job it describes (its loss_chunk needs its loss
   // chunked; its mode infer reads no precision); flags given below may then override any of them.
-  try {
-    check_options_apply(j, sources.flags());
-  } catch (const Error& e) {
-    throw sources.locate(e);
-  }
+  located([&] { check_options_apply(j, sources.flags()); });
   if (!trainer_args.empty())  // after the spec's job: section, before the flags
     j = apply_training_arguments(j, read_input_file(trainer_args, 16ull << 20, "TrainingArguments JSON"), trainer_args, &sources);
   if (!batch.empty()) j.batch = parse_count(batch, "--batch");
@@ -223,12 +227,10 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (router_aux_loss) j.router_aux_loss = true;
   const std::vector<std::string> flags = given_job_flags();
   for (const std::string& flag : flags) sources.given_as_flag(flag);
-  try {
+  located([&] {
     j.validate();
     check_options_apply(j, flags);
-  } catch (const Error& e) {
-    throw sources.locate(e);
-  }
+  });
   if (warn) warn_beyond_context(spec, j.seq);
   return j;
 }

@@ -149,6 +149,9 @@ struct Job;
 // sp (true/false), rank (a rank). Dashes and underscores are alike. Returns false for another key;
 // throws Error(invalid_job) "<where>: ..." for a bad value.
 bool set_parallel_option(Job& job, std::string_view key, std::string_view value, std::string_view where);
+// A job key as its command-line flag spells it, without the "--": underscores as dashes
+// ("loss_chunk" → "loss-chunk"). The YAML and C ABI keys take either spelling.
+std::string dashed(std::string_view key);
 // The command-line flag of a parallel-layout key as set_parallel_option takes it ("data_parallel"
 // → "--dp"); empty for another key.
 std::string parallel_flag(std::string_view key);

@@ -523,9 +523,7 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
 }
 
 void set_job_option(Job& j, std::string_view key, std::string_view value) {
-  std::string k(key);
-  for (char& c : k)
-    if (c == '_') c = '-';
+  const std::string k = dashed(key);
   const std::string v(value);
   auto count = [&](const char* opt) {
     if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)

@@ -58,9 +58,8 @@ const char* name_of(const NameTable<E, N>& table, E value) noexcept {
 }
 
 std::string lower(std::string_view s) {
-  std::string out(s);
+  std::string out = dashed(s);
   for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  std::replace(out.begin(), out.end(), '_', '-');
   return out;
 }
 
@@ -346,9 +345,14 @@ void validate_parallel(const Job& j) {
 }
 }  // namespace
 
-std::string parallel_flag(std::string_view key) {
+std::string dashed(std::string_view key) {
   std::string k(key);
   std::replace(k.begin(), k.end(), '_', '-');
+  return k;
+}
+
+std::string parallel_flag(std::string_view key) {
+  std::string k = dashed(key);
   static constexpr std::pair<std::string_view, std::string_view> kAliases[] = {
       {"data-parallel", "dp"},   {"context-parallel", "cp"}, {"tensor-parallel", "tp"},     {"expert-parallel", "ep"},
       {"pipeline-parallel", "pp"}, {"zero-stage", "zero"},   {"sequence-parallel", "sp"}};
@@ -414,8 +418,7 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
 }
 
 bool set_moe_option(Job& job, std::string_view key, std::string_view value, std::string_view where) {
-  std::string k(key);
-  std::replace(k.begin(), k.end(), '_', '-');
+  const std::string k = dashed(key);
   const std::string v(value);
   if (k == "experts") job.experts = parse_experts_impl(v, where);
   else if (k == "routing") job.routing = parse_routing(v, where);
@@ -501,8 +504,7 @@ void Job::validate() const {
 void check_options_apply(const Job& job, const std::vector<std::string>& given) {
   const bool train = job.mode == Mode::train;
   for (const std::string& g : given) {
-    std::string name = g.starts_with("--") ? g.substr(2) : g;
-    std::replace(name.begin(), name.end(), '_', '-');
+    const std::string name = dashed(g.starts_with("--") ? std::string_view(g).substr(2) : std::string_view(g));
     const std::string flag = "--" + name;
     auto refuse = [&](const std::string& why) { throw Error(ErrorKind::invalid_job, flag + ": " + why); };
     static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention", "trainer-args",

@@ -90,9 +90,7 @@ Job apply_yaml_job_section(std::string_view text, const std::string& path, Job j
       throw Error(ErrorKind::invalid_job, where + ": " + e.msg);
     }
     if (sources) {  // the key's command-line flag: the key with dashes
-      std::string flag = "--" + key;
-      std::replace(flag.begin(), flag.end(), '_', '-');
-      sources->note(flag, line, "job." + key);
+      sources->note("--" + dashed(key), line, "job." + key);
     }
   }
   return job;
