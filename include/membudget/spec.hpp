@@ -76,6 +76,10 @@ struct MixtureOfExperts {
   Router router = Router::softmax_top_k;
   std::uint64_t groups = 1, group_top_k = 1;  // deepseek_v2 group_limited_greedy (n_group, topk_group)
   bool group_limited = false;
+  // The groups split the experts evenly and routing keeps 1 to all of them.
+  bool groups_well_formed() const noexcept {
+    return groups != 0 && experts % groups == 0 && group_top_k != 0 && group_top_k <= groups;
+  }
   bool normalize_top_k = false;      // the k weights divided by their sum (norm_topk_prob; Mixtral always)
   bool weights_fp32 = false;         // the weights stay fp32 (Mixtral); else cast to the router logits' dtype
   // config.json's output_router_logits: the load-balancing loss joins training by default (as

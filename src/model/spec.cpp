@@ -105,7 +105,7 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
         return invalid("moe.dense_layers (config.json: mlp_only_layers)", "layer " + std::to_string(il) + " is listed twice");
     }
     // (the loaders refuse these with the line; a C++ caller sets the fields directly)
-    if (e.groups == 0 || e.experts % e.groups != 0 || e.group_top_k == 0 || e.group_top_k > e.groups)
+    if (!e.groups_well_formed())
       return invalid("moe.groups (config.json: n_group)", "must divide moe.experts (" + std::to_string(e.experts) +
                                                               "), with 1 ≤ group_top_k (topk_group) ≤ groups");
     // Group-limited routing picks its top k among the experts of its top groups only.
@@ -714,7 +714,7 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
         e.group_limited = method == "group_limited_greedy";
         e.groups = r.opt_uint("n_group").value_or(1);
         e.group_top_k = r.opt_uint("topk_group").value_or(1);
-        if (e.groups == 0 || e.experts % e.groups != 0 || e.group_top_k == 0 || e.group_top_k > e.groups)
+        if (!e.groups_well_formed())
           throw r.error("n_group", "must divide n_routed_experts, with 1 ≤ topk_group ≤ n_group");
       }
     } else {  // qwen2_moe, qwen3_moe, olmoe

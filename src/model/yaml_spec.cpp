@@ -363,7 +363,7 @@ ModelSpec parse_model_yaml(std::string_view text, const std::string& where) {
     x.groups = r.opt_uint(e, "groups", "moe.groups").value_or(1);
     x.group_top_k = r.opt_uint(e, "group_top_k", "moe.group_top_k").value_or(x.groups);
     x.group_limited = x.groups > 1;
-    if (x.groups == 0 || x.experts % x.groups != 0 || x.group_top_k == 0 || x.group_top_k > x.groups)
+    if (!x.groups_well_formed())
       throw Error::field(ErrorKind::invalid_spec, r.line_of("moe.groups"), "moe.groups",
                          "must divide moe.experts, with 1 ≤ group_top_k ≤ groups");
     if (router == "deepseek_v2") x.router = MixtureOfExperts::Router::deepseek_v2;
