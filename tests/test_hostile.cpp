@@ -217,6 +217,15 @@ TEST_CASE("rank counts a C++ caller sets near 2^64 saturate world() and are refu
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
   CHECK(test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --pp 2 --microbatches 1048576 --precision bf16")
             .exit_code == 2);
+  // 0 microbatches, as text, silently meant the field's default (as many as stages)
+  {
+    const auto r = test::run_cli("predict " + test::source_path("configs/llama-3.2-1b.yaml") + " --pp 2 --microbatches 0 --precision bf16");
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.find("--microbatches: '0' is not a whole number from 1 to") != std::string::npos);
+    Job section;
+    CHECK(message_of([&] { set_parallel_option(section, "microbatches", "0", "spec.yaml:5: job.parallel.microbatches"); })
+              .find("spec.yaml:5: job.parallel.microbatches: '0' is not a whole number from 1") != std::string::npos);
+  }
   // ZeRO-1's partition over 2^20 ranks took 16 s
   Job zero;
   zero.parallel.zero_stage = 1;
@@ -671,4 +680,18 @@ TEST_CASE("bytes_from_double refuses what no 64-bit integer holds") {
   CHECK(r.out.find("2^63") != std::string::npos);
   r = test::run_cli("serve " + spec + " --device-memory 9223372036854775807 --gpu-memory-utilization 1 --format json");
   CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("output that cannot be written is a failure: a full disk gives exit 5, not an empty success") {
+  for (const char* command : {"predict", "max-batch"}) {
+    INFO(command);
+    const std::string args = std::string(command) + " " + test::source_path("configs/tiny-llama.yaml") + " --seq 64" +
+                             (std::string(command) == "max-batch" ? " --device H100" : "");
+    CHECK(test::run_cli(args + " > /dev/null").exit_code == 0);
+    CHECK(test::run_cli(args + " > /dev/full").exit_code == 5);
+    CHECK(test::run_cli(args + " --format json > /dev/full").exit_code == 5);
+  }
+  const auto r = test::run_cli("predict " + test::source_path("configs/tiny-llama.yaml") + " --seq 64 2>&1 > /dev/full");
+  CHECK(r.exit_code == 5);
+  CHECK(r.out.find("the output could not be written to standard output") != std::string::npos);
 }

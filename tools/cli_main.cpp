@@ -2,6 +2,7 @@
 // which both the `membudget` executable (tools/membudget.cpp) and the Python module's
 // `python -m membudget` (python/membudget_module.cpp, cli_main) call.
 #include <algorithm>
+#include <cstdio>
 #include <iostream>
 
 #include "cli.hpp"
@@ -22,6 +23,8 @@ int exit_status() { return g_exit_status; }
 
 int run(int argc, const char* const* argv) {
   g_exit_status = 0;  // a process may run several commands (the Python module)
+  std::cout.clear();
+  std::clearerr(stdout);
   CLI::App app{"membudget: predict, measure and explain the GPU memory of a transformer step"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "membudget 0.1.0");
@@ -55,7 +58,13 @@ int run(int argc, const char* const* argv) {
     std::cerr << "membudget: internal error: " << printable(e.what()) << "\n";
     code = 70;
   }
+  // The output is the command's result: one that cannot be written (a full disk, a closed pipe)
+  // is a failure, not an empty success.
   std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::cerr << "membudget: error: the output could not be written to standard output\n";
+    if (code == 0) code = Error(ErrorKind::io, "").exit_code();
+  }
   return code;
 }
 

@@ -372,9 +372,10 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
   const std::string_view k = std::string_view(flag).substr(2);
   const std::string v(value);
   auto fail = [&](const std::string& what) { return Error(ErrorKind::invalid_job, std::string(where) + ": '" + v + "' " + what); };
-  auto count = [&](std::uint64_t max) {
-    if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos || std::stoull(v) > max)
-      throw fail("is not a whole number from 0 to " + std::to_string(max));
+  auto count = [&](std::uint64_t max, std::uint64_t min = 0) {
+    if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos || std::stoull(v) > max ||
+        std::stoull(v) < min)
+      throw fail("is not a whole number from " + std::to_string(min) + " to " + std::to_string(max));
     return static_cast<std::uint64_t>(std::stoull(v));
   };
   auto boolean = [&] {
@@ -397,7 +398,7 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
   else if (k == "loss-parallel") p.loss_parallel = boolean();
   else if (k == "fsdp-offload") p.fsdp_offload = boolean();
   else if (k == "pp-schedule") p.pp_schedule = parse_pipeline_schedule(v, where);
-  else if (k == "microbatches") p.microbatches = count(kRanks);
+  else if (k == "microbatches") p.microbatches = count(kRanks, 1);  // (0, the field's "as many as stages", is no count to give)
   else if (k == "virtual-stages") p.virtual_stages = count(kRanks);
   else if (k == "pp-layers") {  // "4,4,4,4": decoder layers per stage
     p.pp_layers.clear();
