@@ -103,6 +103,24 @@ TEST_CASE("MoE jobs the walks do not cover are refused by name; the rest are pre
   harness.mode = Mode::train;
   harness.profile = Profile::harness;
   refused_job(m, harness, "mixture of experts");
+  // --experts eager is walked expert by expert: beyond 32,768 experts × MoE layers it is refused
+  // (65,536 experts in 32 layers took 13 GB), in both modes; grouped_mm takes the same model
+  ModelSpec wide = m;
+  wide.num_layers = 2;
+  wide.moe.experts = 16385;
+  wide.moe.top_k = 2;
+  Job eager = j;
+  eager.experts = ExpertsImpl::eager;
+  for (Mode mode : {Mode::train, Mode::infer}) {
+    eager.mode = mode;
+    refused_job(wide, eager, "16385 experts × 2 MoE layers is more than the 32768 expert iterations modelled");
+  }
+  Job grouped = eager;
+  grouped.experts = ExpertsImpl::grouped_mm;
+  CHECK(predict(wide, grouped).peak > 0);
+  wide.moe.experts = 16384;  // at the limit: walked
+  eager.seq = 64;
+  CHECK(predict(wide, eager).peak > 0);
   // DeepSeek-V2's and V3's routers and latent attention are walked
   for (const char* c : {"tests/data/hf/moe/deepseek-v2-lite.json", "tests/data/hf/moe/deepseek-v3.json"}) {
     ModelSpec ds = load_model(test::source_path(c));

@@ -33,6 +33,17 @@ void check_simulated(const ModelSpec& m, const Job& job) {
                                               " has no mixture of experts");
     return;
   }
+  // --experts eager is walked as transformers loops: every expert hit, in every MoE layer, records
+  // its tensors, nodes and events, so the walk grows with experts × MoE layers (8,192 experts in one
+  // layer: 160 MiB). Bounded where no model reaches near 1 GiB; DeepSeek-V3 is 256 × 58 = 14,848.
+  constexpr std::uint64_t kMaxEagerExpertIterations = 32768;
+  if (job.experts == ExpertsImpl::eager && m.moe.local_experts() * m.moe_layers() > kMaxEagerExpertIterations)
+    throw Error(ErrorKind::unsupported,
+                "--experts eager: " + m.display_name() + "'s " + std::to_string(m.moe.local_experts()) + " experts × " +
+                    std::to_string(m.moe_layers()) + " MoE layers is more than the " +
+                    std::to_string(kMaxEagerExpertIterations) +
+                    " expert iterations modelled (the eager loop is walked expert by expert); grouped_mm and batched_mm "
+                    "are modelled at any size");
   // Training: check_torch_coverage says which MoE jobs the inventory walks; the harness refuses MoE.
   if (job.mode == Mode::train) return;
   if (job.weights != DType::bf16 && job.weights != DType::fp16)
