@@ -42,6 +42,12 @@ inline constexpr std::uint64_t kMaxSweepPoints = 100'000;
 // Values of one list flag (--batch 1..64, --seq 1024,2048).
 inline constexpr std::uint64_t kMaxListValues = kMaxSweepPoints;
 
+// ---- walks ----
+// --experts eager: experts × MoE layers. transformers' eager experts loop over the experts hit, and
+// the walk records every iteration's tensors, nodes and events (8,192 in one layer: 160 MiB, 1 s;
+// 32,768: 680 MiB, 4 s). DeepSeek-V3 is 256 × 58 = 14,848.
+inline constexpr std::uint64_t kMaxEagerExpertIterations = 32768;
+
 // ---- counts given as text ----
 // `oom --step`: the 0-based step that failed.
 inline constexpr std::uint64_t kMaxStep = 1'000'000'000;

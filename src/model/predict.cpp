@@ -11,6 +11,7 @@
 #include "predictors.hpp"
 #include "reserved.hpp"
 #include "membudget/budget.hpp"
+#include "membudget/input.hpp"
 
 namespace membudget {
 
@@ -33,10 +34,8 @@ void check_simulated(const ModelSpec& m, const Job& job) {
                                               " has no mixture of experts");
     return;
   }
-  // --experts eager is walked as transformers loops: every expert hit, in every MoE layer, records
-  // its tensors, nodes and events, so the walk grows with experts × MoE layers (8,192 experts in one
-  // layer: 160 MiB). Bounded where no model reaches near 1 GiB; DeepSeek-V3 is 256 × 58 = 14,848.
-  constexpr std::uint64_t kMaxEagerExpertIterations = 32768;
+  // --experts eager is walked as transformers loops, expert by expert (membudget/input.hpp)
+  using limits::kMaxEagerExpertIterations;
   if (job.experts == ExpertsImpl::eager && m.moe.local_experts() * m.moe_layers() > kMaxEagerExpertIterations)
     throw Error(ErrorKind::unsupported,
                 "--experts eager: " + m.display_name() + "'s " + std::to_string(m.moe.local_experts()) + " experts × " +
