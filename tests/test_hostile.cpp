@@ -20,6 +20,7 @@
 #include "membudget/job_yaml.hpp"
 #include "membudget/leaks.hpp"
 #include "membudget/oom.hpp"
+#include "membudget/trainer_args.hpp"
 
 using namespace membudget;
 
@@ -694,4 +695,29 @@ TEST_CASE("output that cannot be written is a failure: a full disk gives exit 5,
   const auto r = test::run_cli("predict " + test::source_path("configs/tiny-llama.yaml") + " --seq 64 2>&1 > /dev/full");
   CHECK(r.exit_code == 5);
   CHECK(r.out.find("the output could not be written to standard output") != std::string::npos);
+}
+
+TEST_CASE("a JSON key given twice in one object is refused, not the last one silently kept") {
+  const std::string tiny = R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512)";
+  CHECK(parse_hf_config(tiny + "}", "config.json").vocab_size == 256);
+  // the same key in two objects is two keys
+  CHECK(parse_hf_config(tiny + R"(, "rope_scaling": {"factor": 8.0}, "text": {"factor": 2})" + "}", "config.json").vocab_size == 256);
+  std::string m = message_of([&] { parse_hf_config(tiny + R"(, "vocab_size": 1000000})", "config.json"); });
+  CHECK(m.find("config.json: key 'vocab_size' is given twice in one object") != std::string::npos);
+  CHECK(kind_of([&] { parse_hf_config(tiny + R"(, "vocab_size": 1000000})", "config.json"); }) == ErrorKind::parse);
+  m = message_of([&] { parse_hf_config(tiny + R"(, "rope_scaling": {"factor": 8.0, "factor": 2.0}})", "config.json"); });
+  CHECK(m.find("key 'factor' is given twice") != std::string::npos);
+  // a model_type given twice named itself, not a field of the family the last one chose
+  m = message_of([&] { parse_hf_config(R"({"model_type": "llama", "model_type": "mixtral"})", "config.json"); });
+  CHECK(m.find("key 'model_type' is given twice") != std::string::npos);
+  // TrainingArguments too
+  m = message_of([] {
+    (void)apply_training_arguments(Job{}, R"({"per_device_train_batch_size": 2, "per_device_train_batch_size": 64})", "args.json");
+  });
+  CHECK(m.find("args.json: key 'per_device_train_batch_size' is given twice in one object") != std::string::npos);
+  CHECK(apply_training_arguments(Job{}, R"({"per_device_train_batch_size": 2})", "args.json").batch == 2);
+  // and the CLI exits 2
+  const std::string path = temp_file("dup_key.json", tiny + R"(, "vocab_size": 1000000})");
+  CHECK(test::run_cli("predict " + path).exit_code == 2);
 }

@@ -343,7 +343,9 @@ TEST_CASE("Hugging Face field mapping rules") {
   CHECK(typed("gemma2").tied_embeddings);
   CHECK(typed("gemma2").norms_per_layer == 4);
   CHECK(typed("gemma").mlp == MlpKind::gated_gelu);
-  CHECK(!typed("mistral").sliding.enabled());
+  // an absent window is the config class's default: MistralConfig's 4096, none for Mixtral
+  CHECK(typed("mistral").sliding.window == 4096);
+  CHECK(!typed("mixtral", R"(, "num_local_experts": 4, "num_experts_per_tok": 2)").sliding.enabled());
   CHECK(!typed("mistral", R"(, "sliding_window": null)").sliding.enabled());
   CHECK(typed("mistral", R"(, "sliding_window": 128)").sliding.windowed_layers(2) == 2);
   CHECK(!typed("qwen2", R"(, "sliding_window": 128, "use_sliding_window": false)").sliding.enabled());
@@ -377,6 +379,88 @@ TEST_CASE("Hugging Face field mapping rules") {
     e = error_of([&] { parse_hf_config(replace(base, "\"model_type\": \"llama\",", "") + "}"); });
     CHECK(contains(e, "model_type"));
   }
+}
+
+TEST_CASE("a config.json key left out takes its config class's default in transformers; null is None") {
+  auto config = [](const std::string& type, const std::string& extra) {
+    return parse_hf_config(R"({"model_type": ")" + type + R"(", "vocab_size": 256, "hidden_size": 64,
+      "intermediate_size": 160, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "max_position_embeddings": 8192)" + extra + "}");
+  };
+  // head_dim: GemmaConfig's and Gemma2Config's 256, Qwen3Config's 128 (Gemma 7B's 3072 / 16 = 192
+  // is not its 256); where the class derives it, hidden / heads
+  CHECK(config("gemma", "").head_dim == 256);
+  CHECK(config("gemma2", "").head_dim == 256);
+  CHECK(config("qwen3", "").head_dim == 128);
+  CHECK(config("qwen3", R"(, "head_dim": 32)").head_dim == 32);
+  CHECK(config("llama", "").head_dim == 16);
+  CHECK(config("mistral", "").head_dim == 16);
+  // Gemma 2's soft-capping, 30 and 50 when absent, none when null
+  const ModelSpec g2 = config("gemma2", "");
+  CHECK(g2.final_logit_softcap == 30.0);
+  CHECK(g2.attn_logit_softcap == 50.0);
+  const ModelSpec uncapped = config("gemma2", R"(, "final_logit_softcapping": null, "attn_logit_softcapping": null)");
+  CHECK(uncapped.final_logit_softcap == 0.0);
+  CHECK(uncapped.attn_logit_softcap == 0.0);
+  // the sliding window: 4096 for Gemma 2 (every other layer) and Mistral, none for Mixtral and Phi-3
+  CHECK(g2.sliding.window == 4096);
+  CHECK(g2.sliding.every_nth == 2);
+  CHECK(!config("gemma2", R"(, "sliding_window": null)").sliding.enabled());
+  CHECK(config("mistral", "").sliding.window == 4096);
+  CHECK(!config("mistral", R"(, "sliding_window": null)").sliding.enabled());
+  CHECK(!config("phi3", "").sliding.enabled());
+  // Qwen2-MoE's shared expert: Qwen2MoeConfig's 5632, gated
+  const std::string qwen_moe = R"(, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32)";
+  CHECK(config("qwen2_moe", qwen_moe).moe.shared_ff == 5632);
+  CHECK(config("qwen2_moe", qwen_moe).moe.shared_gate);
+  CHECK(config("qwen2_moe", qwen_moe + R"(, "shared_expert_intermediate_size": 96)").moe.shared_ff == 96);
+  // DeepSeek: transformers builds the MoE block on every layer from first_k_dense_replace (V2 0,
+  // V3 3) on, with n_routed_experts (V2 64, V3 256) and n_shared_experts (V2 2, V3 1) as defaulted
+  const std::string mla = R"(, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+      "moe_intermediate_size": 32, "num_experts_per_tok": 2)";
+  const ModelSpec v2 = config("deepseek_v2", mla);
+  CHECK(v2.moe.experts == 64);
+  CHECK(v2.moe.first_dense == 0);
+  CHECK(v2.moe.shared_ff == 2 * 32);
+  const ModelSpec v3 = config("deepseek_v3", mla);
+  CHECK(v3.moe.experts == 256);
+  CHECK(v3.moe.first_dense == 3);
+  CHECK(v3.moe.shared_ff == 32);
+  CHECK(v3.moe_layers() == 1);
+  // n_routed_experts 0 or null on a layer that gets the block is refused, no longer a dense model
+  CHECK(contains(error_of([&] { config("deepseek_v2", mla + R"(, "n_routed_experts": 0)"); }), "n_routed_experts"));
+  CHECK(contains(error_of([&] { config("deepseek_v2", mla + R"(, "n_routed_experts": null)"); }), "n_routed_experts: null"));
+  // every layer dense (first_k_dense_replace past the layers): no experts, whatever n_routed_experts says
+  CHECK(!config("deepseek_v3", mla + R"(, "first_k_dense_replace": 4, "n_routed_experts": null)").moe.enabled());
+}
+
+TEST_CASE("config.json's layer_types must be the pattern the other fields give, layer by layer") {
+  auto config = [](const std::string& type, const std::string& extra) {
+    return parse_hf_config(R"({"model_type": ")" + type + R"(", "vocab_size": 256, "hidden_size": 64,
+      "intermediate_size": 160, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "max_position_embeddings": 8192)" + extra + "}");
+  };
+  const std::string alternating =
+      R"(, "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"])";
+  const std::string full = R"(, "layer_types": ["full_attention", "full_attention", "full_attention", "full_attention"])";
+  // what transformers 5 writes for Gemma 2 and for Qwen2 without its window: read as before
+  CHECK(config("gemma2", alternating).sliding.every_nth == 2);
+  CHECK(!config("qwen2", full).sliding.enabled());
+  CHECK(config("qwen2", R"(, "sliding_window": 128, "use_sliding_window": true, "max_window_layers": 0,
+      "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention"])")
+            .sliding.window == 128);
+  // a pattern of its own is refused, naming the first layer that parts
+  Error e = error_of([&] { config("gemma2", full); });
+  CHECK(e.kind() == ErrorKind::unsupported);
+  CHECK(contains(e, "layer_types: layer 0 is full_attention where the config's other fields (sliding_window) give it a "
+                    "sliding window"));
+  e = error_of([&] { config("qwen2", alternating); });
+  CHECK(e.kind() == ErrorKind::unsupported);
+  CHECK(contains(e, "layer 0 is sliding_attention"));
+  CHECK(contains(error_of([&] { config("qwen2", R"(, "layer_types": ["full_attention"])"); }),
+                 "must list one attention kind for each of the 4 layers"));
+  CHECK(contains(error_of([&] { config("qwen2", R"(, "layer_types": ["full_attention", "linear_attention", 3, null])"); }),
+                 "layer 1 is \"linear_attention\""));
 }
 
 TEST_CASE("unsupported Hugging Face architectures") {

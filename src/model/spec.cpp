@@ -5,6 +5,7 @@
 #include "membudget/spec.hpp"
 
 #include "membudget/input.hpp"
+#include "json_input.hpp"
 #include "spec_internal.hpp"
 
 #include <algorithm>
@@ -453,6 +454,9 @@ class JsonReader {
     if (it == j_.end() || it->is_null()) return nullptr;
     return &*it;
   }
+  // Whether the key is there at all, null included: an absent key takes transformers' default for
+  // the family (the config class's field), where null is the value None.
+  bool has(std::string_view key) const { return j_.contains(key); }
 
   Error error(std::string_view key, const std::string& what,
               ErrorKind kind = ErrorKind::invalid_spec) const {
@@ -537,7 +541,7 @@ std::string json_message(const json::exception& e) {
 ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) {
   json j;
   try {
-    j = json::parse(json_text);
+    j = detail::parse_json_once_per_key(json_text, where, ErrorKind::parse);
   } catch (const json::parse_error& e) {
     std::size_t line = 1, col = 1;
     const std::size_t end = std::min<std::size_t>(e.byte ? e.byte - 1 : 0, json_text.size());
@@ -635,6 +639,8 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     s.head_dim = s.mla.qk_nope_head_dim + s.mla.qk_rope_head_dim;
   } else if (auto hd = r.opt_uint("head_dim")) {
     s.head_dim = *hd;
+  } else if (!r.has("head_dim") && (gemma || gemma2 || t == "qwen3")) {
+    s.head_dim = t == "qwen3" ? 128 : 256;  // GemmaConfig's, Gemma2Config's and Qwen3Config's head_dim when absent
   } else if (s.num_heads > 0) {
     if (s.hidden_size % s.num_heads != 0)
       throw r.error("head_dim", "missing, and hidden_size " + std::to_string(s.hidden_size) +
@@ -643,22 +649,26 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     s.head_dim = s.hidden_size / s.num_heads;
   }
 
-  // sliding_window: null (or absent) is "none"; 0 is refused rather than read as "none".
-  auto window = [&]() -> std::optional<std::uint64_t> {
+  // sliding_window: null is "none" (absent: the family's default, 4096 for Gemma 2 and Mistral,
+  // none for Mixtral and Phi-3); 0 is refused rather than read as "none".
+  auto window = [&](std::optional<std::uint64_t> when_absent) -> std::optional<std::uint64_t> {
+    if (!r.has("sliding_window")) return when_absent;
     auto w = r.opt_uint("sliding_window");
     if (w && *w == 0) throw r.error("sliding_window", "0 is not a window; use null for full attention");
     return w;
   };
+  // A soft-capping value: null is none, absent Gemma2Config's default.
+  auto softcap = [&](const char* key, double when_absent) { return r.has(key) ? r.opt_double(key).value_or(0) : when_absent; };
   if (gemma2) {
     s.norms_per_layer = 4;
-    s.final_logit_softcap = r.opt_double("final_logit_softcapping").value_or(0);
-    s.attn_logit_softcap = r.opt_double("attn_logit_softcapping").value_or(0);
-    if (auto w = window()) {
+    s.final_logit_softcap = softcap("final_logit_softcapping", 30.0);
+    s.attn_logit_softcap = softcap("attn_logit_softcapping", 50.0);
+    if (auto w = window(4096)) {
       s.sliding.window = *w;
       s.sliding.every_nth = 2;
     }
   } else if (mistral || phi3) {
-    if (auto w = window()) s.sliding.window = *w;
+    if (auto w = window(t == "mistral" ? std::optional<std::uint64_t>(4096) : std::nullopt)) s.sliding.window = *w;
   } else if (qwen2 || qwen3) {
     if (r.opt_bool("use_sliding_window").value_or(false)) {
       auto w = r.opt_uint("sliding_window");
@@ -683,7 +693,11 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     if (const json* c = r.find("clip_qkv"); c && !c->is_null())
       throw r.error("clip_qkv", "clipping q, k and v is not modelled", ErrorKind::unsupported);
   }
-  if (moe_family || (deepseek && experts)) {
+  // DeepSeek's first dense layers (absent: DeepseekV2Config's 0, V3's 3): where they are all the
+  // layers, transformers builds no MoE block, whatever n_routed_experts says
+  const std::uint64_t deepseek_dense =
+      !deepseek ? 0 : r.has("first_k_dense_replace") ? r.opt_uint("first_k_dense_replace").value_or(0) : t == "deepseek_v3" ? 3 : 0;
+  if (moe_family || (deepseek && deepseek_dense < s.num_layers)) {
     MixtureOfExperts& e = s.moe;
     if (t == "mixtral") {
       e.experts = r.req_uint("num_local_experts");
@@ -694,10 +708,20 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
         throw r.error("router_jitter_noise", "the training-time jitter on the router input is not modelled",
                       ErrorKind::unsupported);
     } else if (deepseek) {
-      e.experts = r.req_uint("n_routed_experts");
+      // transformers builds the MoE block on every layer from first_k_dense_replace on, whatever
+      // n_routed_experts says; absent keys take DeepseekV2Config's and V3's defaults
+      const bool v3 = t == "deepseek_v3";
+      if (!r.has("n_routed_experts"))
+        e.experts = v3 ? 256 : 64;
+      else if (auto n = r.opt_uint("n_routed_experts"))
+        e.experts = *n;
+      else
+        throw r.error("n_routed_experts", "null is no number of experts (transformers builds the routed experts on every "
+                                          "layer from first_k_dense_replace on)");
       e.expert_ff = r.req_uint("moe_intermediate_size");
-      e.shared_ff = checked_mul(r.opt_uint("n_shared_experts").value_or(0), e.expert_ff, "n_shared_experts x moe_intermediate_size");
-      e.first_dense = r.opt_uint("first_k_dense_replace").value_or(0);
+      const std::uint64_t shared = r.has("n_shared_experts") ? r.opt_uint("n_shared_experts").value_or(0) : v3 ? 1 : 2;
+      e.shared_ff = checked_mul(shared, e.expert_ff, "n_shared_experts x moe_intermediate_size");
+      e.first_dense = deepseek_dense;
       const std::uint64_t moe_every = r.opt_uint("moe_layer_freq").value_or(1);
       if (moe_every == 0) throw r.error("moe_layer_freq", "must be at least 1 (1: every layer after first_k_dense_replace)");
       if (moe_every != 1)
@@ -722,7 +746,8 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
       e.expert_ff = t == "olmoe" ? s.intermediate_size : r.req_uint("moe_intermediate_size");
       e.normalize_top_k = r.opt_bool("norm_topk_prob").value_or(false);  // the configs' default
       if (t == "qwen2_moe") {
-        e.shared_ff = r.opt_uint("shared_expert_intermediate_size").value_or(0);
+        // (absent: Qwen2MoeConfig's 5632)
+        e.shared_ff = r.has("shared_expert_intermediate_size") ? r.opt_uint("shared_expert_intermediate_size").value_or(0) : 5632;
         e.shared_gate = e.shared_ff > 0;
       }
       if (t != "olmoe") {
@@ -742,6 +767,29 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     e.router_first = t == "mixtral" || t == "qwen2_moe" || t == "olmoe";
     e.top_k = r.req_uint("num_experts_per_tok");
     e.output_router_logits = r.opt_bool("output_router_logits").value_or(false);
+  }
+
+  // transformers 5's layer_types, where a config gives them, overrides the pattern the fields above
+  // describe; a pattern of its own is not modelled, so the two must agree layer by layer.
+  if (const json* types = r.find("layer_types")) {
+    if (!types->is_array() || types->size() != s.num_layers)
+      throw r.error("layer_types", "must list one attention kind for each of the " + std::to_string(s.num_layers) + " layers");
+    for (std::size_t il = 0; il < types->size(); ++il) {
+      const json& kind = (*types)[il];
+      const std::string name = kind.is_string() ? kind.get<std::string>() : std::string();
+      if (name != "full_attention" && name != "sliding_attention")
+        throw r.error("layer_types", "layer " + std::to_string(il) + " is " + brief(kind) +
+                                         "; full_attention and sliding_attention are modelled",
+                      ErrorKind::unsupported);
+      const bool derived = s.sliding_layer(il);
+      if ((name == "sliding_attention") != derived)
+        throw r.error("layer_types",
+                      "layer " + std::to_string(il) + " is " + name + " where the config's other fields (sliding_window" +
+                          (gemma2 ? "" : ", use_sliding_window, max_window_layers") + ") give it " +
+                          (derived ? "a sliding window" : "full attention") +
+                          "; a per-layer pattern of its own is not modelled",
+                      ErrorKind::unsupported);
+    }
   }
 
   if (auto p = find_problem(s)) throw Error::field(p->kind, where, p->field, p->what);

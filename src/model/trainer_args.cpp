@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "json_input.hpp"
 #include "membudget/error.hpp"
 
 namespace membudget {
@@ -26,7 +27,7 @@ bool unset(const json& j, const char* field) {
 Job apply_training_arguments(Job job, std::string_view json_text, std::string_view where, JobSources* sources) {
   json j;
   try {
-    j = json::parse(json_text);
+    j = detail::parse_json_once_per_key(json_text, std::string(where), ErrorKind::invalid_job);
   } catch (const json::exception& e) {
     throw Error(ErrorKind::invalid_job, std::string(where) + ": not TrainingArguments JSON (" + e.what() + ")");
   }
