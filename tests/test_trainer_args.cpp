@@ -56,6 +56,29 @@ TEST_CASE("TrainingArguments JSON that is not: clear errors naming the source") 
   CHECK_THROWS_AS(apply_training_arguments(Job{}, R"({"per_device_train_batch_size": -2})", "args.json"), Error);
   CHECK_THROWS_AS(apply_training_arguments(Job{}, R"({"optim": "adafactor"})", "args.json"), Error);
   CHECK_THROWS_AS(apply_training_arguments(Job{}, R"({"gradient_checkpointing": true, "gradient_checkpointing_kwargs": {"use_reentrant": true}})", "args.json"), Error);
+  // settings that change memory but were read as nothing: each refused by name
+  auto message = [](const std::string& json) {
+    try {
+      (void)apply_training_arguments(Job{}, json, "args.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  for (const char* field : {"use_liger_kernel", "auto_find_batch_size"})
+    CHECK(message(std::string(R"({")") + field + R"(": true})").find(std::string("TrainingArguments.") + field) != std::string::npos);
+  // either of these turns torch_compile on
+  CHECK(message(R"({"torch_compile_backend": "inductor"})").find("torch_compile_backend") != std::string::npos);
+  CHECK(message(R"({"torch_compile_mode": "max-autotune"})").find("torch_compile_mode") != std::string::npos);
+  CHECK(message(R"({"use_liger_kernel": false, "auto_find_batch_size": false, "torch_compile_mode": null})") == "accepted");
+  // the checkpoint's arguments: a string use_reentrant, a non-object, another argument
+  CHECK(message(R"({"gradient_checkpointing": true, "gradient_checkpointing_kwargs": {"use_reentrant": "true"}})")
+            .find("use_reentrant is not true or false") != std::string::npos);
+  CHECK(message(R"({"gradient_checkpointing": true, "gradient_checkpointing_kwargs": "x"})")
+            .find("is not an object") != std::string::npos);
+  CHECK(message(R"({"gradient_checkpointing": true, "gradient_checkpointing_kwargs": {"preserve_rng_state": false}})")
+            .find("'preserve_rng_state' is not modelled") != std::string::npos);
+  CHECK(message(R"({"gradient_checkpointing": true, "gradient_checkpointing_kwargs": {"use_reentrant": false}})") == "accepted");
   try {
     (void)apply_training_arguments(Job{}, R"({"bf16": "yes"})", "args.json");
     FAIL("accepted bf16: yes");

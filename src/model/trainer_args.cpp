@@ -83,17 +83,30 @@ Job apply_training_arguments(Job job, std::string_view json_text, std::string_vi
   if (boolean("gradient_checkpointing")) {
     job.recompute = Recompute::full;
     read_as("--recompute", "gradient_checkpointing");
-    if (j.contains("gradient_checkpointing_kwargs") && j["gradient_checkpointing_kwargs"].is_object()) {
+    if (!unset(j, "gradient_checkpointing_kwargs")) {
+      // passed to torch.utils.checkpoint as is: only use_reentrant is read, and only false is modelled
       const json& kw = j["gradient_checkpointing_kwargs"];
-      if (kw.contains("use_reentrant") && kw["use_reentrant"].is_boolean() && kw["use_reentrant"].get<bool>())
-        refuse("gradient_checkpointing_kwargs", "use_reentrant=true is not modelled (transformers' default, false, is)");
+      if (!kw.is_object())
+        throw field_error(where, "gradient_checkpointing_kwargs", "is not an object of checkpoint() arguments", ErrorKind::invalid_job);
+      for (const auto& [key, value] : kw.items()) {
+        if (key != "use_reentrant")
+          refuse("gradient_checkpointing_kwargs", "'" + key + "' is not modelled (use_reentrant is)");
+        if (!value.is_boolean())
+          throw field_error(where, "gradient_checkpointing_kwargs", "use_reentrant is not true or false", ErrorKind::invalid_job);
+        if (value.get<bool>())
+          refuse("gradient_checkpointing_kwargs", "use_reentrant=true is not modelled (transformers' default, false, is)");
+      }
     }
   }
   for (const char* field : {"fsdp", "deepspeed"})
     if (!unset(j, field))
       refuse(field, "a sharded Trainer job: the JSON does not hold the world size; give the layout with --fsdp N / --dp N "
                     "--zero S (docs/distributed.md)");
-  for (const char* field : {"torch_compile", "use_cpu", "optim_args", "optim_target_modules", "torch_empty_cache_steps"})
+  // torch_compile_backend and torch_compile_mode turn torch_compile on (TrainingArguments.__post_init__);
+  // Liger's kernels replace the loss and the MLP's activations; auto_find_batch_size retries smaller
+  // batches on an out-of-memory error, so the batch that runs is not the one given
+  for (const char* field : {"torch_compile", "torch_compile_backend", "torch_compile_mode", "use_liger_kernel",
+                            "auto_find_batch_size", "use_cpu", "optim_args", "optim_target_modules", "torch_empty_cache_steps"})
     if (!unset(j, field)) refuse(field, "changes memory in a way not modelled");
   return job;
 }
