@@ -275,6 +275,7 @@ PYBIND11_MODULE(_core, m) {
         const Job j = job_of(kw);
         const MaxBatchResult r = nogil([&] { return max_micro_batch(resolve(std::move(a)), j, dev, o); });
         py::dict d = search_dict("max_micro_batch", r.max_micro_batch, r);
+        d["at_limit"] = r.at_limit;
         d["estimate"] = estimate_dict(r.at_max);
         if (o.global_batch) {
           d["accum_micro_batch"] = r.accum_micro_batch;

@@ -39,6 +39,34 @@ TEST_CASE("max-batch --format json: max_micro_batch, the budget there, accumulat
   CHECK(mb <= expect.max_micro_batch);
 }
 
+TEST_CASE("max-batch at the search's limit says so: every batch tried fits, a larger one may too") {
+  const std::string model = test::source_path("configs/tiny-llama.yaml");
+  const ModelSpec m = load_model(model);
+  Job job;
+  job.seq = 64;
+  SearchOptions o;
+  o.limit = 16;
+  const auto capped = max_micro_batch(m, job, find_device("H100"), o);
+  CHECK(capped.max_micro_batch == 16);
+  CHECK(capped.at_limit);
+  o.limit = 0;
+  const auto whole = max_micro_batch(m, job, find_device("H100"), o);
+  CHECK(whole.max_micro_batch > 16);
+  // a card the search fills before its limit
+  const auto tight = max_micro_batch(load_model(test::source_path("configs/llama-3.2-1b.yaml")), job, find_device("H100"), o);
+  CHECK(tight.max_micro_batch < 65536);
+  CHECK(!tight.at_limit);
+  auto r = test::run_cli("max-batch " + model + " --device H100 --seq 64 --max 16 --format json");
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["max_micro_batch"] == 16);
+  CHECK(j["at_limit"] == true);
+  r = test::run_cli("max-batch " + model + " --device H100 --seq 64 --max 16");
+  CHECK(r.out.find("the search's limit: every micro-batch up to 16 fits") != std::string::npos);
+  r = test::run_cli("max-batch " + test::source_path("configs/llama-3.2-1b.yaml") + " --device H100 --seq 64 --format json");
+  CHECK(nlohmann::json::parse(r.out)["at_limit"] == false);
+}
+
 TEST_CASE("max-batch --global-batch: divided over the job's own data-parallel ranks, a different count refused") {
   const std::string model = test::source_path("configs/llama-3.2-1b.yaml");
   const auto r = test::run_cli("max-batch " + model + " --device H100 --seq 1024 --global-batch 64 --dp 8 --format json");

@@ -79,6 +79,7 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
       o2["device"] = {{"name", dev->name}, {"capacity", dev->capacity}, {"headroom", f->job.headroom}, {"limit", r.limit}};
       o2["seq"] = job.seq;
       o2["max_micro_batch"] = r.max_micro_batch;
+      o2["at_limit"] = r.at_limit;
       o2["required"] = required;
       o2["basis"] = r.reserved_required ? "reserved" : "allocated";
       o2["allocated_required"] = allocated_required;
@@ -108,6 +109,9 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
         std::cout << "  max micro-batch  " << r.max_micro_batch << "  (needs "
                   << (r.reserved_required ? format_bytes(r.reserved_required) + " reserved + outside, " : std::string())
                   << format_bytes(allocated_required) << " allocated + outside, peak " << budget.peak_phase << ")\n";
+        if (r.at_limit)
+          std::cout << "  (the search's limit: every micro-batch up to " << r.max_micro_batch
+                    << " fits, and a larger one may too; raise it with --max)\n";
         if (f->global_batch)
           std::cout << "  global batch " << f->global_batch << " = micro-batch " << r.accum_micro_batch << " × "
                     << r.grad_accum_steps << " accumulation steps × " << r.data_parallel << " data-parallel ranks\n";

@@ -98,6 +98,9 @@ struct SearchOptions {
 
 struct MaxBatchResult {
   std::uint64_t max_micro_batch = 0;  // 0: not even a micro-batch of 1 fits
+  // max_micro_batch is the search's limit (SearchOptions::limit, 65,536 unless given, and at most
+  // 2^32 tokens a micro-batch): every batch tried fits, and a larger one may too
+  bool at_limit = false;
   Estimate at_max;                    // the estimate at max_micro_batch (at 1 when it is 0)
   bytes_t limit = 0;                  // capacity · (1 − headroom)
   // With global_batch: the largest micro-batch ≤ max_micro_batch dividing global_batch / data_parallel,

@@ -83,7 +83,8 @@ void mb_string_free(char* s);
  * headroom: fraction kept free (0.05 is the CLI default). */
 mb_status mb_fits(const mb_model* model, const mb_job* job, const char* device, uint64_t capacity_bytes,
                   double headroom, int* fits, mb_estimate* out);
-/* The largest micro-batch that fits (0: none); at_max may be NULL. */
+/* The largest micro-batch that fits (0: none); at_max may be NULL. The search stops at 65,536 (and at
+ * 2^32 tokens a micro-batch): an answer equal to that limit means every batch tried fits. */
 mb_status mb_max_micro_batch(const mb_model* model, const mb_job* job, const char* device,
                              uint64_t capacity_bytes, double headroom, uint64_t* max_batch, mb_estimate* at_max);
 /* The longest sequence that fits at the job's batch, a multiple of multiple_of (0 or 1: any). */

@@ -375,6 +375,7 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
     r.reserved_required = at;
   }
   r.max_micro_batch = lo;
+  r.at_limit = lo == hi_limit;
   if (lo && o.global_batch) {
     const std::uint64_t per_rank = o.global_batch / r.data_parallel;
     std::uint64_t mb = std::min(lo, per_rank);
