@@ -623,6 +623,9 @@ TEST_CASE("bad YAML inputs are errors naming file, line and field") {
     CHECK(contains(e, "vocab_size"));
     e = error_of([] { parse_model_yaml(replace(kTinyYaml, "num_layers: 2", "num_layers: 100000"), "t.yaml"); });
     CHECK(contains(e, "num_layers"));
+    CHECK(parse_model_yaml(replace(kTinyYaml, "num_layers: 2", "num_layers: 1024"), "t.yaml").num_layers == 1024);
+    e = error_of([] { parse_model_yaml(replace(kTinyYaml, "num_layers: 2", "num_layers: 1025"), "t.yaml"); });
+    CHECK(contains(e, "num_layers: 1025 exceeds the limit of 1024"));
 
     // A spec built in code skips the loader's checks; parameters() still refuses to wrap.
     ModelSpec s = tiny();
