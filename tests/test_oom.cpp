@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "helpers.hpp"
 #include "membudget/oom.hpp"
 
 using namespace membudget;
@@ -104,6 +105,8 @@ TEST_CASE("1.13-2.0 torch.cuda.OutOfMemoryError prefix, request larger than the 
   CHECK(r.free == 0);
   CHECK(r.capacity == 8 * GiB);
   CHECK(r.non_pytorch() == 0);  // clamped, reserved exceeds capacity
+  // ... and the excess is reported, not hidden in the clamp: 0 + 19.15 GiB against 8 GiB
+  CHECK(r.reserved_beyond_device() == r.reserved - 8 * GiB);
   auto d = classify(r);
   CHECK(d.classification == OomClass::shortage);
   CHECK(d.situation == "request_exceeds_device");
@@ -353,4 +356,19 @@ TEST_CASE("to_json carries the figures, the class and the first fix") {
   CHECK(j["template"] == "2.2+");
   CHECK(j["backend"] == "HIP");
   CHECK(j["derived"] == nlohmann::json::array({"reserved"}));
+  CHECK(j["reserved_beyond_device"] == 0);
+}
+
+TEST_CASE("oom: figures that exceed the card are shown as such, not as nothing outside PyTorch") {
+  const std::string text =
+      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 79.19 GiB "
+      "of which 0 bytes is free. Including non-PyTorch memory, this process has 79.18 GiB memory in use. Of the "
+      "allocated memory 78.00 GiB is allocated by PyTorch, and 90.00 GiB is reserved by PyTorch but unallocated.";
+  const auto r = parse(text);
+  CHECK(r.non_pytorch() == 0);
+  CHECK(r.reserved_beyond_device() == r.reserved - r.capacity);
+  CHECK(nlohmann::json::parse(to_json(r))["reserved_beyond_device"].get<std::uint64_t>() == r.reserved - r.capacity);
+  const auto cli = test::run_cli("oom \"" + text + "\"");
+  CHECK(cli.exit_code == 0);
+  CHECK(cli.out.find("unknown: free + reserved exceed the capacity by 88.81 GiB") != std::string::npos);
 }

@@ -58,7 +58,13 @@ void print_table(const OomReport& r, const OomDiagnosis& d) {
   row("reserved by PyTorch", r.reserved, r.reserved_derived ? "(allocated + unallocated)" : "");
   row("reserved unallocated", r.reserved_unallocated,
       r.reserved_unallocated_derived ? "(reserved - allocated)" : "");
-  row("outside PyTorch", r.non_pytorch(), "(capacity - free - reserved)");
+  if (const bytes_t beyond = r.reserved_beyond_device())
+    row("outside PyTorch", 0,
+        "(unknown: free + reserved exceed the capacity by " + format_bytes(beyond) +
+            "; PyTorch reserves more than the device reports in use, as when Windows' driver spills into shared "
+            "system memory, or the message was edited)");
+  else
+    row("outside PyTorch", r.non_pytorch(), "(capacity - free - reserved)");
   if (r.process_in_use) row("this process", *r.process_in_use, "(including non-PyTorch memory)");
   for (const auto& p : r.other_processes) row("process " + std::to_string(p.pid), p.in_use);
   std::printf("\nclassification: %s (%s)\n  %s\nfirst fix: %s\n", to_string(d.classification),

@@ -77,6 +77,10 @@ struct OomReport {
 
   // Device memory in use outside PyTorch's reserved memory: capacity - free - reserved, >= 0.
   bytes_t non_pytorch() const noexcept;
+  // How far free + reserved exceed the capacity (0 when they do not): PyTorch reserving more than
+  // the device reports in use, as when Windows' driver spills into shared system memory, or an
+  // edited message. non_pytorch() is 0 then, and says nothing.
+  bytes_t reserved_beyond_device() const noexcept;
 };
 
 // Finds the first complete out-of-memory message in `text` (a traceback, a log, a message wrapped

@@ -35,6 +35,11 @@ bytes_t OomReport::non_pytorch() const noexcept {
   return capacity - used;
 }
 
+bytes_t OomReport::reserved_beyond_device() const noexcept {
+  const unsigned __int128 used = static_cast<unsigned __int128>(free) + reserved;
+  return used > capacity ? static_cast<bytes_t>(used - capacity) : 0;  // (< 2^64: each term is)
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------------------------
@@ -622,6 +627,7 @@ nlohmann::json oom_json(const OomReport& r, const OomContext& ctx) {
               {"reserved", r.reserved},
               {"reserved_unallocated", r.reserved_unallocated},
               {"non_pytorch", r.non_pytorch()},
+              {"reserved_beyond_device", r.reserved_beyond_device()},
               {"process_in_use", opt(r.process_in_use)},
               {"other_processes", procs},
               {"allowed", opt(r.allowed)},
