@@ -67,6 +67,16 @@ TEST_CASE("max-batch at the search's limit says so: every batch tried fits, a la
   CHECK(nlohmann::json::parse(r.out)["at_limit"] == false);
 }
 
+TEST_CASE("max-batch's table names a serving job's recipe, not training settings it does not have") {
+  const std::string model = test::source_path("configs/llama-3.2-1b.yaml");
+  auto r = test::run_cli("max-batch " + model + " --device H100 --seq 1024 --mode infer");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("serving, weights bf16") != std::string::npos);
+  CHECK(r.out.find("recompute") == std::string::npos);
+  r = test::run_cli("max-batch " + model + " --device H100 --seq 1024");
+  CHECK(r.out.find("amp-bf16, recompute none") != std::string::npos);
+}
+
 TEST_CASE("max-batch --global-batch: divided over the job's own data-parallel ranks, a different count refused") {
   const std::string model = test::source_path("configs/llama-3.2-1b.yaml");
   const auto r = test::run_cli("max-batch " + model + " --device H100 --seq 1024 --global-batch 64 --dp 8 --format json");

@@ -100,8 +100,12 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
                 << required << "," << r.limit << "," << f->global_batch << "," << r.accum_micro_batch << ","
                 << r.grad_accum_steps << "\n";
     } else {
+      // (a serving job's recipe is its weights; precision and recompute are training settings)
+      const std::string recipe = job.mode == Mode::infer
+                                     ? std::string("serving, weights ") + to_string(job.weights)
+                                     : std::string(to_string(job.precision)) + ", recompute " + to_string(job.recompute);
       std::cout << printable(spec.name) << " on " << dev->name << " (" << format_bytes(r.limit) << " usable), seq " << job.seq
-                << ", " << to_string(job.precision) << ", recompute " << to_string(job.recompute)
+                << ", " << recipe
                 << (job.parallel.single() ? std::string() : ", one rank of " + layout_label(job.parallel)) << "\n";
       if (r.max_micro_batch == 0) {
         std::cout << "  no micro-batch fits: batch 1 needs " << format_bytes(required) << "\n";
