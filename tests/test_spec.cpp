@@ -725,6 +725,11 @@ TEST_CASE("the loaders set the architecture quirks once, from the family") {
              .quirks.unused_sliding_mask);
   // YAML: the family implies them; a quirks: mapping sets each one explicitly
   CHECK(parse_model_yaml(replace(kTinyYaml, "name: tiny\n", "name: tiny\nfamily: phi3\n")).quirks.fused_qkv);
+  // a hand-written family in another case or with dashes is the family it names
+  CHECK(parse_model_yaml(replace(kTinyYaml, "name: tiny\n", "name: tiny\nfamily: Gemma2\n")).quirks.norm_weight_offset);
+  CHECK(parse_model_yaml(replace(kTinyYaml, "name: tiny\n", "name: tiny\nfamily: PHI3\n")).quirks.fused_qkv);
+  CHECK(parse_model_yaml(replace(kTinyYaml, "name: tiny\n", "name: tiny\nfamily: qwen2-moe\n")).quirks.unused_sliding_mask);
+  CHECK(parse_model_yaml(replace(kTinyYaml, "name: tiny\n", "name: tiny\nfamily: zzz\n")).quirks == ArchQuirks{});
   const ModelSpec custom = parse_model_yaml(
       std::string(kTinyYaml) + "quirks: {embedding_scale: true, fused_gate_up: true}\n", "t.yaml");
   CHECK(custom.quirks.embedding_scale);

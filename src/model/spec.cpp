@@ -411,7 +411,10 @@ namespace detail {
 // The quirks a family implies: the one place that reads a family name (config.json's model_type or
 // the YAML `family`). Gemma's RMSNorm and embedding scale hold for every Gemma generation, so the
 // match is on the prefix.
-ArchQuirks quirks_of_family(std::string_view family) {
+ArchQuirks quirks_of_family(std::string_view name) {
+  // A YAML family is written by hand: "Gemma2" and "deepseek-v2" are the families they name
+  std::string family(name);
+  for (char& c : family) c = c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   ArchQuirks q;
   if (family == "olmoe") q.qk_norm_full_width = true;
   if (family == "deepseek_v2") q.complex_rotary = true;
