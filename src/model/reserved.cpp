@@ -263,7 +263,8 @@ class Replay {
     bool rebuild_pending = steady;
     // (a timeline records every event: a skipped window's allocated bytes are not known event by event)
     const bool skips = !timeline && skips_closed_windows() && script.window_end.size() == script.events.size();
-    if (skips) sum_requests(script);
+    window_sums_ready_ = false;
+    window_summed_ = 0;
     for (std::size_t i = 0; i < script.events.size(); ++i) {
       const std::int32_t ev = script.events[i];
       if (rebuild_pending && phase >= 0 && ev >= 0) {
@@ -426,7 +427,7 @@ class Replay {
     const auto rounded = [unit = alloc_.policy().min_block_size](bytes_t bytes) {
       return bytes <= unit ? unit : (bytes + unit - 1) & ~(unit - 1);
     };
-    const unsigned __int128 small = small_before_[end] - small_before_[from], large = large_before_[end] - large_before_[from];
+    const auto [small, large] = window_requests(script, from, end);
     if (large && large > alloc_.largest_free_block(false, stream)) return false;
     if (small && small > alloc_.largest_free_block(true, stream)) return false;
     bytes_t own = 0, peak = 0;  // the window's blocks allocated; allocated bytes at most
@@ -452,27 +453,47 @@ class Replay {
     return true;
   }
 
-  // What skip_closed_window's test sums over a window, as running sums over the script's events at
-  // this run's sizes: small_before_[i] the rounded small-pool requests before event i,
-  // large_before_[i] the large-pool ones each with small_size more. A window that fails the test is
-  // replayed, and the window of the next allocation inside it tested: summing each window anew was
-  // quadratic in a long window's length (Mixtral-shaped experts eagerly looped at 8,192 experts hit
-  // in one layer: 5 s).
-  void sum_requests(const ReplayScript& script) {
+  // What skip_closed_window's test sums over the window [from, end): the rounded small-pool
+  // requests, and the large-pool ones each with small_size more. A window that fails the test is
+  // replayed, and the window of the next allocation inside it tested, so summing each window anew
+  // is quadratic where windows nest deep (Mixtral-shaped experts eagerly looped, 8,192 hit in one
+  // layer: 5 s). Windows are summed one by one until that has read as many events as four passes
+  // over the script, then from running sums over the whole script: linear either way, and a step
+  // whose windows are short (the usual) never pays for the running sums (5% of a replay's
+  // instructions where they were always made).
+  std::pair<unsigned __int128, unsigned __int128> window_requests(const ReplayScript& script, std::size_t from, std::size_t end) {
+    const std::size_t n = script.events.size();
+    if (!window_sums_ready_ && window_summed_ + (end - from) > 4 * n) {
+      small_before_.resize(n + 1);
+      large_before_.resize(n + 1);
+      small_before_[0] = large_before_[0] = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        const auto [small, large] = request_of(script.events[k]);
+        small_before_[k + 1] = small_before_[k] + small;
+        large_before_[k + 1] = large_before_[k] + large;
+      }
+      window_sums_ready_ = true;
+    }
+    if (window_sums_ready_) return {small_before_[end] - small_before_[from], large_before_[end] - large_before_[from]};
+    window_summed_ += end - from;
+    unsigned __int128 small = 0, large = 0;
+    for (std::size_t k = from; k < end; ++k) {
+      const auto [s, l] = request_of(script.events[k]);
+      small += s;
+      large += l;
+    }
+    return {small, large};
+  }
+  // An event's part of window_requests' sums: (rounded small request, rounded large request +
+  // small_size); a free or an empty tensor (0, 0).
+  std::pair<bytes_t, unsigned __int128> request_of(std::int32_t ev) const {
+    const bytes_t bytes = ev < 0 ? 0 : (*sizes_)[static_cast<std::size_t>(ev)];
+    if (bytes == 0) return {0, 0};
     const AllocatorPolicy& p = alloc_.policy();
     const bytes_t unit = p.min_block_size;
-    const std::size_t n = script.events.size();
-    small_before_.resize(n + 1);
-    large_before_.resize(n + 1);
-    small_before_[0] = large_before_[0] = 0;
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::int32_t ev = script.events[k];
-      const bytes_t bytes = ev < 0 ? 0 : (*sizes_)[static_cast<std::size_t>(ev)];
-      const bytes_t r = bytes == 0 ? 0 : bytes <= unit ? unit : (bytes + unit - 1) & ~(unit - 1);
-      const bool small = r != 0 && p.is_small(r);
-      small_before_[k + 1] = small_before_[k] + (small ? r : 0);
-      large_before_[k + 1] = large_before_[k] + (r != 0 && !small ? static_cast<unsigned __int128>(r) + p.small_size : 0);
-    }
+    const bytes_t r = bytes <= unit ? unit : (bytes + unit - 1) & ~(unit - 1);
+    if (p.is_small(r)) return {r, 0};
+    return {0, static_cast<unsigned __int128>(r) + p.small_size};
   }
 
   // ReplayScript::Tensor::one_parameter_at_a_time: each of the optimizer's parameters' sqrt and
@@ -602,7 +623,10 @@ class Replay {
   std::vector<std::vector<measure::BlockRef>> lists_;     // the blocks of tensors made of several
   std::size_t lists_used_ = 0;                            // lists_ in use since the last reset
   std::unordered_map<CarryKey, std::vector<Held>, CarryHash> carried_;  // live after a step, by name and size
-  std::vector<unsigned __int128> small_before_, large_before_;  // sum_requests'
+  // window_requests': the running sums (once a run has summed enough windows one by one)
+  std::vector<unsigned __int128> small_before_, large_before_;
+  bool window_sums_ready_ = false;
+  std::size_t window_summed_ = 0;  // events summed one window at a time in this run
   std::vector<std::size_t> made_at_first_forward_;  // the steady prologue's tensors not carried (rebuild_at_first_forward)
   bytes_t allocated_peak_ = 0;
   std::array<bytes_t, 4> phase_allocated_{};  // the last step's, by phase (note_allocated)
