@@ -121,6 +121,15 @@ TEST_CASE("MoE jobs the walks do not cover are refused by name; the rest are pre
   wide.moe.experts = 16384;  // at the limit: walked
   eager.seq = 64;
   CHECK(predict(wide, eager).peak > 0);
+  // a pipeline walks the loop for every microbatch a stage runs (Qwen3-30B-A3B over 2 stages at 32
+  // microbatches took 2.4 GiB)
+  Job piped = j;
+  piped.mode = Mode::train;
+  piped.precision = Precision::bf16;
+  piped.experts = ExpertsImpl::eager;
+  piped.parallel.pipeline = 2;
+  piped.parallel.microbatches = 16;
+  refused_job(m, piped, "128 experts × 48 MoE layers × 16 microbatches over 2 stages is more than the 32768");
   // DeepSeek-V2's and V3's routers and latent attention are walked
   for (const char* c : {"tests/data/hf/moe/deepseek-v2-lite.json", "tests/data/hf/moe/deepseek-v3.json"}) {
     ModelSpec ds = load_model(test::source_path(c));

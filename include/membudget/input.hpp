@@ -43,9 +43,11 @@ inline constexpr std::uint64_t kMaxSweepPoints = 100'000;
 inline constexpr std::uint64_t kMaxListValues = kMaxSweepPoints;
 
 // ---- walks ----
-// --experts eager: experts × MoE layers. transformers' eager experts loop over the experts hit, and
-// the walk records every iteration's tensors, nodes and events (8,192 in one layer: 160 MiB, 1 s;
-// 32,768: 680 MiB, 4 s). DeepSeek-V3 is 256 × 58 = 14,848.
+// --experts eager: experts × MoE layers (× microbatches / stages in a pipeline). transformers' eager
+// experts loop over the experts hit, and the walk records every iteration's tensors, nodes and
+// events (8,192 in one layer: 160 MiB, 0.7 s; 32,768: 680 MiB, 3.4 s; Qwen3-30B-A3B over 2 stages
+// at 8 microbatches, 24,576: 590 MiB, 4.9 s, and at 32, 98,304: 2.4 GiB, 25 s). DeepSeek-V3 is
+// 256 × 58 = 14,848.
 inline constexpr std::uint64_t kMaxEagerExpertIterations = 32768;
 
 // ---- counts given as text ----

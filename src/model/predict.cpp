@@ -34,15 +34,26 @@ void check_simulated(const ModelSpec& m, const Job& job) {
                                               " has no mixture of experts");
     return;
   }
-  // --experts eager is walked as transformers loops, expert by expert (membudget/input.hpp)
-  using limits::kMaxEagerExpertIterations;
-  if (job.experts == ExpertsImpl::eager && m.moe.local_experts() * m.moe_layers() > kMaxEagerExpertIterations)
-    throw Error(ErrorKind::unsupported,
-                "--experts eager: " + m.display_name() + "'s " + std::to_string(m.moe.local_experts()) + " experts × " +
-                    std::to_string(m.moe_layers()) + " MoE layers is more than the " +
-                    std::to_string(kMaxEagerExpertIterations) +
-                    " expert iterations modelled (the eager loop is walked expert by expert); grouped_mm and batched_mm "
-                    "are modelled at any size");
+  // --experts eager is walked as transformers loops, expert by expert, in every MoE layer and, in a
+  // pipeline, every microbatch a stage runs (membudget/input.hpp). (Before Job::validate: the
+  // counts may be anything, so the product is taken in 128 bits.)
+  if (job.experts == ExpertsImpl::eager) {
+    using limits::kMaxEagerExpertIterations;
+    const std::uint64_t stages = std::max<std::uint64_t>(1, job.parallel.pipeline);
+    const std::uint64_t microbatches = stages == 1 ? 1 : job.parallel.microbatches ? job.parallel.microbatches : stages;
+    const unsigned __int128 iterations =
+        static_cast<unsigned __int128>(m.moe.local_experts()) * m.moe_layers() * microbatches / stages;
+    if (iterations > kMaxEagerExpertIterations)
+      throw Error(ErrorKind::unsupported,
+                  "--experts eager: " + m.display_name() + "'s " + std::to_string(m.moe.local_experts()) + " experts × " +
+                      std::to_string(m.moe_layers()) + " MoE layers" +
+                      (stages == 1 ? std::string()
+                                   : " × " + std::to_string(microbatches) + " microbatches over " + std::to_string(stages) +
+                                         " stages") +
+                      " is more than the " + std::to_string(kMaxEagerExpertIterations) +
+                      " expert iterations modelled (the eager loop is walked expert by expert); grouped_mm and "
+                      "batched_mm are modelled at any size");
+  }
   // Training: check_torch_coverage says which MoE jobs the inventory walks; the harness refuses MoE.
   if (job.mode == Mode::train) return;
   if (job.weights != DType::bf16 && job.weights != DType::fp16)
