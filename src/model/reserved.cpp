@@ -424,9 +424,6 @@ class Replay {
   bool skip_closed_window(const ReplayScript& script, std::size_t from, bool steady, int phase) {
     const std::size_t end = script.window_end[from];
     const measure::StreamId stream = script.tensors[static_cast<std::size_t>(script.events[from])].stream;
-    const auto rounded = [unit = alloc_.policy().min_block_size](bytes_t bytes) {
-      return bytes <= unit ? unit : (bytes + unit - 1) & ~(unit - 1);
-    };
     const auto [small, large] = window_requests(script, from, end);
     if (large && large > alloc_.largest_free_block(false, stream)) return false;
     if (small && small > alloc_.largest_free_block(true, stream)) return false;
@@ -435,11 +432,11 @@ class Replay {
       const std::int32_t ev = script.events[k];
       if (ev >= 0) {
         const bytes_t bytes = (*sizes_)[static_cast<std::size_t>(ev)];
-        if (bytes) own += rounded(bytes);
+        if (bytes) own += rounded_request(bytes);
         peak = std::max(peak, static_cast<bytes_t>(alloc_.stats().allocated.current) + own);
       } else if (script.partner[k] >= static_cast<std::int32_t>(from)) {
         const bytes_t bytes = (*sizes_)[static_cast<std::size_t>(~ev)];
-        if (bytes) own -= rounded(bytes);
+        if (bytes) own -= rounded_request(bytes);
       } else {
         free_tensor(static_cast<std::size_t>(~ev));
       }
@@ -490,10 +487,15 @@ class Replay {
     const bytes_t bytes = ev < 0 ? 0 : (*sizes_)[static_cast<std::size_t>(ev)];
     if (bytes == 0) return {0, 0};
     const AllocatorPolicy& p = alloc_.policy();
-    const bytes_t unit = p.min_block_size;
-    const bytes_t r = bytes <= unit ? unit : (bytes + unit - 1) & ~(unit - 1);
+    const bytes_t r = rounded_request(bytes);
     if (p.is_small(r)) return {r, 0};
     return {0, static_cast<unsigned __int128>(r) + p.small_size};
+  }
+  // A request's block size as the allocator rounds it, where skip_closed_window applies (a
+  // power-of-two unit, no divisions: skips_closed_windows).
+  bytes_t rounded_request(bytes_t bytes) const {
+    const bytes_t unit = alloc_.policy().min_block_size;
+    return bytes <= unit ? unit : (bytes + unit - 1) & ~(unit - 1);
   }
 
   // ReplayScript::Tensor::one_parameter_at_a_time: each of the optimizer's parameters' sqrt and
