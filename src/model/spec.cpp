@@ -462,6 +462,14 @@ class JsonReader {
   // Whether the key is there at all, null included: an absent key takes transformers' default for
   // the family (the config class's field), where null is the value None.
   bool has(std::string_view key) const { return j_.contains(key); }
+  // The key as transformers reads it: absent, the config class's default `when_absent`; null, None
+  // (nullopt); else its value.
+  std::optional<std::uint64_t> uint_or_default(std::string_view key, std::optional<std::uint64_t> when_absent) const {
+    return has(key) ? opt_uint(key) : when_absent;
+  }
+  std::optional<double> double_or_default(std::string_view key, std::optional<double> when_absent) const {
+    return has(key) ? opt_double(key) : when_absent;
+  }
 
   Error error(std::string_view key, const std::string& what,
               ErrorKind kind = ErrorKind::invalid_spec) const {
@@ -657,17 +665,15 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
   // sliding_window: null is "none" (absent: the family's default, 4096 for Gemma 2 and Mistral,
   // none for Mixtral and Phi-3); 0 is refused rather than read as "none".
   auto window = [&](std::optional<std::uint64_t> when_absent) -> std::optional<std::uint64_t> {
-    if (!r.has("sliding_window")) return when_absent;
-    auto w = r.opt_uint("sliding_window");
+    auto w = r.uint_or_default("sliding_window", when_absent);
     if (w && *w == 0) throw r.error("sliding_window", "0 is not a window; use null for full attention");
     return w;
   };
-  // A soft-capping value: null is none, absent Gemma2Config's default.
-  auto softcap = [&](const char* key, double when_absent) { return r.has(key) ? r.opt_double(key).value_or(0) : when_absent; };
   if (gemma2) {
     s.norms_per_layer = 4;
-    s.final_logit_softcap = softcap("final_logit_softcapping", 30.0);
-    s.attn_logit_softcap = softcap("attn_logit_softcapping", 50.0);
+    // (null: no soft-capping; absent: Gemma2Config's 30 and 50)
+    s.final_logit_softcap = r.double_or_default("final_logit_softcapping", 30.0).value_or(0);
+    s.attn_logit_softcap = r.double_or_default("attn_logit_softcapping", 50.0).value_or(0);
     if (auto w = window(4096)) {
       s.sliding.window = *w;
       s.sliding.every_nth = 2;
@@ -701,7 +707,7 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
   // DeepSeek's first dense layers (absent: DeepseekV2Config's 0, V3's 3): where they are all the
   // layers, transformers builds no MoE block, whatever n_routed_experts says
   const std::uint64_t deepseek_dense =
-      !deepseek ? 0 : r.has("first_k_dense_replace") ? r.opt_uint("first_k_dense_replace").value_or(0) : t == "deepseek_v3" ? 3 : 0;
+      deepseek ? r.uint_or_default("first_k_dense_replace", t == "deepseek_v3" ? 3 : 0).value_or(0) : 0;
   if (moe_family || (deepseek && deepseek_dense < s.num_layers)) {
     MixtureOfExperts& e = s.moe;
     if (t == "mixtral") {
@@ -716,15 +722,13 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
       // transformers builds the MoE block on every layer from first_k_dense_replace on, whatever
       // n_routed_experts says; absent keys take DeepseekV2Config's and V3's defaults
       const bool v3 = t == "deepseek_v3";
-      if (!r.has("n_routed_experts"))
-        e.experts = v3 ? 256 : 64;
-      else if (auto n = r.opt_uint("n_routed_experts"))
-        e.experts = *n;
-      else
+      const auto routed = r.uint_or_default("n_routed_experts", v3 ? 256 : 64);
+      if (!routed)
         throw r.error("n_routed_experts", "null is no number of experts (transformers builds the routed experts on every "
                                           "layer from first_k_dense_replace on)");
+      e.experts = *routed;
       e.expert_ff = r.req_uint("moe_intermediate_size");
-      const std::uint64_t shared = r.has("n_shared_experts") ? r.opt_uint("n_shared_experts").value_or(0) : v3 ? 1 : 2;
+      const std::uint64_t shared = r.uint_or_default("n_shared_experts", v3 ? 1 : 2).value_or(0);
       e.shared_ff = checked_mul(shared, e.expert_ff, "n_shared_experts x moe_intermediate_size");
       e.first_dense = deepseek_dense;
       const std::uint64_t moe_every = r.opt_uint("moe_layer_freq").value_or(1);
@@ -751,8 +755,7 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
       e.expert_ff = t == "olmoe" ? s.intermediate_size : r.req_uint("moe_intermediate_size");
       e.normalize_top_k = r.opt_bool("norm_topk_prob").value_or(false);  // the configs' default
       if (t == "qwen2_moe") {
-        // (absent: Qwen2MoeConfig's 5632)
-        e.shared_ff = r.has("shared_expert_intermediate_size") ? r.opt_uint("shared_expert_intermediate_size").value_or(0) : 5632;
+        e.shared_ff = r.uint_or_default("shared_expert_intermediate_size", 5632).value_or(0);  // Qwen2MoeConfig's
         e.shared_gate = e.shared_ff > 0;
       }
       if (t != "olmoe") {
