@@ -454,7 +454,7 @@ TEST_CASE("the CLI refuses options the mode or the command does not use, exit 2,
       {"sweep " + spec + " --batch ''", "--batch: the value is empty"},
       {"serve " + spec + " --device H100 --traffic ''", "--traffic: the value is empty"},
       {"max-batch " + spec + " --device H100 --max ''", "--max: the value is empty"},
-      {"max-batch " + spec + " --device H100 --max 18446744073709551616", "from 1 to 18446744073709551615"},
+      {"max-batch " + spec + " --device H100 --max 18446744073709551616", "is absurdly large (more than 64 bits)"},
       {"oom --file " + test::source_path("tests/data/snapshots/oom_fragmented_2gib.txt") + " 'CUDA out of memory'",
        "TEXT or --file FILE, not both"},
   };
@@ -720,4 +720,86 @@ TEST_CASE("a JSON key given twice in one object is refused, not the last one sil
   // and the CLI exits 2
   const std::string path = temp_file("dup_key.json", tiny + R"(, "vocab_size": 1000000})");
   CHECK(test::run_cli("predict " + path).exit_code == 2);
+}
+
+TEST_CASE("a YAML number is written plain and in decimal: leading zeros, string tags, hex and underflow are refused") {
+  const std::string base = "name: t\nhidden_size: 64\nintermediate_size: 160\nnum_layers: 2\nnum_heads: 4\nnum_kv_heads: 2\n"
+                           "max_positions: 512\n";
+  auto spec = [&](const std::string& vocab, const std::string& more = "") {
+    return parse_model_yaml(base + "vocab_size: " + vocab + "\n" + more, "s.yaml");
+  };
+  CHECK(spec("256").vocab_size == 256);
+  CHECK(spec("!!int 256").vocab_size == 256);  // tagged as what it is
+  // YAML 1.1 (PyYAML) reads 0256 as octal 174; a string tag makes a string
+  CHECK(message_of([&] { spec("0256"); }).find("s.yaml:8: vocab_size: '0256' has a leading zero") != std::string::npos);
+  CHECK(message_of([&] { spec("!!str 256"); }).find("got '256' tagged tag:yaml.org,2002:str") != std::string::npos);
+  CHECK(message_of([&] { spec("\"256\""); }).find("the quoted string \"256\"") != std::string::npos);
+  // the soft-capping value: decimal only; a value that underflows would silently mean "no capping"
+  auto softcap = [&](const std::string& v) { return spec("256", "final_logit_softcap: " + v + "\n").final_logit_softcap; };
+  CHECK(softcap("30") == 30.0);
+  CHECK(softcap("30.0") == 30.0);
+  CHECK(softcap("3e1") == 30.0);
+  CHECK(softcap("!!float 30") == 30.0);
+  for (const char* bad : {"0x10", "0x1p4", "inf", ".inf", ".nan", "1e400", "1e-400", "3e", "e3", "."}) {
+    INFO(bad);
+    CHECK(kind_of([&] { softcap(bad); }) == ErrorKind::invalid_spec);
+  }
+  CHECK(message_of([&] { softcap("1e-400"); }).find("1e-400 is too small for a double (it would be read as 0)") != std::string::npos);
+  // the job: section's counts the same way
+  auto job = [&](const std::string& batch) {
+    return parse_job_section(std::string(kTinyYaml) + "job:\n  batch: " + batch + "\n", "j.yaml", Job{}).batch;
+  };
+  CHECK(job("4") == 4);
+  CHECK(job("!!int 4") == 4);
+  CHECK(message_of([&] { job("\"4\""); }).find("j.yaml:10: job.batch: expected a whole number, got '4' quoted") != std::string::npos);
+  CHECK(message_of([&] { job("04"); }).find("'04' has a leading zero") != std::string::npos);
+  CHECK(message_of([&] { job("99999999999999999999"); }).find("is absurdly large (more than 64 bits)") != std::string::npos);
+}
+
+TEST_CASE("parse_count: digits only, the range named when out of it, past 64 bits absurdly large") {
+  CHECK(parse_count("0", "--x") == 0);
+  CHECK(parse_count("18446744073709551615", "--x") == kMax64);
+  CHECK(parse_count("7", "--x", 1, 7) == 7);
+  CHECK(message_of([] { parse_count("18446744073709551616", "--x"); }) == "--x: '18446744073709551616' is absurdly large (more than 64 bits)");
+  CHECK(message_of([] { parse_count("99999999999999999999999", "--x"); }).find("absurdly large") != std::string::npos);
+  CHECK(message_of([] { parse_count("8", "--x", 1, 7); }) == "--x: '8' is not a whole number from 1 to 7");
+  CHECK(message_of([] { parse_count("0", "--x", 1, 7); }) == "--x: '0' is not a whole number from 1 to 7");
+  for (const char* bad : {"", "-1", "+1", " 1", "1 ", "0x10", "1e3", "1.0", "１"}) {
+    INFO(bad);
+    CHECK(message_of([&] { parse_count(bad, "--x"); }).find("is not a whole number") != std::string::npos);
+    CHECK(kind_of([&] { parse_count(bad, "--x"); }) == ErrorKind::invalid_job);
+  }
+}
+
+TEST_CASE("the CLI: values only too large are called that, --headroom is read strictly, CLI11's errors carry the prefix") {
+  const std::string llama = test::source_path("configs/llama-3.2-1b.yaml");
+  auto refused = [&](const std::string& args, const std::string& message) {
+    INFO(args);
+    const auto r = test::run_cli(args);
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.find(message) != std::string::npos);
+  };
+  refused("predict " + llama + " --batch 18446744073709551615", "--batch: is absurdly large (limit 2^32)");
+  refused("predict " + llama + " --batch 18446744073709551616", "--batch: '18446744073709551616' is absurdly large");
+  refused("predict " + llama + " --pp 2 --pp-layers 18446744073709551615,17",
+          "--pp-layers: a stage's layers: '18446744073709551615' is not a whole number from 0 to 1048576");
+  refused("sweep " + llama + " --batch 1..184467440737095516150", "is absurdly large (more than 64 bits)");
+  refused("predict " + llama + " --allocator-conf max_split_size_mb:17592186044415", "is not a whole number from 0 to 8796093022208");
+  refused("predict " + llama + " --device H100 --headroom 0.1abc", "membudget: error: --headroom: '0.1abc' is not a decimal fraction");
+  refused("predict " + llama + " --device H100 --headroom 0x0.1p0", "is not a decimal fraction");
+  refused("predict " + llama + " --device H100 --headroom 1e-320", "is not a decimal fraction");
+  refused("predict " + llama + " --device H100 --headroom 1.0", "--headroom: must be in [0, 1)");
+  refused("predict " + llama + " --batch 1 --batch 2", "membudget: error: --batch: At Most 1 required but received 2");
+  const auto r = test::run_cli("predict " + test::source_path("configs/tiny-llama.yaml") + " --seq 64 --device H100 --headroom .2 --format json");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("\"headroom\": 0.2") != std::string::npos);
+  CHECK(test::run_cli("predict --help").exit_code == 0);
+}
+
+TEST_CASE("an oom message's size past 2^64 - 1 bytes is called that, not a missing size") {
+  const std::string m = message_of([] {
+    (void)parse_oom_message("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 99999999999999999999.00 GiB. GPU 0 "
+                            "has a total capacity of 79.19 GiB of which 10.00 GiB is free.");
+  });
+  CHECK(m.find("expected a size (the request) of at most 2^64 - 1 bytes") != std::string::npos);
 }

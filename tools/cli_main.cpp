@@ -46,7 +46,12 @@ int run(int argc, const char* const* argv) {
     app.parse(argc, argv);
     code = exit_status();
   } catch (const CLI::ParseError& e) {
-    code = app.exit(e) == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) {  // --help, --version
+      code = app.exit(e);
+    } else {  // CLI11's own message ("--batch: At Most 1 required but received 2"), as membudget's errors read
+      std::cerr << "membudget: error: " << printable(e.what()) << "\nRun with --help for more information.\n";
+      code = 2;
+    }
   } catch (const Error& e) {
     // Messages quote names, keys and values from the input: escaped for the terminal.
     std::cerr << "membudget: error: " << printable(e.what()) << "\n";

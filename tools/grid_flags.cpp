@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "membudget/input.hpp"
+#include "membudget/job.hpp"
 
 namespace membudget::cli {
 namespace {
@@ -23,14 +24,10 @@ std::vector<std::string> split(const std::string& text) {
 }
 
 std::uint64_t number(const std::string& s, const char* option, const std::string& whole) {
-  if (s.empty() || s.size() > 12)
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
     throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + whole +
                                                  "' is not a list like 1..64, 1..64:8 or 1024,2048");
-  for (char c : s)
-    if (!std::isdigit(static_cast<unsigned char>(c)))
-      throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + whole +
-                                                   "' is not a list like 1..64, 1..64:8 or 1024,2048");
-  const std::uint64_t v = std::stoull(s);
+  const std::uint64_t v = parse_count(s, option);  // (a value past 64 bits is absurdly large)
   if (v == 0) throw Error(ErrorKind::invalid_argument, std::string(option) + ": values must be at least 1");
   return v;
 }

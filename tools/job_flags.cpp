@@ -1,7 +1,7 @@
 #include "job_flags.hpp"
 
 #include <cctype>
-#include <charconv>
+#include <cstdlib>
 #include <iostream>
 
 #include "membudget/input.hpp"
@@ -10,13 +10,17 @@
 
 namespace membudget::cli {
 namespace {
-std::uint64_t parse_count(const std::string& text, const char* option) {
-  if (text.empty() || text.size() > 19)
-    throw Error(ErrorKind::invalid_job, std::string(option) + ": '" + text + "' is not a positive integer");
-  for (char c : text)
-    if (!std::isdigit(static_cast<unsigned char>(c)))
-      throw Error(ErrorKind::invalid_job, std::string(option) + ": '" + text + "' is not a positive integer");
-  return std::stoull(text);
+// --headroom's check, before CLI11 converts it: a decimal fraction, digits[.digits] (0.05, .1), in
+// [0, 1); the problem, or "" (CLI11's validator protocol; it names the option in its error).
+std::string headroom_problem(const std::string& text) {
+  const std::size_t dot = text.find('.');
+  const std::string whole = text.substr(0, dot), fraction = dot == std::string::npos ? "" : text.substr(dot + 1);
+  const bool digits_only = whole.find_first_not_of("0123456789") == std::string::npos &&
+                           fraction.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits_only || whole.size() + fraction.size() == 0 || text.size() > 32)
+    return "'" + text + "' is not a decimal fraction such as 0.05";
+  if (std::strtod(text.c_str(), nullptr) >= 1.0) return "must be in [0, 1), e.g. 0.05 for 5%";
+  return "";
 }
 bool parse_bool(const std::string& text, const char* option) {
   if (text == "true" || text == "True" || text == "1") return true;
@@ -77,7 +81,9 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_flag("--router-aux-loss", router_aux_loss, "output_router_logits: the router's load-balancing loss joins the training loss");
   cmd->add_option("--device", device, "card: H100, H200, A100-40GB, A100-80GB, L40S, RTX-4090, B200, MI300X, …");
   cmd->add_option("--device-memory", device_memory, "card capacity instead of --device, e.g. 80GiB");
-  cmd->add_option("--headroom", headroom, "fraction of the card kept free (default 0.05)");
+  // (checked here first: CLI11's number parser alone takes hex, leading spaces and denormals)
+  cmd->add_option("--headroom", headroom, "fraction of the card kept free (default 0.05)")
+      ->check(CLI::Validator(headroom_problem, "FRACTION", "decimal fraction"));
   cmd->add_option("--format", format, "table (default) | json | csv | markdown");
   cmd_ = cmd;
 }
@@ -140,15 +146,11 @@ std::vector<std::string> JobFlags::given_job_flags() const {
 }
 
 std::uint64_t parse_whole(const std::string& text, const char* option, std::uint64_t min, std::uint64_t max) {
-  // from_chars reads every digit of a 64-bit value (2^64 - 1 is 20 of them) and reports overflow
-  std::uint64_t v = 0;
-  const char* end = text.data() + text.size();
-  const auto [at, ec] = std::from_chars(text.data(), end, v);
-  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
-  if (!digits || ec != std::errc{} || at != end || v < min || v > max)
-    throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + text + "' is not a whole number from " +
-                                                 std::to_string(min) + " to " + std::to_string(max));
-  return v;
+  try {
+    return parse_count(text, option, min, max);
+  } catch (const Error& e) {  // a flag of a command, not of the job
+    throw Error(ErrorKind::invalid_argument, e.what());
+  }
 }
 
 void refuse_given(const CLI::App& cmd, std::initializer_list<const char*> flags, const std::string& why) {

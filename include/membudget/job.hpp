@@ -76,6 +76,12 @@ DType parse_dtype(std::string_view s, std::string_view option = "--kv-dtype");
 ExpertsImpl parse_experts_impl(std::string_view s, std::string_view option = "--experts");
 Routing parse_routing(std::string_view s, std::string_view option = "--routing");
 PipelineSchedule parse_pipeline_schedule(std::string_view s, std::string_view option = "--pp-schedule");
+// A count given as text (a flag's value, a job: key's, a C ABI option's): decimal digits only, from
+// `min` to `max`, or Error(invalid_job) opening with `where`: "'x' is not a whole number", "... from
+// min to max" for one out of the range, "is absurdly large" for one past 64 bits. (Job::validate
+// bounds each count as the job uses it: a batch above 2^32 is refused there.)
+std::uint64_t parse_count(std::string_view text, std::string_view where, std::uint64_t min = 0,
+                          std::uint64_t max = ~std::uint64_t{0});
 
 // Bytes of one element; int4 is counted as half a byte by the callers that use it.
 double dtype_bytes(DType d) noexcept;

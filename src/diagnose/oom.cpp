@@ -144,12 +144,13 @@ class Cursor {
   // "1.50 GiB", "512.00 MiB", "20.00 KiB", "100 bytes", "0 B": the nearest integer of value x unit,
   // computed exactly (no floating point), so "1.50 GiB" is 1610612736.
   std::optional<bytes_t> size() {
+    past_64_bits_ = false;
     std::size_t p = skip_blanks(pos_);
     unsigned __int128 whole = 0, frac = 0, scale = 1;
     std::size_t digits = 0;
     while (p < end_ && std::isdigit(static_cast<unsigned char>(s_[p]))) {
       whole = whole * 10 + static_cast<unsigned>(s_[p] - '0');
-      if (whole > UINT64_MAX) return std::nullopt;
+      if (whole > UINT64_MAX) return past_64_bits_ = true, std::nullopt;
       ++p;
       ++digits;
     }
@@ -188,7 +189,7 @@ class Cursor {
       std::size_t after = p + u.name.size();
       if (after < end_ && std::isalpha(static_cast<unsigned char>(s_[after]))) continue;
       unsigned __int128 total = whole * u.mult + (frac * u.mult + scale / 2) / scale;
-      if (total > UINT64_MAX) return std::nullopt;
+      if (total > UINT64_MAX) return past_64_bits_ = true, std::nullopt;
       pos_ = after;
       return static_cast<bytes_t>(total);
     }
@@ -196,6 +197,9 @@ class Cursor {
   }
 
   // Skips "(...)" of at most `limit` characters; false (and nothing consumed) when absent.
+  // The last size() read a number of bytes past 2^64 - 1 (no card has them).
+  bool past_64_bits() const { return past_64_bits_; }
+
   bool parenthetical(std::size_t limit) {
     std::size_t p = skip_blanks(pos_);
     if (p >= end_ || s_[p] != '(') return false;
@@ -214,6 +218,7 @@ class Cursor {
   std::string_view s_;
   std::size_t pos_;
   std::size_t end_;
+  bool past_64_bits_ = false;
 };
 
 // One attempt at reading a message whose backend name starts at `start`; on failure `why` says
@@ -247,6 +252,7 @@ Attempt read_message(std::string_view s, std::size_t start, std::size_t after_an
   auto need_size = [&](bytes_t& out, const char* what) {
     auto v = c.size();
     if (v) out = *v;
+    if (!v && c.past_64_bits()) return fail(std::string("a size (") + what + ") of at most 2^64 - 1 bytes"), false;
     return v.has_value() || (fail(std::string("a size (") + what + ", e.g. '1.50 GiB')"), false);
   };
   auto need = [&](std::string_view l) {

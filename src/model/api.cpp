@@ -526,11 +526,7 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
 void set_job_option(Job& j, std::string_view key, std::string_view value) {
   const std::string k = dashed(key);
   const std::string v(value);
-  auto count = [&](const char* opt) {
-    if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)
-      throw Error(ErrorKind::invalid_job, std::string(opt) + ": '" + v + "' is not a positive integer");
-    return static_cast<std::uint64_t>(std::stoull(v));
-  };
+  auto count = [&](const char* opt) { return parse_count(v, opt); };
   if (k == "batch") j.batch = count("--batch");
   else if (k == "seq") j.seq = count("--seq");
   else if (k == "mode") j.mode = parse_mode(v);

@@ -351,6 +351,21 @@ std::string dashed(std::string_view key) {
   return k;
 }
 
+std::uint64_t parse_count(std::string_view text, std::string_view where, std::uint64_t min, std::uint64_t max) {
+  const bool bounded = min > 0 || max != ~std::uint64_t{0};
+  const std::string range = bounded ? " from " + std::to_string(min) + " to " + std::to_string(max) : "";
+  auto fail = [&](const std::string& what) {
+    return Error(ErrorKind::invalid_job, std::string(where) + ": '" + std::string(text.substr(0, 64)) + (text.size() > 64 ? "...'" : "'") + what);
+  };
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) throw fail(" is not a whole number" + range);
+  std::uint64_t v = 0;
+  for (const char c : text)
+    if (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, static_cast<std::uint64_t>(c - '0'), &v))
+      throw fail(" is absurdly large (more than 64 bits)");
+  if (v < min || v > max) throw fail(" is not a whole number" + range);
+  return v;
+}
+
 std::string parallel_flag(std::string_view key) {
   std::string k = dashed(key);
   static constexpr std::pair<std::string_view, std::string_view> kAliases[] = {
@@ -372,12 +387,7 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
   const std::string_view k = std::string_view(flag).substr(2);
   const std::string v(value);
   auto fail = [&](const std::string& what) { return Error(ErrorKind::invalid_job, std::string(where) + ": '" + v + "' " + what); };
-  auto count = [&](std::uint64_t max, std::uint64_t min = 0) {
-    if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos || std::stoull(v) > max ||
-        std::stoull(v) < min)
-      throw fail("is not a whole number from " + std::to_string(min) + " to " + std::to_string(max));
-    return static_cast<std::uint64_t>(std::stoull(v));
-  };
+  auto count = [&](std::uint64_t max, std::uint64_t min = 0) { return parse_count(v, where, min, max); };
   auto boolean = [&] {
     if (v == "true" || v == "True" || v == "1") return true;
     if (v == "false" || v == "False" || v == "0") return false;
@@ -406,10 +416,9 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
     do {
       const std::size_t comma = v.find(',', from);
       const std::string item = v.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
-      if (item.empty() || item.size() > 19 || item.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoull(item) > kRanks)
+      if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
         throw fail("is not a comma-separated list of layer counts (e.g. 4,4,4,4)");
-      p.pp_layers.push_back(std::stoull(item));
+      p.pp_layers.push_back(parse_count(item, std::string(where) + ": a stage's layers", 0, kRanks));
       from = comma == std::string::npos ? std::string::npos : comma + 1;
     } while (from != std::string::npos);
   }

@@ -961,10 +961,13 @@ std::string trim(std::string_view s) {
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return std::string(s);
 }
+// (a size in MiB up to 2^43 still fits 64 bits in bytes)
 std::uint64_t conf_count(const std::string& key, const std::string& v) {
-  if (v.empty() || v.size() > 12 || v.find_first_not_of("0123456789") != std::string::npos)
-    throw conf_error(key + ": '" + v + "' is not a non-negative integer");
-  return std::stoull(v);
+  try {
+    return parse_count(v, key, 0, std::uint64_t{1} << 43);
+  } catch (const Error& e) {
+    throw conf_error(e.what());
+  }
 }
 std::uint32_t divisions(const std::string& v) {
   const std::uint64_t d = conf_count("roundup_power2_divisions", v);

@@ -45,10 +45,15 @@ Job apply_yaml_job_section(std::string_view text, const std::string& path, Job j
       return v.as<std::string>();
     };
     auto count_of = [&]() -> std::uint64_t {
+      // written plain (or !!int), as the spec's own counts are: "4" and !!str 4 are strings; 04 is octal to
+      // YAML 1.1 (PyYAML) and 4 to YAML 1.2
+      if (v.IsScalar() && v.Tag() != "?" && v.Tag() != "tag:yaml.org,2002:int")
+        throw Error(ErrorKind::invalid_job, where + ": expected a whole number, got '" + v.Scalar() + "' " +
+                                                (v.Tag() == "!" ? "quoted" : "tagged " + v.Tag()));
       const std::string s = text_of();
-      if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos)
-        throw Error(ErrorKind::invalid_job, where + ": '" + s + "' is not a positive integer");
-      return std::stoull(s);
+      if (s.size() > 1 && s[0] == '0')
+        throw Error(ErrorKind::invalid_job, where + ": '" + s + "' has a leading zero, which YAML readers disagree on (octal or not); write it without");
+      return parse_count(s, where);
     };
     try {
       if (key == "parallel") {  // job.parallel: {dp: 8, fsdp: 1, zero: 1, ...}

@@ -109,17 +109,23 @@ class YamlReader {
     if (n.IsSequence()) return "a sequence";
     if (n.IsMap()) return "a mapping";
     if (n.Tag() == "!") return "the quoted string \"" + n.Scalar() + "\"";
+    if (n.Tag() != "?") return "'" + n.Scalar() + "' tagged " + n.Tag();
     return "'" + n.Scalar() + "'";
   }
 
-  bool plain_scalar(const YAML::Node& n) const { return n.IsScalar() && n.Tag() != "!"; }
+  // A value written plain: neither quoted ("!") nor given a tag (`!!str 256` is the string "256").
+  bool plain_scalar(const YAML::Node& n) const { return n.IsScalar() && n.Tag() == "?"; }
+  // A number: plain, or tagged as one (!!int; !!float where a fraction is read).
+  bool number_scalar(const YAML::Node& n, bool fraction) const {
+    return plain_scalar(n) || (n.IsScalar() && (n.Tag() == "tag:yaml.org,2002:int" || (fraction && n.Tag() == "tag:yaml.org,2002:float")));
+  }
 
   std::optional<std::uint64_t> opt_uint(const Entries& e, std::string_view key,
                                         const std::string& field) const {
     const Entry* en = find(e, key);
     if (!en) return std::nullopt;
     const YAML::Node& n = en->value;
-    if (!plain_scalar(n))
+    if (!number_scalar(n, false))
       throw field_error(*en, field, "expected a non-negative integer, got " + describe(n));
     const std::string& s = n.Scalar();
     if (!s.empty() && s[0] == '-')
@@ -132,6 +138,8 @@ class YamlReader {
         throw field_error(*en, field, "must be a whole number (got " + s + ")");
       throw field_error(*en, field, "expected a non-negative integer, got " + describe(n));
     }
+    if (s.size() > 1 && s[0] == '0')  // YAML 1.1 (PyYAML) reads 0256 as octal 174, YAML 1.2 as 256
+      throw field_error(*en, field, "'" + s + "' has a leading zero, which YAML readers disagree on (octal or not); write it without");
     std::uint64_t v = 0;
     for (char c : s) {
       if (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, std::uint64_t(c - '0'), &v))
@@ -155,7 +163,7 @@ class YamlReader {
     const Entry* en = find(e, key);
     if (!en) return std::nullopt;
     const YAML::Node& n = en->value;
-    if (plain_scalar(n)) {
+    if (plain_scalar(n) || (n.IsScalar() && n.Tag() == "tag:yaml.org,2002:bool")) {
       const std::string& s = n.Scalar();
       if (s == "true" || s == "True" || s == "TRUE") return true;
       if (s == "false" || s == "False" || s == "FALSE") return false;
@@ -168,16 +176,41 @@ class YamlReader {
     const Entry* en = find(e, key);
     if (!en) return std::nullopt;
     const YAML::Node& n = en->value;
-    if (plain_scalar(n)) {
+    if (number_scalar(n, true) && decimal_number(n.Scalar())) {
       const std::string& s = n.Scalar();
-      char* end = nullptr;
-      double v = std::strtod(s.c_str(), &end);
-      if (!s.empty() && end && *end == '\0' && std::isfinite(v)) {
-        if (v < 0) throw field_error(*en, field, "must not be negative (got " + s + ")");
-        return v;
-      }
+      errno = 0;
+      const double v = std::strtod(s.c_str(), nullptr);
+      if (std::isfinite(v) && v < 0) throw field_error(*en, field, "must not be negative (got " + s + ")");
+      if (errno == ERANGE && std::isfinite(v))  // a nonzero value read as 0 would silently mean "none"
+        throw field_error(*en, field, s + " is too small for a double (it would be read as " + (v == 0 ? "0" : "a denormal") + ")");
+      if (std::isfinite(v)) return v;
+      throw field_error(*en, field, s + " is too large for a double");
     }
     throw field_error(*en, field, "expected a number, got " + describe(n));
+  }
+
+  // Decimal notation, as YAML's float and int resolvers take it: [-+]digits[.digits][e[-+]digits]
+  // (strtod alone would take hex, inf and nan too).
+  static bool decimal_number(std::string_view s) {
+    std::size_t i = 0, digits = 0;
+    auto run = [&] {
+      const std::size_t from = i;
+      while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+      return i - from;
+    };
+    if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
+    digits += run();
+    if (i < s.size() && s[i] == '.') {
+      ++i;
+      digits += run();
+    }
+    if (digits == 0) return false;
+    if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+      ++i;
+      if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
+      if (run() == 0) return false;
+    }
+    return i == s.size();
   }
 
   std::optional<std::string> opt_string(const Entries& e, std::string_view key,
