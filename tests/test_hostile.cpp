@@ -796,6 +796,36 @@ TEST_CASE("the CLI: values only too large are called that, --headroom is read st
   CHECK(test::run_cli("predict --help").exit_code == 0);
 }
 
+TEST_CASE("a job: section's MoE setting on a dense model is named where it was given; a null hidden_act is refused") {
+  const std::string eager = temp_file("job_eager.yaml", std::string(kTinyYaml) + "job:\n  seq: 64\n  experts: eager\n");
+  auto r = test::run_cli("predict " + eager);
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("job_eager.yaml:11: job.experts: tiny has no mixture of experts") != std::string::npos);
+  r = test::run_cli("predict " + temp_file("tiny.yaml", kTinyYaml) + " --seq 64 --routing worst");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("--routing: tiny has no mixture of experts") != std::string::npos);
+  const std::string llama = R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512)";
+  CHECK(message_of([&] { parse_hf_config(llama + R"(, "hidden_act": null})", "c.json"); })
+            .find("c.json: hidden_act: is null, which names no activation") != std::string::npos);
+  CHECK(parse_hf_config(llama + "}", "c.json").mlp == MlpKind::gated_silu);  // absent: LlamaConfig's silu
+  // Gemma's MLP reads hidden_activation, None falling back to gelu_pytorch_tanh
+  const std::string gemma = R"({"model_type": "gemma", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 512,
+    "hidden_act": null, "hidden_activation": null})";
+  CHECK(parse_hf_config(gemma, "g.json").mlp == MlpKind::gated_gelu);
+}
+
+TEST_CASE("the table writes a small model's parameter count with a unit, never in scientific notation") {
+  const auto r = test::run_cli("predict " + temp_file("tiny.yaml", kTinyYaml) + " --seq 64");
+  CHECK(r.exit_code == 0);
+  // kTinyYaml: embedding 256 × 64 untied twice (32,768), per layer 4 × 64 × 64 attention less the
+  // kv heads' half (2 × 64 × 32 instead of 2 × 64 × 64: 12,288), 3 × 64 × 160 MLP (30,720) and two
+  // norms (128), two layers (86,272), the final norm (64): 119,104
+  CHECK(r.out.find("tiny · 119.104K parameters") != std::string::npos);
+  CHECK(r.out.find("e-0") == std::string::npos);
+}
+
 TEST_CASE("an oom message's size past 2^64 - 1 bytes is called that, not a missing size") {
   const std::string m = message_of([] {
     (void)parse_oom_message("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 99999999999999999999.00 GiB. GPU 0 "

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "membudget/api.hpp"
 #include "membudget/input.hpp"
 #include "membudget/job_yaml.hpp"
 #include "membudget/trainer_args.hpp"
@@ -232,6 +233,7 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   located([&] {
     j.validate();
     check_options_apply(j, flags);
+    check_options_apply_to(spec, j);
   });
   if (warn) warn_beyond_context(spec, j.seq);
   return j;

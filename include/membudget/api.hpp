@@ -173,6 +173,12 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
 // a bad value and Error(invalid_argument) for an unknown key. The C ABI and the Python module use it.
 void set_job_option(Job& job, std::string_view key, std::string_view value);
 
+// The job's settings that the model must have a part for: --experts, --routing and
+// --router-aux-loss need a mixture of experts; otherwise Error(invalid_job) naming the flag. Every
+// question checks it; the CLI also checks it with check_options_apply, so that a setting read from
+// a spec's job: section is named there (JobSources).
+void check_options_apply_to(const ModelSpec& model, const Job& job);
+
 // The estimate as JSON (integer bytes), the same keys as docs/api.md lists.
 std::string to_json(const Estimate& e, int indent = -1);
 

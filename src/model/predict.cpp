@@ -10,6 +10,7 @@
 #include "pipeline.hpp"
 #include "predictors.hpp"
 #include "reserved.hpp"
+#include "membudget/api.hpp"
 #include "membudget/budget.hpp"
 #include "membudget/input.hpp"
 
@@ -21,19 +22,20 @@ bytes_t default_overhead(Profile profile) {
   return profile == Profile::harness ? 560 * MiB : 767 * MiB;
 }
 
+void check_options_apply_to(const ModelSpec& m, const Job& job) {
+  if (m.moe.enabled()) return;
+  // a setting the model does not cover is an error, not ignored
+  const char* given = job.experts != ExpertsImpl::grouped_mm ? "--experts"
+                      : job.routing != Routing::balanced     ? "--routing"
+                      : job.router_aux_loss                  ? "--router-aux-loss"
+                                                             : nullptr;
+  if (given) throw Error(ErrorKind::invalid_job, std::string(given) + ": " + m.display_name() + " has no mixture of experts");
+}
+
 namespace detail {
 void check_simulated(const ModelSpec& m, const Job& job) {
-  if (!m.moe.enabled()) {
-    // a setting the model does not cover is an error, not ignored
-    const char* given = job.experts != ExpertsImpl::grouped_mm ? "--experts"
-                        : job.routing != Routing::balanced     ? "--routing"
-                        : job.router_aux_loss                  ? "--router-aux-loss"
-                                                               : nullptr;
-    if (given)
-      throw Error(ErrorKind::invalid_job, std::string(given) + ": " + m.display_name() +
-                                              " has no mixture of experts");
-    return;
-  }
+  check_options_apply_to(m, job);
+  if (!m.moe.enabled()) return;
   // --experts eager is walked as transformers loops, expert by expert, in every MoE layer and, in a
   // pipeline, every microbatch a stage runs (membudget/input.hpp). (Before Job::validate: the
   // counts may be anything, so the product is taken in 128 bits.)

@@ -14,6 +14,19 @@ namespace {
 
 using nlohmann::ordered_json;
 
+// A parameter count as the table writes it: 1.23581B, 119.104K, 48 (never 1.19104e-04B).
+std::string parameter_count(std::uint64_t n) {
+  static constexpr std::pair<double, const char*> kUnits[] = {{1e9, "B"}, {1e6, "M"}, {1e3, "K"}};
+  std::ostringstream out;
+  for (const auto& [unit, suffix] : kUnits)
+    if (static_cast<double>(n) >= unit) {
+      out << static_cast<double>(n) / unit << suffix;
+      return out.str();
+    }
+  out << n;
+  return out.str();
+}
+
 ordered_json tensors_json(const std::vector<TensorBytes>& ts) {
   ordered_json a = ordered_json::array();
   for (const auto& t : ts)
@@ -279,9 +292,9 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
     case Format::table: break;
   }
   // A readable table.
-  out << printable(b.model.name) << " · " << static_cast<double>(b.parameters.total) / 1e9 << "B parameters";
+  out << printable(b.model.name) << " · " << parameter_count(b.parameters.total) << " parameters";
   if (b.model.moe.enabled())
-    out << " (" << static_cast<double>(b.parameters.active) / 1e9 << "B active: top " << b.model.moe.top_k << " of "
+    out << " (" << parameter_count(b.parameters.active) << " active: top " << b.model.moe.top_k << " of "
         << b.model.moe.experts << " experts)";
   out << " · " << to_string(b.job.mode) << " · batch " << b.job.batch << " × seq " << b.job.seq << " · ";
   if (b.job.mode == Mode::infer)

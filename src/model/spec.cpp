@@ -526,9 +526,14 @@ MlpKind mlp_from_activation(const JsonReader& r, const std::string& family) {
   std::string key = "hidden_activation";
   auto act = r.opt_string(key);
   if (!act) act = r.opt_string(key = "hidden_act");
+  const bool gemma = family == "gemma" || family == "gemma2";
   if (!act) {
+    // null is not absent: the MLP looks its activation up (ACT2FN[config.hidden_act]) and there is
+    // none named None; Gemma's falls back to gelu_pytorch_tanh when hidden_activation is None
+    if (!gemma && r.has("hidden_act"))
+      throw r.error("hidden_act", "is null, which names no activation (give silu, gelu or gelu_pytorch_tanh)");
     // The transformers config classes' own defaults for an absent activation.
-    return (family == "gemma" || family == "gemma2") ? MlpKind::gated_gelu : MlpKind::gated_silu;
+    return gemma ? MlpKind::gated_gelu : MlpKind::gated_silu;
   }
   if (*act == "silu" || *act == "swish") return MlpKind::gated_silu;
   if (*act == "gelu" || *act == "gelu_pytorch_tanh" || *act == "gelu_new" ||
