@@ -722,6 +722,21 @@ TEST_CASE("a JSON key given twice in one object is refused, not the last one sil
   CHECK(test::run_cli("predict " + path).exit_code == 2);
 }
 
+TEST_CASE("a config.json number that a double reads as 0 although its digits are not is refused (1e-400)") {
+  const std::string gemma2 = R"({"model_type": "gemma2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
+    "sliding_window": 128, "attn_logit_softcapping": 50.0, "final_logit_softcapping": )";
+  CHECK(parse_hf_config(gemma2 + "30.0}", "c.json").final_logit_softcap == 30.0);
+  CHECK(parse_hf_config(gemma2 + "0.0e-400}", "c.json").final_logit_softcap == 0.0);  // zero as written: none
+  const std::string m = message_of([&] { parse_hf_config(gemma2 + "1e-400}", "c.json"); });
+  CHECK(m.find("c.json: the number 1e-400 is too small for a double (it would be read as 0)") != std::string::npos);
+  CHECK(kind_of([&] { parse_hf_config(gemma2 + "4e-320}", "c.json"); }) == ErrorKind::parse);  // a denormal
+  // anywhere in the file, as a number past a double is
+  CHECK(kind_of([&] { parse_hf_config(gemma2 + R"(30.0, "unused": [1e-999]})", "c.json"); }) == ErrorKind::parse);
+  // malformed text keeps its position
+  CHECK(message_of([&] { parse_hf_config(gemma2 + "}", "c.json"); }).find("c.json:3:") != std::string::npos);
+}
+
 TEST_CASE("a YAML number is written plain and in decimal: leading zeros, string tags, hex and underflow are refused") {
   const std::string base = "name: t\nhidden_size: 64\nintermediate_size: 160\nnum_layers: 2\nnum_heads: 4\nnum_kv_heads: 2\n"
                            "max_positions: 512\n";
