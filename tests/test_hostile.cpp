@@ -270,19 +270,33 @@ TEST_CASE("fields a C++ caller sets past the loaders' checks: MoE groups, a grou
 
 TEST_CASE("an enum a C++ caller casts from another number is refused, naming the setting") {
   const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
-  auto refused = [&](auto set, const char* flag) {
+  auto refused = [&](auto set, const char* flag, const ModelSpec& model) {
     Job j;
     set(j);
-    CAPTURE(flag);
-    CHECK(message_of([&] { (void)predict(m, j); }).find(std::string(flag) + ": is not one of its values") != std::string::npos);
+    const std::string message = message_of([&] { (void)predict(model, j); });
+    CAPTURE(message);
+    CHECK(message.find(std::string(flag) + ": is not one of its values") != std::string::npos);
   };
-  refused([](Job& j) { j.mode = static_cast<Mode>(77); }, "--mode");
-  refused([](Job& j) { j.optimizer = static_cast<Optimizer>(77); }, "--optimizer");
-  refused([](Job& j) { j.optimizer_impl = static_cast<OptimizerImpl>(77); }, "--optimizer-impl");
-  refused([](Job& j) { j.loss = static_cast<Loss>(77); }, "--loss");
-  refused([](Job& j) { j.activations = static_cast<ActivationModel>(77); }, "--activations");
-  refused([](Job& j) { j.kv_dtype = static_cast<DType>(77); }, "--kv-dtype");
-  refused([](Job& j) { j.parallel.pp_schedule = static_cast<PipelineSchedule>(77); }, "--pp-schedule");
+  refused([](Job& j) { j.mode = static_cast<Mode>(77); }, "--mode", m);
+  refused([](Job& j) { j.optimizer = static_cast<Optimizer>(77); }, "--optimizer", m);
+  refused([](Job& j) { j.optimizer_impl = static_cast<OptimizerImpl>(77); }, "--optimizer-impl", m);
+  refused([](Job& j) { j.loss = static_cast<Loss>(77); }, "--loss", m);
+  refused([](Job& j) { j.activations = static_cast<ActivationModel>(77); }, "--activations", m);
+  refused([](Job& j) { j.kv_dtype = static_cast<DType>(77); }, "--kv-dtype", m);
+  refused([](Job& j) { j.parallel.pp_schedule = static_cast<PipelineSchedule>(77); }, "--pp-schedule", m);
+  refused([](Job& j) { j.precision = static_cast<Precision>(77); }, "--precision", m);
+  refused([](Job& j) { j.recompute = static_cast<Recompute>(77); }, "--recompute", m);
+  refused([](Job& j) { j.attention = static_cast<Attention>(77); }, "--attention", m);
+  refused([](Job& j) { j.profile = static_cast<Profile>(77); }, "--profile", m);
+  refused([](Job& j) { j.weights = static_cast<DType>(77); }, "--weights", m);
+  // (on a dense model these two are refused first as settings it has no part for)
+  const ModelSpec moe = load_model(test::source_path("tests/data/hf/moe/mixtral-8x7b.json"));
+  refused([](Job& j) { j.experts = static_cast<ExpertsImpl>(77); }, "--experts", moe);
+  refused([](Job& j) { j.routing = static_cast<Routing>(77); }, "--routing", moe);
+  ModelSpec bad_router = moe;
+  bad_router.moe.router = static_cast<MixtureOfExperts::Router>(77);
+  CHECK(message_of([&] { bad_router.validate(); }).find("moe.router: is not one of its kinds") != std::string::npos);
+  CHECK_NOTHROW(moe.validate());
   ModelSpec bad = m;
   bad.norm = static_cast<NormKind>(77);
   CHECK(message_of([&] { bad.validate(); }).find("norm: is not one of its kinds") != std::string::npos);

@@ -54,7 +54,12 @@ template <typename E, std::size_t N>
 const char* name_of(const NameTable<E, N>& table, E value) noexcept {
   for (const auto& [v, n] : table)
     if (v == value) return n;
-  return "?";
+  return "?";  // a number cast to the enum (Job::validate refuses it: named)
+}
+// Whether `value` is one of the enum's named values (a C++ caller can cast any number to it).
+template <typename E, std::size_t N>
+bool named(const NameTable<E, N>& table, E value) noexcept {
+  return std::any_of(table.begin(), table.end(), [value](const auto& entry) { return entry.first == value; });
 }
 
 std::string lower(std::string_view s) {
@@ -454,16 +459,23 @@ void Job::validate() const {
                                      " tokens per micro-batch is absurdly large (limit 2^32)");
   // A C++ caller can cast any number to an enum: one outside its names is refused, never read as
   // whichever value a comparison falls through to.
-  const std::pair<const char*, const char*> named[] = {
-      {"--mode", to_string(mode)},         {"--precision", to_string(precision)},
-      {"--optimizer", to_string(optimizer)}, {"--optimizer-impl", optimizer_impl ? to_string(*optimizer_impl) : ""},
-      {"--recompute", to_string(recompute)}, {"--attention", to_string(attention)},
-      {"--loss", to_string(loss)},         {"--activations", to_string(activations)},
-      {"--profile", to_string(profile)},   {"--kv-dtype", to_string(kv_dtype)},
-      {"--weights", to_string(weights)},   {"--experts", to_string(experts)},
-      {"--routing", to_string(routing)},   {"--pp-schedule", to_string(parallel.pp_schedule)}};
-  for (const auto& [flag, name] : named)
-    if (std::string_view(name) == "?") throw bad(flag, "is not one of its values (a number cast to the enum)");
+  const std::pair<const char*, bool> settings[] = {
+      {"--mode", named(kModes, mode)},
+      {"--precision", named(kPrecisions, precision)},
+      {"--optimizer", named(kOptimizers, optimizer)},
+      {"--optimizer-impl", !optimizer_impl || named(kOptimizerImpls, *optimizer_impl)},
+      {"--recompute", named(kRecomputes, recompute)},
+      {"--attention", named(kAttentions, attention)},
+      {"--loss", named(kLosses, loss)},
+      {"--activations", named(kActivationModels, activations)},
+      {"--profile", named(kProfiles, profile)},
+      {"--kv-dtype", named(kDTypes, kv_dtype)},
+      {"--weights", named(kDTypes, weights)},
+      {"--experts", named(kExpertsImpls, experts)},
+      {"--routing", named(kRoutings, routing)},
+      {"--pp-schedule", named(kPipelineSchedules, parallel.pp_schedule)}};
+  for (const auto& [flag, ok] : settings)
+    if (!ok) throw bad(flag, "is not one of its values (a number cast to the enum)");
   if (loss == Loss::chunked && loss_chunk == 0) throw bad("--loss-chunk", "must be at least 1");
   // Memory outside the allocator is added to every figure (required, nvidia_smi): a value past any
   // card's memory is a typo, and near 2^64 the sums would wrap.

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -68,11 +69,16 @@ std::optional<Problem> find_problem(const ModelSpec& s) {
   for (const auto& [name, v] : required)
     if (v == 0) return invalid(name, "must be > 0; set it to the model's value");
   // (a C++ caller can cast any number to an enum)
-  if (std::string_view(to_string(s.mlp)) == "unknown") return invalid("mlp", "is not one of its kinds (a number cast to the enum)");
-  if (std::string_view(to_string(s.norm)) == "unknown") return invalid("norm", "is not one of its kinds (a number cast to the enum)");
-  if (s.moe.enabled() && s.moe.router != MixtureOfExperts::Router::softmax_top_k && s.moe.router != MixtureOfExperts::Router::deepseek_v2 &&
-      s.moe.router != MixtureOfExperts::Router::deepseek_v3)
-    return invalid("moe.router", "is not one of its kinds (a number cast to the enum)");
+  auto one_of = [](auto value, std::initializer_list<decltype(value)> kinds) {
+    return std::find(kinds.begin(), kinds.end(), value) != kinds.end();
+  };
+  using Router = MixtureOfExperts::Router;
+  const std::pair<const char*, bool> kinds[] = {
+      {"mlp", one_of(s.mlp, {MlpKind::gated_silu, MlpKind::gated_gelu, MlpKind::plain_gelu})},
+      {"norm", one_of(s.norm, {NormKind::rmsnorm, NormKind::layernorm})},
+      {"moe.router", !s.moe.enabled() || one_of(s.moe.router, {Router::softmax_top_k, Router::deepseek_v2, Router::deepseek_v3})}};
+  for (const auto& [field, ok] : kinds)
+    if (!ok) return invalid(field, "is not one of its kinds (a number cast to the enum)");
   if (s.moe.enabled()) {
     // Each field named as a YAML spec and as a config.json give it (the families' keys differ:
     // Mixtral's num_local_experts, DeepSeek's n_routed_experts).
