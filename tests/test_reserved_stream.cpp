@@ -46,6 +46,16 @@ void same_as_full(const ModelSpec& m, const Job& base, const AllocatorPolicy& po
   }
 }
 
+// The caches' tests start from Llama 3.2 1B at 2 × 1000 with no stream compiled and no answer
+// remembered.
+Job first_question_of_1b() {
+  detail::clear_reserved_streams();
+  Job job;
+  job.batch = 2;
+  job.seq = 1000;
+  return job;
+}
+
 AllocatorPolicy expandable() {
   AllocatorPolicy p;
   p.expandable_segments = true;
@@ -211,10 +221,7 @@ TEST_CASE("closed windows skipped: not under a setting whose best fit or roundin
 
 TEST_CASE("the stream is compiled at a regime's second question: the first is answered by one simulated step") {
   const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
-  detail::clear_reserved_streams();
-  Job job;
-  job.batch = 2;
-  job.seq = 1000;
+  Job job = first_question_of_1b();
   const detail::ReservedResult first = detail::simulate_reserved(m, job, AllocatorPolicy{});
   CHECK_FALSE(detail::reserved_stream_held(m, job));
   job.seq = 1004;  // another shape of the same regime
@@ -265,10 +272,7 @@ TEST_CASE("predict() at a regime's first question (one simulated step for the es
 
 TEST_CASE("a question asked again is answered as before, compiling nothing; another policy or shape is another question") {
   const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
-  detail::clear_reserved_streams();
-  Job job;
-  job.batch = 2;
-  job.seq = 1000;
+  Job job = first_question_of_1b();
   const detail::ReservedResult first = detail::simulate_reserved(m, job, AllocatorPolicy{});
   const detail::ReservedResult again = detail::simulate_reserved(m, job, AllocatorPolicy{});
   CHECK_FALSE(detail::reserved_stream_held(m, job));  // no second question of the regime
@@ -277,10 +281,8 @@ TEST_CASE("a question asked again is answered as before, compiling nothing; anot
   CHECK(again.allocated_steady == first.allocated_steady);
   CHECK_FALSE(again.step_simulated);
   // expandable segments reserve another figure at this shape: a remembered answer would repeat the first
-  AllocatorPolicy expandable;
-  expandable.expandable_segments = true;
-  const bytes_t with_expandable = detail::simulate_reserved(m, job, expandable).reserved_peak;
-  CHECK(with_expandable == detail::simulate_reserved_full(m, job, expandable).reserved_peak);
+  const bytes_t with_expandable = detail::simulate_reserved(m, job, expandable()).reserved_peak;
+  CHECK(with_expandable == detail::simulate_reserved_full(m, job, expandable()).reserved_peak);
   CHECK(with_expandable != first.reserved_peak);
   job.seq = 1004;  // another shape: the regime's second question, which compiles
   CHECK(detail::simulate_reserved(m, job, AllocatorPolicy{}).reserved_peak ==
