@@ -481,7 +481,7 @@ TEST_CASE("the CLI refuses options the mode or the command does not use, exit 2,
     CHECK(r.out.find(flag) != std::string::npos);
   }
   // What each mode does read still works.
-  CHECK(test::run_cli("predict " + spec + " --mode infer --weights int4 --group-size 64 --kv-dtype fp8").exit_code == 0);
+  CHECK(test::run_cli("predict " + spec + " --mode infer --weights int4 --group-size 32 --kv-dtype fp8").exit_code == 0);
   CHECK(test::run_cli("predict " + spec + " --loss chunked --loss-chunk 512 --lora 4").exit_code == 0);
   CHECK(test::run_cli("predict " + spec + " --device H100 --headroom 0").exit_code == 0);
   // The spec's job section holds defaults, not options given: a training section does not stop serving.

@@ -69,6 +69,12 @@ TEST_CASE("serving plans == the walk: every config, KV and weight dtypes, shapes
       for (std::uint64_t s : {m.sliding.window - 1, m.sliding.window, m.sliding.window + 1, 2 * m.sliding.window + 3})
         shapes.push_back({2, s});
     const bool huge = m.num_layers > 100;
+    // int4's group: 128 where it splits every projection's rows evenly (vLLM refuses one that does
+    // not), else the largest power of two that does (the toy specs' 160-wide rows: 32)
+    std::uint64_t group = 128;
+    for (const ParamTensor& t : m.layer_tensors(0))
+      if (t.projection())
+        while (group > 1 && t.in % group != 0) group /= 2;
     for (auto [b, s] : shapes)
       for (DType kv : {DType::bf16, DType::fp8})
         for (DType w : {DType::bf16, DType::int4}) {
@@ -79,6 +85,7 @@ TEST_CASE("serving plans == the walk: every config, KV and weight dtypes, shapes
           j.seq = s;
           j.kv_dtype = kv;
           j.weights = w;
+          j.group_size = group;
           const std::string what = m.name + " b=" + std::to_string(b) + " s=" + std::to_string(s) + " kv " +
                                    to_string(kv) + " weights " + to_string(w);
           const Budget walk = predict(m, j, full);

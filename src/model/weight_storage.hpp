@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "membudget/error.hpp"
 #include "membudget/job.hpp"
@@ -47,6 +48,14 @@ inline StoredTensor stored_tensor(const ParamTensor& t, bool quantizable, DType 
   }
   // Each of the tensor's `count` matrices (a packed expert tensor holds E) is quantized as one.
   const std::uint64_t K = t.in, N = t.out, E = t.count;
+  // A group of inputs shares a scale. vLLM's GPTQ, AWQ and grouped int8 layers refuse a row that
+  // the groups do not split evenly (create_weights: "The input size is not aligned with the
+  // quantized weight shape"); a group of at least the row is one scale per row (vLLM's
+  // group_size -1, channelwise), as the ceilings below count it.
+  if ((weights == DType::int8 || weights == DType::int4) && group > 0 && group < K && K % group != 0)
+    throw Error(ErrorKind::invalid_job, "--group-size: " + std::to_string(group) + " does not divide " + to_string(t.module) + "'s " +
+                                            std::to_string(K) + " inputs: vLLM's GPTQ, AWQ and grouped int8 layers refuse it (a group of "
+                                            "at least the widest row, " + "one scale per row, is vLLM's group_size -1)");
   switch (weights) {
     case DType::fp8:  // one fp32 scale per matrix
       add(n, "fp8", Stored::quantized);
