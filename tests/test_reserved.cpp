@@ -906,6 +906,49 @@ TEST_CASE("sweep decides on the reserved memory: the boundary max-batch finds, a
   }
 }
 
+// Reserved memory need not grow with the batch: the allocator's segments round, and Qwen2.5 0.5B at
+// 2,048 tokens reserves less at batch 9 than at 8 (found by a probe of the CLI, 2026-12-07). On a
+// card between the two, max-batch offered micro-batch 8 for a global batch of 16 and sweep marked
+// batch 8 as fitting, both decided by batch 9, while predict said batch 8 does not fit.
+TEST_CASE("where reserved memory dips as the batch grows, every sweep point and max-batch's micro-batch are predict's own decision") {
+  const ModelSpec m = load_model(test::source_path("configs/qwen2.5-0.5b.yaml"));
+  Job j;
+  j.seq = 2048;
+  auto required = [&](std::uint64_t b) {
+    Job at = j;
+    at.batch = b;
+    return fits(m, at, Device{"any", ~bytes_t{0}}, 0.0, true).required;
+  };
+  // the first batch that needs less than the one before it
+  std::uint64_t dip = 0;
+  for (std::uint64_t b = 2; b <= 16 && !dip; ++b)
+    if (required(b) < required(b - 1)) dip = b;
+  REQUIRE(dip != 0);
+  CAPTURE(dip);
+  const Device card{"between", (required(dip) + required(dip - 1)) / 2};  // holds `dip`, not `dip - 1`
+  SweepGrid g;
+  for (std::uint64_t b = 1; b <= dip + 1; ++b) g.batches.push_back(b);
+  for (const SweepPoint& p : sweep(m, j, g, card, 0.0, true)) {
+    CAPTURE(p.batch);
+    Job at = j;
+    at.batch = p.batch;
+    CHECK(p.fits == fits(m, at, card, 0.0, true).fits);
+  }
+  SearchOptions o;
+  o.reserved = true;
+  o.headroom = 0.0;
+  o.global_batch = 2 * (dip - 1);  // its largest divisor up to the answer is dip - 1, which does not fit
+  const MaxBatchResult r = max_micro_batch(m, j, card, o);
+  CHECK(r.max_micro_batch >= dip);
+  REQUIRE(r.accum_micro_batch > 0);
+  CHECK(r.accum_micro_batch < dip - 1);
+  CHECK(o.global_batch % r.accum_micro_batch == 0);
+  CHECK(r.accum_micro_batch * r.grad_accum_steps == o.global_batch);
+  Job at = j;
+  at.batch = r.accum_micro_batch;
+  CHECK(fits(m, at, card, 0.0, true).fits);
+}
+
 TEST_CASE("CLI sweep: fits on reserved by default with a device, --fit-on allocated for the fast grid") {
   const std::string model = "sweep " + test::source_path("configs/llama-3.2-1b.yaml");
   const std::string base = model + " --batch 1,2 --seq 1024 --device H100 --format json";

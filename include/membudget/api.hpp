@@ -162,8 +162,8 @@ struct SweepPoint {
 // With a device, fits is decided on the allocated peak + overhead; with `reserved` as well, on the
 // reserved memory + overhead wherever the job has a reserved model: for each run of batches (the
 // same layout, precision, recompute and sequence) only the batches that fit on allocated bytes can
-// fit (reserved ≥ allocated), and among them the largest that fits on reserved is found by
-// bisection (a few milliseconds per replay, about log2(batches) replays per run).
+// fit (reserved ≥ allocated), and each of them is replayed (a few milliseconds each): reserved
+// memory need not grow with the batch, so no point is decided by its neighbours.
 std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const SweepGrid& grid,
                               const std::optional<Device>& device = std::nullopt, double headroom = 0.05,
                               bool reserved = false, const std::string& allocator_conf = "");
