@@ -736,12 +736,37 @@ TEST_CASE("a JSON key given twice in one object is refused, not the last one sil
   CHECK(test::run_cli("predict " + path).exit_code == 2);
 }
 
+TEST_CASE("a config.json 0 that would silently mean none is refused: Gemma 2's soft-caps, DeepSeek's q_lora_rank") {
+  const std::string gemma2 = R"({"model_type": "gemma2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
+    "sliding_window": 128)";
+  CHECK(parse_hf_config(gemma2 + R"(, "final_logit_softcapping": null, "attn_logit_softcapping": null})", "g.json").final_logit_softcap == 0);
+  CHECK(message_of([&] { parse_hf_config(gemma2 + R"(, "final_logit_softcapping": 0})", "g.json"); })
+            .find("g.json: final_logit_softcapping: 0 would divide the logits by zero; use null") != std::string::npos);
+  CHECK(message_of([&] { parse_hf_config(gemma2 + R"(, "attn_logit_softcapping": 0.0})", "g.json"); })
+            .find("attn_logit_softcapping: 0 would divide") != std::string::npos);
+  std::ifstream lite_file(test::source_path("tests/data/hf/deepseek-v2-lite.json"));
+  const nlohmann::json lite = nlohmann::json::parse(lite_file);
+  auto with_q_lora = [&](const nlohmann::json* value) {
+    nlohmann::json c = lite;
+    if (value) c["q_lora_rank"] = *value;
+    else c.erase("q_lora_rank");
+    return parse_hf_config(c.dump(), "d.json");
+  };
+  const nlohmann::json null_rank = nullptr, rank24 = 24, rank0 = 0;
+  CHECK(with_q_lora(&null_rank).mla.q_lora_rank == 0);  // a plain q_proj, as the Lite model has
+  CHECK(with_q_lora(&rank24).mla.q_lora_rank == 24);
+  CHECK(with_q_lora(nullptr).mla.q_lora_rank == 1536);  // absent: DeepseekV2Config's
+  CHECK(message_of([&] { (void)with_q_lora(&rank0); }).find("d.json: q_lora_rank: 0 is not a rank; use null") != std::string::npos);
+}
+
 TEST_CASE("a config.json number that a double reads as 0 although its digits are not is refused (1e-400)") {
   const std::string gemma2 = R"({"model_type": "gemma2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 160,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
     "sliding_window": 128, "attn_logit_softcapping": 50.0, "final_logit_softcapping": )";
   CHECK(parse_hf_config(gemma2 + "30.0}", "c.json").final_logit_softcap == 30.0);
-  CHECK(parse_hf_config(gemma2 + "0.0e-400}", "c.json").final_logit_softcap == 0.0);  // zero as written: none
+  // zero as written is not an underflow (and a soft-cap of 0 is refused for a reason of its own)
+  CHECK(message_of([&] { parse_hf_config(gemma2 + "0.0e-400}", "c.json"); }).find("0 would divide the logits by zero") != std::string::npos);
   const std::string m = message_of([&] { parse_hf_config(gemma2 + "1e-400}", "c.json"); });
   CHECK(m.find("c.json: the number 1e-400 is too small for a double (it would be read as 0)") != std::string::npos);
   CHECK(kind_of([&] { parse_hf_config(gemma2 + "4e-320}", "c.json"); }) == ErrorKind::parse);  // a denormal

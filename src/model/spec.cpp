@@ -658,7 +658,11 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     s.mla.qk_rope_head_dim = r.req_uint("qk_rope_head_dim");
     s.mla.qk_nope_head_dim = r.req_uint("qk_nope_head_dim");
     s.mla.v_head_dim = r.req_uint("v_head_dim");
-    s.mla.q_lora_rank = r.opt_uint("q_lora_rank").value_or(0);
+    // null: a plain q_proj; absent: DeepseekV2Config's and DeepseekV3Config's 1536; 0 is no rank
+    // (q_a_proj would have no outputs), refused rather than read as null
+    const auto q_lora = r.uint_or_default("q_lora_rank", 1536);
+    if (q_lora && *q_lora == 0) throw r.error("q_lora_rank", "0 is not a rank; use null for a plain q_proj");
+    s.mla.q_lora_rank = q_lora.value_or(0);
     // transformers sets head_dim to the rotary part; ours is the full query/key head.
     s.head_dim = s.mla.qk_nope_head_dim + s.mla.qk_rope_head_dim;
   } else if (auto hd = r.opt_uint("head_dim")) {
@@ -682,9 +686,15 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
   };
   if (gemma2) {
     s.norms_per_layer = 4;
-    // (null: no soft-capping; absent: Gemma2Config's 30 and 50)
-    s.final_logit_softcap = r.double_or_default("final_logit_softcapping", 30.0).value_or(0);
-    s.attn_logit_softcap = r.double_or_default("attn_logit_softcapping", 50.0).value_or(0);
+    // (null: no soft-capping; absent: Gemma2Config's 30 and 50; 0 refused: transformers tests
+    // only `is not None` and divides by it, so 0 is no "none")
+    auto softcap = [&](const char* key, double when_absent) {
+      const auto cap = r.double_or_default(key, when_absent);
+      if (cap && *cap == 0) throw r.error(key, "0 would divide the logits by zero; use null for no soft-capping");
+      return cap.value_or(0);
+    };
+    s.final_logit_softcap = softcap("final_logit_softcapping", 30.0);
+    s.attn_logit_softcap = softcap("attn_logit_softcapping", 50.0);
     if (auto w = window(4096)) {
       s.sliding.window = *w;
       s.sliding.every_nth = 2;
