@@ -844,6 +844,11 @@ TEST_CASE("the CLI: values only too large are called that, --headroom is read st
   refused("predict " + llama + " --device H100 --headroom 1e-320", "is not a decimal fraction");
   refused("predict " + llama + " --device H100 --headroom 1.0", "--headroom: must be in [0, 1)");
   refused("predict " + llama + " --batch 1 --batch 2", "membudget: error: --batch: At Most 1 required but received 2");
+  // serve's own fractions and counts the same way
+  refused("serve " + llama + " --device H100 --gpu-memory-utilization 0x0.8p0", "--gpu-memory-utilization: '0x0.8p0' is not a decimal fraction");
+  refused("serve " + llama + " --device H100 --max-num-seqs 99999999999999999999999", "--max-num-seqs: '99999999999999999999999' is absurdly large");
+  refused("serve " + llama + " --device H100 --max-num-seqs 0", "--max-num-seqs: must be at least 1");
+  CHECK(test::run_cli("serve " + llama + " --device H100 --gpu-memory-utilization .85 --max-num-seqs 64").exit_code == 0);
   const auto r = test::run_cli("predict " + test::source_path("configs/tiny-llama.yaml") + " --seq 64 --device H100 --headroom .2 --format json");
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("\"headroom\": 0.2") != std::string::npos);

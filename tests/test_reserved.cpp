@@ -717,6 +717,7 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
     FAIL("accepted " << conf);
   };
   fails("pinned_use_cuda_host_register:True", "'pinned_use_cuda_host_register' is not modelled");
+  fails("expandable_segments:true", "'true' is not True or False (PyTorch refuses it at startup");  // c10 spells them so
   fails("backend:cudaMallocAsync", "'backend' is not modelled");
   fails("expandable_segments:yes", "expandable_segments");
   fails("max_split_size_mb:19", "max_split_size_mb: 19 is below 20");

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "job_flags.hpp"
 #include "membudget/input.hpp"
 #include "membudget/serving.hpp"
 #include "membudget/spec.hpp"
@@ -20,24 +21,14 @@ struct ServeFlags {
 };
 
 std::uint64_t count(const std::string& text, const char* option) {
-  bool ok = !text.empty() && text.size() <= 19;
-  for (char c : text) ok = ok && std::isdigit(static_cast<unsigned char>(c));
-  if (!ok || std::stoull(text) == 0)
-    throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + text + "' is not a positive integer");
-  return std::stoull(text);
+  const std::uint64_t v = parse_whole(text, option, 0, ~std::uint64_t{0});  // (past 64 bits: absurdly large)
+  if (v == 0) throw Error(ErrorKind::invalid_argument, std::string(option) + ": must be at least 1");
+  return v;
 }
 
 double fraction(const std::string& text, const char* option) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty())
-    throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + text + "' is not a number");
-  return v;
+  if (const std::optional<double> v = decimal_fraction(text)) return *v;
+  throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + text + "' is not a decimal fraction such as 0.9");
 }
 
 std::string fixed(double v, int digits) {

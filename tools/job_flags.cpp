@@ -14,13 +14,9 @@ namespace {
 // --headroom's check, before CLI11 converts it: a decimal fraction, digits[.digits] (0.05, .1), in
 // [0, 1); the problem, or "" (CLI11's validator protocol; it names the option in its error).
 std::string headroom_problem(const std::string& text) {
-  const std::size_t dot = text.find('.');
-  const std::string whole = text.substr(0, dot), fraction = dot == std::string::npos ? "" : text.substr(dot + 1);
-  const bool digits_only = whole.find_first_not_of("0123456789") == std::string::npos &&
-                           fraction.find_first_not_of("0123456789") == std::string::npos;
-  if (!digits_only || whole.size() + fraction.size() == 0 || text.size() > 32)
-    return "'" + text + "' is not a decimal fraction such as 0.05";
-  if (std::strtod(text.c_str(), nullptr) >= 1.0) return "must be in [0, 1), e.g. 0.05 for 5%";
+  const std::optional<double> v = decimal_fraction(text);
+  if (!v) return "'" + text + "' is not a decimal fraction such as 0.05";
+  if (*v >= 1.0) return "must be in [0, 1), e.g. 0.05 for 5%";
   return "";
 }
 bool parse_bool(const std::string& text, const char* option) {
@@ -144,6 +140,15 @@ std::vector<std::string> JobFlags::given_job_flags() const {
   if (fsdp_offload) out.push_back("--fsdp-offload");
   if (router_aux_loss) out.push_back("--router-aux-loss");
   return out;
+}
+
+std::optional<double> decimal_fraction(const std::string& text) {
+  const std::size_t dot = text.find('.');
+  const std::string whole = text.substr(0, dot), fraction = dot == std::string::npos ? "" : text.substr(dot + 1);
+  const bool digits_only = whole.find_first_not_of("0123456789") == std::string::npos &&
+                           fraction.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits_only || whole.size() + fraction.size() == 0 || text.size() > 32) return std::nullopt;
+  return std::strtod(text.c_str(), nullptr);
 }
 
 std::uint64_t parse_whole(const std::string& text, const char* option, std::uint64_t min, std::uint64_t max) {

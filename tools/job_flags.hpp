@@ -57,6 +57,10 @@ struct JobFlags {
 // A whole number from `min` to `max` written in plain digits, or Error(invalid_argument) naming
 // `option` and the range: CLI11 would read "-1" as 2^64 - 1 for an unsigned option.
 std::uint64_t parse_whole(const std::string& text, const char* option, std::uint64_t min, std::uint64_t max);
+// A fraction as the options that take one write it: decimal digits with at most one point (0.05, .9,
+// 1), nothing else (no sign, exponent, hex, spaces); nullopt otherwise. --headroom and
+// serve --gpu-memory-utilization read theirs with it.
+std::optional<double> decimal_fraction(const std::string& text);
 
 // Error(invalid_argument) when one of `flags` was given to `cmd`: "<flag>: <why>".
 void refuse_given(const CLI::App& cmd, std::initializer_list<const char*> flags, const std::string& why);

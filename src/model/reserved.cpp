@@ -1002,9 +1002,11 @@ AllocatorConf parse_allocator_conf(std::string_view conf) {
     const std::string k = trim(std::string_view(item).substr(0, colon));
     const std::string v = trim(std::string_view(item).substr(colon + 1));
     if (k == "expandable_segments") {
-      if (v == "True" || v == "true") out.policy.expandable_segments = true;
-      else if (v == "False" || v == "false") out.policy.expandable_segments = false;
-      else throw conf_error("expandable_segments: '" + v + "' is not True or False");
+      // as c10 spells them (parseExpandableSegments: "Expected a single True/False argument for
+      // expandable_segments"; a lowercase true stops PyTorch at startup)
+      if (v == "True") out.policy.expandable_segments = true;
+      else if (v == "False") out.policy.expandable_segments = false;
+      else throw conf_error("expandable_segments: '" + v + "' is not True or False (PyTorch refuses it at startup: Expected a single True/False argument)");
     } else if (k == "max_split_size_mb") {
       const std::uint64_t mb = conf_count(k, v);
       // c10 refuses less than a large segment at startup (AcceleratorAllocatorConfig::
