@@ -398,6 +398,15 @@ TEST_CASE("oom --step is a whole number up to 10^9; a message whose free memory 
   std::string equal = text;
   equal.replace(equal.find("80.00 GiB is free"), 9, "79.00 GiB");
   CHECK(parse_oom_message(equal).free == 79 * GiB);
+  // allocated above reserved (the pre-2.1 template): edited figures, refused; equal figures, and
+  // those within the print's rounding, are read
+  const std::string old_template = "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; "
+                                   "ALLOCATED already allocated; 3.75 MiB free; 14.74 GiB reserved in total by PyTorch)";
+  auto with = [](std::string t, const std::string& key, const std::string& value) { return t.replace(t.find(key), key.size(), value); };
+  CHECK(message_of([&] { parse_oom_message(with(old_template, "ALLOCATED", "44.56 GiB")); })
+            .find("the allocated memory (44.56 GiB) exceeds the reserved (14.74 GiB)") != std::string::npos);
+  CHECK(parse_oom_message(with(old_template, "ALLOCATED", "14.74 GiB")).allocated == parse_oom_message(with(old_template, "ALLOCATED", "14.74 GiB")).reserved);
+  CHECK_NOTHROW(parse_oom_message(with(old_template, "ALLOCATED", "14.75 GiB")));
 }
 
 // ---- 8. every option used or refused for the mode ----------------------------------------------------

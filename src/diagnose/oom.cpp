@@ -359,6 +359,16 @@ Attempt read_message(std::string_view s, std::size_t start, std::size_t after_an
     a.reached = c.pos();
     return a;
   }
+  // PyTorch's allocated memory lies inside its reserved segments: a message (the templates before
+  // 2.1 print both) saying otherwise by more than its two-decimal rounding could (1%, or 16 MiB) was
+  // edited or corrupted too. (Not the process's memory in use against the reserved: where the
+  // driver spills into shared memory, below, the process's device memory can be the smaller.)
+  if (r.allocated > r.reserved && r.allocated - r.reserved > std::max<bytes_t>(r.reserved / 100, 16 * MiB)) {
+    a.why = "its figures contradict each other: the allocated memory (" + format_bytes(r.allocated) + ") exceeds the reserved (" +
+            format_bytes(r.reserved) + "), so it was edited or corrupted";
+    a.reached = c.pos();
+    return a;
+  }
   // (PyTorch's reserved memory may exceed the capacity: on Windows the driver spills into shared
   // system memory; test_oom's message from iPASSR issue 9 reserves 19.15 GiB of an 8 GiB card.)
   r.message = std::string(s.substr(start, c.pos() - start));
