@@ -7,6 +7,7 @@
 #include <set>
 
 #include "job_yaml_internal.hpp"
+#include "yaml_number.hpp"
 #include "membudget/input.hpp"
 
 namespace membudget::detail {
@@ -45,14 +46,12 @@ Job apply_yaml_job_section(std::string_view text, const std::string& path, Job j
       return v.as<std::string>();
     };
     auto count_of = [&]() -> std::uint64_t {
-      // written plain (or !!int), as the spec's own counts are: "4" and !!str 4 are strings; 04 is octal to
-      // YAML 1.1 (PyYAML) and 4 to YAML 1.2
-      if (v.IsScalar() && v.Tag() != "?" && v.Tag() != "tag:yaml.org,2002:int")
+      // written as the spec's own counts are (yaml_number.hpp)
+      if (v.IsScalar() && !yaml_number_scalar(v, false))
         throw Error(ErrorKind::invalid_job, where + ": expected a whole number, got '" + v.Scalar() + "' " +
                                                 (v.Tag() == "!" ? "quoted" : "tagged " + v.Tag()));
       const std::string s = text_of();
-      if (s.size() > 1 && s[0] == '0')
-        throw Error(ErrorKind::invalid_job, where + ": '" + s + "' has a leading zero, which YAML readers disagree on (octal or not); write it without");
+      if (const std::string zero = yaml_leading_zero_problem(s); !zero.empty()) throw Error(ErrorKind::invalid_job, where + ": " + zero);
       return parse_count(s, where);
     };
     try {

@@ -15,11 +15,14 @@
 #include "membudget/input.hpp"
 #include "membudget/spec.hpp"
 #include "spec_internal.hpp"
+#include "yaml_number.hpp"
 
 namespace membudget {
 
 using detail::find_problem;
 using detail::quirks_of_family;
+using detail::yaml_leading_zero_problem;
+using detail::yaml_number_scalar;
 
 namespace {
 
@@ -115,17 +118,13 @@ class YamlReader {
 
   // A value written plain: neither quoted ("!") nor given a tag (`!!str 256` is the string "256").
   bool plain_scalar(const YAML::Node& n) const { return n.IsScalar() && n.Tag() == "?"; }
-  // A number: plain, or tagged as one (!!int; !!float where a fraction is read).
-  bool number_scalar(const YAML::Node& n, bool fraction) const {
-    return plain_scalar(n) || (n.IsScalar() && (n.Tag() == "tag:yaml.org,2002:int" || (fraction && n.Tag() == "tag:yaml.org,2002:float")));
-  }
 
   std::optional<std::uint64_t> opt_uint(const Entries& e, std::string_view key,
                                         const std::string& field) const {
     const Entry* en = find(e, key);
     if (!en) return std::nullopt;
     const YAML::Node& n = en->value;
-    if (!number_scalar(n, false))
+    if (!yaml_number_scalar(n, false))
       throw field_error(*en, field, "expected a non-negative integer, got " + describe(n));
     const std::string& s = n.Scalar();
     if (!s.empty() && s[0] == '-')
@@ -138,8 +137,7 @@ class YamlReader {
         throw field_error(*en, field, "must be a whole number (got " + s + ")");
       throw field_error(*en, field, "expected a non-negative integer, got " + describe(n));
     }
-    if (s.size() > 1 && s[0] == '0')  // YAML 1.1 (PyYAML) reads 0256 as octal 174, YAML 1.2 as 256
-      throw field_error(*en, field, "'" + s + "' has a leading zero, which YAML readers disagree on (octal or not); write it without");
+    if (const std::string zero = yaml_leading_zero_problem(s); !zero.empty()) throw field_error(*en, field, zero);
     std::uint64_t v = 0;
     for (char c : s) {
       if (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, std::uint64_t(c - '0'), &v))
@@ -176,7 +174,7 @@ class YamlReader {
     const Entry* en = find(e, key);
     if (!en) return std::nullopt;
     const YAML::Node& n = en->value;
-    if (number_scalar(n, true) && decimal_number(n.Scalar())) {
+    if (yaml_number_scalar(n, true) && decimal_number(n.Scalar())) {
       const std::string& s = n.Scalar();
       errno = 0;
       const double v = std::strtod(s.c_str(), nullptr);
