@@ -357,17 +357,20 @@ std::string dashed(std::string_view key) {
 }
 
 std::uint64_t parse_count(std::string_view text, std::string_view where, std::uint64_t min, std::uint64_t max) {
-  const bool bounded = min > 0 || max != ~std::uint64_t{0};
-  const std::string range = bounded ? " from " + std::to_string(min) + " to " + std::to_string(max) : "";
+  // (the messages are made only on failure: the C ABI's mb_job_set reads every count through here)
   auto fail = [&](const std::string& what) {
     return Error(ErrorKind::invalid_job, std::string(where) + ": '" + std::string(text.substr(0, 64)) + (text.size() > 64 ? "...'" : "'") + what);
   };
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) throw fail(" is not a whole number" + range);
+  auto not_in_range = [&] {
+    const bool bounded = min > 0 || max != ~std::uint64_t{0};
+    return fail(" is not a whole number" + (bounded ? " from " + std::to_string(min) + " to " + std::to_string(max) : std::string()));
+  };
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) throw not_in_range();
   std::uint64_t v = 0;
   for (const char c : text)
     if (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, static_cast<std::uint64_t>(c - '0'), &v))
       throw fail(" is absurdly large (more than 64 bits)");
-  if (v < min || v > max) throw fail(" is not a whole number" + range);
+  if (v < min || v > max) throw not_in_range();
   return v;
 }
 
