@@ -85,12 +85,21 @@ TEST_CASE("TrainingArguments JSON that is not: clear errors naming the source") 
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("args.json: TrainingArguments.bf16") != std::string::npos);
   }
-  // a partial JSON changes only what it names
+  // a field the JSON leaves out takes TrainingArguments' default, as TrainingArguments(**json) does,
+  // whatever the job before said
   Job base;
   base.precision = Precision::bf16;
+  base.recompute = Recompute::full;
+  base.optimizer = Optimizer::sgd;
   const Job j = apply_training_arguments(base, R"({"per_device_train_batch_size": 3})", "args.json");
   CHECK(j.batch == 3);
-  CHECK(j.precision == Precision::bf16);
+  CHECK(j.precision == Precision::fp32);
+  CHECK(j.recompute == Recompute::none);
+  CHECK(j.optimizer == Optimizer::adamw);
+  REQUIRE(j.optimizer_impl.has_value());
+  CHECK(*j.optimizer_impl == OptimizerImpl::fused);
+  CHECK(apply_training_arguments(base, "{}", "args.json").batch == 8);
+  CHECK(message(R"({"optim": null})").find("TrainingArguments.optim: is not a string") != std::string::npos);
 }
 
 TEST_CASE("--trainer-args on the command line: the job's flags override it") {
@@ -107,4 +116,35 @@ TEST_CASE("--trainer-args on the command line: the job's flags override it") {
   auto bad = test::run_cli("predict " + cfg + " --trainer-args " + test::source_path("tests/data/trainer_args/fp16_adamw_torch.json"));
   CHECK(bad.exit_code == 2);
   CHECK(bad.out.find("TrainingArguments.fp16") != std::string::npos);
+}
+
+TEST_CASE("TrainingArguments: a key that is not a field, and fields that change memory unmodelled, are refused") {
+  auto message = [](const std::string& json) {
+    try {
+      (void)apply_training_arguments(Job{}, json, "args.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  // a misspelling is named, every unknown key at once, as TrainingArguments(**json) refuses it
+  const std::string typo = message(R"({"per_device_train_batch_sise": 16, "bf16": true, "packing": true})");
+  CHECK_MESSAGE(typo.find("args.json: 'packing', 'per_device_train_batch_sise' are not fields of transformers 5.17's "
+                          "TrainingArguments") != std::string::npos, typo);
+  // a model's config.json given by mistake is not read as defaults
+  const std::string config = test::source_path("tests/data/hf/llama-3.1-8b.json");
+  try {
+    (void)apply_training_arguments(Job{}, read_input_file(config, 1 << 20, "TrainingArguments JSON"), config);
+    FAIL("a config.json was read as TrainingArguments");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("'vocab_size'") != std::string::npos);
+  }
+  // the label smoother's log_softmax, NEFTune's noise, the model's key-value cache
+  for (const char* json : {R"({"label_smoothing_factor": 0.1})", R"({"neftune_noise_alpha": 5})", R"({"use_cache": true})"}) {
+    const std::string m = message(json);
+    CHECK_MESSAGE(m.find("changes memory in a way not modelled") != std::string::npos, json << ": " << m);
+  }
+  CHECK(message(R"({"label_smoothing_factor": 0.0, "neftune_noise_alpha": null, "use_cache": false})") == "accepted");
+  CHECK(message(R"({"parallelism_config": {"tp_size": 2}})").find("TrainingArguments.parallelism_config: a sharded") !=
+        std::string::npos);
 }
