@@ -1,6 +1,8 @@
 // Serving: KV cache bytes, quantized weights, vLLM's pool, traffic, errors, and the serve command.
 #include <doctest/doctest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
@@ -340,4 +342,65 @@ TEST_CASE("CLI: predict --mode infer keeps the JSON keys") {
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("prefill_peak") != std::string::npos);
   CHECK(r.out.find("KV cache") != std::string::npos);
+}
+
+TEST_CASE("vLLM's max_model_len from a config.json's RoPE scaling: factor, yarn's original context, LongRoPE's default") {
+  std::ifstream file(test::source_path("configs/hf/qwen2.5-0.5b.json"));
+  const nlohmann::json qwen = nlohmann::json::parse(file);  // max_position_embeddings 32768, no scaling
+  auto with = [&](const std::string& key, const nlohmann::json& rope, const nlohmann::json* original = nullptr) {
+    nlohmann::json c = qwen;
+    c[key] = rope;
+    if (original) c["original_max_position_embeddings"] = *original;
+    return parse_hf_config(c.dump(), "c.json");
+  };
+  auto message = [&](const std::string& key, const nlohmann::json& rope) {
+    try {
+      (void)with(key, rope);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  using nlohmann::json;
+  CHECK(parse_hf_config(qwen.dump(), "c.json").max_positions == 32768);
+  // Qwen2.5's 128K recipe: yarn × 4 over its original 32768
+  CHECK(with("rope_scaling", json{{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}).max_positions == 131072);
+  // yarn's own original context replaces max_position_embeddings; absent, transformers 5 fills it with that
+  CHECK(with("rope_scaling", json{{"rope_type", "yarn"}, {"factor", 2}, {"original_max_position_embeddings", 4096}}).max_positions == 8192);
+  CHECK(with("rope_scaling", json{{"rope_type", "yarn"}, {"factor", 2}}).max_positions == 65536);
+  CHECK(with("rope_scaling", json{{"type", "linear"}, {"factor", 1.5}}).max_positions == 49152);
+  CHECK(with("rope_scaling", json{{"type", "dynamic"}, {"factor", 2.0}}).max_positions == 65536);
+  // transformers 5's name, nested by layer type; mrope is default (no factor)
+  CHECK(with("rope_parameters", json{{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 1e6}}).max_positions == 65536);
+  CHECK(with("rope_parameters", json{{"full_attention", {{"rope_type", "linear"}, {"factor", 2.0}}},
+                                     {"sliding_attention", {{"rope_type", "default"}}}}).max_positions == 65536);
+  CHECK(with("rope_scaling", json{{"type", "mrope"}, {"mrope_section", {16, 24, 24}}}).max_positions == 32768);
+  // llama3 and longrope carry the scaled context in max_position_embeddings already
+  CHECK(with("rope_scaling", json{{"rope_type", "llama3"}, {"factor", 8.0}, {"original_max_position_embeddings", 8192},
+                                  {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}}).max_positions == 32768);
+  const json original = 4096;
+  const ModelSpec phi = with("rope_scaling", json{{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}}, &original);
+  CHECK(phi.max_positions == 32768);
+  CHECK(phi.default_max_model_len == 4096);
+  ServeOptions o;
+  o.total_memory = find_device("H100").capacity;
+  CHECK(plan_serving(phi, o).max_model_len == 4096);  // vLLM's default for LongRoPE: the original context
+  o.max_model_len = 32768;
+  CHECK(plan_serving(phi, o).max_model_len == 32768);  // the whole context, asked for
+  o.max_model_len.reset();
+  CHECK(plan_serving(with("rope_scaling", json{{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}), o)
+            .max_model_len == 131072);
+  // what transformers refuses, and what vLLM's derivation is not known for
+  CHECK(message("rope_scaling", json{{"type", "linear"}}).find("c.json: rope_scaling.factor: is missing") != std::string::npos);
+  CHECK(message("rope_scaling", json{{"type", "linear"}, {"factor", 0.5}}).find("rope_scaling.factor: must be a number >= 1") != std::string::npos);
+  CHECK(message("rope_scaling", json{{"type", "linear"}, {"factor", "8"}}).find("must be a number >= 1") != std::string::npos);
+  CHECK(message("rope_scaling", json{{"type", "dynamic"}, {"factor", 1e300}}).find("past the limit") != std::string::npos);
+  CHECK(message("rope_scaling", json::array({1, 2})).find("rope_scaling: expected an object") != std::string::npos);
+  CHECK(message("rope_scaling", "linear").find("rope_scaling: expected an object") != std::string::npos);
+  CHECK(message("rope_scaling", json{{"rope_type", "ntk_by_parts"}, {"factor", 2.0}}).find("'ntk_by_parts' is not a RoPE type") != std::string::npos);
+  CHECK(message("rope_scaling", json{{"rope_type", "yarn"}, {"type", "linear"}, {"factor", 2.0}}).find("disagree") != std::string::npos);
+  nlohmann::json both = qwen;
+  both["rope_scaling"] = json{{"type", "linear"}, {"factor", 2.0}};
+  both["rope_parameters"] = json{{"rope_type", "default"}};
+  CHECK_THROWS_WITH_AS(parse_hf_config(both.dump(), "c.json"), doctest::Contains("rope_scaling: differs from rope_parameters"), Error);
 }

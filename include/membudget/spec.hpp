@@ -189,7 +189,11 @@ struct ModelSpec {
   MlpKind mlp = MlpKind::gated_silu;
   NormKind norm = NormKind::rmsnorm;
   Biases bias;
-  std::uint64_t max_positions = 0;    // 131072
+  std::uint64_t max_positions = 0;    // 131072 (a config.json's RoPE scaling applied as vLLM derives it)
+  // vLLM's default max_model_len where it is not max_positions: LongRoPE's original context
+  // (config.json's original_max_position_embeddings; Phi-3 128K: 4096); 0 otherwise. Only `serve`
+  // reads it, so the plans' keys (job_key.hpp) leave it out.
+  std::uint64_t default_max_model_len = 0;
   std::uint64_t norms_per_layer = 2;  // Gemma 2: 4 (pre/post attention and feed-forward)
   bool qk_norm = false;               // Qwen3: RMSNorm over head_dim on q and k
   double final_logit_softcap = 0;     // Gemma 2: 30 (adds elementwise ops over the logits)

@@ -176,7 +176,7 @@ ServePlan plan_serving(const ModelSpec& m, const ServeOptions& o) {
   p.block_size = o.block_size;
   p.kv_dtype = o.kv_dtype;
   p.weights_dtype = o.weights;
-  p.max_model_len = o.max_model_len.value_or(m.max_positions);
+  p.max_model_len = o.max_model_len.value_or(m.default_max_model_len ? m.default_max_model_len : m.max_positions);
   if (p.max_model_len == 0) throw bad("--max-model-len: must be at least 1");
   if (p.max_model_len > m.max_positions)
     throw bad("--max-model-len: " + std::to_string(p.max_model_len) +

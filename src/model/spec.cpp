@@ -528,6 +528,99 @@ class JsonReader {
   std::string where_;
 };
 
+// The context a config.json's RoPE scaling gives, as vLLM derives max_model_len from it
+// (ModelConfig's _get_and_verify_max_len; model_arch_config_convertor.py in 2026): every type but
+// longrope and llama3 (whose max_position_embeddings is already the scaled context) multiplies it by
+// `factor`; yarn multiplies its original_max_position_embeddings instead (absent: the config's
+// max_position_embeddings, as transformers 5 fills it). transformers 5 calls the field
+// rope_parameters (per layer type when nested), 4 rope_scaling; `type` is the old name of
+// `rope_type`, su of longrope, mrope of default. LongRoPE's default max_model_len is its original
+// context (vLLM since late 2025), set as default_max_model_len. What transformers refuses (a missing
+// factor, a factor below 1) and a rope type whose context vLLM might derive otherwise are refused.
+void apply_rope_scaling(const JsonReader& r, ModelSpec& s) {
+  const json* given = r.find("rope_parameters");
+  std::string key = "rope_parameters";
+  if (const json* old = r.find("rope_scaling")) {
+    if (given && *given != *old)
+      throw r.error("rope_scaling", "differs from rope_parameters (transformers 5's name for it); give one of the two");
+    if (!given) given = old, key = "rope_scaling";
+  }
+  if (!given) return;
+  if (!given->is_object()) throw r.error(key, "expected an object of RoPE parameters, got " + brief(*given));
+  // transformers 5 nests the parameters by attention layer type (Gemma's full and sliding layers)
+  static const std::array<std::string_view, 4> kLayerTypes = {"full_attention", "sliding_attention",
+                                                              "chunked_attention", "linear_attention"};
+  bool nested = !given->empty();
+  for (const auto& [name, value] : given->items())
+    nested = nested && std::find(kLayerTypes.begin(), kLayerTypes.end(), name) != kLayerTypes.end();
+  std::vector<std::pair<std::string, const json*>> sets;
+  if (nested) {
+    for (const auto& [name, value] : given->items())
+      if (!value.is_null()) sets.emplace_back(key + "." + name, &value);
+  } else {
+    sets.emplace_back(key, given);
+  }
+  double derived = static_cast<double>(s.max_positions), scaling = 1.0;
+  bool longrope = false;
+  for (const auto& set : sets) {
+    const std::string& where = set.first;  // (not a structured binding: clang's lambdas cannot capture one)
+    const json* p = set.second;
+    if (!p->is_object()) throw r.error(where, "expected an object of RoPE parameters, got " + brief(*p));
+    auto type_of = [&](const char* name) -> std::string {
+      if (!p->contains(name)) return "";
+      if (!(*p)[name].is_string()) throw r.error(where + "." + name, "expected a string, got " + brief((*p)[name]));
+      const std::string t = (*p)[name].get<std::string>();
+      return t == "su" ? "longrope" : t == "mrope" ? "default" : t;
+    };
+    const std::string rope_type = type_of("rope_type"), old_type = type_of("type");
+    if (!rope_type.empty() && !old_type.empty() && rope_type != old_type)
+      throw r.error(where, "rope_type '" + rope_type + "' and type '" + old_type + "' disagree");
+    const std::string type = !rope_type.empty() ? rope_type : !old_type.empty() ? old_type : "default";
+    static const std::array<std::string_view, 6> kTypes = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"};
+    if (std::find(kTypes.begin(), kTypes.end(), type) == kTypes.end())
+      throw r.error(where + ".rope_type",
+                    "'" + type + "' is not a RoPE type membudget knows vLLM's context length for (default, linear, "
+                    "dynamic, yarn, longrope, llama3)",
+                    ErrorKind::unsupported);
+    const json* factor = p->contains("factor") && !(*p)["factor"].is_null() ? &(*p)["factor"] : nullptr;
+    if (!factor && (type == "linear" || type == "dynamic" || type == "yarn" || type == "llama3"))
+      throw r.error(where + ".factor", "is missing; rope type " + type + " needs it, as transformers requires");
+    if (factor && (!factor->is_number() || !std::isfinite(factor->get<double>()) || factor->get<double>() < 1))
+      throw r.error(where + ".factor", "must be a number >= 1, as transformers requires (got " + brief(*factor) + ")");
+    if (type == "longrope") {
+      longrope = true;
+      continue;
+    }
+    if (type == "llama3") continue;
+    if (factor) scaling = factor->get<double>();
+    if (type == "yarn" && p->contains("original_max_position_embeddings") &&
+        !(*p)["original_max_position_embeddings"].is_null()) {
+      const json& o = (*p)["original_max_position_embeddings"];
+      if (!o.is_number_unsigned() || o.get<std::uint64_t>() == 0)
+        throw r.error(where + ".original_max_position_embeddings", "expected a whole number >= 1, got " + brief(o));
+      derived = static_cast<double>(o.get<std::uint64_t>());
+    }
+  }
+  const double scaled = derived * scaling;  // vLLM: int(derived * factor), a float product truncated
+  if (scaled > static_cast<double>(kMaxPositions))
+    throw r.error(key, "its factor scales the context past the limit of " + std::to_string(kMaxPositions) +
+                           " tokens; check the factor for a typo");
+  s.max_positions = static_cast<std::uint64_t>(scaled);
+  if (longrope) {
+    // vLLM reads the config's own original_max_position_embeddings, else the parameters'
+    const json* original = r.find("original_max_position_embeddings");
+    std::string original_key = "original_max_position_embeddings";
+    if (!original && !nested && given->contains("original_max_position_embeddings") &&
+        !(*given)["original_max_position_embeddings"].is_null())
+      original = &(*given)["original_max_position_embeddings"], original_key = key + ".original_max_position_embeddings";
+    if (original) {
+      if (!original->is_number_unsigned() || original->get<std::uint64_t>() == 0)
+        throw r.error(original_key, "expected a whole number >= 1, got " + brief(*original));
+      s.default_max_model_len = std::min(original->get<std::uint64_t>(), s.max_positions);
+    }
+  }
+}
+
 MlpKind mlp_from_activation(const JsonReader& r, const std::string& family) {
   std::string key = "hidden_activation";
   auto act = r.opt_string(key);
@@ -636,6 +729,7 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
   s.num_heads = r.req_uint("num_attention_heads");
   s.num_kv_heads = r.opt_uint("num_key_value_heads").value_or(s.num_heads);
   s.max_positions = r.req_uint("max_position_embeddings");
+  apply_rope_scaling(r, s);
   s.tied_embeddings = r.opt_bool("tie_word_embeddings").value_or(gemma || gemma2);
   s.mlp = mlp_from_activation(r, t);
   s.norm = NormKind::rmsnorm;
