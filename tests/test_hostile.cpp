@@ -455,6 +455,7 @@ TEST_CASE("the CLI refuses options the mode or the command does not use, exit 2,
       {"max-batch " + spec + " --device H100 --global-batch -1", "--global-batch"},
       {"max-batch " + spec + " --device H100 --max 0", "--max"},
       {"max-batch " + spec + " --device H100 --data-parallel 2", "--data-parallel"},
+      {"max-batch " + spec + " --device H100 --format markdown", "--format: max-batch writes table, json or csv"},
       {"sweep " + spec + " --mode infer --precision bf16,fp32", "--precision"},
       {"serve " + spec + " --device H100 --group-size 64", "--group-size"},
       {"serve " + spec + " --device ''", "--device"},
@@ -547,7 +548,7 @@ TEST_CASE("a job setting a check refuses is named where it was given: flag, job:
   const std::string args = temp_file("huge_batch_args.json", R"({"per_device_train_batch_size": 8589934592})");
   r = test::run_cli("predict " + temp_file("tiny.yaml", kTinyYaml) + " --seq 64 --trainer-args " + args);
   CHECK(r.exit_code == 2);
-  CHECK(r.out.find("huge_batch_args.json: TrainingArguments.per_device_train_batch_size: is absurdly large") != std::string::npos);
+  CHECK(r.out.find("huge_batch_args.json: TrainingArguments.per_device_train_batch_size: 8589934592 is absurdly large") != std::string::npos);
 }
 
 TEST_CASE("JobSources::locate: an opening flag becomes its place, others are listed once, the kind is kept") {
@@ -842,7 +843,11 @@ TEST_CASE("the CLI: values only too large are called that, --headroom is read st
     CHECK(r.exit_code == 2);
     CHECK(r.out.find(message) != std::string::npos);
   };
-  refused("predict " + llama + " --batch 18446744073709551615", "--batch: is absurdly large (limit 2^32)");
+  refused("predict " + llama + " --batch 18446744073709551615", "--batch: 18446744073709551615 is absurdly large (limit 2^32)");
+  // a sweep whose every point is refused is bad input too; its rows name each point's error
+  refused("sweep " + llama + " --batch 18446744073709551615 --format csv", "\"--batch: 18446744073709551615 is absurdly large");
+  refused("sweep " + llama + " --batch 4294967297,8589934592 --seq 1 --device H100", "--batch: 4294967297 is absurdly large");
+  CHECK(test::run_cli("sweep " + llama + " --batch 1,18446744073709551615 --seq 64 --fit-on allocated --device H100").exit_code == 0);
   refused("predict " + llama + " --batch 18446744073709551616", "--batch: '18446744073709551616' is absurdly large");
   refused("predict " + llama + " --pp 2 --pp-layers 18446744073709551615,17",
           "--pp-layers: a stage's layers: '18446744073709551615' is not a whole number from 0 to 1048576");

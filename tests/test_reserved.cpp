@@ -726,6 +726,12 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
   fails("roundup_power2_divisions:3", "power of 2");
   fails("garbage_collection_threshold:1.5", "garbage_collection_threshold");
   fails("expandable_segments", "key:value");
+  // c10's tokenizer reads the comma after an empty item as a key ("Unrecognized key"); a trailing one it takes
+  fails(",", "an empty item before a ','");
+  fails("expandable_segments:True,,max_split_size_mb:512", "an empty item before a ','");
+  fails(",expandable_segments:True", "an empty item before a ','");
+  CHECK(parse_allocator_conf("expandable_segments:True,").policy.expandable_segments);
+  CHECK(!parse_allocator_conf("").policy.expandable_segments);
 }
 
 TEST_CASE("reserved memory follows the allocator settings, and is asked for") {

@@ -65,6 +65,9 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     if (!on_reserved && !f->allocator_conf.empty())
       throw Error(ErrorKind::invalid_argument, "--allocator-conf: applies only with --fit-on reserved");
     const auto points = sweep(spec, job, grid, dev, f->headroom, on_reserved, f->allocator_conf);
+    // every point refused is bad input, as one such point given to predict is (each row names its error)
+    if (std::none_of(points.begin(), points.end(), [](const SweepPoint& p) { return p.ok; }))
+      set_exit_status(Error(ErrorKind::invalid_job, "").exit_code());
     if (format == "json") {
       nlohmann::ordered_json a = nlohmann::ordered_json::array();
       for (const auto& p : points) {

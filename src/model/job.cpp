@@ -456,7 +456,8 @@ void Job::validate() const {
   if (batch == 0) throw bad("--batch", "must be at least 1");
   if (seq == 0) throw bad("--seq", "must be at least 1");
   if (batch > kMaxTokens || seq > kMaxTokens)
-    throw bad(batch > kMaxTokens ? "--batch" : "--seq", "is absurdly large (limit 2^32)");
+    throw bad(batch > kMaxTokens ? "--batch" : "--seq",
+              std::to_string(batch > kMaxTokens ? batch : seq) + " is absurdly large (limit 2^32)");
   if (batch * seq > kMaxTokens)
     throw bad("--batch × --seq", std::to_string(batch) + " × " + std::to_string(seq) +
                                      " tokens per micro-batch is absurdly large (limit 2^32)");

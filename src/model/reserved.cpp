@@ -994,8 +994,12 @@ AllocatorConf parse_allocator_conf(std::string_view conf) {
     }
   }
   items.push_back(cur);
-  for (const std::string& raw : items) {
-    const std::string item = trim(raw);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::string item = trim(items[i]);
+    // c10's tokenizer takes a trailing comma, but reads the comma after an empty item as a key
+    if (item.empty() && i + 1 < items.size())
+      throw conf_error("an empty item before a ',' (PyTorch reads that ',' as a key and refuses it at startup: "
+                       "Unrecognized key)");
     if (item.empty()) continue;
     const auto colon = item.find(':');
     if (colon == std::string::npos) throw conf_error("'" + item + "' is not key:value");
