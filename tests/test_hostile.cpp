@@ -906,3 +906,21 @@ TEST_CASE("an oom message's size past 2^64 - 1 bytes is called that, not a missi
   });
   CHECK(m.find("expected a size (the request) of at most 2^64 - 1 bytes") != std::string::npos);
 }
+
+TEST_CASE("a gzipped snapshot is named as such; leaks reads a pickle by its bytes, whatever its name") {
+  const std::string gz = test::source_path("tests/data/ep_snapshots/deepseek-v2-lite_ep2r0_bf16_none_b1s1024_L2.pickle.gz");
+  for (const char* command : {"attribute ", "leaks "}) {
+    const auto r = test::run_cli(command + gz);
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(r.out.find("gzip-compressed (it opens with gzip's bytes 1f 8b") != std::string::npos, command << r.out);
+  }
+  // a snapshot saved under another name was read as a CSV and its bytes printed as column names
+  std::ifstream in(test::source_path("tests/data/snapshots/train_tiny_llama_amp_bf16_ctx_all.pickle"), std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() > 2);
+  const auto as_pickle = test::run_cli("leaks " + temp_file("snapshot.pickle", bytes) + " --format json");
+  const auto as_bin = test::run_cli("leaks " + temp_file("snapshot.bin", bytes) + " --format json");
+  CHECK(as_bin.exit_code == as_pickle.exit_code);
+  CHECK(as_bin.out == as_pickle.out);
+  CHECK(as_bin.out.find("\"boundaries\"") != std::string::npos);
+}

@@ -7,6 +7,7 @@
 // Exit codes: 0 no leak, 1 leak found, 2 bad input (unreadable CSV or snapshot, a snapshot without
 // trace or step boundaries), 5 the file could not be read.
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -35,8 +36,18 @@ void print_verdict(const LeakReport& r) {
   std::printf("%s\n", r.explanation.c_str());
 }
 
+// Whether the file opens as a pickle (protocol 2 and later: the PROTO opcode 0x80) or as gzip (1f 8b,
+// which the pickle reader names), whatever its name: read as a CSV it gave column names of binary.
+bool opens_as_binary_snapshot(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[2] = {};
+  if (!in.read(head, 2)) return false;
+  const auto b0 = static_cast<unsigned char>(head[0]), b1 = static_cast<unsigned char>(head[1]);
+  return b0 == 0x80 || (b0 == 0x1f && b1 == 0x8b);
+}
+
 void run(const LeaksOptions& o) {
-  if (o.path.ends_with(".pickle") || o.path.ends_with(".pkl")) {
+  if (o.path.ends_with(".pickle") || o.path.ends_with(".pkl") || opens_as_binary_snapshot(o.path)) {
     const SnapshotLeaks l = snapshot_leaks_file(o.path);
     const LeakReport& r = l.report;
     if (o.format == "json") {

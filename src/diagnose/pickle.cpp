@@ -573,6 +573,10 @@ struct PickleParser {
 };
 
 PickleDocument parse_pickle(std::string bytes, const std::string& where) {
+  // gzip's magic number: snapshots are often stored compressed (tests/data keeps them so)
+  if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f && static_cast<unsigned char>(bytes[1]) == 0x8b)
+    throw Error(ErrorKind::parse, where + ": gzip-compressed (it opens with gzip's bytes 1f 8b, not a pickle's); "
+                                          "decompress it first (gunzip -k FILE) and give the .pickle");
   PickleDocument doc;
   doc.bytes_ = std::make_unique<std::string>(std::move(bytes));
   doc.arena_ = std::make_unique<std::deque<PickleContainer>>();
