@@ -101,15 +101,50 @@ TEST_CASE("worked example on an L40S: ranked cheapest first, the first fix that 
   const Fix* sel = find(fixes, "selective recompute");
   REQUIRE(sel);
   CHECK(sel->skipped);
-  // micro-batch: the largest b' < 4 that fits, and the next one up does not
+  // micro-batch: the largest divisor b' < 4 that fits (the optimizer's batch stays 4), and the next
+  // divisor up does not
   const Fix* mb = find(fixes, "smaller micro-batch");
   REQUIRE(mb);
   REQUIRE(mb->job);
   CHECK(mb->job->batch < 4);
-  if (mb->fits && mb->job->batch + 1 < 4) {
+  CHECK(4 % mb->job->batch == 0);
+  CHECK(mb->change == "--batch " + std::to_string(mb->job->batch) + " with " + std::to_string(4 / mb->job->batch) +
+                          " gradient-accumulation steps");
+  if (mb->fits && mb->job->batch * 2 < 4) {
     Job j = job;
-    j.batch = mb->job->batch + 1;
+    j.batch = mb->job->batch * 2;
     CHECK_FALSE(check_fit(predict(spec, j), dev).fits);
+  }
+}
+
+TEST_CASE("smaller micro-batch: only divisors of the batch, so the optimizer's batch is kept") {
+  // a card between what batch 5 and batch 6 need (reserved memory and outside, advise's basis): the
+  // search over every smaller batch offered 5 × 2, ten sequences for an optimizer batch of six
+  const ModelSpec spec = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
+  Job job;
+  job.seq = 2048;
+  job.precision = Precision::bf16;
+  PredictOptions po;
+  po.reserved = true;
+  auto need = [&](std::uint64_t b) {
+    Job j = job;
+    j.batch = b;
+    return predict(spec, j, po).nvidia_smi();
+  };
+  REQUIRE(need(5) < need(6));
+  const Device card{"card", static_cast<bytes_t>(static_cast<double>(need(5) + (need(6) - need(5)) / 2) / 0.95)};
+  REQUIRE(fits_by_hand(need(3), card, 0.05));
+  REQUIRE(fits_by_hand(need(1), card, 0.05));
+  for (std::uint64_t batch : {6, 7}) {
+    job.batch = batch;
+    const auto fixes = advise(spec, job, card, 0.05);
+    const Fix* mb = find(fixes, "smaller micro-batch");
+    REQUIRE(mb);
+    REQUIRE(mb->job);
+    INFO("batch " << batch << ": " << mb->change);
+    CHECK(mb->fits);
+    CHECK(mb->job->batch == (batch == 6 ? 3 : 1));  // 7 is prime: 1 × 7
+    CHECK(mb->cost.find("same tokens per optimizer step (" + std::to_string(batch) + " sequences)") != std::string::npos);
   }
 }
 
@@ -407,14 +442,15 @@ TEST_CASE("advise decides on the reserved memory where the fix is a job with a r
     REQUIRE(f);
     CHECK(!f->on_reserved);
   }
-  // the smaller micro-batch is the largest that fits on reserved memory: batch 4 itself does not
+  // the smaller micro-batch is the largest divisor of 4 that fits on reserved memory: the next
+  // divisor up does not (batch 4 itself does not)
   const Fix* smaller = find(fixes, "smaller micro-batch");
   REQUIRE(smaller);
   REQUIRE(smaller->job);
   CHECK(smaller->fits);
   CHECK(smaller->on_reserved);
   Job next = job;
-  next.batch = smaller->job->batch + 1;
+  next.batch = smaller->job->batch * 2;
   CHECK(!fits_by_hand(predict(spec, next, po).nvidia_smi(), card, 0.05));
   // the CLI says which basis each figure is on
   const auto out = test::run_cli("advise " + test::source_path("configs/llama-3.2-1b.yaml") +

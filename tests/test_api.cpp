@@ -56,6 +56,14 @@ TEST_CASE("fits is a result; bad input is a typed error") {
   CHECK_THROWS_AS(fits(m, j, find_device("H100"), 1.5), Error);
 }
 
+TEST_CASE("find_device: short names mean the documented part; V100, two common parts, is refused") {
+  CHECK(find_device("h100").name == "H100-80GB");
+  CHECK(find_device("A100").name == "A100-80GB");
+  CHECK(find_device("v100-16gb").capacity == 16384ull * MiB);
+  CHECK_THROWS_WITH_AS(find_device("V100"), doctest::Contains("give V100-16GB or V100-32GB"), Error);
+  CHECK_THROWS_WITH_AS(find_device("Z9000"), doctest::Contains("unknown card 'Z9000'"), Error);
+}
+
 TEST_CASE("max_micro_batch is the largest batch that fits, found by search") {
   const ModelSpec m = load_model(test::source_path("configs/llama-3.2-1b.yaml"));
   Job j;

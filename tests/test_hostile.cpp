@@ -924,3 +924,14 @@ TEST_CASE("a gzipped snapshot is named as such; leaks reads a pickle by its byte
   CHECK(as_bin.out == as_pickle.out);
   CHECK(as_bin.out.find("\"boundaries\"") != std::string::npos);
 }
+
+TEST_CASE("serve checks a YAML spec's job: section as predict does (it applies none of it)") {
+  const std::string bad = temp_file("serve_job_kv.yaml", std::string(kTinyYaml) + "job:\n  seq: 128\n  kv_dtype: fp8\n");
+  for (const char* command : {"predict ", "serve "}) {
+    const auto r = test::run_cli(command + bad + (std::string(command) == "serve " ? " --device H100" : ""));
+    CHECK_MESSAGE(r.exit_code == 2, command);
+    CHECK_MESSAGE(r.out.find("serve_job_kv.yaml:11: job.kv_dtype: unknown job key") != std::string::npos, command << r.out);
+  }
+  const std::string good = temp_file("serve_job_ok.yaml", std::string(kTinyYaml) + "job:\n  seq: 128\n  batch: 2\n");
+  CHECK(test::run_cli("serve " + good + " --device H100").exit_code == 0);
+}

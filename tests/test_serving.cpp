@@ -223,10 +223,24 @@ TEST_CASE("traffic: fits, by how much, and when it does not") {
   CHECK(f.oversize == doctest::Approx(static_cast<double>(p.num_blocks) / (64 * 128)));
   CHECK(f.excess_bytes == (p.num_blocks - 64 * 128) * p.page_size * 32);
   CHECK(f.suggested_utilization < 0.9);
-  const TrafficFit big = fit_traffic(m, p, parse_traffic("4096x4096"));
+  const TrafficFit big = fit_traffic(m, p, parse_traffic("1000x16384"));
   CHECK_FALSE(big.fits);
   CHECK(big.reason.find("blocks") != std::string::npos);
-  CHECK_FALSE(fit_traffic(m, p, parse_traffic("1x32768")).fits);  // beyond max_model_len
+  CHECK(big.suggested_utilization > 0.9);  // more memory would hold it (more than the card has)
+  // beyond max_model_len: no utilization mends that, the flag does (or nothing, past the model's context)
+  const TrafficFit longer = fit_traffic(m, p, parse_traffic("1x32768"));
+  CHECK_FALSE(longer.fits);
+  CHECK(longer.reason.find("give --max-model-len 32768 or more") != std::string::npos);
+  CHECK(longer.suggested_utilization == 0);
+  CHECK(fit_traffic(m, p, parse_traffic("1x200000")).reason.find("the model's context is 131,072 tokens") != std::string::npos);
+  // more requests in flight than vLLM runs at once (max_num_seqs: 1024 on an H100) queue, whatever the memory
+  const TrafficFit crowd = fit_traffic(m, p, parse_traffic("2000x16"));
+  CHECK_FALSE(crowd.fits);
+  CHECK(crowd.reason.find("vLLM runs at most max_num_seqs (1,024) at once") != std::string::npos);
+  CHECK(crowd.suggested_utilization == 0);
+  o.max_num_seqs = 2000;
+  o.max_num_batched_tokens = 8192;
+  CHECK(fit_traffic(m, plan_serving(m, o), parse_traffic("2000x16")).fits);
   CHECK_THROWS_AS(parse_traffic("64"), Error);
   CHECK_THROWS_AS(parse_traffic("0x10"), Error);
   CHECK_THROWS_AS(parse_traffic("4:100:50"), Error);

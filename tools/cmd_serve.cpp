@@ -8,6 +8,7 @@
 #include "cli.hpp"
 #include "job_flags.hpp"
 #include "membudget/input.hpp"
+#include "membudget/job_yaml.hpp"
 #include "membudget/serving.hpp"
 #include "membudget/spec.hpp"
 
@@ -98,8 +99,8 @@ nlohmann::ordered_json plan_json(const ModelSpec& m, const Device& dev, const Se
                     {"bytes_needed", tf->bytes_needed},
                     {"fits", tf->fits},
                     {"oversize", tf->oversize},
-                    {"excess_bytes", tf->excess_bytes},
-                    {"suggested_gpu_memory_utilization", tf->suggested_utilization}};
+                    {"excess_bytes", tf->excess_bytes}};
+    if (tf->suggested_utilization > 0) j["traffic"]["suggested_gpu_memory_utilization"] = tf->suggested_utilization;
     if (!tf->fits) j["traffic"]["reason"] = tf->reason;
   }
   return j;
@@ -153,7 +154,7 @@ std::string plan_text(const ModelSpec& m, const Device& dev, const ServePlan& p,
           << fixed(tf->suggested_utilization, 2) << " would hold it)\n";
     } else {
       out << "  DOES NOT FIT: " << tf->reason;
-      if (tf->suggested_utilization <= 1.0)
+      if (tf->suggested_utilization > 0 && tf->suggested_utilization <= 1.0)
         out << " (--gpu-memory-utilization " << fixed(tf->suggested_utilization, 2) << " would hold it)";
       out << "\n";
     }
@@ -183,6 +184,10 @@ Registrar reg("serve", 20, [](CLI::App& app) {
   cmd->add_option("--format", f->format, "table (default) | json");
   cmd->callback([f, cmd] {
     const ModelSpec spec = load_model(f->model_path);
+    // A YAML spec's job: section is the training (or predict) job, none of whose settings is a vLLM
+    // option; it is checked as predict checks it, so that one file is valid for both commands, and
+    // not applied.
+    (void)load_job_section(f->model_path, Job{});
     if (f->format != "table" && f->format != "json")
       throw Error(ErrorKind::invalid_argument, "--format: '" + f->format + "' is not one of table, json");
     if (!f->device.empty() && !f->device_memory.empty())

@@ -156,7 +156,9 @@ struct TrafficFit {
   bool fits = false;
   double oversize = 0;              // pool blocks / blocks needed (≥ 1 when it fits)
   bytes_t excess_bytes = 0;         // pool bytes beyond the need (0 when it does not fit)
-  double suggested_utilization = 0; // the smallest utilization (2 decimals) that holds the traffic
+  double suggested_utilization = 0; // the smallest utilization (2 decimals) that holds the traffic; 0
+                                    // when no utilization would (a request past max_model_len, more
+                                    // requests than max_num_seqs)
   std::string reason;               // why it does not fit
 };
 TrafficFit fit_traffic(const ModelSpec& m, const ServePlan& plan, const Traffic& t);

@@ -109,6 +109,19 @@ bytes_t phase_bytes(const PhasePeak& p, const Plan& plan) {
   return checked_add(kept, plan.extra, "advise: phase peak");
 }
 
+// The divisors of `batch` below it, largest first: the micro-batches that keep the optimizer's batch
+// with whole accumulation steps (1 for a prime batch).
+std::vector<std::uint64_t> smaller_divisors(std::uint64_t batch) {
+  std::vector<std::uint64_t> d;
+  for (std::uint64_t k = 1; k <= batch / k; ++k)
+    if (batch % k == 0) {
+      if (k < batch) d.push_back(k);
+      if (batch / k != k && batch / k < batch) d.push_back(batch / k);
+    }
+  std::sort(d.rbegin(), d.rend());
+  return d;
+}
+
 // The job being advised and its device, with the predictions made so far: plans, sizes and stacks
 // come back to the same few jobs many times.
 struct Context {
@@ -506,18 +519,18 @@ std::vector<FixRow> fix_table(const Context& c) {
                        for (Role r : {Role::optimizer_state, Role::master_weight, Role::optimizer_temporary})
                          p.scale(r, 0);
                      }}},
-      // ---- micro-batch: the largest b' < b that fits, with gradient accumulation ----
+      // ---- micro-batch: the largest divisor b' < b that fits, with b / b' accumulation steps ----
+      // (only a divisor keeps the optimizer's batch: 3 × 2 for a batch of 4 is 6 sequences)
       {.fix = {.name = "smaller micro-batch", .cost_class = CostClass::micro_batch, .compute = 0.10},
        .skip = job.batch <= 1 ? "micro-batch is already 1 (shorten --seq, or use the fixes above)" : "",
-       .sizes = job.batch - 1,
+       .sizes = smaller_divisors(job.batch).size(),
        .at_size =
-           [batch = job.batch](FixRow& row, std::uint64_t i) {
-             const std::uint64_t b = batch - 1 - i, accum = (batch + b - 1) / b;
+           [batch = job.batch, divisors = smaller_divisors(job.batch)](FixRow& row, std::uint64_t i) {
+             const std::uint64_t b = divisors[i], accum = batch / b;
              row.fix.change = "--batch " + std::to_string(b) + " with " + std::to_string(accum) +
                               " gradient-accumulation steps";
-             row.fix.cost = "same tokens per optimizer step (" + std::to_string(b * accum) + " sequences" +
-                            (b * accum != batch ? ", not exactly " + std::to_string(batch) : std::string()) +
-                            "); smaller matmuls use the GPU less efficiently (~+10% time), more steps per update";
+             row.fix.cost = "same tokens per optimizer step (" + std::to_string(batch) +
+                            " sequences); smaller matmuls use the GPU less efficiently (~+10% time), more steps per update";
              row.apply.job = [b](Job j) { j.batch = b; return j; };
            },
        .fits_note = "the largest micro-batch that fits",

@@ -325,7 +325,7 @@ Traffic parse_traffic(const std::string& text) {
   return t;
 }
 
-TrafficFit fit_traffic(const ModelSpec&, const ServePlan& p, const Traffic& t) {
+TrafficFit fit_traffic(const ModelSpec& m, const ServePlan& p, const Traffic& t) {
   TrafficFit f;
   f.traffic = t;
   const std::uint64_t per_mean = blocks_per_request(p, t.mean_context);
@@ -333,12 +333,23 @@ TrafficFit fit_traffic(const ModelSpec&, const ServePlan& p, const Traffic& t) {
   f.blocks_needed = checked_mul(t.concurrency, per_mean, "traffic blocks");
   const bytes_t block_bytes = checked_mul(p.page_size, p.group_size, "block bytes");
   f.bytes_needed = checked_mul(f.blocks_needed, block_bytes, "traffic bytes");
+  // A reason no utilization mends leaves suggested_utilization 0.
+  bool memory_mends_it = false;
   if (t.max_context > p.max_model_len) {
     f.reason = "the longest request (" + commas(t.max_context) + " tokens) exceeds max_model_len (" +
-               commas(p.max_model_len) + ")";
+               commas(p.max_model_len) + ")" +
+               (t.max_context <= m.max_positions ? "; give --max-model-len " + std::to_string(t.max_context) + " or more"
+                                                 : "; the model's context is " + commas(m.max_positions) + " tokens");
   } else if (!p.fits_one_request) {
     f.reason = "vLLM would not start: " + p.error;
+    memory_mends_it = true;
+  } else if (t.concurrency > p.max_num_seqs) {
+    // the scheduler runs at most max_num_seqs requests at once; the others wait in its queue
+    f.reason = commas(t.concurrency) + " requests in flight, but vLLM runs at most max_num_seqs (" +
+               commas(p.max_num_seqs) + ") at once; the others queue (give --max-num-seqs " +
+               std::to_string(t.concurrency) + ")";
   } else if (f.blocks_needed > p.num_blocks) {
+    memory_mends_it = true;
     f.reason = commas(t.concurrency) + " requests of " + commas(t.mean_context) + " tokens need " +
                commas(f.blocks_needed) + " blocks; the pool has " + commas(p.num_blocks);
   } else {
@@ -347,9 +358,11 @@ TrafficFit fit_traffic(const ModelSpec&, const ServePlan& p, const Traffic& t) {
   f.oversize = f.blocks_needed ? static_cast<double>(p.num_blocks) / static_cast<double>(f.blocks_needed) : 0.0;
   if (f.fits) f.excess_bytes = (p.num_blocks - f.blocks_needed) * block_bytes;
   // The smallest utilization whose pool holds the traffic and one request of max_model_len.
-  const std::uint64_t blocks = std::max(f.blocks_needed, p.blocks_per_request);
-  const double need = static_cast<double>(p.non_kv) + static_cast<double>(blocks) * static_cast<double>(block_bytes);
-  f.suggested_utilization = std::ceil(need / static_cast<double>(p.total_memory) * 100.0) / 100.0;
+  if (f.fits || memory_mends_it) {
+    const std::uint64_t blocks = std::max(f.blocks_needed, p.blocks_per_request);
+    const double need = static_cast<double>(p.non_kv) + static_cast<double>(blocks) * static_cast<double>(block_bytes);
+    f.suggested_utilization = std::ceil(need / static_cast<double>(p.total_memory) * 100.0) / 100.0;
+  }
   return f;
 }
 
