@@ -75,6 +75,31 @@ TEST_CASE("membudget oom --file --format json") {
   CHECK(j["line"] == 2);
 }
 
+TEST_CASE("membudget oom: a log of several messages reads the first and lists the others") {
+  TempDir dir;
+  const std::string gpu1 =
+      "[rank1]: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 1 has a total capacity of 79.10 GiB of which\n"
+      "[rank1]:  100.00 KiB is free. Of the allocated memory 78.00 GiB is allocated by PyTorch, and 1.00 GiB is\n"
+      "[rank1]:  reserved by PyTorch but unallocated.\n";
+  auto f = dir.write("two.txt", std::string(kHip) + gpu1);
+  Run table = membudget("oom --file '" + f.string() + "'");
+  CHECK(table.code == 0);
+  CHECK(table.out.find("HIP out-of-memory message at line 2") != std::string::npos);
+  CHECK(table.out.find("The input holds 1 more out-of-memory message; the figures above are the first's:") != std::string::npos);
+  CHECK(table.out.find("  line 3: GPU 1, tried to allocate 8.00 GiB, 79.00 GiB reserved: shortage") != std::string::npos);
+  Run json = membudget("oom --file '" + f.string() + "' --format json");
+  CHECK(json.code == 0);
+  const auto j = nlohmann::json::parse(json.out);
+  CHECK(j["requested"] == 7129645711ull);  // the first message's figures
+  REQUIRE(j["other_messages"].size() == 1);
+  CHECK(j["other_messages"][0]["line"] == 3);
+  CHECK(j["other_messages"][0]["gpu"] == 1);
+  CHECK(j["other_messages"][0]["classification"] == "shortage");
+  // one message alone has no list
+  CHECK(!nlohmann::json::parse(membudget("oom --file '" + dir.write("one.txt", kHip).string() + "' --format json").out)
+             .contains("other_messages"));
+}
+
 TEST_CASE("membudget oom reads stdin, takes context flags, prints a table") {
   TempDir dir;
   // vllm-project/vllm issue on Llama-4-Scout, 2xH100 NVL (see test_oom.cpp)

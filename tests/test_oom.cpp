@@ -301,6 +301,51 @@ TEST_CASE("the first complete message wins; a truncated earlier one is skipped")
   CHECK(classify(r).classification == OomClass::fragmentation);
 }
 
+TEST_CASE("every message is read, in line order; interleaved torchrun ranks are read apart") {
+  const std::string gpu0 =
+      "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 100.00 KiB "
+      "is free. Of the allocated memory 70.00 GiB is allocated by PyTorch, and 9.00 GiB is reserved by PyTorch but "
+      "unallocated.";
+  const std::string gpu1 =
+      "CUDA out of memory. Tried to allocate 8.00 GiB. GPU 1 has a total capacity of 79.10 GiB of which 100.00 KiB "
+      "is free. Of the allocated memory 78.00 GiB is allocated by PyTorch, and 1.00 GiB is reserved by PyTorch but "
+      "unallocated.";
+  const auto two = parse_oom_messages(gpu0 + "\nTraceback ...\n" + gpu1 + "\n");
+  REQUIRE(two.size() == 2);
+  CHECK(two[0].gpu == 0);
+  CHECK(two[0].line == 1);
+  CHECK(two[1].gpu == 1);
+  CHECK(two[1].line == 3);
+  CHECK(two[1].requested == 8 * GiB);
+  CHECK(!two[0].rank);
+  CHECK(classify(two[0]).classification == OomClass::fragmentation);
+  CHECK(classify(two[1]).classification == OomClass::shortage);
+  // torchrun interleaves the ranks' lines, each message wrapped at 60 characters
+  auto wrap = [](const std::string& m) {
+    std::vector<std::string> lines;
+    for (std::size_t i = 0; i < m.size(); i += 60) lines.push_back(m.substr(i, 60));
+    return lines;
+  };
+  const auto r0 = wrap(gpu0), r1 = wrap(gpu1);
+  std::string log = "W1207 launcher: sending SIGTERM\n";
+  for (std::size_t i = 0; i < std::max(r0.size(), r1.size()); ++i) {
+    if (i < r1.size()) log += "[rank1]: " + r1[i] + "\n";
+    if (i < r0.size()) log += "[rank0]: " + r0[i] + "\n";
+  }
+  const auto ranks = parse_oom_messages(log);
+  REQUIRE(ranks.size() == 2);
+  CHECK(ranks[0].rank == 1);  // its first line comes first
+  CHECK(ranks[0].line == 2);
+  CHECK(ranks[0].requested == 8 * GiB);
+  CHECK(ranks[1].rank == 0);
+  CHECK(ranks[1].line == 3);
+  CHECK(ranks[1].reserved_unallocated == 9 * GiB);
+  CHECK(nlohmann::json::parse(to_json(ranks[1]))["rank"] == 0);
+  CHECK(!nlohmann::json::parse(to_json(two[0])).contains("rank"));
+  // one rank's lines alone read as before: the prefix is stripped
+  CHECK(parse_oom_message("[rank3]: " + gpu0).line == 1);
+}
+
 TEST_CASE("sizes: units, bytes and exact rounding") {
   auto msg = [](const std::string& req) {
     return "CUDA out of memory. Tried to allocate " + req +

@@ -10,10 +10,12 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
 #include "cli.hpp"
+#include "diagnose/json_out.hpp"
 #include "job_flags.hpp"
 #include "membudget/input.hpp"
 #include "membudget/oom.hpp"
@@ -47,8 +49,8 @@ void print_table(const OomReport& r, const OomDiagnosis& d) {
     std::printf("  %-22s %14s  %20llu B%s%s\n", name.c_str(), format_bytes(v).c_str(),
                 static_cast<unsigned long long>(v), note.empty() ? "" : "  ", note.c_str());
   };
-  std::printf("%s out-of-memory message at line %zu (PyTorch %s template), GPU %d\n",
-              r.backend.c_str(), r.line, to_string(r.template_version), r.gpu);
+  std::printf("%s out-of-memory message at line %zu (PyTorch %s template), GPU %d%s\n", r.backend.c_str(), r.line,
+              to_string(r.template_version), r.gpu, r.rank ? (", rank " + std::to_string(*r.rank)).c_str() : "");
   row("requested", r.requested, "(rounded by the allocator)");
   row("capacity", r.capacity);
   if (r.allowed) row("allowed", *r.allowed, "(per-process fraction)");
@@ -91,7 +93,8 @@ void run(const OomOptions& o, const CLI::App& sub) {
                                                                       : OomPhase::unknown;
   ctx.long_sequences_only = o.long_seq;
   const std::string input = read_input(o);
-  const OomReport report = parse_oom_message(input);
+  const std::vector<OomReport> reports = parse_oom_messages(input);
+  const OomReport& report = reports.front();  // the first; the others are listed after it
   std::optional<OomAttribution> attribution;
   if (!o.model.empty()) {
     JobFlags f;
@@ -107,10 +110,40 @@ void run(const OomOptions& o, const CLI::App& sub) {
     attribution = attribute_oom(report, spec, f.job(spec));
   }
   if (o.format == "json") {
-    std::cout << (attribution ? to_json(report, ctx, *attribution, 2) : to_json(report, ctx, 2)) << "\n";
+    std::string out = attribution ? to_json(report, ctx, *attribution, 2) : to_json(report, ctx, 2);
+    if (reports.size() > 1) {
+      nlohmann::json j = nlohmann::json::parse(out);
+      j["other_messages"] = nlohmann::json::array();
+      for (std::size_t i = 1; i < reports.size(); ++i) {
+        const OomReport& r = reports[i];
+        nlohmann::json m{{"line", r.line},           {"gpu", r.gpu},
+                         {"requested", r.requested}, {"reserved", r.reserved},
+                         {"classification", to_string(classify(r, ctx).classification)}};
+        if (r.rank) m["rank"] = *r.rank;
+        j["other_messages"].push_back(std::move(m));
+      }
+      out = diagnose::dump(j, 2);
+    }
+    std::cout << out << "\n";
   } else {
     print_table(report, classify(report, ctx));
     if (attribution) std::printf("\nbudget term: %s\n  %s\n", attribution->term.c_str(), attribution->note.c_str());
+    if (reports.size() > 1) {
+      std::printf("\nThe input holds %zu more out-of-memory message%s; the figures above are the first's:\n",
+                  reports.size() - 1, reports.size() > 2 ? "s" : "");
+      constexpr std::size_t kListed = 10;  // a log of retries can hold hundreds (JSON lists them all)
+      for (std::size_t i = 1; i < reports.size(); ++i) {
+        if (i > kListed) {
+          std::printf("  ... and %zu more (--format json lists them all)\n", reports.size() - i);
+          break;
+        }
+        const OomReport& r = reports[i];
+        std::printf("  line %zu: GPU %d%s, tried to allocate %s, %s reserved: %s\n", r.line, r.gpu,
+                    r.rank ? (", rank " + std::to_string(*r.rank)).c_str() : "", format_bytes(r.requested).c_str(),
+                    format_bytes(r.reserved).c_str(), to_string(classify(r, ctx).classification));
+      }
+      std::printf("Give one message alone to read its figures and first fix.\n");
+    }
   }
 }
 

@@ -73,6 +73,8 @@ struct OomReport {
   std::optional<bytes_t> allowed;             // set_per_process_memory_fraction limit
   std::optional<bytes_t> private_pools;       // "with Y allocated in private pools (e.g., CUDA Graphs)"
   std::size_t line = 0;                       // 1-based line of the input where the message starts
+  std::optional<std::uint64_t> rank;          // torchrun's "[rankN]:" of its lines, where the input
+                                              // interleaves several ranks' lines (else not set)
   std::string message;                        // the message as read, whitespace-normalised
 
   // Device memory in use outside PyTorch's reserved memory: capacity - free - reserved, >= 0.
@@ -83,10 +85,14 @@ struct OomReport {
   bytes_t reserved_beyond_device() const noexcept;
 };
 
-// Finds the first complete out-of-memory message in `text` (a traceback, a log, a message wrapped
-// over several lines, lines prefixed with "# ", "> ", "| " or "[rank0]: ") and reads its figures.
-// Throws Error(parse) when there is none, or when the one found is cut short (naming what is
-// missing).
+// Finds every complete out-of-memory message in `text` (a traceback, a log, a message wrapped
+// over several lines, lines prefixed with "# ", "> ", "| " or "[rank0]: ") and reads their figures,
+// in the order of the lines they start at. Where the lines of several torchrun ranks interleave
+// ("[rank0]: ..." and "[rank1]: ..." taking turns), each rank's lines are read apart and each
+// report names its rank. Throws Error(parse) when there is none, or when the only one found is cut
+// short (naming what is missing).
+std::vector<OomReport> parse_oom_messages(std::string_view text);
+// The first of them.
 OomReport parse_oom_message(std::string_view text);
 
 // ---- classification ----

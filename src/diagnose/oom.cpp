@@ -2,6 +2,7 @@
 #include "membudget/oom.hpp"
 
 #include <algorithm>
+#include <unordered_map>
 #include <array>
 #include <cctype>
 #include <string>
@@ -384,61 +385,132 @@ std::size_t line_of(const Normalized& n, std::size_t offset) {
 
 }  // namespace
 
-OomReport parse_oom_message(std::string_view text) {
-  const Normalized n = normalize(text);
-  const std::string_view s = n.text;
+namespace {
+
+// The lines messages are read from: the whole input, or, where torchrun interleaves the output of
+// several ranks ("[rank0]: ..." and "[rank1]: ..." lines taking turns), one rank's lines, so that
+// each rank's wrapped message reads whole.
+struct LineGroup {
+  std::string text;
+  std::vector<std::size_t> input_line;  // the 1-based input line of each of `text`'s lines
+  std::optional<std::uint64_t> rank;    // the rank whose lines these are (split logs only)
+};
+
+// A line's torchrun tag "[rankN]:" after leading blanks.
+std::optional<std::uint64_t> rank_tag(std::string_view line) {
+  std::size_t i = 0;
+  while (i < line.size() && is_blank(line[i])) ++i;
+  if (!line.substr(i).starts_with("[rank")) return std::nullopt;
+  std::size_t j = i + 5;
+  std::uint64_t rank = 0;
+  for (; j < line.size() && std::isdigit(static_cast<unsigned char>(line[j])); ++j)
+    if (__builtin_mul_overflow(rank, 10u, &rank) ||
+        __builtin_add_overflow(rank, static_cast<std::uint64_t>(line[j] - '0'), &rank))
+      return std::nullopt;
+  if (j == i + 5 || !line.substr(j).starts_with("]:")) return std::nullopt;
+  return rank;
+}
+
+std::vector<LineGroup> line_groups(std::string_view input) {
+  std::vector<std::string_view> lines;
+  for (std::size_t start = 0; start <= input.size();) {
+    std::size_t end = input.find('\n', start);
+    if (end == std::string_view::npos) end = input.size();
+    lines.push_back(input.substr(start, end - start));
+    start = end + 1;
+  }
+  std::vector<std::optional<std::uint64_t>> tags;
+  std::unordered_map<std::uint64_t, std::size_t> group_of_rank;  // in order of first appearance
+  for (std::string_view line : lines) {
+    tags.push_back(rank_tag(line));
+    if (tags.back()) group_of_rank.emplace(*tags.back(), group_of_rank.size());
+  }
+  if (group_of_rank.size() < 2) return {LineGroup{std::string(input), {}, std::nullopt}};
+  std::vector<LineGroup> groups(group_of_rank.size() + 1);  // each rank's lines, then the untagged ones
+  for (const auto& [rank, group] : group_of_rank) groups[group].rank = rank;
+  for (std::size_t l = 0; l < lines.size(); ++l) {
+    LineGroup& g = tags[l] ? groups[group_of_rank.at(*tags[l])] : groups.back();
+    if (!g.input_line.empty()) g.text += '\n';
+    g.text += lines[l];
+    g.input_line.push_back(l + 1);
+  }
+  return groups;
+}
+
+}  // namespace
+
+std::vector<OomReport> parse_oom_messages(std::string_view text) {
   static constexpr std::array<std::string_view, 3> kBackends{"CUDA", "HIP", "XPU"};
   constexpr int kMaxAttempts = 256;
-
-  Attempt best;
-  std::size_t best_start = 0;
+  std::vector<OomReport> reports;
+  Attempt best;  // the failed attempt that read furthest, for the error when none reads
+  std::size_t best_reach = 0, best_line = 0;
   bool found = false;
   int attempts = 0;
-  auto consider = [&](Attempt a, std::size_t start) -> std::optional<OomReport> {
-    if (a.report) {
-      a.report->line = line_of(n, start);
-      return std::move(a.report);
-    }
-    if (!found || a.reached - start > best.reached - best_start) {
-      best = std::move(a);
-      best_start = start;
-    }
-    found = true;
-    return std::nullopt;
-  };
-  // "<backend> out of memory. Tried to allocate ...": the backend name is the word just before.
-  constexpr std::string_view kAnchor = "out of memory";
-  for (std::size_t at = s.find(kAnchor); at != std::string_view::npos && attempts < kMaxAttempts;
-       at = s.find(kAnchor, at + 1)) {
-    if (at < 2 || s[at - 1] != ' ') continue;
-    std::string_view backend;
-    for (auto b : kBackends)
-      if (at - 1 >= b.size() && s.substr(at - 1 - b.size(), b.size()) == b &&
-          (at - 1 == b.size() || !std::isalnum(static_cast<unsigned char>(s[at - 2 - b.size()]))))
-        backend = b;
-    if (backend.empty()) continue;
-    ++attempts;
-    std::size_t start = at - 1 - backend.size();
-    if (auto r = consider(read_message(s, start, at + kAnchor.size(), std::string(backend), true),
-                          start))
-      return std::move(*r);
-  }
-  // Quoted without its first sentence: "Tried to allocate 15.00 GiB. GPU 0 has ...".
-  if (!found) {
-    constexpr std::string_view kTried = "Tried to allocate";
-    for (std::size_t at = s.find(kTried); at != std::string_view::npos && attempts < kMaxAttempts;
-         at = s.find(kTried, at + 1)) {
+  for (const LineGroup& g : line_groups(text)) {
+    const Normalized n = normalize(g.text);
+    const std::string_view s = n.text;
+    auto input_line = [&](std::size_t offset) {
+      const std::size_t l = line_of(n, offset);
+      return g.input_line.empty() ? l : g.input_line[l - 1];
+    };
+    bool anchored = false;
+    auto consider = [&](Attempt a, std::size_t start) {
+      if (a.report) {
+        a.report->line = input_line(start);
+        a.report->rank = g.rank;
+        reports.push_back(std::move(*a.report));
+      } else if (!found || a.reached - start > best_reach) {
+        best_reach = a.reached - start;
+        best_line = input_line(start);
+        best = std::move(a);
+        found = true;
+      }
+      return a.reached;
+    };
+    // "<backend> out of memory. Tried to allocate ...": the backend name is the word just before.
+    // After a message is read, the search goes on past its end.
+    constexpr std::string_view kAnchor = "out of memory";
+    for (std::size_t at = s.find(kAnchor); at != std::string_view::npos && attempts < kMaxAttempts;
+         at = s.find(kAnchor, at + 1)) {
+      if (at < 2 || s[at - 1] != ' ') continue;
+      std::string_view backend;
+      for (auto b : kBackends)
+        if (at - 1 >= b.size() && s.substr(at - 1 - b.size(), b.size()) == b &&
+            (at - 1 == b.size() || !std::isalnum(static_cast<unsigned char>(s[at - 2 - b.size()]))))
+          backend = b;
+      if (backend.empty()) continue;
       ++attempts;
-      if (auto r = consider(read_message(s, at, at, "unknown", false), at)) return std::move(*r);
+      anchored = true;
+      const std::size_t start = at - 1 - backend.size();
+      const std::size_t before = reports.size();
+      const std::size_t reached = consider(read_message(s, start, at + kAnchor.size(), std::string(backend), true), start);
+      if (reports.size() > before && reached > at) at = reached - 1;
     }
+    // Quoted without its first sentence: "Tried to allocate 15.00 GiB. GPU 0 has ...".
+    if (!anchored) {
+      constexpr std::string_view kTried = "Tried to allocate";
+      for (std::size_t at = s.find(kTried); at != std::string_view::npos && attempts < kMaxAttempts;
+           at = s.find(kTried, at + 1)) {
+        ++attempts;
+        const std::size_t before = reports.size();
+        const std::size_t reached = consider(read_message(s, at, at, "unknown", false), at);
+        if (reports.size() > before && reached > at) at = reached - 1;
+      }
+    }
+  }
+  if (!reports.empty()) {
+    std::stable_sort(reports.begin(), reports.end(), [](const OomReport& a, const OomReport& b) { return a.line < b.line; });
+    return reports;
   }
   if (found)
     throw Error(ErrorKind::parse,
-                "line " + std::to_string(line_of(n, best_start)) +
+                "line " + std::to_string(best_line) +
                     ": found a PyTorch out-of-memory message but could not read it: " + best.why +
                     "; paste the whole message, from 'out of memory' to 'reserved'");
-  if (s.find("CUDA error: out of memory") != std::string_view::npos ||
-      s.find("CUDA_ERROR_OUT_OF_MEMORY") != std::string_view::npos)
+  const std::string joined = normalize(text).text;  // (a message wrapped over lines reads joined)
+  if (joined.find("CUDA error: out of memory") != std::string::npos ||
+      joined.find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos)
     throw Error(ErrorKind::parse,
                 "this is a CUDA runtime 'out of memory' error raised outside PyTorch's caching "
                 "allocator (a kernel, cuBLAS/cuDNN workspace or NCCL): it carries no figures to "
@@ -447,6 +519,8 @@ OomReport parse_oom_message(std::string_view text) {
               "no PyTorch out-of-memory message found: expected text like 'CUDA out of memory. "
               "Tried to allocate 20.00 MiB ...' (or 'HIP out of memory. ...')");
 }
+
+OomReport parse_oom_message(std::string_view text) { return std::move(parse_oom_messages(text).front()); }
 
 // ---------------------------------------------------------------------------------------------
 // Classification.
@@ -632,7 +706,7 @@ nlohmann::json oom_json(const OomReport& r, const OomContext& ctx) {
   if (r.reserved_derived) derived.push_back("reserved");
   if (r.reserved_unallocated_derived) derived.push_back("reserved_unallocated");
   OomDiagnosis d = classify(r, ctx);
-  return json{{"backend", r.backend},
+  json j{{"backend", r.backend},
               {"template", to_string(r.template_version)},
               {"gpu", r.gpu},
               {"line", r.line},
@@ -653,6 +727,8 @@ nlohmann::json oom_json(const OomReport& r, const OomContext& ctx) {
               {"situation", d.situation},
               {"first_fix", d.first_fix},
               {"explanation", d.explanation}};
+  if (r.rank) j["rank"] = *r.rank;  // (only where a log interleaves ranks)
+  return j;
 }
 
 }  // namespace diagnose
