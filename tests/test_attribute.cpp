@@ -294,6 +294,18 @@ TEST_CASE("leaks from a synthetic snapshot: a 256 KiB staircase from step 2, wit
   CHECK(nlohmann::json::parse(f.out)["leak"] == false);
 }
 
+TEST_CASE("attribute's table places the peak: at an event, before the trace, or at a snapshot without one") {
+  const std::string empty = "/tmp/membudget_test_no_trace.pickle";
+  std::ofstream(empty, std::ios::binary) << Trace().finish();
+  auto r = test::run_cli("attribute " + empty);
+  CHECK(r.exit_code == 0);
+  CHECK_MESSAGE(r.out.find("at the snapshot (it has no trace)") != std::string::npos, r.out);
+  CHECK(r.out.find("event -1") == std::string::npos);
+  auto t = test::run_cli("attribute " + test::source_path(kSmall));
+  CHECK(t.exit_code == 0);
+  CHECK(t.out.find(" at event ") != std::string::npos);
+}
+
 TEST_CASE("hostile snapshot structures are Error(parse), never a crash") {
   auto expect_parse = [](const std::string& bytes) {
     try {

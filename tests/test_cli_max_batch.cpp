@@ -71,8 +71,10 @@ TEST_CASE("max-batch's table names a serving job's recipe, not training settings
   const std::string model = test::source_path("configs/llama-3.2-1b.yaml");
   auto r = test::run_cli("max-batch " + model + " --device H100 --seq 1024 --mode infer");
   REQUIRE(r.exit_code == 0);
-  CHECK(r.out.find("serving, weights bf16") != std::string::npos);
+  CHECK(r.out.find("serving, weights bf16, KV bf16") != std::string::npos);
   CHECK(r.out.find("recompute") == std::string::npos);
+  CHECK(test::run_cli("max-batch " + model + " --device H100 --seq 1024 --mode infer --kv-dtype fp8").out.find("KV fp8") !=
+        std::string::npos);
   r = test::run_cli("max-batch " + model + " --device H100 --seq 1024");
   CHECK(r.out.find("amp-bf16, recompute none") != std::string::npos);
 }

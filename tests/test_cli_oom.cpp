@@ -95,6 +95,12 @@ TEST_CASE("membudget oom: a log of several messages reads the first and lists th
   CHECK(j["other_messages"][0]["line"] == 3);
   CHECK(j["other_messages"][0]["gpu"] == 1);
   CHECK(j["other_messages"][0]["classification"] == "shortage");
+  // "-" is standard input, as TEXT or as --file
+  for (const char* dash : {"oom - < '", "oom --file - < '"}) {
+    Run r = membudget(dash + dir.write("stdin.txt", kHip).string() + "' --format json");
+    CHECK_MESSAGE(r.code == 0, dash);
+    CHECK(r.out.find("\"requested\": 7129645711") != std::string::npos);
+  }
   // one message alone has no list
   CHECK(!nlohmann::json::parse(membudget("oom --file '" + dir.write("one.txt", kHip).string() + "' --format json").out)
              .contains("other_messages"));

@@ -95,9 +95,14 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
     if (!a.has_trace)
       std::cout << "no allocation trace (record with torch.cuda.memory._record_memory_history()): the live blocks "
                    "at the snapshot are shown\n";
-    std::cout << "peak allocated " << gib(a.peak_bytes) << " (" << a.peak_bytes << " bytes) at event "
-              << a.peak_index << ", t = " << a.peak_time_us << " µs; " << gib(a.before_recording)
-              << " allocated before recording\n\n";
+    std::cout << "peak allocated " << gib(a.peak_bytes) << " (" << a.peak_bytes << " bytes) ";
+    if (!a.has_trace)
+      std::cout << "at the snapshot (it has no trace); ";
+    else if (a.peak_index < 0)
+      std::cout << "before the trace's first event; ";
+    else
+      std::cout << "at event " << a.peak_index << ", t = " << a.peak_time_us << " µs; ";
+    std::cout << gib(a.before_recording) << " allocated before recording\n\n";
     std::cout << pad("bytes", 12) << pad("count", 8) << pad("term", 17) << "frame\n";
     std::size_t shown = 0;
     bytes_t rest = 0;

@@ -102,9 +102,9 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
                 << required << "," << r.limit << "," << f->global_batch << "," << r.accum_micro_batch << ","
                 << r.grad_accum_steps << "\n";
     } else {
-      // (a serving job's recipe is its weights; precision and recompute are training settings)
+      // (a serving job's recipe is its weights and KV cache; precision and recompute are training settings)
       const std::string recipe = job.mode == Mode::infer
-                                     ? std::string("serving, weights ") + to_string(job.weights)
+                                     ? std::string("serving, weights ") + to_string(job.weights) + ", KV " + to_string(job.kv_dtype)
                                      : std::string(to_string(job.precision)) + ", recompute " + to_string(job.recompute);
       std::cout << printable(spec.name) << " on " << dev->name << " (" << format_bytes(r.limit) << " usable), seq " << job.seq
                 << ", " << recipe

@@ -39,8 +39,9 @@ struct OomOptions {
 std::string read_input(const OomOptions& o) {
   if (!o.text.empty() && !o.file.empty())
     throw Error(ErrorKind::invalid_argument, "oom: give the message as TEXT or --file FILE, not both");
-  if (!o.text.empty()) return o.text;
-  if (!o.file.empty()) return read_input_file(o.file, limits::kMaxOomTextBytes, "out-of-memory text");
+  // "-" (as TEXT or --file) is standard input, as for most tools that read a file
+  if (!o.text.empty() && o.text != "-") return o.text;
+  if (!o.file.empty() && o.file != "-") return read_input_file(o.file, limits::kMaxOomTextBytes, "out-of-memory text");
   return read_input_stream(std::cin, limits::kMaxOomTextBytes, "out-of-memory text", "standard input");
 }
 
@@ -151,7 +152,7 @@ const Registrar registrar("oom", 60, [](CLI::App& parent) {
   auto o = std::make_shared<OomOptions>();
   auto* sub = parent.add_subcommand(
       "oom", "Read a PyTorch out-of-memory message: its figures, the cause and the first fix");
-  sub->add_option("text", o->text, "The message (or a whole traceback); default: --file or stdin");
+  sub->add_option("text", o->text, "The message (or a whole traceback); default: --file or stdin ('-' too)");
   sub->add_option("--file,-f", o->file, "Read the message from this file");
   sub->add_option("--format", o->format, "Output format")
       ->check(CLI::IsMember({"table", "json"}));

@@ -5,6 +5,7 @@
 
 #include "cli.hpp"
 #include "job_flags.hpp"
+#include "membudget/input.hpp"
 #include "membudget/plot.hpp"
 
 namespace membudget::cli {
@@ -22,6 +23,12 @@ Registrar reg("predict", 10, [](CLI::App& app) {
   cmd->add_option("--snapshot", *snapshot,
                   "also write the predicted step as an allocator trace to FILE.pickle (pytorch.org/memory_viz opens it)");
   cmd->callback([flags, plot, snapshot] {
+    // the report goes to standard output, so neither file can ("-" was written as a file named -),
+    // and one path for both would leave only the second
+    for (const auto& [flag, path] : {std::pair{"--plot", plot}, std::pair{"--snapshot", snapshot}})
+      if (*path == "-") throw Error(ErrorKind::invalid_argument, std::string(flag) + ": give a file name (the report is standard output)");
+    if (!plot->empty() && *plot == *snapshot)
+      throw Error(ErrorKind::invalid_argument, "--plot and --snapshot: the same file '" + printable(*plot) + "'; give each its own");
     const ModelSpec spec = flags->model();
     const Job job = flags->job(spec);
     const Format format = parse_format(flags->format);
