@@ -25,6 +25,15 @@ void refused(const std::string& name, const char* field) {
     CHECK_MESSAGE(std::string(e.what()).find(std::string("TrainingArguments.") + field) != std::string::npos, e.what());
   }
 }
+// The error a TrainingArguments JSON (read as "args.json") is refused with; "accepted" if none.
+std::string message(const std::string& json) {
+  try {
+    (void)apply_training_arguments(Job{}, json, "args.json");
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string("accepted");
+}
 }  // namespace
 
 TEST_CASE("TrainingArguments as transformers writes them become the job the Trainer runs") {
@@ -57,14 +66,6 @@ TEST_CASE("TrainingArguments JSON that is not: clear errors naming the source") 
   CHECK_THROWS_AS(apply_training_arguments(Job{}, R"({"optim": "adafactor"})", "args.json"), Error);
   CHECK_THROWS_AS(apply_training_arguments(Job{}, R"({"gradient_checkpointing": true, "gradient_checkpointing_kwargs": {"use_reentrant": true}})", "args.json"), Error);
   // settings that change memory but were read as nothing: each refused by name
-  auto message = [](const std::string& json) {
-    try {
-      (void)apply_training_arguments(Job{}, json, "args.json");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
   for (const char* field : {"use_liger_kernel", "auto_find_batch_size"})
     CHECK(message(std::string(R"({")") + field + R"(": true})").find(std::string("TrainingArguments.") + field) != std::string::npos);
   // either of these turns torch_compile on
@@ -119,14 +120,6 @@ TEST_CASE("--trainer-args on the command line: the job's flags override it") {
 }
 
 TEST_CASE("TrainingArguments: a key that is not a field, and fields that change memory unmodelled, are refused") {
-  auto message = [](const std::string& json) {
-    try {
-      (void)apply_training_arguments(Job{}, json, "args.json");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
   // a misspelling is named, every unknown key at once, as TrainingArguments(**json) refuses it
   const std::string typo = message(R"({"per_device_train_batch_sise": 16, "bf16": true, "packing": true})");
   CHECK_MESSAGE(typo.find("args.json: 'packing', 'per_device_train_batch_sise' are not fields of transformers 5.17's "
