@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,10 @@ int exit_status();
 // Runs one command line (argv[0] is the program name) and returns its exit status: 0, 1 for a
 // non-error failure (set_exit_status), 2 for bad input, 3 out of host memory, 70 internal.
 int run(int argc, const char* const* argv);
+
+// Refuses `value` for `flag` unless it is one of `choices`, naming them. (Not CLI11's IsMember: its
+// check runs before the empty-value check of every option, and says "--format:  not in {table,json}".)
+void require_one_of(const std::string& value, const char* flag, std::initializer_list<const char*> choices);
 
 struct Registrar {
   Registrar(std::string name, int order, std::function<void(CLI::App&)> add) {

@@ -21,6 +21,15 @@ int g_exit_status = 0;
 void set_exit_status(int code) { g_exit_status = code; }
 int exit_status() { return g_exit_status; }
 
+void require_one_of(const std::string& value, const char* flag, std::initializer_list<const char*> choices) {
+  std::string names;
+  for (const char* c : choices) {
+    if (value == c) return;
+    names += (names.empty() ? "" : ", ") + std::string(c);
+  }
+  throw Error(ErrorKind::invalid_argument, std::string(flag) + ": '" + value + "' is not one of " + names);
+}
+
 int run(int argc, const char* const* argv) {
   g_exit_status = 0;  // a process may run several commands (the Python module)
   std::cout.clear();

@@ -23,6 +23,7 @@ Registrar reg("advise", 40, [](CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("advise", "rank the fixes for a training job that does not fit a card");
   flags->add(cmd);
   flags->add_allocator_conf(cmd);
+  cmd->get_option("--format")->description("table (default) | json");  // of the shared flags' four, the two it writes
   cmd->callback([flags] {
     const ModelSpec spec = flags->model();
     const Job job = flags->job(spec);

@@ -43,6 +43,7 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
   cmd->add_option("--top", *top_text, "groups listed in the table (default 20)");
   cmd->add_option("--plot", *plot, "with --model: draw the snapshot and the predicted step on one chart (SVG)");
   flags->add_job_options(cmd);
+  cmd->get_option("--format")->description("table (default) | json");  // of the shared flags' four, the two it writes
   cmd->callback([flags, path, top, top_text, plot, cmd] {
     if (cmd->count("--top")) *top = parse_whole(*top_text, "--top", 0, 1u << 20);
     refuse_given(*cmd, {"--device", "--device-memory", "--headroom"}, "attribute reads a snapshot; it checks no card");

@@ -83,9 +83,11 @@ const Registrar registrar("leaks", 61, [](CLI::App& parent) {
       "leaks", "Find a per-step memory leak in allocated-bytes-per-step (exit 1 when found)");
   sub->add_option("steps", o->path, "steps.csv (step,allocated: bytes after each step) or a snapshot .pickle")
       ->required();
-  sub->add_option("--format", o->format, "Output format")
-      ->check(CLI::IsMember({"table", "json"}));
-  sub->callback([o] { run(*o); });
+  sub->add_option("--format", o->format, "table (default) | json");
+  sub->callback([o] {
+    require_one_of(o->format, "--format", {"table", "json"});
+    run(*o);
+  });
 });
 
 }  // namespace

@@ -32,6 +32,7 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
   auto f = std::make_shared<MaxBatchFlags>();
   CLI::App* cmd = app.add_subcommand("max-batch", "the largest micro-batch that fits a card (and the accumulation steps)");
   f->job.add(cmd, /*with_batch_seq=*/false);
+  cmd->get_option("--format")->description("table (default) | json | csv");  // of the shared flags' four, those it writes
   f->job.add_allocator_conf(cmd);
   cmd->add_option("--seq,-s", f->job.seq, "sequence length in tokens (default 4096)");
   cmd->add_option("--global-batch", f->global_batch_text, "target global batch (sequences per optimizer step)");

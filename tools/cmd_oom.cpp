@@ -84,6 +84,8 @@ std::uint64_t parse_step(const std::string& text) {
 }
 
 void run(const OomOptions& o, const CLI::App& sub) {
+  require_one_of(o.format, "--format", {"table", "json"});
+  if (sub.count("--phase")) require_one_of(o.phase, "--phase", {"train", "eval"});
   OomContext ctx;
   if (sub.count("--step")) ctx.step = parse_step(o.step);
   if (o.model.empty())
@@ -154,11 +156,9 @@ const Registrar registrar("oom", 60, [](CLI::App& parent) {
       "oom", "Read a PyTorch out-of-memory message: its figures, the cause and the first fix");
   sub->add_option("text", o->text, "The message (or a whole traceback); default: --file or stdin ('-' too)");
   sub->add_option("--file,-f", o->file, "Read the message from this file");
-  sub->add_option("--format", o->format, "Output format")
-      ->check(CLI::IsMember({"table", "json"}));
+  sub->add_option("--format", o->format, "table (default) | json");
   sub->add_option("--step", o->step, "0-based index of the step that ran out of memory");
-  sub->add_option("--phase", o->phase, "Phase that ran out of memory")
-      ->check(CLI::IsMember({"train", "eval"}));
+  sub->add_option("--phase", o->phase, "Phase that ran out of memory: train | eval");
   sub->add_flag("--long-seq", o->long_seq, "It runs out of memory only on the longest sequences");
   sub->add_option("--model", o->model, "The model spec of the job: say which budget term the failed allocation is");
   sub->add_option("--batch", o->batch, "with --model: micro-batch");

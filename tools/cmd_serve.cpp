@@ -175,8 +175,8 @@ Registrar reg("serve", 20, [](CLI::App& app) {
                   "tokens per scheduler step, the profiling run's size (default 8192 on ≥70 GiB cards but A100, else 2048)");
   cmd->add_option("--max-num-seqs", f->max_seqs, "sequences per step (default 1024 on ≥70 GiB cards but A100, else 256)");
   cmd->add_option("--block-size", f->block_size, "tokens per KV block (default 16)");
-  cmd->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: bf16 (default) | fp16 | fp8 | int8");
-  cmd->add_option("--weights", f->weights, "weight precision: bf16 (default) | fp16 | fp8 | int8 | int4");
+  cmd->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: bf16 (default) | fp16 | fp8 | int8 | fp32");
+  cmd->add_option("--weights", f->weights, "weight precision: bf16 (default) | fp16 | fp8 | int8 | int4 | fp32");
   cmd->add_option("--group-size", f->group_size, "group size of int4/int8 scales (default 128)");
   cmd->add_option("--non-torch", f->non_torch, "memory growth outside PyTorch during profiling (default 128MiB)");
   cmd->add_option("--cudagraph-memory", f->cudagraph, "CUDA graph memory vLLM subtracts (default 0)");

@@ -21,6 +21,7 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
   f->format = "csv";
   CLI::App* cmd = app.add_subcommand("sweep", "estimates over a grid of micro-batches, sequences, precisions, recompute");
   f->add(cmd, /*with_batch_seq=*/false);
+  cmd->get_option("--format")->description("csv (default) | json | table");  // of the shared flags' four, those it writes
   cmd->add_option("--batch,-b", f->batch, "micro-batches: 1..64, 1..64:8 or 1,2,4 (default 4)");
   cmd->add_option("--seq,-s", f->seq, "sequence lengths: 1024,2048,4096 or 1024..8192:1024 (default 4096)");
   f->add_allocator_conf(cmd);

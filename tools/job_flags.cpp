@@ -53,8 +53,8 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--lora", lora, "LoRA rank on every decoder linear, base frozen (peft; default 0: full fine-tune)");
   cmd->add_option("--profile", profile, "torch (default: transformers 5 on PyTorch 2.11) | harness");
   cmd->add_option("--overhead", overhead, "memory outside the allocator, e.g. 800MiB (default: docs/model.md)");
-  cmd->add_option("--kv-dtype", kv_dtype, "KV cache dtype when serving: bf16 | fp16 | fp8 | int8");
-  cmd->add_option("--weights", weights, "weight precision when serving: bf16 | fp16 | fp8 | int8 | int4");
+  cmd->add_option("--kv-dtype", kv_dtype, "KV cache dtype when serving: bf16 | fp16 | fp8 | int8 | fp32");
+  cmd->add_option("--weights", weights, "weight precision when serving: bf16 | fp16 | fp8 | int8 | int4 | fp32");
   cmd->add_option("--group-size", group_size, "group size of int4/int8 weight scales (default 128)");
   cmd->add_option("--dp", dp, "data-parallel ranks: DistributedDataParallel, or HSDP's replicas with --fsdp (docs/distributed.md)");
   cmd->add_option("--fsdp", fsdp, "FSDP2 shard ranks: fully_shard on every decoder layer, then the root");

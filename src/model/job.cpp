@@ -132,6 +132,17 @@ DType parse_dtype(std::string_view s, std::string_view o) {
   if (k == "float16" || k == "half") return DType::fp16;
   if (k == "float32") return DType::fp32;
   if (k == "fp8-e4m3" || k == "fp8-e5m2") return DType::fp8;
+  // int4 is a weight format only: the KV cache's list leaves it out (kv_dtype_bytes refuses it too)
+  if (o == "--kv-dtype" && k == "int4")
+    throw Error(ErrorKind::invalid_job, "--kv-dtype: int4 is not a KV cache dtype; use fp32, bf16, fp16, fp8 or int8");
+  if (o == "--kv-dtype") {
+    constexpr NameTable<DType, 5> kKvDTypes{{{DType::fp32, "fp32"},
+                                             {DType::bf16, "bf16"},
+                                             {DType::fp16, "fp16"},
+                                             {DType::fp8, "fp8"},
+                                             {DType::int8, "int8"}}};
+    return parse_in(kKvDTypes, s, o);
+  }
   return parse_in(kDTypes, s, o);
 }
 

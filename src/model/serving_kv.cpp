@@ -22,7 +22,7 @@ bytes_t kv_dtype_bytes(DType kv) {
     case DType::int8: return 1;
     case DType::int4: break;
   }
-  throw Error(ErrorKind::invalid_job, "--kv-dtype: int4 is not a KV cache dtype; use bf16, fp16, fp8 or int8");
+  throw Error(ErrorKind::invalid_job, "--kv-dtype: int4 is not a KV cache dtype; use fp32, bf16, fp16, fp8 or int8");
 }
 
 bytes_t kv_bytes_per_token_layer(const ModelSpec& m, DType kv) {
