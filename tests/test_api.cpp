@@ -56,9 +56,10 @@ TEST_CASE("fits is a result; bad input is a typed error") {
   CHECK_THROWS_AS(fits(m, j, find_device("H100"), 1.5), Error);
 }
 
-TEST_CASE("find_device: short names mean the documented part; V100, two common parts, is refused") {
+TEST_CASE("find_device: short names mean the documented part; A100 and V100, two common parts each, are refused") {
   CHECK(find_device("h100").name == "H100-80GB");
-  CHECK(find_device("A100").name == "A100-80GB");
+  CHECK(find_device("a100-80g").name == "A100-80GB");
+  CHECK_THROWS_WITH_AS(find_device("A100"), doctest::Contains("give A100-40GB or A100-80GB"), Error);
   CHECK(find_device("v100-16gb").capacity == 16384ull * MiB);
   CHECK_THROWS_WITH_AS(find_device("V100"), doctest::Contains("give V100-16GB or V100-32GB"), Error);
   CHECK_THROWS_WITH_AS(find_device("Z9000"), doctest::Contains("unknown card 'Z9000'"), Error);

@@ -455,8 +455,13 @@ TEST_CASE("the CLI refuses options the mode or the command does not use, exit 2,
       {"max-batch " + spec + " --device H100 --global-batch -1", "--global-batch"},
       {"max-batch " + spec + " --device H100 --max 0", "--max"},
       {"max-batch " + spec + " --device H100 --data-parallel 2", "--data-parallel"},
-      {"max-batch " + spec + " --device H100 --format markdown", "--format: max-batch writes table, json or csv"},
+      {"max-batch " + spec + " --device H100 --format markdown", "--format: 'markdown' is not one of table, json, csv"},
+      {"max-batch " + spec + " --device H100 --format xml", "--format: 'xml' is not one of table, json, csv"},
       {"predict " + spec + " --plot -", "--plot: give a file name"},
+      {"attribute " + test::source_path("tests/data/snapshots/train_tiny_llama_amp_bf16_ctx_all.pickle") + " --model " + spec +
+           " --plot -",
+       "--plot: give a file name"},
+      {"predict " + spec + " --device A100", "--device: 'A100' is two cards"},
       {"predict " + spec + " --snapshot -", "--snapshot: give a file name"},
       {"predict " + spec + " --plot same.x --snapshot same.x", "--plot and --snapshot: the same file 'same.x'"},
       {"sweep " + spec + " --mode infer --precision bf16,fp32", "--precision"},
@@ -943,4 +948,15 @@ TEST_CASE("serve checks a YAML spec's job: section as predict does (it applies n
   }
   const std::string good = temp_file("serve_job_ok.yaml", std::string(kTinyYaml) + "job:\n  seq: 128\n  batch: 2\n");
   CHECK(test::run_cli("serve " + good + " --device H100").exit_code == 0);
+}
+
+TEST_CASE("an input's NUL byte or bidirectional control cannot cut or reorder an error message") {
+  // what() is a C string: a NUL quoted from the input ended the message there
+  const std::string nul = temp_file("nul_key.json", std::string("{\"per_device_train_batch_size\\u0000\": 4, \"zz_typo\": 1}"));
+  auto r = test::run_cli("predict " + temp_file("tiny.yaml", kTinyYaml) + " --seq 64 --trainer-args " + nul);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(r.out.find("'per_device_train_batch_size\\x00', 'zz_typo' are not fields") != std::string::npos, r.out);
+  CHECK(printable("a\u202Eb") == "a\\u{202E}b");
+  CHECK(printable("a\u2066b\u2069") == "a\\u{2066}b\\u{2069}");
+  CHECK(printable("caf\u00e9 \u2014 ok") == "caf\u00e9 \u2014 ok");  // other text as it is
 }

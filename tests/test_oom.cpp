@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
+#include "membudget/input.hpp"
 #include "membudget/oom.hpp"
 
 using namespace membudget;
@@ -342,6 +343,14 @@ TEST_CASE("every message is read, in line order; interleaved torchrun ranks are 
   CHECK(ranks[1].reserved_unallocated == 9 * GiB);
   CHECK(nlohmann::json::parse(to_json(ranks[1]))["rank"] == 0);
   CHECK(!nlohmann::json::parse(to_json(two[0])).contains("rank"));
+  // past limits::kMaxOomMessages starts the reading stops, and says so
+  std::string flood;
+  for (int i = 0; i < limits::kMaxOomMessages + 10; ++i) flood += gpu0 + "\n";
+  bool stopped = false;
+  CHECK(parse_oom_messages(flood, &stopped).size() == static_cast<std::size_t>(limits::kMaxOomMessages));
+  CHECK(stopped);
+  CHECK(parse_oom_messages(gpu0, &stopped).size() == 1);
+  CHECK(!stopped);
   // one rank's lines alone read as before: the prefix is stripped
   CHECK(parse_oom_message("[rank3]: " + gpu0).line == 1);
 }

@@ -413,6 +413,18 @@ TEST_CASE("vLLM's max_model_len from a config.json's RoPE scaling: factor, yarn'
   CHECK(message("rope_scaling", "linear").find("rope_scaling: expected an object") != std::string::npos);
   CHECK(message("rope_scaling", json{{"rope_type", "ntk_by_parts"}, {"factor", 2.0}}).find("'ntk_by_parts' is not a RoPE type") != std::string::npos);
   CHECK(message("rope_scaling", json{{"rope_type", "yarn"}, {"type", "linear"}, {"factor", 2.0}}).find("disagree") != std::string::npos);
+  CHECK(message("rope_scaling", json{{"rope_type", ""}, {"factor", 2.0}}).find("rope_scaling.rope_type: is empty") != std::string::npos);
+  // layer types that scale the context differently: vLLM takes the last in the file, which a parsed object has lost
+  CHECK(message("rope_parameters", json{{"full_attention", {{"rope_type", "linear"}, {"factor", 2.0}}},
+                                        {"sliding_attention", {{"rope_type", "linear"}, {"factor", 4.0}}}})
+            .find("the layer types scale the context differently") != std::string::npos);
+  // Phi-3's LongRoPE: Phi3Config's original_max_position_embeddings (4096) when the file leaves it out
+  nlohmann::json phi3 = qwen;
+  phi3["model_type"] = "phi3";
+  phi3["rope_scaling"] = json{{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}, {"original_max_position_embeddings", 1024}};
+  CHECK(parse_hf_config(phi3.dump(), "c.json").default_max_model_len == 4096);
+  phi3["original_max_position_embeddings"] = 2048;
+  CHECK(parse_hf_config(phi3.dump(), "c.json").default_max_model_len == 2048);
   nlohmann::json both = qwen;
   both["rope_scaling"] = json{{"type", "linear"}, {"factor", 2.0}};
   both["rope_parameters"] = json{{"rope_type", "default"}};

@@ -59,6 +59,7 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
       opts.job = flags->job(*opts.model);
     }
     if (!plot->empty() && !opts.model) throw Error(ErrorKind::invalid_argument, "--plot: draws the prediction beside the snapshot; give --model SPEC");
+    if (*plot == "-") throw Error(ErrorKind::invalid_argument, "--plot: give a file name (the report is standard output)");
     const Attribution a = attribute_snapshot_file(*path, opts);
     if (!plot->empty()) {  // written before the report: a failure leaves no half answer
       const std::string svg = render_attribution_svg(*opts.model, predict(*opts.model, opts.job), a);

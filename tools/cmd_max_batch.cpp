@@ -53,9 +53,8 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
     const Job job = f->job.job(spec);
     const auto dev = f->job.device_choice();
     if (!dev) throw Error(ErrorKind::invalid_argument, "max-batch: give --device NAME or --device-memory SIZE");
+    require_one_of(f->job.format, "--format", {"table", "json", "csv"});
     const Format format = parse_format(f->job.format);
-    if (format == Format::markdown)
-      throw Error(ErrorKind::invalid_argument, "--format: max-batch writes table, json or csv");
     SearchOptions o;
     o.headroom = f->job.headroom;
     o.global_batch = f->global_batch;

@@ -96,7 +96,8 @@ void run(const OomOptions& o, const CLI::App& sub) {
                                                                       : OomPhase::unknown;
   ctx.long_sequences_only = o.long_seq;
   const std::string input = read_input(o);
-  const std::vector<OomReport> reports = parse_oom_messages(input);
+  bool stopped_early = false;
+  const std::vector<OomReport> reports = parse_oom_messages(input, &stopped_early);
   const OomReport& report = reports.front();  // the first; the others are listed after it
   std::optional<OomAttribution> attribution;
   if (!o.model.empty()) {
@@ -114,9 +115,9 @@ void run(const OomOptions& o, const CLI::App& sub) {
   }
   if (o.format == "json") {
     std::string out = attribution ? to_json(report, ctx, *attribution, 2) : to_json(report, ctx, 2);
-    if (reports.size() > 1) {
+    if (reports.size() > 1 || stopped_early) {
       nlohmann::json j = nlohmann::json::parse(out);
-      j["other_messages"] = nlohmann::json::array();
+      if (reports.size() > 1) j["other_messages"] = nlohmann::json::array();
       for (std::size_t i = 1; i < reports.size(); ++i) {
         const OomReport& r = reports[i];
         nlohmann::json m{{"line", r.line},           {"gpu", r.gpu},
@@ -125,6 +126,8 @@ void run(const OomOptions& o, const CLI::App& sub) {
         if (r.rank) m["rank"] = *r.rank;
         j["other_messages"].push_back(std::move(m));
       }
+      // the text holds more message starts than were tried
+      if (stopped_early) j["messages_tried"] = limits::kMaxOomMessages;
       out = diagnose::dump(j, 2);
     }
     std::cout << out << "\n";
@@ -137,7 +140,7 @@ void run(const OomOptions& o, const CLI::App& sub) {
       constexpr std::size_t kListed = 10;  // a log of retries can hold hundreds (JSON lists them all)
       for (std::size_t i = 1; i < reports.size(); ++i) {
         if (i > kListed) {
-          std::printf("  ... and %zu more (--format json lists them all)\n", reports.size() - i);
+          std::printf("  ... and %zu more (--format json lists them)\n", reports.size() - i);
           break;
         }
         const OomReport& r = reports[i];
@@ -147,6 +150,9 @@ void run(const OomOptions& o, const CLI::App& sub) {
       }
       std::printf("Give one message alone to read its figures and first fix.\n");
     }
+    if (stopped_early)
+      std::printf("\nThe input holds more than %d out-of-memory message starts; only those were read.\n",
+                  limits::kMaxOomMessages);
   }
 }
 

@@ -190,12 +190,18 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   // chunked; its mode infer reads no precision); flags given below may then override any of them.
   located([&] { check_options_apply(j, sources.flags()); });
   if (!trainer_args.empty())  // after the spec's job: section, before the flags
-    j = apply_training_arguments(j, read_input_file(trainer_args, 16ull << 20, "TrainingArguments JSON"), trainer_args, &sources);
+    j = apply_training_arguments(j, read_input_file(trainer_args, limits::kMaxTrainerArgsBytes, "TrainingArguments JSON"), trainer_args, &sources);
   if (!batch.empty()) j.batch = parse_count(batch, "--batch");
   if (!seq.empty()) j.seq = parse_count(seq, "--seq");
   if (!mode.empty()) j.mode = parse_mode(mode);
   if (!precision.empty()) j.precision = parse_precision(precision);
-  if (!optimizer.empty()) j.optimizer = parse_optimizer(optimizer);
+  if (!optimizer.empty()) {
+    const Optimizer given = parse_optimizer(optimizer);
+    // an implementation read with another optimizer (the job: section, TrainingArguments' optim)
+    // was that one's: the flag's optimizer takes its own default unless --optimizer-impl is given
+    if (given != j.optimizer) j.optimizer_impl.reset();
+    j.optimizer = given;
+  }
   if (!optimizer_impl.empty()) j.optimizer_impl = parse_optimizer_impl(optimizer_impl);
   if (!recompute.empty()) j.recompute = parse_recompute(recompute);
   if (!attention.empty()) j.attention = parse_attention(attention);

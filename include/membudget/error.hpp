@@ -27,7 +27,7 @@ const char* to_string(ErrorKind kind) noexcept;
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(without_nul(message)), kind_(kind) {}
 
   ErrorKind kind() const noexcept { return kind_; }
 
@@ -44,6 +44,13 @@ class Error : public std::runtime_error {
   }
 
  private:
+  // what() is a C string: a NUL byte quoted from the input would end the message there
+  static std::string without_nul(const std::string& message) {
+    if (message.find('\0') == std::string::npos) return message;
+    std::string out;
+    for (char c : message) out += c == '\0' ? std::string("\\x00") : std::string(1, c);
+    return out;
+  }
   ErrorKind kind_;
 };
 

@@ -22,6 +22,10 @@ namespace membudget::limits {
 inline constexpr bytes_t kMaxSpecBytes = 4 * MiB;
 // Text holding a PyTorch out-of-memory message: a message, a traceback, a whole log.
 inline constexpr bytes_t kMaxOomTextBytes = 64 * MiB;
+// A TrainingArguments JSON (to_json_string() writes some 5 KiB).
+inline constexpr bytes_t kMaxTrainerArgsBytes = 1 * MiB;
+// Out-of-memory messages read from one text (each start tried costs at most one message's length).
+inline constexpr int kMaxOomMessages = 4096;
 // steps.csv for `leaks` (a million steps is about 30 MiB).
 inline constexpr bytes_t kMaxCsvBytes = 64 * MiB;
 // A torch.cuda.memory._dump_snapshot pickle.

@@ -90,8 +90,9 @@ struct OomReport {
 // in the order of the lines they start at. Where the lines of several torchrun ranks interleave
 // ("[rank0]: ..." and "[rank1]: ..." taking turns), each rank's lines are read apart and each
 // report names its rank. Throws Error(parse) when there is none, or when the only one found is cut
-// short (naming what is missing).
-std::vector<OomReport> parse_oom_messages(std::string_view text);
+// short (naming what is missing). At most limits::kMaxOomMessages message starts are tried;
+// `stopped_early`, when given, says whether the text holds more than were tried.
+std::vector<OomReport> parse_oom_messages(std::string_view text, bool* stopped_early = nullptr);
 // The first of them.
 OomReport parse_oom_message(std::string_view text);
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "json_out.hpp"
+#include "membudget/input.hpp"
 
 namespace membudget {
 
@@ -439,9 +440,11 @@ std::vector<LineGroup> line_groups(std::string_view input) {
 
 }  // namespace
 
-std::vector<OomReport> parse_oom_messages(std::string_view text) {
+std::vector<OomReport> parse_oom_messages(std::string_view text, bool* stopped_early) {
   static constexpr std::array<std::string_view, 3> kBackends{"CUDA", "HIP", "XPU"};
-  constexpr int kMaxAttempts = 256;
+  // Each attempt reads one message's length at most; the bound keeps a log of millions of
+  // "out of memory" texts to a fraction of a second.
+  constexpr int kMaxAttempts = limits::kMaxOomMessages;
   std::vector<OomReport> reports;
   Attempt best;  // the failed attempt that read furthest, for the error when none reads
   std::size_t best_reach = 0, best_line = 0;
@@ -499,6 +502,7 @@ std::vector<OomReport> parse_oom_messages(std::string_view text) {
       }
     }
   }
+  if (stopped_early) *stopped_early = attempts >= kMaxAttempts;
   if (!reports.empty()) {
     std::stable_sort(reports.begin(), reports.end(), [](const OomReport& a, const OomReport& b) { return a.line < b.line; });
     return reports;
@@ -520,7 +524,7 @@ std::vector<OomReport> parse_oom_messages(std::string_view text) {
               "Tried to allocate 20.00 MiB ...' (or 'HIP out of memory. ...')");
 }
 
-OomReport parse_oom_message(std::string_view text) { return std::move(parse_oom_messages(text).front()); }
+OomReport parse_oom_message(std::string_view text) { return std::move(parse_oom_messages(text, nullptr).front()); }
 
 // ---------------------------------------------------------------------------------------------
 // Classification.

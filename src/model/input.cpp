@@ -122,6 +122,16 @@ std::string printable(std::string_view text) {
       i += 2;
       continue;
     }
+    // the bidirectional controls (U+202A-U+202E, U+2066-U+2069) reorder the text a terminal shows
+    if (n == 3 && c == 0xE2) {
+      const auto c1 = static_cast<unsigned char>(text[i + 1]), c2 = static_cast<unsigned char>(text[i + 2]);
+      if ((c1 == 0x80 && c2 >= 0xAA && c2 <= 0xAE) || (c1 == 0x81 && c2 >= 0xA6 && c2 <= 0xA9)) {
+        std::snprintf(buf, sizeof buf, "\\u{%04X}", 0x2000u + ((c1 & 0x3Fu) << 6) + (c2 & 0x3Fu));
+        out += buf;
+        i += 3;
+        continue;
+      }
+    }
     out.append(text.substr(i, n));
     i += n;
   }

@@ -588,14 +588,16 @@ Device find_device(std::string_view name) {
     if (norm(d.name) == key) return d;
   // Short forms: "H100" → H100-80GB, "A100" → A100-80GB, "4090" → RTX-4090.
   const std::pair<const char*, const char*> aliases[] = {
-      {"h100", "H100-80GB"}, {"h10080g", "H100-80GB"}, {"a100", "A100-80GB"}, {"a10080g", "A100-80GB"},
+      {"h100", "H100-80GB"}, {"h10080g", "H100-80GB"}, {"a10080g", "A100-80GB"},
       {"a10040g", "A100-40GB"}, {"4090", "RTX-4090"}, {"rtx4090", "RTX-4090"}, {"3090", "RTX-3090"},
       {"h200141gb", "H200"}, {"b200192gb", "B200"}, {"mi300", "MI300X"}};
   for (const auto& [alias, target] : aliases)
     if (key == alias) return find_device(target);
-  // both V100 parts are common (clouds rent the 16 GB one): a guess would be off by a factor of two
+  // both parts of these are common (clouds rent each): a guess would be off by a factor of two
   if (key == "v100")
     throw Error(ErrorKind::invalid_argument, "--device: 'V100' is two cards; give V100-16GB or V100-32GB");
+  if (key == "a100")
+    throw Error(ErrorKind::invalid_argument, "--device: 'A100' is two cards; give A100-40GB or A100-80GB");
   std::string names;
   for (const auto& d : known_devices()) names += (names.empty() ? "" : ", ") + d.name;
   throw Error(ErrorKind::invalid_argument, "--device: unknown card '" + std::string(name) +

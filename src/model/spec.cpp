@@ -562,6 +562,9 @@ void apply_rope_scaling(const JsonReader& r, ModelSpec& s) {
   }
   double derived = static_cast<double>(s.max_positions), scaling = 1.0;
   bool longrope = false;
+  // (per layer type, the scalings that change the context must agree: vLLM takes the last in the
+  // file's order, which a parsed object no longer has)
+  std::optional<std::pair<double, double>> scaled_by;  // (factor, the context it multiplies)
   for (const auto& set : sets) {
     const std::string& where = set.first;  // (not a structured binding: clang's lambdas cannot capture one)
     const json* p = set.second;
@@ -570,6 +573,7 @@ void apply_rope_scaling(const JsonReader& r, ModelSpec& s) {
       if (!p->contains(name)) return "";
       if (!(*p)[name].is_string()) throw r.error(where + "." + name, "expected a string, got " + brief((*p)[name]));
       const std::string t = (*p)[name].get<std::string>();
+      if (t.empty()) throw r.error(where + "." + name, "is empty, which names no RoPE type");
       return t == "su" ? "longrope" : t == "mrope" ? "default" : t;
     };
     const std::string rope_type = type_of("rope_type"), old_type = type_of("type");
@@ -592,14 +596,23 @@ void apply_rope_scaling(const JsonReader& r, ModelSpec& s) {
       continue;
     }
     if (type == "llama3") continue;
-    if (factor) scaling = factor->get<double>();
+    double set_scaling = factor ? factor->get<double>() : 1.0, set_derived = static_cast<double>(s.max_positions);
     if (type == "yarn" && p->contains("original_max_position_embeddings") &&
         !(*p)["original_max_position_embeddings"].is_null()) {
       const json& o = (*p)["original_max_position_embeddings"];
       if (!o.is_number_unsigned() || o.get<std::uint64_t>() == 0)
         throw r.error(where + ".original_max_position_embeddings", "expected a whole number >= 1, got " + brief(o));
-      derived = static_cast<double>(o.get<std::uint64_t>());
+      set_derived = static_cast<double>(o.get<std::uint64_t>());
     }
+    // a set without a factor leaves vLLM's running factor as it was (rp.get("factor", scaling_factor))
+    if (!factor && set_derived == static_cast<double>(s.max_positions)) continue;
+    if (scaled_by && *scaled_by != std::pair{set_scaling, set_derived})
+      throw r.error(key, "the layer types scale the context differently; vLLM takes one of them (the last in the "
+                         "file), membudget does not guess which",
+                    ErrorKind::unsupported);
+    scaled_by = std::pair{set_scaling, set_derived};
+    scaling = set_scaling;
+    derived = set_derived;
   }
   const double scaled = derived * scaling;  // vLLM: int(derived * factor), a float product truncated
   if (scaled > static_cast<double>(kMaxPositions))
@@ -607,9 +620,14 @@ void apply_rope_scaling(const JsonReader& r, ModelSpec& s) {
                            " tokens; check the factor for a typo");
   s.max_positions = static_cast<std::uint64_t>(scaled);
   if (longrope) {
-    // vLLM reads the config's own original_max_position_embeddings, else the parameters'
+    // vLLM reads the config's own original_max_position_embeddings (Phi3Config's, 4096, when the
+    // file leaves it out), else the parameters'
     const json* original = r.find("original_max_position_embeddings");
     std::string original_key = "original_max_position_embeddings";
+    if (!original && !r.has("original_max_position_embeddings") && s.family == "phi3") {
+      s.default_max_model_len = std::min<std::uint64_t>(4096, s.max_positions);
+      return;
+    }
     if (!original && !nested && given->contains("original_max_position_embeddings") &&
         !(*given)["original_max_position_embeddings"].is_null())
       original = &(*given)["original_max_position_embeddings"], original_key = key + ".original_max_position_embeddings";

@@ -49,14 +49,17 @@ constexpr std::array<std::string_view, 112> kFields = {
 static_assert(std::is_sorted(kFields.begin(), kFields.end()), "unknown_fields searches kFields by bisection");
 
 // The keys of `j` that are not TrainingArguments fields, quoted and listed with their verb ("'a', 'b'
-// are not fields"); empty if none.
+// are not fields"); empty if none. At most ten are named, each cut at 64 characters: a file of
+// garbage keys gets a message of a few lines.
 std::string unknown_fields(const json& j) {
+  constexpr std::size_t kNamed = 10, kKeyChars = 64;
   std::string list;
-  int count = 0;
+  std::size_t count = 0;
   for (const auto& [key, value] : j.items())
-    if (!std::binary_search(kFields.begin(), kFields.end(), std::string_view(key)))
-      list += (count++ ? ", '" : "'") + key + "'";
+    if (!std::binary_search(kFields.begin(), kFields.end(), std::string_view(key)) && count++ < kNamed)
+      list += (count > 1 ? ", '" : "'") + (key.size() > kKeyChars ? key.substr(0, kKeyChars) + "..." : key) + "'";
   if (count == 0) return list;
+  if (count > kNamed) list += " and " + std::to_string(count - kNamed) + " more";
   return list + (count == 1 ? " is not a field" : " are not fields");
 }
 
