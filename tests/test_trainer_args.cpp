@@ -114,6 +114,13 @@ TEST_CASE("--trainer-args on the command line: the job's flags override it") {
   auto o = test::run_cli("predict " + cfg + " --trainer-args " + args + " --seq 1024 --batch 2 --format json");
   REQUIRE(o.exit_code == 0);
   CHECK(o.out.find("\"batch\": 2") != std::string::npos);
+  // another optimizer given as a flag takes its own implementation, not the JSON's fused AdamW's
+  auto eight = test::run_cli("predict " + cfg + " --trainer-args " + args + " --seq 1024 --optimizer adamw-8bit --format json");
+  REQUIRE(eight.exit_code == 0);
+  CHECK(eight.out.find("\"optimizer\": \"adamw-8bit\"") != std::string::npos);
+  CHECK(eight.out.find("\"optimizer_impl\": \"fused\"") == std::string::npos);
+  auto same = test::run_cli("predict " + cfg + " --trainer-args " + args + " --seq 1024 --optimizer adamw --format json");
+  CHECK(same.out.find("\"optimizer_impl\": \"fused\"") != std::string::npos);  // the same optimizer keeps it
   auto bad = test::run_cli("predict " + cfg + " --trainer-args " + test::source_path("tests/data/trainer_args/fp16_adamw_torch.json"));
   CHECK(bad.exit_code == 2);
   CHECK(bad.out.find("TrainingArguments.fp16") != std::string::npos);
