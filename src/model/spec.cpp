@@ -536,7 +536,8 @@ class JsonReader {
 // rope_parameters (per layer type when nested), 4 rope_scaling; `type` is the old name of
 // `rope_type`, su of longrope, mrope of default. LongRoPE's default max_model_len is its original
 // context (vLLM since late 2025), set as default_max_model_len. What transformers refuses (a missing
-// factor, a factor below 1) and a rope type whose context vLLM might derive otherwise are refused.
+// factor), a factor below 1 (transformers warns; vLLM would shrink the context) and a rope type whose
+// context vLLM might derive otherwise are refused.
 void apply_rope_scaling(const JsonReader& r, ModelSpec& s) {
   const json* given = r.find("rope_parameters");
   std::string key = "rope_parameters";
@@ -590,7 +591,8 @@ void apply_rope_scaling(const JsonReader& r, ModelSpec& s) {
     if (!factor && (type == "linear" || type == "dynamic" || type == "yarn" || type == "llama3"))
       throw r.error(where + ".factor", "is missing; rope type " + type + " needs it, as transformers requires");
     if (factor && (!factor->is_number() || !std::isfinite(factor->get<double>()) || factor->get<double>() < 1))
-      throw r.error(where + ".factor", "must be a number >= 1, as transformers requires (got " + brief(*factor) + ")");
+      throw r.error(where + ".factor", "must be a number >= 1 (got " + brief(*factor) +
+                                           "; transformers warns below 1, and vLLM would shrink the context)");
     if (type == "longrope") {
       longrope = true;
       continue;
