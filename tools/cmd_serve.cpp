@@ -205,7 +205,7 @@ Registrar reg("serve", 20, [](CLI::App& app) {
     if (!f->max_batched.empty()) o.max_num_batched_tokens = count(f->max_batched, "--max-num-batched-tokens");
     if (!f->max_seqs.empty()) o.max_num_seqs = count(f->max_seqs, "--max-num-seqs");
     o.block_size = count(f->block_size, "--block-size");
-    o.kv_dtype = parse_dtype(f->kv_dtype, "--kv-dtype");
+    o.kv_dtype = parse_kv_dtype(f->kv_dtype);
     o.weights = parse_dtype(f->weights, "--weights");
     o.group_size = count(f->group_size, "--group-size");
     if (cmd->count("--group-size") && o.weights != DType::int4 && o.weights != DType::int8)

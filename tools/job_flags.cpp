@@ -210,7 +210,7 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (!activations.empty()) j.activations = parse_activation_model(activations);
   if (!profile.empty()) j.profile = parse_profile(profile);
   if (!overhead.empty()) j.overhead = parse_bytes(overhead, "--overhead");
-  if (!kv_dtype.empty()) j.kv_dtype = parse_dtype(kv_dtype, "--kv-dtype");
+  if (!kv_dtype.empty()) j.kv_dtype = parse_kv_dtype(kv_dtype);
   if (!weights.empty()) j.weights = parse_dtype(weights, "--weights");
   if (!group_size.empty()) j.group_size = parse_count(group_size, "--group-size");
   if (!lora.empty()) j.lora_rank = lora == "0" ? 0 : parse_count(lora, "--lora");

@@ -72,7 +72,11 @@ Attention parse_attention(std::string_view s, std::string_view option = "--atten
 Loss parse_loss(std::string_view s, std::string_view option = "--loss");
 ActivationModel parse_activation_model(std::string_view s, std::string_view option = "--activations");
 Profile parse_profile(std::string_view s, std::string_view option = "--profile");
-DType parse_dtype(std::string_view s, std::string_view option = "--kv-dtype");
+DType parse_dtype(std::string_view s, std::string_view option = "--weights");
+// A KV cache's dtype: parse_dtype's names less int4, a weight format only (refused by name).
+DType parse_kv_dtype(std::string_view s, std::string_view option = "--kv-dtype");
+// Error(invalid_job) opening with `option` unless a KV cache can be stored as `d` (int4 cannot).
+void require_kv_dtype(DType d, std::string_view option = "--kv-dtype");
 ExpertsImpl parse_experts_impl(std::string_view s, std::string_view option = "--experts");
 Routing parse_routing(std::string_view s, std::string_view option = "--routing");
 PipelineSchedule parse_pipeline_schedule(std::string_view s, std::string_view option = "--pp-schedule");

@@ -532,7 +532,7 @@ void set_job_option(Job& j, std::string_view key, std::string_view value) {
   else if (k == "activations") j.activations = parse_activation_model(v);
   else if (k == "profile") j.profile = parse_profile(v);
   else if (k == "overhead") j.overhead = parse_bytes(v, "--overhead");
-  else if (k == "kv-dtype") j.kv_dtype = parse_dtype(v, "--kv-dtype");
+  else if (k == "kv-dtype") j.kv_dtype = parse_kv_dtype(v);
   else if (k == "weights") j.weights = parse_dtype(v, "--weights");
   else if (k == "group-size") j.group_size = count("--group-size");
   else if (k == "lora") j.lora_rank = v == "0" ? 0 : count("--lora");

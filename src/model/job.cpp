@@ -126,24 +126,31 @@ Profile parse_profile(std::string_view s, std::string_view o) {
   if (lower(s) == "hf" || lower(s) == "transformers") return Profile::torch;
   return parse_in(kProfiles, s, o);
 }
+// The spellings torch and Hugging Face configs use for the dtypes, beside membudget's own names.
+std::optional<DType> dtype_alias(const std::string& lowered) {
+  if (lowered == "bfloat16") return DType::bf16;
+  if (lowered == "float16" || lowered == "half") return DType::fp16;
+  if (lowered == "float32") return DType::fp32;
+  if (lowered == "fp8-e4m3" || lowered == "fp8-e5m2") return DType::fp8;
+  return std::nullopt;
+}
+// A KV cache is stored in one of these: int4 is a weight format only.
+constexpr NameTable<DType, 5> kKvDTypes{
+    {{DType::fp32, "fp32"}, {DType::bf16, "bf16"}, {DType::fp16, "fp16"}, {DType::fp8, "fp8"}, {DType::int8, "int8"}}};
+
 DType parse_dtype(std::string_view s, std::string_view o) {
-  const std::string k = lower(s);
-  if (k == "bfloat16") return DType::bf16;
-  if (k == "float16" || k == "half") return DType::fp16;
-  if (k == "float32") return DType::fp32;
-  if (k == "fp8-e4m3" || k == "fp8-e5m2") return DType::fp8;
-  // int4 is a weight format only: the KV cache's list leaves it out (kv_dtype_bytes refuses it too)
-  if (o == "--kv-dtype" && k == "int4")
-    throw Error(ErrorKind::invalid_job, "--kv-dtype: int4 is not a KV cache dtype; use fp32, bf16, fp16, fp8 or int8");
-  if (o == "--kv-dtype") {
-    constexpr NameTable<DType, 5> kKvDTypes{{{DType::fp32, "fp32"},
-                                             {DType::bf16, "bf16"},
-                                             {DType::fp16, "fp16"},
-                                             {DType::fp8, "fp8"},
-                                             {DType::int8, "int8"}}};
-    return parse_in(kKvDTypes, s, o);
-  }
+  if (const auto alias = dtype_alias(lower(s))) return *alias;
   return parse_in(kDTypes, s, o);
+}
+DType parse_kv_dtype(std::string_view s, std::string_view o) {
+  if (const auto alias = dtype_alias(lower(s))) return *alias;
+  if (lower(s) == "int4") require_kv_dtype(DType::int4, o);  // named, rather than listed as unknown
+  return parse_in(kKvDTypes, s, o);
+}
+void require_kv_dtype(DType d, std::string_view o) {
+  if (named(kKvDTypes, d)) return;
+  throw Error(ErrorKind::invalid_job, std::string(o) + ": " + name_of(kDTypes, d) +
+                                          " is not a KV cache dtype; use fp32, bf16, fp16, fp8 or int8");
 }
 
 Recipe recipe_of(Precision p) noexcept {

@@ -14,15 +14,16 @@ bytes_t add(bytes_t a, bytes_t b, const char* what) { return checked_add(a, b, w
 }  // namespace
 
 bytes_t kv_dtype_bytes(DType kv) {
+  require_kv_dtype(kv);
   switch (kv) {
     case DType::fp32: return 4;
     case DType::bf16:
     case DType::fp16: return 2;
     case DType::fp8:
     case DType::int8: return 1;
-    case DType::int4: break;
+    case DType::int4: break;  // refused above
   }
-  throw Error(ErrorKind::invalid_job, "--kv-dtype: int4 is not a KV cache dtype; use fp32, bf16, fp16, fp8 or int8");
+  return 0;  // not reached: require_kv_dtype refused every other value
 }
 
 bytes_t kv_bytes_per_token_layer(const ModelSpec& m, DType kv) {
