@@ -114,23 +114,19 @@ void run(const OomOptions& o, const CLI::App& sub) {
     attribution = attribute_oom(report, spec, f.job(spec));
   }
   if (o.format == "json") {
-    std::string out = attribution ? to_json(report, ctx, *attribution, 2) : to_json(report, ctx, 2);
-    if (reports.size() > 1 || stopped_early) {
-      nlohmann::json j = nlohmann::json::parse(out);
-      if (reports.size() > 1) j["other_messages"] = nlohmann::json::array();
-      for (std::size_t i = 1; i < reports.size(); ++i) {
-        const OomReport& r = reports[i];
-        nlohmann::json m{{"line", r.line},           {"gpu", r.gpu},
-                         {"requested", r.requested}, {"reserved", r.reserved},
-                         {"classification", to_string(classify(r, ctx).classification)}};
-        if (r.rank) m["rank"] = *r.rank;
-        j["other_messages"].push_back(std::move(m));
-      }
-      // the text holds more message starts than were tried
-      if (stopped_early) j["messages_tried"] = limits::kMaxOomMessages;
-      out = diagnose::dump(j, 2);
+    nlohmann::json j = attribution ? diagnose::oom_json(report, ctx, *attribution) : diagnose::oom_json(report, ctx);
+    if (reports.size() > 1) j["other_messages"] = nlohmann::json::array();
+    for (std::size_t i = 1; i < reports.size(); ++i) {
+      const OomReport& r = reports[i];
+      nlohmann::json m{{"line", r.line},           {"gpu", r.gpu},
+                       {"requested", r.requested}, {"reserved", r.reserved},
+                       {"classification", to_string(classify(r, ctx).classification)}};
+      if (r.rank) m["rank"] = *r.rank;
+      j["other_messages"].push_back(std::move(m));
     }
-    std::cout << out << "\n";
+    // the text holds more message starts than were tried
+    if (stopped_early) j["messages_tried"] = limits::kMaxOomMessages;
+    std::cout << diagnose::dump(j, 2) << "\n";
   } else {
     print_table(report, classify(report, ctx));
     if (attribution) std::printf("\nbudget term: %s\n  %s\n", attribution->term.c_str(), attribution->note.c_str());

@@ -12,10 +12,13 @@
 
 #include "membudget/leaks.hpp"
 #include "membudget/oom.hpp"
+#include "membudget/oom_attribution.hpp"
 
 namespace membudget::diagnose {
 
 nlohmann::json oom_json(const OomReport& report, const OomContext& context);
+// oom_json with the prediction's reading of the message under "attribution".
+nlohmann::json oom_json(const OomReport& report, const OomContext& context, const OomAttribution& attribution);
 nlohmann::json leak_json(const LeakReport& report);
 
 // Serialised as the CLI prints it (indent -1: one line); text read from a file (frames, messages)

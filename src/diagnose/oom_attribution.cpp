@@ -58,8 +58,8 @@ OomAttribution attribute_oom(const OomReport& report, const ModelSpec& model, co
   return a;
 }
 
-std::string to_json(const OomReport& report, const OomContext& context, const OomAttribution& a, int indent) {
-  nlohmann::json j = diagnose::oom_json(report, context);
+nlohmann::json diagnose::oom_json(const OomReport& report, const OomContext& context, const OomAttribution& a) {
+  nlohmann::json j = oom_json(report, context);
   j["attribution"] = {{"matched", a.matched},
                       {"term", a.term},
                       {"tensor", a.tensor},
@@ -68,7 +68,11 @@ std::string to_json(const OomReport& report, const OomContext& context, const Oo
                       {"predicted_peak", a.predicted_peak},
                       {"predicted_required", a.predicted_required},
                       {"note", a.note}};
-  return diagnose::dump(j, indent);
+  return j;
+}
+
+std::string to_json(const OomReport& report, const OomContext& context, const OomAttribution& a, int indent) {
+  return diagnose::dump(diagnose::oom_json(report, context, a), indent);
 }
 
 }  // namespace membudget
