@@ -528,89 +528,134 @@ class JsonReader {
   std::string where_;
 };
 
+// A RoPE parameter that must be a whole number >= 1 (original_max_position_embeddings).
+std::uint64_t rope_whole_number(const JsonReader& r, const json& v, const std::string& where) {
+  if (!v.is_number_unsigned() || v.get<std::uint64_t>() == 0)
+    throw r.error(where, "expected a whole number >= 1, got " + brief(v));
+  return v.get<std::uint64_t>();
+}
+// `name` in the object `p`; null when absent or null, as transformers reads both.
+const json* rope_member(const json& p, const char* name) { return p.contains(name) && !p[name].is_null() ? &p[name] : nullptr; }
+
+// A config's RoPE field: transformers 5 calls it rope_parameters (per layer type when nested), 4
+// rope_scaling; `sets` holds its one parameter set, or one per attention layer type.
+struct RopeField {
+  std::string key;
+  const json* given = nullptr;  // null: the config scales nothing
+  bool nested = false;
+  std::vector<std::pair<std::string, const json*>> sets;  // (where, for messages; the parameters)
+};
+RopeField rope_field(const JsonReader& r) {
+  RopeField f{"rope_parameters", r.find("rope_parameters"), false, {}};
+  if (const json* old = r.find("rope_scaling")) {
+    if (f.given && *f.given != *old)
+      throw r.error("rope_scaling", "differs from rope_parameters (transformers 5's name for it); give one of the two");
+    if (!f.given) f.given = old, f.key = "rope_scaling";
+  }
+  if (!f.given) return f;
+  if (!f.given->is_object()) throw r.error(f.key, "expected an object of RoPE parameters, got " + brief(*f.given));
+  // transformers 5 nests the parameters by attention layer type (Gemma's full and sliding layers)
+  static const std::array<std::string_view, 4> kLayerTypes = {"full_attention", "sliding_attention",
+                                                              "chunked_attention", "linear_attention"};
+  f.nested = !f.given->empty();
+  for (const auto& [name, value] : f.given->items())
+    f.nested = f.nested && std::find(kLayerTypes.begin(), kLayerTypes.end(), name) != kLayerTypes.end();
+  if (!f.nested) {
+    f.sets.emplace_back(f.key, f.given);
+    return f;
+  }
+  for (const auto& [name, value] : f.given->items())
+    if (!value.is_null()) f.sets.emplace_back(f.key + "." + name, &value);
+  return f;
+}
+
+// One parameter set as it bears on the context: its type (`type`, the old name, and `rope_type`
+// agreeing; su is longrope, mrope default), its factor, and yarn's original context.
+struct RopeSet {
+  std::string type;
+  std::optional<double> factor;
+  std::optional<std::uint64_t> yarn_original;
+};
+RopeSet read_rope_set(const JsonReader& r, const std::string& where, const json& p) {
+  if (!p.is_object()) throw r.error(where, "expected an object of RoPE parameters, got " + brief(p));
+  auto type_of = [&](const char* name) -> std::string {
+    if (!p.contains(name)) return "";
+    if (!p[name].is_string()) throw r.error(where + "." + name, "expected a string, got " + brief(p[name]));
+    const std::string t = p[name].get<std::string>();
+    if (t.empty()) throw r.error(where + "." + name, "is empty, which names no RoPE type");
+    return t == "su" ? "longrope" : t == "mrope" ? "default" : t;
+  };
+  const std::string rope_type = type_of("rope_type"), old_type = type_of("type");
+  if (!rope_type.empty() && !old_type.empty() && rope_type != old_type)
+    throw r.error(where, "rope_type '" + rope_type + "' and type '" + old_type + "' disagree");
+  RopeSet set;
+  set.type = !rope_type.empty() ? rope_type : !old_type.empty() ? old_type : "default";
+  static const std::array<std::string_view, 6> kTypes = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"};
+  if (std::find(kTypes.begin(), kTypes.end(), set.type) == kTypes.end())
+    throw r.error(where + ".rope_type",
+                  "'" + set.type + "' is not a RoPE type membudget knows vLLM's context length for (default, linear, "
+                  "dynamic, yarn, longrope, llama3)",
+                  ErrorKind::unsupported);
+  const json* factor = rope_member(p, "factor");
+  const std::string& t = set.type;
+  if (!factor && (t == "linear" || t == "dynamic" || t == "yarn" || t == "llama3"))
+    throw r.error(where + ".factor", "is missing; rope type " + t + " needs it, as transformers requires");
+  if (factor && (!factor->is_number() || !std::isfinite(factor->get<double>()) || factor->get<double>() < 1))
+    throw r.error(where + ".factor", "must be a number >= 1 (got " + brief(*factor) +
+                                         "; transformers warns below 1, and vLLM would shrink the context)");
+  if (factor) set.factor = factor->get<double>();
+  if (const json* original = rope_member(p, "original_max_position_embeddings"); original && t == "yarn")
+    set.yarn_original = rope_whole_number(r, *original, where + ".original_max_position_embeddings");
+  return set;
+}
+
+// LongRoPE's default max_model_len: vLLM reads the config's own original_max_position_embeddings
+// (Phi3Config's, 4096, when the file leaves it out), else the parameters'.
+void set_longrope_default_len(const JsonReader& r, const RopeField& field, ModelSpec& s) {
+  constexpr const char* kOriginal = "original_max_position_embeddings";
+  if (const json* original = r.find(kOriginal)) {
+    s.default_max_model_len = std::min(rope_whole_number(r, *original, kOriginal), s.max_positions);
+    return;
+  }
+  if (!r.has(kOriginal) && s.family == "phi3") {
+    s.default_max_model_len = std::min<std::uint64_t>(4096, s.max_positions);
+    return;
+  }
+  if (const json* original = field.nested ? nullptr : rope_member(*field.given, kOriginal))
+    s.default_max_model_len =
+        std::min(rope_whole_number(r, *original, field.key + "." + kOriginal), s.max_positions);
+}
+
 // The context a config.json's RoPE scaling gives, as vLLM derives max_model_len from it
 // (ModelConfig's _get_and_verify_max_len; model_arch_config_convertor.py in 2026): every type but
 // longrope and llama3 (whose max_position_embeddings is already the scaled context) multiplies it by
 // `factor`; yarn multiplies its original_max_position_embeddings instead (absent: the config's
-// max_position_embeddings, as transformers 5 fills it). transformers 5 calls the field
-// rope_parameters (per layer type when nested), 4 rope_scaling; `type` is the old name of
-// `rope_type`, su of longrope, mrope of default. LongRoPE's default max_model_len is its original
-// context (vLLM since late 2025), set as default_max_model_len. What transformers refuses (a missing
-// factor), a factor below 1 (transformers warns; vLLM would shrink the context) and a rope type whose
-// context vLLM might derive otherwise are refused.
+// max_position_embeddings, as transformers 5 fills it). LongRoPE's default max_model_len is its
+// original context (vLLM since late 2025), set as default_max_model_len. What transformers refuses
+// (a missing factor), a factor below 1 (transformers warns; vLLM would shrink the context) and a
+// rope type whose context vLLM might derive otherwise are refused.
 void apply_rope_scaling(const JsonReader& r, ModelSpec& s) {
-  const json* given = r.find("rope_parameters");
-  std::string key = "rope_parameters";
-  if (const json* old = r.find("rope_scaling")) {
-    if (given && *given != *old)
-      throw r.error("rope_scaling", "differs from rope_parameters (transformers 5's name for it); give one of the two");
-    if (!given) given = old, key = "rope_scaling";
-  }
-  if (!given) return;
-  if (!given->is_object()) throw r.error(key, "expected an object of RoPE parameters, got " + brief(*given));
-  // transformers 5 nests the parameters by attention layer type (Gemma's full and sliding layers)
-  static const std::array<std::string_view, 4> kLayerTypes = {"full_attention", "sliding_attention",
-                                                              "chunked_attention", "linear_attention"};
-  bool nested = !given->empty();
-  for (const auto& [name, value] : given->items())
-    nested = nested && std::find(kLayerTypes.begin(), kLayerTypes.end(), name) != kLayerTypes.end();
-  std::vector<std::pair<std::string, const json*>> sets;
-  if (nested) {
-    for (const auto& [name, value] : given->items())
-      if (!value.is_null()) sets.emplace_back(key + "." + name, &value);
-  } else {
-    sets.emplace_back(key, given);
-  }
+  const RopeField field = rope_field(r);
+  if (!field.given) return;
   double derived = static_cast<double>(s.max_positions), scaling = 1.0;
   bool longrope = false;
   // (per layer type, the scalings that change the context must agree: vLLM takes the last in the
   // file's order, which a parsed object no longer has)
   std::optional<std::pair<double, double>> scaled_by;  // (factor, the context it multiplies)
-  for (const auto& set : sets) {
-    const std::string& where = set.first;  // (not a structured binding: clang's lambdas cannot capture one)
-    const json* p = set.second;
-    if (!p->is_object()) throw r.error(where, "expected an object of RoPE parameters, got " + brief(*p));
-    auto type_of = [&](const char* name) -> std::string {
-      if (!p->contains(name)) return "";
-      if (!(*p)[name].is_string()) throw r.error(where + "." + name, "expected a string, got " + brief((*p)[name]));
-      const std::string t = (*p)[name].get<std::string>();
-      if (t.empty()) throw r.error(where + "." + name, "is empty, which names no RoPE type");
-      return t == "su" ? "longrope" : t == "mrope" ? "default" : t;
-    };
-    const std::string rope_type = type_of("rope_type"), old_type = type_of("type");
-    if (!rope_type.empty() && !old_type.empty() && rope_type != old_type)
-      throw r.error(where, "rope_type '" + rope_type + "' and type '" + old_type + "' disagree");
-    const std::string type = !rope_type.empty() ? rope_type : !old_type.empty() ? old_type : "default";
-    static const std::array<std::string_view, 6> kTypes = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"};
-    if (std::find(kTypes.begin(), kTypes.end(), type) == kTypes.end())
-      throw r.error(where + ".rope_type",
-                    "'" + type + "' is not a RoPE type membudget knows vLLM's context length for (default, linear, "
-                    "dynamic, yarn, longrope, llama3)",
-                    ErrorKind::unsupported);
-    const json* factor = p->contains("factor") && !(*p)["factor"].is_null() ? &(*p)["factor"] : nullptr;
-    if (!factor && (type == "linear" || type == "dynamic" || type == "yarn" || type == "llama3"))
-      throw r.error(where + ".factor", "is missing; rope type " + type + " needs it, as transformers requires");
-    if (factor && (!factor->is_number() || !std::isfinite(factor->get<double>()) || factor->get<double>() < 1))
-      throw r.error(where + ".factor", "must be a number >= 1 (got " + brief(*factor) +
-                                           "; transformers warns below 1, and vLLM would shrink the context)");
-    if (type == "longrope") {
+  for (const auto& [where, parameters] : field.sets) {
+    const RopeSet set = read_rope_set(r, where, *parameters);
+    if (set.type == "longrope") {
       longrope = true;
       continue;
     }
-    if (type == "llama3") continue;
-    double set_scaling = factor ? factor->get<double>() : 1.0, set_derived = static_cast<double>(s.max_positions);
-    if (type == "yarn" && p->contains("original_max_position_embeddings") &&
-        !(*p)["original_max_position_embeddings"].is_null()) {
-      const json& o = (*p)["original_max_position_embeddings"];
-      if (!o.is_number_unsigned() || o.get<std::uint64_t>() == 0)
-        throw r.error(where + ".original_max_position_embeddings", "expected a whole number >= 1, got " + brief(o));
-      set_derived = static_cast<double>(o.get<std::uint64_t>());
-    }
+    if (set.type == "llama3") continue;
+    const double set_scaling = set.factor.value_or(1.0);
+    const double set_derived = static_cast<double>(set.yarn_original.value_or(s.max_positions));
     // a set without a factor leaves vLLM's running factor as it was (rp.get("factor", scaling_factor))
-    if (!factor && set_derived == static_cast<double>(s.max_positions)) continue;
+    if (!set.factor && set_derived == static_cast<double>(s.max_positions)) continue;
     if (scaled_by && *scaled_by != std::pair{set_scaling, set_derived})
-      throw r.error(key, "the layer types scale the context differently; vLLM takes one of them (the last in the "
-                         "file), membudget does not guess which",
+      throw r.error(field.key, "the layer types scale the context differently; vLLM takes one of them (the last in "
+                               "the file), membudget does not guess which",
                     ErrorKind::unsupported);
     scaled_by = std::pair{set_scaling, set_derived};
     scaling = set_scaling;
@@ -618,27 +663,10 @@ void apply_rope_scaling(const JsonReader& r, ModelSpec& s) {
   }
   const double scaled = derived * scaling;  // vLLM: int(derived * factor), a float product truncated
   if (scaled > static_cast<double>(kMaxPositions))
-    throw r.error(key, "its factor scales the context past the limit of " + std::to_string(kMaxPositions) +
-                           " tokens; check the factor for a typo");
+    throw r.error(field.key, "its factor scales the context past the limit of " + std::to_string(kMaxPositions) +
+                                 " tokens; check the factor for a typo");
   s.max_positions = static_cast<std::uint64_t>(scaled);
-  if (longrope) {
-    // vLLM reads the config's own original_max_position_embeddings (Phi3Config's, 4096, when the
-    // file leaves it out), else the parameters'
-    const json* original = r.find("original_max_position_embeddings");
-    std::string original_key = "original_max_position_embeddings";
-    if (!original && !r.has("original_max_position_embeddings") && s.family == "phi3") {
-      s.default_max_model_len = std::min<std::uint64_t>(4096, s.max_positions);
-      return;
-    }
-    if (!original && !nested && given->contains("original_max_position_embeddings") &&
-        !(*given)["original_max_position_embeddings"].is_null())
-      original = &(*given)["original_max_position_embeddings"], original_key = key + ".original_max_position_embeddings";
-    if (original) {
-      if (!original->is_number_unsigned() || original->get<std::uint64_t>() == 0)
-        throw r.error(original_key, "expected a whole number >= 1, got " + brief(*original));
-      s.default_max_model_len = std::min(original->get<std::uint64_t>(), s.max_positions);
-    }
-  }
+  if (longrope) set_longrope_default_len(r, field, s);
 }
 
 MlpKind mlp_from_activation(const JsonReader& r, const std::string& family) {
