@@ -27,9 +27,8 @@ Registrar reg("advise", 40, [](CLI::App& app) {
   cmd->callback([flags] {
     const ModelSpec spec = flags->model();
     const Job job = flags->job(spec);
+    require_one_of(flags->format, "--format", {"table", "json"});
     const Format format = parse_format(flags->format);
-    if (format != Format::table && format != Format::json)
-      throw Error(ErrorKind::invalid_argument, "--format: advise writes table or json");
     const auto device = flags->device_choice();
     if (!device) throw Error(ErrorKind::invalid_argument, "advise: give the card with --device NAME or --device-memory SIZE");
     PredictOptions po;

@@ -50,9 +50,8 @@ Registrar reg("attribute", 50, [](CLI::App& app) {
     if (flags->model_path.empty())
       for (const std::string& flag : flags->given_job_flags())
         throw Error(ErrorKind::invalid_argument, flag + ": describes the job of --model; give --model SPEC");
+    require_one_of(flags->format, "--format", {"table", "json"});
     const Format format = parse_format(flags->format);
-    if (format != Format::table && format != Format::json)
-      throw Error(ErrorKind::invalid_argument, "--format: attribute writes table or json");
     AttributeOptions opts;
     if (!flags->model_path.empty()) {
       opts.model = flags->model();

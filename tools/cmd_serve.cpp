@@ -188,8 +188,7 @@ Registrar reg("serve", 20, [](CLI::App& app) {
     // option; it is checked as predict checks it, so that one file is valid for both commands, and
     // not applied.
     (void)load_job_section(f->model_path, Job{});
-    if (f->format != "table" && f->format != "json")
-      throw Error(ErrorKind::invalid_argument, "--format: '" + f->format + "' is not one of table, json");
+    require_one_of(f->format, "--format", {"table", "json"});
     if (!f->device.empty() && !f->device_memory.empty())
       throw Error(ErrorKind::invalid_argument, "--device and --device-memory: give one, not both");
     if (f->device.empty() && f->device_memory.empty())

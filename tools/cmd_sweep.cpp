@@ -54,9 +54,8 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     const ModelSpec spec = base.model();
     const Job job = base.job(spec, false);  // the grid's sequences are checked below
     const auto dev = f->device_choice();
-    std::string format = f->format;
-    if (format != "csv" && format != "json" && format != "table")
-      throw Error(ErrorKind::invalid_argument, "--format: sweep writes csv (default), json or table");
+    const std::string& format = f->format;
+    require_one_of(format, "--format", {"csv", "json", "table"});
     warn_beyond_context(spec, grid.seqs.empty() ? job.seq : *std::max_element(grid.seqs.begin(), grid.seqs.end()));
     if (!dev && cmd->count("--fit-on"))
       throw Error(ErrorKind::invalid_argument, "--fit-on: applies only with --device or --device-memory");
