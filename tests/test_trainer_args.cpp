@@ -126,6 +126,21 @@ TEST_CASE("--trainer-args on the command line: the job's flags override it") {
   CHECK(bad.out.find("TrainingArguments.fp16") != std::string::npos);
 }
 
+TEST_CASE("--trainer-args - reads the JSON from standard input, and its errors name it") {
+  const std::string cfg = test::source_path("configs/llama-3.2-1b.yaml");
+  const std::string args = test::source_path("tests/data/trainer_args/bf16_fused_checkpointing.json");
+  auto piped = test::run_cli("predict " + cfg + " --trainer-args - --seq 1024 --format json < " + args);
+  auto named = test::run_cli("predict " + cfg + " --trainer-args " + args + " --seq 1024 --format json");
+  REQUIRE(piped.exit_code == 0);
+  CHECK(piped.out.find("\"batch\": 4") != std::string::npos);  // the file's, not the default's 8
+  CHECK(piped.out.find("\"recompute\": \"full\"") != std::string::npos);
+  CHECK(piped.out == named.out);
+  auto bad = test::run_cli("predict " + cfg + " --trainer-args - < " +
+                           test::source_path("tests/data/trainer_args/fp16_adamw_torch.json"));
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.out.find("standard input: TrainingArguments.fp16") != std::string::npos);
+}
+
 TEST_CASE("TrainingArguments: a key that is not a field, and fields that change memory unmodelled, are refused") {
   // a misspelling is named, every unknown key at once, as TrainingArguments(**json) refuses it
   const std::string typo = message(R"({"per_device_train_batch_sise": 16, "bf16": true, "packing": true})");

@@ -48,8 +48,8 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--loss-chunk", loss_chunk, "tokens per chunk for --loss chunked (default 1024)");
   cmd->add_option("--activations", activations, "inventory (default) | korthikanti");
   cmd->add_option("--trainer-args", trainer_args,
-                  "a Hugging Face TrainingArguments JSON (to_json_string()): batch, precision, optim, gradient "
-                  "checkpointing (flags given override it)");
+                  "a Hugging Face TrainingArguments JSON file (to_json_string(); - reads standard input): batch, "
+                  "precision, optim, gradient checkpointing (flags given override it)");
   cmd->add_option("--lora", lora, "LoRA rank on every decoder linear, base frozen (peft; default 0: full fine-tune)");
   cmd->add_option("--profile", profile, "torch (default: transformers 5 on PyTorch 2.11) | harness");
   cmd->add_option("--overhead", overhead, "memory outside the allocator, e.g. 800MiB (default: docs/model.md)");
@@ -189,8 +189,15 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   // The section's own settings apply to the job it describes (its loss_chunk needs its loss
   // chunked; its mode infer reads no precision); flags given below may then override any of them.
   located([&] { check_options_apply(j, sources.flags()); });
-  if (!trainer_args.empty())  // after the spec's job: section, before the flags
-    j = apply_training_arguments(j, read_input_file(trainer_args, limits::kMaxTrainerArgsBytes, "TrainingArguments JSON"), trainer_args, &sources);
+  if (!trainer_args.empty()) {  // after the spec's job: section, before the flags
+    // "-" is standard input (a script's `print(args.to_json_string())` piped in), as for oom
+    constexpr std::string_view kWhat = "TrainingArguments JSON";
+    const bool from_stdin = trainer_args == "-";
+    const std::string text =
+        from_stdin ? read_input_stream(std::cin, limits::kMaxTrainerArgsBytes, kWhat, "standard input")
+                   : read_input_file(trainer_args, limits::kMaxTrainerArgsBytes, kWhat);
+    j = apply_training_arguments(j, text, from_stdin ? "standard input" : trainer_args, &sources);
+  }
   if (!batch.empty()) j.batch = parse_count(batch, "--batch");
   if (!seq.empty()) j.seq = parse_count(seq, "--seq");
   if (!mode.empty()) j.mode = parse_mode(mode);
