@@ -927,12 +927,28 @@ TEST_CASE("an oom message's size past 2^64 - 1 bytes is called that, not a missi
   CHECK(m.find("expected a size (the request) of at most 2^64 - 1 bytes") != std::string::npos);
 }
 
-TEST_CASE("a gzipped snapshot is named as such; leaks reads a pickle by its bytes, whatever its name") {
+TEST_CASE("a compressed snapshot is named as such; leaks reads a pickle by its bytes, whatever its name") {
   const std::string gz = test::source_path("tests/data/ep_snapshots/deepseek-v2-lite_ep2r0_bf16_none_b1s1024_L2.pickle.gz");
   for (const char* command : {"attribute ", "leaks "}) {
     const auto r = test::run_cli(command + gz);
     CHECK(r.exit_code == 2);
     CHECK_MESSAGE(r.out.find("gzip-compressed (it opens with gzip's bytes 1f 8b") != std::string::npos, command << r.out);
+  }
+  // the other compressions and zip (torch.save's format) by their opening bytes, whatever the name
+  // (bzip2's was read as the pickle opcode 'B', a zip as a CSV whose column names were its bytes)
+  const std::pair<std::string, const char*> packed[] = {
+      {std::string("BZh91AY&SY"), "bzip2-compressed (it opens with bzip2's bytes 42 5a 68"},
+      {std::string("\xfd" "7zXZ\0\0\x04", 8), "xz-compressed (it opens with xz's bytes fd 37 7a 58 5a 00"},
+      {std::string("\x28\xb5\x2f\xfd\x24\x00"), "zstd-compressed (it opens with zstd's bytes 28 b5 2f fd"},
+      {std::string("PK\x03\x04\x14\x00"), "a zip archive (it opens with zip's bytes 50 4b 03 04"}};
+  for (const auto& p : packed) {
+    const char* expected = p.second;
+    const std::string file = temp_file("snapshot_packed.dat", p.first + std::string(64, 'x'));
+    for (const char* command : {"attribute ", "leaks "}) {
+      const auto r = test::run_cli(command + file);
+      CHECK(r.exit_code == 2);
+      CHECK_MESSAGE(r.out.find(expected) != std::string::npos, command << r.out);
+    }
   }
   // a snapshot saved under another name was read as a CSV and its bytes printed as column names
   std::ifstream in(test::source_path("tests/data/snapshots/train_tiny_llama_amp_bf16_ctx_all.pickle"), std::ios::binary);

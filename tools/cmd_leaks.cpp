@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "cli.hpp"
+#include "diagnose/pickle.hpp"
 #include "membudget/input.hpp"
 #include "membudget/leaks.hpp"
 #include "membudget/snapshot_leaks.hpp"
@@ -36,14 +37,16 @@ void print_verdict(const LeakReport& r) {
   std::printf("%s\n", r.explanation.c_str());
 }
 
-// Whether the file opens as a pickle (protocol 2 and later: the PROTO opcode 0x80) or as gzip (1f 8b,
-// which the pickle reader names), whatever its name: read as a CSV it gave column names of binary.
+// Whether the file opens as a pickle (protocol 2 and later: the PROTO opcode 0x80) or as a compressed
+// file or archive (which the pickle reader names), whatever its name: read as a CSV it gave column
+// names of binary.
 bool opens_as_binary_snapshot(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  char head[2] = {};
-  if (!in.read(head, 2)) return false;
-  const auto b0 = static_cast<unsigned char>(head[0]), b1 = static_cast<unsigned char>(head[1]);
-  return b0 == 0x80 || (b0 == 0x1f && b1 == 0x8b);
+  char head[8] = {};
+  in.read(head, sizeof head);
+  const auto got = static_cast<std::size_t>(in.gcount());
+  return (got > 0 && static_cast<unsigned char>(head[0]) == 0x80) ||
+         diagnose::packed_format(std::string_view(head, got)) != nullptr;
 }
 
 void run(const LeaksOptions& o) {

@@ -572,11 +572,27 @@ struct PickleParser {
   }
 };
 
+const PackedFormat* packed_format(std::string_view head) noexcept {
+  using namespace std::string_view_literals;
+  static constexpr PackedFormat kFormats[] = {
+      {"gzip", "gzip-compressed", "\x1f\x8b"sv, "1f 8b", "gunzip -k FILE"},
+      {"bzip2", "bzip2-compressed", "BZh"sv, "42 5a 68", "bunzip2 -k FILE"},
+      {"xz", "xz-compressed", "\xfd" "7zXZ\0"sv, "fd 37 7a 58 5a 00", "unxz -k FILE"},
+      {"zstd", "zstd-compressed", "\x28\xb5\x2f\xfd"sv, "28 b5 2f fd", "unzstd FILE"},
+      {"lz4", "lz4-compressed", "\x04\x22\x4d\x18"sv, "04 22 4d 18", "unlz4 FILE"},
+      // (torch.save's format too; a snapshot is what torch.cuda.memory._dump_snapshot pickles)
+      {"zip", "a zip archive", "PK\x03\x04"sv, "50 4b 03 04", "unzip FILE"},
+  };
+  for (const PackedFormat& f : kFormats)
+    if (head.starts_with(f.magic)) return &f;
+  return nullptr;
+}
+
 PickleDocument parse_pickle(std::string bytes, const std::string& where) {
-  // gzip's magic number: snapshots are often stored compressed (tests/data keeps them so)
-  if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f && static_cast<unsigned char>(bytes[1]) == 0x8b)
-    throw Error(ErrorKind::parse, where + ": gzip-compressed (it opens with gzip's bytes 1f 8b, not a pickle's); "
-                                          "decompress it first (gunzip -k FILE) and give the .pickle");
+  if (const PackedFormat* packed = packed_format(bytes))
+    throw Error(ErrorKind::parse, where + ": " + packed->described + " (it opens with " + packed->name + "'s bytes " +
+                                      packed->magic_hex + ", not a pickle's); unpack it first (" + packed->unpack +
+                                      ") and give the .pickle that torch.cuda.memory._dump_snapshot wrote");
   PickleDocument doc;
   doc.bytes_ = std::make_unique<std::string>(std::move(bytes));
   doc.arena_ = std::make_unique<std::deque<PickleContainer>>();

@@ -125,6 +125,18 @@ class PickleDocument {
 inline constexpr std::uint32_t kMaxPickleDepth = 1000;      // snapshots nest 5 deep
 inline constexpr std::size_t kMaxPickleStack = 1u << 22;    // values + marks on the stack
 
+// A compressed file or an archive, told by its opening bytes: snapshots are often stored compressed
+// (tests/data keeps them gzipped), and torch.save writes a zip archive. The readers name it and the
+// command that unpacks it, rather than failing on its first byte as a pickle opcode or a CSV column.
+struct PackedFormat {
+  const char* name;       // "gzip"
+  const char* described;  // "gzip-compressed"
+  std::string_view magic;
+  const char* magic_hex;  // "1f 8b"
+  const char* unpack;     // "gunzip -k FILE"
+};
+const PackedFormat* packed_format(std::string_view head) noexcept;  // null: none of them
+
 // `where` prefixes error messages (a file name).
 PickleDocument parse_pickle(std::string bytes, const std::string& where = "pickle");
 PickleDocument read_pickle_file(const std::string& path);  // Error(io) if unreadable
