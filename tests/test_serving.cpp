@@ -238,6 +238,14 @@ TEST_CASE("traffic: fits, by how much, and when it does not") {
   CHECK_FALSE(crowd.fits);
   CHECK(crowd.reason.find("vLLM runs at most max_num_seqs (1,024) at once") != std::string::npos);
   CHECK(crowd.suggested_utilization == 0);
+  CHECK(crowd.reason.find("(give --max-num-seqs 2000)") != std::string::npos);
+  // past max_num_batched_tokens (8,192) the advice raises it too: vLLM refuses max_num_seqs above it
+  const TrafficFit throng = fit_traffic(m, p, parse_traffic("10000x16"));
+  CHECK(throng.reason.find("give --max-num-seqs 10000 and --max-num-batched-tokens 10000 or more") != std::string::npos);
+  o.max_num_seqs = 10000;
+  CHECK_THROWS_WITH_AS(plan_serving(m, o), doctest::Contains("must be greater than or equal to max_num_seqs"), Error);
+  o.max_num_batched_tokens = 10000;
+  CHECK(fit_traffic(m, plan_serving(m, o), parse_traffic("10000x16")).fits);
   o.max_num_seqs = 2000;
   o.max_num_batched_tokens = 8192;
   CHECK(fit_traffic(m, plan_serving(m, o), parse_traffic("2000x16")).fits);

@@ -344,10 +344,13 @@ TrafficFit fit_traffic(const ModelSpec& m, const ServePlan& p, const Traffic& t)
     f.reason = "vLLM would not start: " + p.error;
     memory_mends_it = true;
   } else if (t.concurrency > p.max_num_seqs) {
-    // the scheduler runs at most max_num_seqs requests at once; the others wait in its queue
+    // the scheduler runs at most max_num_seqs requests at once; the others wait in its queue (and
+    // vLLM refuses max_num_seqs above max_num_batched_tokens, so the advice raises both if need be)
+    const std::string count = std::to_string(t.concurrency);
     f.reason = commas(t.concurrency) + " requests in flight, but vLLM runs at most max_num_seqs (" +
-               commas(p.max_num_seqs) + ") at once; the others queue (give --max-num-seqs " +
-               std::to_string(t.concurrency) + ")";
+               commas(p.max_num_seqs) + ") at once; the others queue (give --max-num-seqs " + count +
+               (t.concurrency > p.max_num_batched_tokens ? " and --max-num-batched-tokens " + count + " or more" : "") +
+               ")";
   } else if (f.blocks_needed > p.num_blocks) {
     memory_mends_it = true;
     f.reason = commas(t.concurrency) + " requests of " + commas(t.mean_context) + " tokens need " +
