@@ -728,6 +728,16 @@ TEST_CASE("PYTORCH_CUDA_ALLOC_CONF parsing") {
   fails("expandable_segments", "key:value");
   // c10's tokenizer reads the comma after an empty item as a key ("Unrecognized key"); a trailing one it takes
   fails(",", "an empty item before a ','");
+  // inside the brackets too: c10 takes "[]" (no rounding) and a trailing comma, and stops at an empty
+  // item before a ',' (it reads the ',' as a size)
+  fails("roundup_power2_divisions:[256:4,,512:2]", "roundup_power2_divisions: an empty item before a ','");
+  fails("roundup_power2_divisions:[,256:4]", "an empty item before a ','");
+  fails("roundup_power2_divisions:[256:4,,]", "an empty item before a ','");
+  fails("roundup_power2_divisions:[,]", "an empty item before a ','");
+  CHECK(parse_allocator_conf("roundup_power2_divisions:[256:4,]").policy.roundup_power2_divisions ==
+        parse_allocator_conf("roundup_power2_divisions:[256:4]").policy.roundup_power2_divisions);
+  CHECK(parse_allocator_conf("roundup_power2_divisions:[]").policy.roundup_power2_divisions ==
+        parse_allocator_conf("").policy.roundup_power2_divisions);
   fails("expandable_segments:True,,max_split_size_mb:512", "an empty item before a ','");
   fails(",expandable_segments:True", "an empty item before a ','");
   CHECK(parse_allocator_conf("expandable_segments:True,").policy.expandable_segments);

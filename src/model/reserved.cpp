@@ -1031,6 +1031,11 @@ AllocatorConf parse_allocator_conf(std::string_view conf) {
           const std::size_t comma = std::min(body.find(',', pos), body.size());
           const std::string e = trim(std::string_view(body).substr(pos, comma - pos));
           pos = comma + 1;
+          // c10 takes "[]" and a trailing comma, but reads an empty item before a ',' as a size
+          // (",") and stops at startup (std::stoull, or "expected :" before 2.9)
+          if (e.empty() && comma < body.size())
+            throw conf_error("roundup_power2_divisions: an empty item before a ',' in '" + v +
+                             "' (PyTorch refuses it at startup)");
           if (e.empty()) continue;
           const auto c2 = e.find(':');
           if (c2 == std::string::npos) throw conf_error("roundup_power2_divisions: '" + e + "' is not size:divisions");
