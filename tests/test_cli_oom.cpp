@@ -86,7 +86,8 @@ TEST_CASE("membudget oom: a log of several messages reads the first and lists th
   CHECK(table.code == 0);
   CHECK(table.out.find("HIP out-of-memory message at line 2") != std::string::npos);
   CHECK(table.out.find("The input holds 1 more out-of-memory message; the figures above are the first's:") != std::string::npos);
-  CHECK(table.out.find("  line 3: GPU 1, tried to allocate 8.00 GiB, 79.00 GiB reserved: shortage") != std::string::npos);
+  // (one rank's tag names it too)
+  CHECK(table.out.find("  line 3: GPU 1, rank 1, tried to allocate 8.00 GiB, 79.00 GiB reserved: shortage") != std::string::npos);
   Run json = membudget("oom --file '" + f.string() + "' --format json");
   CHECK(json.code == 0);
   const auto j = nlohmann::json::parse(json.out);
@@ -95,6 +96,7 @@ TEST_CASE("membudget oom: a log of several messages reads the first and lists th
   CHECK(j["other_messages"][0]["line"] == 3);
   CHECK(j["other_messages"][0]["gpu"] == 1);
   CHECK(j["other_messages"][0]["classification"] == "shortage");
+  CHECK(j["other_messages"][0]["rank"] == 1);
   // "-" is standard input, as TEXT or as --file
   for (const char* dash : {"oom - < '", "oom --file - < '"}) {
     Run r = membudget(dash + dir.write("stdin.txt", kHip).string() + "' --format json");

@@ -353,6 +353,86 @@ TEST_CASE("every message is read, in line order; interleaved torchrun ranks are 
   CHECK(!stopped);
   // one rank's lines alone read as before: the prefix is stripped
   CHECK(parse_oom_message("[rank3]: " + gpu0).line == 1);
+  CHECK(parse_oom_message("[rank3]: " + gpu0).rank == 3);
+}
+
+TEST_CASE("torchrun's other tags, a timestamp before the tag, and a launcher's line inside a message") {
+  const std::string gpu0 =
+      "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 100.00 KiB "
+      "is free. Of the allocated memory 70.00 GiB is allocated by PyTorch, and 9.00 GiB is reserved by PyTorch but "
+      "unallocated.";
+  const std::string gpu1 =
+      "CUDA out of memory. Tried to allocate 8.00 GiB. GPU 1 has a total capacity of 79.10 GiB of which 100.00 KiB "
+      "is free. Of the allocated memory 78.00 GiB is allocated by PyTorch, and 1.00 GiB is reserved by PyTorch but "
+      "unallocated.";
+  auto wrap = [](const std::string& m) {
+    std::vector<std::string> lines;
+    for (std::size_t i = 0; i < m.size(); i += 60) lines.push_back(m.substr(i, 60));  // (no number cut)
+    return lines;
+  };
+  const auto r0 = wrap(gpu0), r1 = wrap(gpu1);
+  // --tee 3: "[default<local rank>]:", each line taking turns (read as one text, the two mixed)
+  std::string tee;
+  for (std::size_t i = 0; i < std::max(r0.size(), r1.size()); ++i) {
+    if (i < r0.size()) tee += "[default0]:" + r0[i] + "\n";
+    if (i < r1.size()) tee += "[default1]:" + r1[i] + "\n";
+  }
+  const auto workers = parse_oom_messages(tee);
+  REQUIRE(workers.size() == 2);
+  CHECK(workers[0].worker == "default0");
+  CHECK(!workers[0].rank);
+  CHECK(workers[0].requested == 2 * GiB);
+  CHECK(workers[1].worker == "default1");
+  CHECK(workers[1].requested == 8 * GiB);
+  CHECK(nlohmann::json::parse(to_json(workers[1]))["worker"] == "default1");
+  // --tee over init_process_group's excepthook: the worker's tag, then the global rank's
+  std::string both;
+  for (std::size_t i = 0; i < std::max(r0.size(), r1.size()); ++i) {
+    if (i < r0.size()) both += "[default0]:[rank4]: " + r0[i] + "\n";
+    if (i < r1.size()) both += "[default1]:[rank5]: " + r1[i] + "\n";
+  }
+  const auto tee_ranks = parse_oom_messages(both);
+  REQUIRE(tee_ranks.size() == 2);
+  CHECK(tee_ranks[0].worker == "default0");
+  CHECK(tee_ranks[0].rank == 4);
+  CHECK(tee_ranks[1].worker == "default1");
+  CHECK(tee_ranks[1].rank == 5);
+  CHECK(tee_ranks[1].requested == 8 * GiB);
+  // a log collector's timestamp before each tag
+  std::string stamped;
+  for (std::size_t i = 0; i < std::max(r0.size(), r1.size()); ++i) {
+    if (i < r0.size()) stamped += "2026-12-07 12:00:0" + std::to_string(i % 10) + ",123 [rank0]: " + r0[i] + "\n";
+    if (i < r1.size()) stamped += "[2026-12-07T12:00:00.5Z] [rank1]: " + r1[i] + "\n";
+  }
+  const auto ranks = parse_oom_messages(stamped);
+  REQUIRE(ranks.size() == 2);
+  CHECK(ranks[0].rank == 0);
+  CHECK(ranks[0].reserved_unallocated == 9 * GiB);
+  CHECK(ranks[1].rank == 1);
+  CHECK(ranks[1].requested == 8 * GiB);
+  // one rank's message with the launcher's untagged warning between its lines
+  std::string one;
+  for (std::size_t i = 0; i < r0.size(); ++i) {
+    one += "[rank0]: " + r0[i] + "\n";
+    if (i == 1) one += "W1207 12:00:00.000000 123 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 7 closing signal SIGTERM\n";
+  }
+  const auto alone = parse_oom_messages(one);
+  REQUIRE(alone.size() == 1);
+  CHECK(alone[0].rank == 0);
+  CHECK(alone[0].line == 1);
+  CHECK(alone[0].reserved_unallocated == 9 * GiB);
+  // a copy whose continuation lines lost their tag reads whole, as before
+  const auto lost = parse_oom_messages("[rank2]: " + r0[0] + "\n" + gpu0.substr(60) + "\n");
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].requested == 2 * GiB);
+  CHECK(!lost[0].rank);
+  // a bracket that is no tag is text
+  const OomReport untagged = parse_oom_message("[rank]: " + gpu0);
+  CHECK(!untagged.rank);
+  CHECK(untagged.worker.empty());
+  const OomReport long_number = parse_oom_message("[rank12345678901]: " + gpu0);  // (ten digits: no tag)
+  CHECK(!long_number.rank);
+  CHECK(long_number.requested == 2 * GiB);
 }
 
 TEST_CASE("sizes: units, bytes and exact rounding") {

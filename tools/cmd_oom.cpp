@@ -45,13 +45,20 @@ std::string read_input(const OomOptions& o) {
   return read_input_stream(std::cin, limits::kMaxOomTextBytes, "out-of-memory text", "standard input");
 }
 
+// ", rank 3" or ", worker default0": whose lines torchrun tagged the message's with, if anyone's.
+std::string source_of(const OomReport& r) {
+  if (r.rank) return ", rank " + std::to_string(*r.rank);
+  if (!r.worker.empty()) return ", worker " + r.worker;
+  return "";
+}
+
 void print_table(const OomReport& r, const OomDiagnosis& d) {
   auto row = [](const std::string& name, bytes_t v, const std::string& note = "") {
     std::printf("  %-22s %14s  %20llu B%s%s\n", name.c_str(), format_bytes(v).c_str(),
                 static_cast<unsigned long long>(v), note.empty() ? "" : "  ", note.c_str());
   };
   std::printf("%s out-of-memory message at line %zu (PyTorch %s template), GPU %d%s\n", r.backend.c_str(), r.line,
-              to_string(r.template_version), r.gpu, r.rank ? (", rank " + std::to_string(*r.rank)).c_str() : "");
+              to_string(r.template_version), r.gpu, source_of(r).c_str());
   row("requested", r.requested, "(rounded by the allocator)");
   row("capacity", r.capacity);
   if (r.allowed) row("allowed", *r.allowed, "(per-process fraction)");
@@ -122,6 +129,7 @@ void run(const OomOptions& o, const CLI::App& sub) {
                        {"requested", r.requested}, {"reserved", r.reserved},
                        {"classification", to_string(classify(r, ctx).classification)}};
       if (r.rank) m["rank"] = *r.rank;
+      if (!r.worker.empty()) m["worker"] = r.worker;
       j["other_messages"].push_back(std::move(m));
     }
     // the text holds more message starts than were tried
@@ -141,7 +149,7 @@ void run(const OomOptions& o, const CLI::App& sub) {
         }
         const OomReport& r = reports[i];
         std::printf("  line %zu: GPU %d%s, tried to allocate %s, %s reserved: %s\n", r.line, r.gpu,
-                    r.rank ? (", rank " + std::to_string(*r.rank)).c_str() : "", format_bytes(r.requested).c_str(),
+                    source_of(r).c_str(), format_bytes(r.requested).c_str(),
                     format_bytes(r.reserved).c_str(), to_string(classify(r, ctx).classification));
       }
       std::printf("Give one message alone to read its figures and first fix.\n");

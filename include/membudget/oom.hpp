@@ -73,8 +73,9 @@ struct OomReport {
   std::optional<bytes_t> allowed;             // set_per_process_memory_fraction limit
   std::optional<bytes_t> private_pools;       // "with Y allocated in private pools (e.g., CUDA Graphs)"
   std::size_t line = 0;                       // 1-based line of the input where the message starts
-  std::optional<std::uint64_t> rank;          // torchrun's "[rankN]:" of its lines, where the input
-                                              // interleaves several ranks' lines (else not set)
+  std::optional<std::uint64_t> rank;          // torchrun's "[rankN]:" on the message's lines
+  std::string worker;                         // torchrun's other tag on them, role and local rank
+                                              // ("default0": --tee, --redirects); else empty
   std::string message;                        // the message as read, whitespace-normalised
 
   // Device memory in use outside PyTorch's reserved memory: capacity - free - reserved, >= 0.
@@ -86,10 +87,10 @@ struct OomReport {
 };
 
 // Finds every complete out-of-memory message in `text` (a traceback, a log, a message wrapped
-// over several lines, lines prefixed with "# ", "> ", "| " or "[rank0]: ") and reads their figures,
-// in the order of the lines they start at. Where the lines of several torchrun ranks interleave
-// ("[rank0]: ..." and "[rank1]: ..." taking turns), each rank's lines are read apart and each
-// report names its rank. Throws Error(parse) when there is none, or when the only one found is cut
+// over several lines, lines prefixed with "# ", "> ", "| " or torchrun's "[rank0]: " or
+// "[default0]: ", a timestamp before the tag too) and reads their figures, in the order of the lines
+// they start at. Where torchrun tags the lines (several ranks' interleaving, or a launcher's untagged
+// lines among them), each worker's lines are read apart and each report names its rank or worker. Throws Error(parse) when there is none, or when the only one found is cut
 // short (naming what is missing). At most limits::kMaxOomMessages message starts are tried;
 // `stopped_early`, when given, says whether the text holds more than were tried.
 std::vector<OomReport> parse_oom_messages(std::string_view text, bool* stopped_early = nullptr);

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <array>
 #include <cctype>
+#include <optional>
 #include <string>
 
 #include "json_out.hpp"
@@ -56,6 +57,64 @@ struct Normalized {
 
 bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
 
+// The tag on each line of a distributed worker's output: "[rank3]: " (the global rank, which
+// init_process_group's excepthook puts on an uncaught exception's lines, PyTorch 2.3 and later; c10's
+// log lines carry it too), "[default0]:" (torchrun --tee: the role's name and the local rank), or
+// both ("[default0]:[rank0]: Traceback"), after leading blanks and any timestamp a log collector put
+// first ("2026-12-07 12:00:00,123 ", "[2026-12-07T12:00:00Z] ").
+struct LineTag {
+  std::string_view name;              // the first tag: "rank3", "default0" (a worker's lines share it)
+  std::optional<std::uint64_t> rank;  // a "[rankN]:" among the tags
+  std::string_view worker;            // the first tag, where it is not a rank's
+  std::size_t end = 0;                // the offset just past the last tag's "]:"
+};
+
+bool timestamp_char(char c) {
+  return std::isdigit(static_cast<unsigned char>(c)) || is_blank(c) || std::string_view("-:.,/TZ+[]").find(c) != std::string_view::npos;
+}
+
+// One tag opening at `at` ('['): letters (the role, at most 32), then a number (at most 9 digits),
+// then "]:". Its name ("rank3"), whether it is a rank's, its number, and the offset past it.
+struct OneTag {
+  std::string_view name;
+  bool is_rank = false;
+  std::uint64_t number = 0;
+  std::size_t end = 0;
+};
+std::optional<OneTag> tag_at(std::string_view line, std::size_t at) {
+  std::size_t j = at + 1;
+  const std::size_t role = j;
+  while (j < line.size() && j - role < 33 && (std::isalpha(static_cast<unsigned char>(line[j])) || line[j] == '_')) ++j;
+  const std::size_t digits = j;
+  if (digits == role || digits - role > 32) return std::nullopt;
+  std::uint64_t number = 0;
+  for (; j < line.size() && j - digits < 10 && std::isdigit(static_cast<unsigned char>(line[j])); ++j)
+    number = number * 10 + static_cast<std::uint64_t>(line[j] - '0');  // (9 digits at most: no overflow)
+  if (j == digits || j - digits > 9 || !line.substr(j).starts_with("]:")) return std::nullopt;
+  return OneTag{line.substr(role, j - role), line.substr(role, digits - role) == "rank", number, j + 2};
+}
+
+std::optional<LineTag> line_tag(std::string_view line) {
+  constexpr std::size_t kMaxLead = 48;  // a timestamp's length and then some
+  std::optional<OneTag> first;
+  for (std::size_t p = 0; p < line.size() && p <= kMaxLead && !first; ++p) {
+    if (line[p] == '[') first = tag_at(line, p);
+    if (!first && !timestamp_char(line[p])) return std::nullopt;
+  }
+  if (!first) return std::nullopt;
+  LineTag tag{first->name, std::nullopt, first->is_rank ? std::string_view() : first->name, first->end};
+  if (first->is_rank) tag.rank = first->number;
+  // a rank's tag right after a worker's ("[default0]:[rank0]: ...")
+  std::size_t next = tag.end;
+  while (next < line.size() && is_blank(line[next])) ++next;
+  const auto second = next < line.size() && line[next] == '[' ? tag_at(line, next) : std::nullopt;
+  if (second && second->is_rank && !first->is_rank) {
+    tag.rank = second->number;
+    tag.end = second->end;
+  }
+  return tag;
+}
+
 std::string_view strip_line_prefix(std::string_view line) {
   for (;;) {
     std::size_t i = 0;
@@ -65,14 +124,8 @@ std::string_view strip_line_prefix(std::string_view line) {
       line.remove_prefix(2);
     } else if (!line.empty() && (line[0] == '#' || line[0] == '>' || line[0] == '|')) {
       line.remove_prefix(1);
-    } else if (line.starts_with("[rank")) {  // torchrun: "[rank0]: ..."
-      std::size_t j = 5;
-      while (j < line.size() && std::isdigit(static_cast<unsigned char>(line[j]))) ++j;
-      if (line.substr(j).starts_with("]:")) {
-        line.remove_prefix(j + 2);
-      } else {
-        return line;
-      }
+    } else if (const auto tag = line_tag(line)) {  // torchrun: "[rank0]: ...", "[default0]: ..."
+      line.remove_prefix(tag->end);
     } else {
       return line;
     }
@@ -388,29 +441,14 @@ std::size_t line_of(const Normalized& n, std::size_t offset) {
 
 namespace {
 
-// The lines messages are read from: the whole input, or, where torchrun interleaves the output of
-// several ranks ("[rank0]: ..." and "[rank1]: ..." lines taking turns), one rank's lines, so that
-// each rank's wrapped message reads whole.
+// The lines messages are read from: the whole input, or, where torchrun tags the lines of its
+// workers ("[rank0]: ..." and "[rank1]: ..." taking turns, or a launcher's own untagged lines among
+// one worker's), each worker's lines, then the untagged ones, so that each message reads whole.
 struct LineGroup {
   std::string text;
   std::vector<std::size_t> input_line;  // the 1-based input line of each of `text`'s lines
-  std::optional<std::uint64_t> rank;    // the rank whose lines these are (split logs only)
+  std::optional<LineTag> tag;           // the worker whose lines these are (none: untagged)
 };
-
-// A line's torchrun tag "[rankN]:" after leading blanks.
-std::optional<std::uint64_t> rank_tag(std::string_view line) {
-  std::size_t i = 0;
-  while (i < line.size() && is_blank(line[i])) ++i;
-  if (!line.substr(i).starts_with("[rank")) return std::nullopt;
-  std::size_t j = i + 5;
-  std::uint64_t rank = 0;
-  for (; j < line.size() && std::isdigit(static_cast<unsigned char>(line[j])); ++j)
-    if (__builtin_mul_overflow(rank, 10u, &rank) ||
-        __builtin_add_overflow(rank, static_cast<std::uint64_t>(line[j] - '0'), &rank))
-      return std::nullopt;
-  if (j == i + 5 || !line.substr(j).starts_with("]:")) return std::nullopt;
-  return rank;
-}
 
 std::vector<LineGroup> line_groups(std::string_view input) {
   std::vector<std::string_view> lines;
@@ -420,17 +458,17 @@ std::vector<LineGroup> line_groups(std::string_view input) {
     lines.push_back(input.substr(start, end - start));
     start = end + 1;
   }
-  std::vector<std::optional<std::uint64_t>> tags;
-  std::unordered_map<std::uint64_t, std::size_t> group_of_rank;  // in order of first appearance
+  std::vector<std::optional<LineTag>> tags;
+  std::unordered_map<std::string_view, std::size_t> group_of_tag;  // in order of first appearance
   for (std::string_view line : lines) {
-    tags.push_back(rank_tag(line));
-    if (tags.back()) group_of_rank.emplace(*tags.back(), group_of_rank.size());
+    tags.push_back(line_tag(line));
+    if (tags.back()) group_of_tag.emplace(tags.back()->name, group_of_tag.size());
   }
-  if (group_of_rank.size() < 2) return {LineGroup{std::string(input), {}, std::nullopt}};
-  std::vector<LineGroup> groups(group_of_rank.size() + 1);  // each rank's lines, then the untagged ones
-  for (const auto& [rank, group] : group_of_rank) groups[group].rank = rank;
+  if (group_of_tag.empty()) return {LineGroup{std::string(input), {}, std::nullopt}};
+  std::vector<LineGroup> groups(group_of_tag.size() + 1);  // each worker's lines, then the untagged ones
   for (std::size_t l = 0; l < lines.size(); ++l) {
-    LineGroup& g = tags[l] ? groups[group_of_rank.at(*tags[l])] : groups.back();
+    LineGroup& g = tags[l] ? groups[group_of_tag.at(tags[l]->name)] : groups.back();
+    if (tags[l]) g.tag = tags[l];
     if (!g.input_line.empty()) g.text += '\n';
     g.text += lines[l];
     g.input_line.push_back(l + 1);
@@ -450,55 +488,67 @@ std::vector<OomReport> parse_oom_messages(std::string_view text, bool* stopped_e
   std::size_t best_reach = 0, best_line = 0;
   bool found = false;
   int attempts = 0;
-  for (const LineGroup& g : line_groups(text)) {
-    const Normalized n = normalize(g.text);
-    const std::string_view s = n.text;
-    auto input_line = [&](std::size_t offset) {
-      const std::size_t l = line_of(n, offset);
-      return g.input_line.empty() ? l : g.input_line[l - 1];
-    };
-    bool anchored = false;
-    auto consider = [&](Attempt a, std::size_t start) {
-      if (a.report) {
-        a.report->line = input_line(start);
-        a.report->rank = g.rank;
-        reports.push_back(std::move(*a.report));
-      } else if (!found || a.reached - start > best_reach) {
-        best_reach = a.reached - start;
-        best_line = input_line(start);
-        best = std::move(a);
-        found = true;
-      }
-      return a.reached;
-    };
-    // "<backend> out of memory. Tried to allocate ...": the backend name is the word just before.
-    // After a message is read, the search goes on past its end.
-    constexpr std::string_view kAnchor = "out of memory";
-    for (std::size_t at = s.find(kAnchor); at != std::string_view::npos && attempts < kMaxAttempts;
-         at = s.find(kAnchor, at + 1)) {
-      if (at < 2 || s[at - 1] != ' ') continue;
-      std::string_view backend;
-      for (auto b : kBackends)
-        if (at - 1 >= b.size() && s.substr(at - 1 - b.size(), b.size()) == b &&
-            (at - 1 == b.size() || !std::isalnum(static_cast<unsigned char>(s[at - 2 - b.size()]))))
-          backend = b;
-      if (backend.empty()) continue;
-      ++attempts;
-      anchored = true;
-      const std::size_t start = at - 1 - backend.size();
-      const std::size_t before = reports.size();
-      const std::size_t reached = consider(read_message(s, start, at + kAnchor.size(), std::string(backend), true), start);
-      if (reports.size() > before && reached > at) at = reached - 1;
+  std::vector<LineGroup> groups = line_groups(text);
+  // A second pass reads the input whole where its workers' lines, read apart, held no message (a
+  // message whose continuation lines lost their tag in a copy).
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) {
+      if (!reports.empty() || groups.size() == 1) break;
+      groups = {LineGroup{std::string(text), {}, std::nullopt}};
     }
-    // Quoted without its first sentence: "Tried to allocate 15.00 GiB. GPU 0 has ...".
-    if (!anchored) {
-      constexpr std::string_view kTried = "Tried to allocate";
-      for (std::size_t at = s.find(kTried); at != std::string_view::npos && attempts < kMaxAttempts;
-           at = s.find(kTried, at + 1)) {
+    for (const LineGroup& g : groups) {
+      const Normalized n = normalize(g.text);
+      const std::string_view s = n.text;
+      auto input_line = [&](std::size_t offset) {
+        const std::size_t l = line_of(n, offset);
+        return g.input_line.empty() ? l : g.input_line[l - 1];
+      };
+      bool anchored = false;
+      auto consider = [&](Attempt a, std::size_t start) {
+        if (a.report) {
+          a.report->line = input_line(start);
+          if (g.tag) {
+            a.report->rank = g.tag->rank;
+            a.report->worker = std::string(g.tag->worker);
+          }
+          reports.push_back(std::move(*a.report));
+        } else if (!found || a.reached - start > best_reach) {
+          best_reach = a.reached - start;
+          best_line = input_line(start);
+          best = std::move(a);
+          found = true;
+        }
+        return a.reached;
+      };
+      // "<backend> out of memory. Tried to allocate ...": the backend name is the word just before.
+      // After a message is read, the search goes on past its end.
+      constexpr std::string_view kAnchor = "out of memory";
+      for (std::size_t at = s.find(kAnchor); at != std::string_view::npos && attempts < kMaxAttempts;
+           at = s.find(kAnchor, at + 1)) {
+        if (at < 2 || s[at - 1] != ' ') continue;
+        std::string_view backend;
+        for (auto b : kBackends)
+          if (at - 1 >= b.size() && s.substr(at - 1 - b.size(), b.size()) == b &&
+              (at - 1 == b.size() || !std::isalnum(static_cast<unsigned char>(s[at - 2 - b.size()]))))
+            backend = b;
+        if (backend.empty()) continue;
         ++attempts;
+        anchored = true;
+        const std::size_t start = at - 1 - backend.size();
         const std::size_t before = reports.size();
-        const std::size_t reached = consider(read_message(s, at, at, "unknown", false), at);
+        const std::size_t reached = consider(read_message(s, start, at + kAnchor.size(), std::string(backend), true), start);
         if (reports.size() > before && reached > at) at = reached - 1;
+      }
+      // Quoted without its first sentence: "Tried to allocate 15.00 GiB. GPU 0 has ...".
+      if (!anchored) {
+        constexpr std::string_view kTried = "Tried to allocate";
+        for (std::size_t at = s.find(kTried); at != std::string_view::npos && attempts < kMaxAttempts;
+             at = s.find(kTried, at + 1)) {
+          ++attempts;
+          const std::size_t before = reports.size();
+          const std::size_t reached = consider(read_message(s, at, at, "unknown", false), at);
+          if (reports.size() > before && reached > at) at = reached - 1;
+        }
       }
     }
   }
@@ -731,7 +781,8 @@ nlohmann::json oom_json(const OomReport& r, const OomContext& ctx) {
               {"situation", d.situation},
               {"first_fix", d.first_fix},
               {"explanation", d.explanation}};
-  if (r.rank) j["rank"] = *r.rank;  // (only where a log interleaves ranks)
+  if (r.rank) j["rank"] = *r.rank;  // (only where torchrun tagged the message's lines)
+  if (!r.worker.empty()) j["worker"] = r.worker;
   return j;
 }
 
