@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include <sys/stat.h>
+
 #include "diagnose/pickle.hpp"
 #include "helpers.hpp"
 #include "membudget/api.hpp"
@@ -959,6 +961,39 @@ TEST_CASE("a compressed snapshot is named as such; leaks reads a pickle by its b
   CHECK(as_bin.exit_code == as_pickle.exit_code);
   CHECK(as_bin.out == as_pickle.out);
   CHECK(as_bin.out.find("\"boundaries\"") != std::string::npos);
+}
+
+TEST_CASE("a spec read from a pipe or a FIFO is read once: its job: section applies, nothing blocks") {
+  const std::string spec = temp_file("piped_job.yaml", std::string(kTinyYaml) + "job:\n  batch: 3\n  seq: 32\n  precision: bf16\n");
+  const auto named = test::run_cli("predict " + spec + " --format json");
+  REQUIRE(named.exit_code == 0);
+  CHECK(named.out.find("\"batch\": 3") != std::string::npos);
+  // the model was read from the pipe, then the job: section from it again (empty: the defaults, silently)
+  auto piped = [](const std::string& command) {
+    test::RunResult r{-1, ""};
+    FILE* p = popen(command.c_str(), "r");
+    REQUIRE(p != nullptr);
+    std::array<char, 4096> buf{};
+    for (std::size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) r.out.append(buf.data(), n);
+    const int status = pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  };
+  const auto from_pipe = piped("cat '" + spec + "' | " + MEMBUDGET_CLI + " predict /dev/stdin --format json 2>&1");
+  CHECK(from_pipe.exit_code == 0);
+  CHECK(from_pipe.out == named.out);
+  // a FIFO blocked on its second open once the writer had closed it (timeout: a hang fails, not waits)
+  const std::string fifo = temp_file("spec.fifo", "");
+  std::remove(fifo.c_str());
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  for (const char* command : {" predict ", " serve "}) {
+    const std::string extra = std::string(command) == " serve " ? " --device H100" : " --format json";
+    const auto r = piped("(cat '" + spec + "' > '" + fifo + "' &) ; timeout 20 " + MEMBUDGET_CLI + command + "'" + fifo +
+                         "'" + extra + " 2>&1");
+    CHECK_MESSAGE(r.exit_code == 0, command << r.out);
+    if (std::string(command) == " predict ") CHECK(r.out == named.out);
+  }
+  std::remove(fifo.c_str());
 }
 
 TEST_CASE("serve checks a YAML spec's job: section as predict does (it applies none of it)") {

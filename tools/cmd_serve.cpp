@@ -183,11 +183,13 @@ Registrar reg("serve", 20, [](CLI::App& app) {
   cmd->add_option("--traffic", f->traffic, "requests × context to check: 64x2048 or CONCURRENCY:MEAN:MAX");
   cmd->add_option("--format", f->format, "table (default) | json");
   cmd->callback([f, cmd] {
-    const ModelSpec spec = load_model(f->model_path);
+    // (read once: a pipe or a FIFO given as the spec cannot be read twice)
+    const std::string spec_text = read_input_file(f->model_path, limits::kMaxSpecBytes, "model spec");
+    const ModelSpec spec = parse_model(spec_text, f->model_path);
     // A YAML spec's job: section is the training (or predict) job, none of whose settings is a vLLM
     // option; it is checked as predict checks it, so that one file is valid for both commands, and
     // not applied.
-    (void)load_job_section(f->model_path, Job{});
+    (void)parse_job_section(spec_text, f->model_path, Job{});
     require_one_of(f->format, "--format", {"table", "json"});
     if (!f->device.empty() && !f->device_memory.empty())
       throw Error(ErrorKind::invalid_argument, "--device and --device-memory: give one, not both");

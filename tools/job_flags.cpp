@@ -172,7 +172,13 @@ void JobFlags::add_allocator_conf(CLI::App* cmd) {
                   "(reserved memory follows it)");
 }
 
-ModelSpec JobFlags::model() const { return load_model(model_path); }
+const std::string& JobFlags::spec_text() const {
+  if (!spec_file_ || spec_file_->first != model_path)
+    spec_file_.emplace(model_path, read_input_file(model_path, limits::kMaxSpecBytes, "model spec"));
+  return spec_file_->second;
+}
+
+ModelSpec JobFlags::model() const { return parse_model(spec_text(), model_path); }
 
 Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   // Where each setting not given as a flag was read, for the checks' messages (job_sources.hpp).
@@ -185,7 +191,7 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
       throw sources.locate(e);
     }
   };
-  Job j = load_job_section(model_path, Job{}, &sources);
+  Job j = parse_job_section(spec_text(), model_path, Job{}, &sources);
   // The section's own settings apply to the job it describes (its loss_chunk needs its loss
   // chunked; its mode infer reads no precision); flags given below may then override any of them.
   located([&] { check_options_apply(j, sources.flags()); });

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "membudget/budget.hpp"
@@ -51,7 +52,11 @@ struct JobFlags {
   std::vector<std::string> given_job_flags() const;
 
  private:
+  // The spec's bytes, read once for the model and its job: section both (a pipe or a FIFO given as
+  // the spec cannot be read twice: the second read found nothing, or blocked).
+  const std::string& spec_text() const;
   const CLI::App* cmd_ = nullptr;  // the subcommand holding the flags, once added
+  mutable std::optional<std::pair<std::string, std::string>> spec_file_;  // (path, bytes)
 };
 
 // A whole number from `min` to `max` written in plain digits, or Error(invalid_argument) naming

@@ -972,7 +972,10 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
 // ------------------------------------------------------------------------------------------------
 
 ModelSpec load_model(const std::string& path) {
-  const std::string bytes = read_input_file(path, limits::kMaxSpecBytes, "model spec");
+  return parse_model(read_input_file(path, limits::kMaxSpecBytes, "model spec"), path);
+}
+
+ModelSpec parse_model(std::string_view bytes, const std::string& path) {
   const std::string_view text = strip_bom(bytes);  // editors on Windows write one
 
   const auto first = text.find_first_not_of(" \t\r\n");
