@@ -319,6 +319,41 @@ TEST_CASE("config.json MoE fields that would be ignored or mean a dense model ar
   has(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json& c) { c["topk_group"] = 1; c["num_experts_per_tok"] = 64; }),
       "cannot be chosen");
   CHECK(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json&) {}) == "loaded");
+  // transformers' DeepseekV3 has no topk_method (its router is always noaux_tc), and None where a
+  // number belongs fails in the router
+  has(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json& c) { c["topk_method"] = "greedy"; }),
+      "topk_method: is 'greedy', but transformers' DeepseekV3 always routes noaux_tc");
+  has(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json& c) { c["n_group"] = nullptr; }),
+      "n_group: is null");
+  has(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json& c) { c["topk_group"] = nullptr; }),
+      "topk_group: is null");
+  has(edited("tests/data/hf/moe/deepseek-v2-lite.json", [](nlohmann::json& c) { c["moe_layer_freq"] = nullptr; }),
+      "moe_layer_freq: must be at least 1");
+}
+
+TEST_CASE("DeepSeek-V3's router as transformers builds it when the config leaves fields out or null") {
+  std::ifstream in(test::source_path("tests/data/hf/moe/deepseek-v3.json"));
+  const nlohmann::json full = nlohmann::json::parse(in);
+  const ModelSpec given = parse_hf_config(full.dump(), "config.json");
+  // the fields left out: DeepseekV3Config's defaults (n_group 8, topk_group 4, norm_topk_prob true),
+  // and noaux_tc, not V2's greedy softmax router
+  nlohmann::json bare = full;
+  for (const char* k : {"topk_method", "n_group", "topk_group", "norm_topk_prob"}) bare.erase(k);
+  const ModelSpec defaults = parse_hf_config(bare.dump(), "config.json");
+  CHECK(defaults.moe.router == MixtureOfExperts::Router::deepseek_v3);
+  CHECK(defaults.moe.router_bias);
+  CHECK(defaults.moe.groups == 8);
+  CHECK(defaults.moe.group_top_k == 4);
+  CHECK(defaults.moe.normalize_top_k);
+  Job j;
+  j.batch = 1;
+  j.seq = 512;
+  j.precision = Precision::bf16;
+  CHECK(estimate(defaults, j).peak == estimate(given, j).peak);
+  // norm_topk_prob null is None: `if self.norm_topk_prob:` does not normalise
+  nlohmann::json none = full;
+  none["norm_topk_prob"] = nullptr;
+  CHECK_FALSE(parse_hf_config(none.dump(), "config.json").moe.normalize_top_k);
 }
 
 // transformers 5.17's MoE blocks: Mixtral's, Qwen2-MoE's and OLMoE's __init__ assign self.gate, then

@@ -476,6 +476,10 @@ class JsonReader {
   std::optional<double> double_or_default(std::string_view key, std::optional<double> when_absent) const {
     return has(key) ? opt_double(key) : when_absent;
   }
+  // A flag transformers tests with `if config.key:`: absent, the class's default; null, None, false.
+  bool flag_or_default(std::string_view key, bool when_absent) const {
+    return has(key) ? opt_bool(key).value_or(false) : when_absent;
+  }
 
   Error error(std::string_view key, const std::string& what,
               ErrorKind kind = ErrorKind::invalid_spec) const {
@@ -894,22 +898,32 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
       const std::uint64_t shared = r.uint_or_default("n_shared_experts", v3 ? 1 : 2).value_or(0);
       e.shared_ff = checked_mul(shared, e.expert_ff, "n_shared_experts x moe_intermediate_size");
       e.first_dense = deepseek_dense;
-      const std::uint64_t moe_every = r.opt_uint("moe_layer_freq").value_or(1);
-      if (moe_every == 0) throw r.error("moe_layer_freq", "must be at least 1 (1: every layer after first_k_dense_replace)");
-      if (moe_every != 1)
+      const auto moe_every = r.uint_or_default("moe_layer_freq", 1);
+      if (!moe_every || *moe_every == 0)
+        throw r.error("moe_layer_freq", "must be at least 1 (1: every layer after first_k_dense_replace)");
+      if (*moe_every != 1)
         throw r.error("moe_layer_freq", "MoE on every n-th layer only (n > 1) is not modelled", ErrorKind::unsupported);
-      const std::string method = r.opt_string("topk_method").value_or("greedy");
+      // transformers' DeepseekV3 has no topk_method: its router is always noaux_tc (sigmoid scores,
+      // a correction bias, group-limited), n_group 8 and topk_group 4 when absent
+      const std::string method = r.opt_string("topk_method").value_or(v3 ? "noaux_tc" : "greedy");
       if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc")
         throw r.error("topk_method", "routing '" + method + "' is not modelled (greedy, group_limited_greedy, noaux_tc are)",
                       ErrorKind::unsupported);
+      if (v3 && method != "noaux_tc")
+        throw r.error("topk_method", "is '" + method + "', but transformers' DeepseekV3 always routes noaux_tc (it has no "
+                                     "such field); give noaux_tc or leave it out");
       e.router_bias = method == "noaux_tc";
       e.router = method == "noaux_tc" ? MixtureOfExperts::Router::deepseek_v3 : MixtureOfExperts::Router::deepseek_v2;
       e.weights_fp32 = true;  // the gate runs in fp32 and its weights stay so
-      if (method == "noaux_tc") e.normalize_top_k = r.opt_bool("norm_topk_prob").value_or(true);  // V2 never normalises
+      if (method == "noaux_tc") e.normalize_top_k = r.flag_or_default("norm_topk_prob", true);  // V2 never normalises
       if (method == "group_limited_greedy" || method == "noaux_tc") {
         e.group_limited = method == "group_limited_greedy";
-        e.groups = r.opt_uint("n_group").value_or(1);
-        e.group_top_k = r.opt_uint("topk_group").value_or(1);
+        // (null is None, on which the router's view() fails)
+        const auto groups = r.uint_or_default("n_group", v3 ? 8 : 1), top = r.uint_or_default("topk_group", v3 ? 4 : 1);
+        if (!groups) throw r.error("n_group", "is null, which is no number of expert groups");
+        if (!top) throw r.error("topk_group", "is null, which is no number of groups to keep");
+        e.groups = *groups;
+        e.group_top_k = *top;
         if (!e.groups_well_formed())
           throw r.error("n_group", "must divide n_routed_experts, with 1 ≤ topk_group ≤ n_group");
       }
