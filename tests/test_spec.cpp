@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
@@ -774,4 +775,33 @@ TEST_CASE("the tensor description: modules, order and per-layer accessors") {
   // the ends: embedding, final norm, and lm_head only when untied
   CHECK(modules(load_model(hf("llama-3.2-1b")).outer_tensors()) == "embed_tokens norm ");
   CHECK(modules(load_model(hf("llama-3.1-8b")).outer_tensors()) == "embed_tokens norm lm_head ");
+}
+
+TEST_CASE("config.json architectures: a causal language model's class, or refused by name") {
+  std::ifstream in(kSource + "/tests/data/hf/llama-3.2-1b.json");
+  const nlohmann::json cfg = nlohmann::json::parse(in);
+  auto with = [&](const nlohmann::json& archs) {
+    nlohmann::json c = cfg;
+    c["architectures"] = archs;
+    return c.dump();
+  };
+  auto message = [](const std::string& text) {
+    try {
+      (void)parse_hf_config(text, "config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  // the head decides the logits and the loss: another head's prediction would be another model's
+  const std::string head = message(with({"LlamaForSequenceClassification"}));
+  CHECK(head.find("architectures") != std::string::npos);
+  CHECK(head.find("'LlamaForSequenceClassification' is not a causal language model") != std::string::npos);
+  CHECK(message(with({"LlamaModel"})).find("is not a causal language model") != std::string::npos);
+  CHECK(message(with("LlamaForCausalLM")).find("expected a list of class names") != std::string::npos);
+  CHECK(message(with({42})).find("expected a list of class names") != std::string::npos);
+  CHECK(message(with({"LlamaForCausalLM"})) == "loaded");
+  CHECK(message(with({"MistralForCausalLM"})) == "loaded");  // (vLLM's class for the same layers)
+  CHECK(message(with(nlohmann::json::array())) == "loaded");
+  CHECK(message(with(nullptr)) == "loaded");
 }

@@ -759,6 +759,21 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
                                             "' is not supported (supported: " + kSupportedTypes +
                                             "); write a YAML spec instead (docs/model-spec.md)");
 
+  // The model class: membudget predicts the causal language model (its lm_head and logits). Another
+  // head (…ForSequenceClassification, …ForTokenClassification, a bare …Model) has none of those and
+  // a head of its own, and vLLM serves by this field, so a prediction would be another model's.
+  if (const json* archs = r.find("architectures")) {
+    if (!archs->is_array()) throw r.error("architectures", "expected a list of class names, got " + brief(*archs));
+    for (const json& a : *archs) {
+      if (!a.is_string()) throw r.error("architectures", "expected a list of class names, got " + brief(a) + " in it");
+      const std::string name = a.get<std::string>();
+      if (!name.ends_with("ForCausalLM"))
+        throw r.error("architectures", "'" + printable(name) + "' is not a causal language model (…ForCausalLM); membudget "
+                                       "predicts that head's memory (the logits and the loss), not this one's",
+                      ErrorKind::unsupported);
+    }
+  }
+
   // A quantized checkpoint's weights are what its quantization_config says, not the 16-bit
   // tensors the rest of the config describes; read as such, every weight figure would be wrong.
   if (const json* q = r.find("quantization_config")) {
