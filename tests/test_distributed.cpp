@@ -1241,6 +1241,45 @@ TEST_CASE("sweep takes lists of layouts: each point is that layout's estimate, a
   CHECK_THROWS_AS(sweep(llama1b(), small_job(), big), Error);  // 204,800 points: over the limit, refused first
 }
 
+TEST_CASE("sweep on the command line takes the layout's own options beside its lists") {
+  const std::string cfg = test::source_path("configs/llama-3.2-1b.yaml");
+  // each was refused as if the --pp, --dp, --tp or --fsdp beside it had not been given
+  struct Case {
+    const char* flags;
+    const char* predict_flags;  // the same job, one point
+  };
+  for (const Case& c : {Case{"--pp 2 --microbatches 4", "--pp 2 --microbatches 4"},
+                        Case{"--pp 2 --pp-layers 10,6", "--pp 2 --pp-layers 10,6"},
+                        Case{"--tp 2 --sp", "--tp 2 --sp"},
+                        Case{"--dp 4 --zero 1", "--dp 4 --zero 1"},
+                        Case{"--dp 4 --rank 3", "--dp 4 --rank 3"},
+                        Case{"--fsdp 2 --reshard-after-forward false", "--fsdp 2 --reshard-after-forward false"}}) {
+    CAPTURE(c.flags);
+    const auto swept = test::run_cli("sweep " + cfg + " -b 1 -s 128 --precision bf16 --format json " + c.flags + " 2>/dev/null");
+    REQUIRE(swept.exit_code == 0);
+    const auto points = nlohmann::json::parse(swept.out)["points"];
+    REQUIRE(points.size() == 1);
+    REQUIRE(points[0]["ok"] == true);
+    const auto one = test::run_cli("predict " + cfg + " -b 1 -s 128 --precision bf16 --format json " + c.predict_flags +
+                                   " 2>/dev/null");
+    REQUIRE(one.exit_code == 0);
+    // (the sweep's allocated figures are estimate()'s, predict's the replay's: the same model states)
+    CHECK(points[0]["model_states"] == nlohmann::json::parse(one.out)["terms"]["model_states"]);
+  }
+  // a point whose layout does not take an option is a row with its error, the others computed
+  const auto mixed = test::run_cli("sweep " + cfg + " -b 1 -s 128 --precision bf16 --format json --pp 1,2 --microbatches 4");
+  REQUIRE(mixed.exit_code == 0);
+  const auto rows = nlohmann::json::parse(mixed.out)["points"];
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0]["ok"] == false);
+  CHECK(rows[0]["error"].get<std::string>().find("--microbatches: applies to pipeline parallelism") != std::string::npos);
+  CHECK(rows[1]["ok"] == true);
+  // with no layout of the grid taking it, the option is refused as predict refuses it
+  const auto none = test::run_cli("sweep " + cfg + " -b 1 -s 128 --microbatches 4");
+  CHECK(none.exit_code == 2);
+  CHECK(none.out.find("--microbatches: applies to pipeline parallelism") != std::string::npos);
+}
+
 TEST_CASE("the layout flags on the command line: predicted per rank, bad values exit 2 naming the flag") {
   const std::string cfg = test::source_path("configs/llama-3.2-1b.yaml");
   auto r = test::run_cli("predict " + cfg + " --batch 1 --seq 1024 --fsdp 6 --format json 2>/dev/null");

@@ -5,6 +5,9 @@
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "cli.hpp"
 #include "grid_flags.hpp"
@@ -43,16 +46,43 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     if (!f->fsdp.empty()) grid.fsdps = parse_count_list(f->fsdp, "--fsdp");
     if (!f->tp.empty()) grid.tps = parse_count_list(f->tp, "--tp");
     if (!f->pp.empty()) grid.pps = parse_count_list(f->pp, "--pp");
-    base.dp.clear();
-    base.fsdp.clear();
-    base.tp.clear();
-    base.pp.clear();
     base.batch.clear();
     base.seq.clear();
-    base.precision.clear();
-    base.recompute.clear();
     const ModelSpec spec = base.model();
-    const Job job = base.job(spec, false);  // the grid's sequences are checked below
+    // The layout's own options (--microbatches, --zero, --sp, --rank, ...) are checked against a
+    // layout and recipe of the grid: the first with which the job is valid (each point is checked
+    // again with its own, and a point that does not take them is a row with its error). Checked with
+    // none, every such option was refused as if its --pp, --dp or --tp had not been given.
+    auto texts = [](const auto& values, auto name) {
+      std::vector<std::string> out;
+      for (const auto& v : values) out.push_back(name(v));
+      if (out.empty()) out.emplace_back();  // not in the grid: the flag not given
+      return out;
+    };
+    auto number = [](std::uint64_t d) { return std::to_string(d); };
+    auto named = [](auto v) { return std::string(to_string(v)); };
+    const auto dps = texts(grid.dps, number), fsdps = texts(grid.fsdps, number), tps = texts(grid.tps, number),
+               pps = texts(grid.pps, number), precisions = texts(grid.precisions, named),
+               recomputes = texts(grid.recomputes, named);
+    std::optional<Job> valid;
+    std::optional<Error> first_error;
+    for (std::size_t i = 0; !valid && i < dps.size() * fsdps.size() * tps.size() * pps.size() * precisions.size() * recomputes.size(); ++i) {
+      std::size_t k = i;
+      auto pick = [&k](const std::vector<std::string>& v) {
+        const std::string& t = v[k % v.size()];
+        k /= v.size();
+        return t;
+      };
+      base.dp = pick(dps), base.fsdp = pick(fsdps), base.tp = pick(tps), base.pp = pick(pps);
+      base.precision = pick(precisions), base.recompute = pick(recomputes);
+      try {
+        valid = base.job(spec, false);  // the grid's sequences are checked below
+      } catch (const Error& e) {
+        if (!first_error) first_error = e;
+      }
+    }
+    if (!valid) throw *first_error;
+    const Job job = *valid;
     const auto dev = f->device_choice();
     const std::string& format = f->format;
     require_one_of(format, "--format", {"csv", "json", "table"});
