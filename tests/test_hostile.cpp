@@ -1017,3 +1017,29 @@ TEST_CASE("an input's NUL byte or bidirectional control cannot cut or reorder an
   CHECK(printable("a\u2066b\u2069") == "a\\u{2066}b\\u{2069}");
   CHECK(printable("caf\u00e9 \u2014 ok") == "caf\u00e9 \u2014 ok");  // other text as it is
 }
+
+TEST_CASE("a pipeline stage's walk is bounded: layers a rank holds × microbatches") {
+  // 64 layers over 2 stages: 32 a rank; at 128 microbatches 4,096 passes, the limit; at 129 past it
+  // (405B over 2 stages at 256 took 1.5 GB and 2 s, and max-batch 3 GB)
+  std::string yaml = kTinyYaml;
+  yaml.replace(yaml.find("num_layers: 2"), 13, "num_layers: 64");
+  ModelSpec m = parse_model_yaml(yaml, "deep.yaml");
+  Job j;
+  j.batch = 1;
+  j.seq = 64;
+  j.precision = Precision::bf16;
+  j.parallel.pipeline = 2;
+  j.parallel.microbatches = limits::kMaxPipelineLayerPasses / 32;
+  CHECK(estimate(m, j).peak > 0);
+  j.parallel.microbatches += 1;
+  const std::string past = message_of([&] { (void)estimate(m, j); });
+  CAPTURE(past);
+  CHECK(past.find("--microbatches 129 over --pp 2: a stage rank runs 32 of tiny's decoder layers for each of 129 "
+                  "microbatches, more than the 4096 layer passes walked") != std::string::npos);
+  // uneven --pp-layers: the most loaded rank's (here 60 layers × 69 microbatches)
+  j.parallel.microbatches = 69;
+  j.parallel.pp_layers = {60, 4};
+  CHECK(message_of([&] { (void)estimate(m, j); }).find("a stage rank runs 60 of") != std::string::npos);
+  j.parallel.microbatches = 68;
+  CHECK(estimate(m, j).peak > 0);
+}

@@ -53,6 +53,11 @@ inline constexpr std::uint64_t kMaxListValues = kMaxSweepPoints;
 // at 8 microbatches, 24,576: 590 MiB, 4.9 s, and at 32, 98,304: 2.4 GiB, 25 s). DeepSeek-V3 is
 // 256 × 58 = 14,848.
 inline constexpr std::uint64_t kMaxEagerExpertIterations = 32768;
+// A pipeline stage's walk: the decoder layers one rank holds × the microbatches it runs. Each pass
+// records a layer's tensors, nodes and events (some 90 KiB: Llama 3.1 405B over 2 stages at 256
+// microbatches, 16,128 passes, took 1.5 GB and 2 s; 1,024 layers over 2 stages at 64, 32,768 passes,
+// 3.0 GB and 5 s). 70B over 8 stages at 256 microbatches is 2,560.
+inline constexpr std::uint64_t kMaxPipelineLayerPasses = 4096;
 
 // ---- counts given as text ----
 // `oom --step`: the 0-based step that failed.
