@@ -58,6 +58,11 @@ inline constexpr std::uint64_t kMaxEagerExpertIterations = 32768;
 // microbatches, 16,128 passes, took 1.5 GB and 2 s; 1,024 layers over 2 stages at 64, 32,768 passes,
 // 3.0 GB and 5 s). 70B over 8 stages at 256 microbatches is 2,560.
 inline constexpr std::uint64_t kMaxPipelineLayerPasses = 4096;
+// --experts eager over a sweep: experts × MoE layers × points. Each point walks the loop at its own
+// shape (the eager loop's iterations follow the routing, so no plan is compiled for it): some 6 µs an
+// iteration for Qwen3-30B-A3B, 40 µs for DeepSeek-V3; 512 points of Qwen3-30B-A3B (3.1 M) took 19 s
+// and 64 of DeepSeek-V3 (950,000) 40 s; at the limit, 8 points of DeepSeek-V3, 4.8 s.
+inline constexpr std::uint64_t kMaxSweepEagerIterations = 131'072;
 
 // ---- counts given as text ----
 // `oom --step`: the 0-based step that failed.

@@ -458,6 +458,17 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
                       std::to_string(dps.size() * fsdps.size() * tps.size() * pps.size()) +
                       " layouts, more than the limit of " + std::to_string(limits::kMaxSweepPoints) +
                       " points; split it into smaller sweeps");
+  if (base.experts == ExpertsImpl::eager && model.moe.enabled()) {
+    const unsigned __int128 iterations =
+        static_cast<unsigned __int128>(model.moe.local_experts()) * model.moe_layers() * points;
+    if (iterations > limits::kMaxSweepEagerIterations)
+      throw Error(ErrorKind::unsupported,
+                  "sweep --experts eager: " + std::to_string(points) + " points × " + model.display_name() + "'s " +
+                      std::to_string(model.moe.local_experts()) + " experts × " + std::to_string(model.moe_layers()) +
+                      " MoE layers is more than the " + std::to_string(limits::kMaxSweepEagerIterations) +
+                      " expert iterations a sweep walks (each point walks the eager loop at its own shape); sweep "
+                      "fewer points, or grouped_mm or batched_mm, which are modelled at any number");
+  }
   std::vector<SweepPoint> out;
   out.reserve(points);
   Job j = base;
