@@ -52,11 +52,13 @@ Registrar reg("advise", 40, [](CLI::App& app) {
                        {"fits", fit.fits}, {"tight", tight}};
       auto& a = j["fixes"] = nlohmann::ordered_json::array();
       for (const auto& f : fixes) {
+        // a fix skipped before a prediction has no figures (0 read as a fix that needs nothing)
+        const auto figure = [&](const auto& v) { return f.predicted ? nlohmann::ordered_json(v) : nlohmann::ordered_json(); };
         nlohmann::ordered_json o = {{"name", f.name},
                                     {"change", f.change},
-                                    {"peak", f.peak},
-                                    {"required", f.required},
-                                    {"basis", basis(f.on_reserved)},
+                                    {"peak", figure(f.peak)},
+                                    {"required", figure(f.required)},
+                                    {"basis", figure(basis(f.on_reserved))},
                                     {"fits", f.fits},
                                     {"skipped", f.skipped},
                                     {"cost_class", to_string(f.cost_class)},

@@ -48,6 +48,8 @@ struct Fix {
   std::uint64_t gpus = 1; // GPUs the fix needs
   std::string cost;     // the cost in words, with its rationale
   std::string note;     // what the fix changes in the prediction, and its caveats
+  bool predicted = false;  // peak, required, on_reserved and fits are a prediction's (false: skipped
+                           // before one, as not applying or not modelled)
   bytes_t peak = 0;     // predicted new peak (allocated bytes)
   bytes_t required = 0; // what the card must hold: reserved + overhead where on_reserved, else peak + overhead
   bool on_reserved = false;

@@ -185,6 +185,7 @@ struct Context {
   // The one evaluation of every fix: its plan's peak, what that requires, and whether it fits.
   void measure(const Plan& plan, Fix& f) {
     const Requirement r = requirement(plan);
+    f.predicted = true;
     f.peak = r.peak;
     f.required = r.required;
     f.on_reserved = r.on_reserved;
