@@ -909,6 +909,10 @@ TEST_CASE("the CLI: values only too large are called that, --headroom is read st
   refused("serve " + llama + " --device H100 --gpu-memory-utilization 0x0.8p0", "--gpu-memory-utilization: '0x0.8p0' is not a decimal fraction");
   refused("serve " + llama + " --device H100 --max-num-seqs 99999999999999999999999", "--max-num-seqs: '99999999999999999999999' is absurdly large");
   refused("serve " + llama + " --device H100 --max-num-seqs 0", "--max-num-seqs: must be at least 1");
+  // an oversized count is named as such, not as a malformed value
+  refused("serve " + llama + " --device H100 --traffic 99999999999999999999x1", "--traffic: 99999999999999999999 is absurdly large");
+  refused("serve " + llama + " --device H100 --traffic 1:1:18446744073709551615", "--traffic: 18446744073709551615 is absurdly large");
+  refused("sweep " + llama + " --batch 1..10:0", "--batch: '1..10:0' has a step of 0");
   CHECK(test::run_cli("serve " + llama + " --device H100 --gpu-memory-utilization .85 --max-num-seqs 64").exit_code == 0);
   const auto r = test::run_cli("predict " + test::source_path("configs/tiny-llama.yaml") + " --seq 64 --device H100 --headroom .2 --format json");
   CHECK(r.exit_code == 0);

@@ -308,6 +308,12 @@ TEST_CASE("config.json MoE fields that would be ignored or mean a dense model ar
       "num_local_experts: must be at least 1");
   has(edited("tests/data/hf/moe/qwen3-30b-a3b.json", [](nlohmann::json& c) { c["num_experts"] = 0; }),
       "num_experts: must be at least 1");
+  // a whole number past 64 bits (JSON keeps it as a float) is too large, not "not whole"
+  has(edited("tests/data/hf/moe/qwen3-30b-a3b.json",
+             [](nlohmann::json& c) { c["num_experts"] = nlohmann::json::parse("18446744073709551616"); }),
+      "num_experts: is absurdly large (more than 64 bits");
+  has(edited("tests/data/hf/moe/qwen3-30b-a3b.json", [](nlohmann::json& c) { c["num_experts"] = 1.5; }),
+      "num_experts: must be a whole number");
   has(edited("tests/data/hf/moe/qwen3-30b-a3b.json", [](nlohmann::json& c) { c["mlp_only_layers"] = "0"; }),
       "mlp_only_layers: must be a list");
   has(edited("tests/data/hf/moe/qwen3-30b-a3b.json", [](nlohmann::json& c) { c["mlp_only_layers"] = {0, 48}; }),

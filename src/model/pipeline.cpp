@@ -19,10 +19,12 @@ std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallel
                                               std::to_string(L) + " decoder layers");
     return p.pp_layers;
   }
-  if (L < n)
-    throw Error(ErrorKind::invalid_job, "--pp " + std::to_string(n) + ": " + m.display_name() +
-                                            " has only " + std::to_string(L) + " decoder layers, fewer than the " +
-                                            std::to_string(n) + " stages");
+  if (L < n)  // (named as given: the stage modules are --pp × --virtual-stages)
+    throw Error(ErrorKind::invalid_job,
+                "--pp " + std::to_string(p.pipeline) +
+                    (p.virtual_stages > 1 ? " × --virtual-stages " + std::to_string(p.virtual_stages) : std::string()) +
+                    ": " + m.display_name() + " has only " + std::to_string(L) + " decoder layers, fewer than the " +
+                    std::to_string(n) + (p.virtual_stages > 1 ? " stage modules" : " stages"));
   std::vector<std::uint64_t> counts(static_cast<std::size_t>(n), L / n);
   for (std::uint64_t s = 0; s < L % n; ++s) ++counts[static_cast<std::size_t>(s)];
   return counts;

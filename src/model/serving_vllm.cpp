@@ -303,7 +303,9 @@ Traffic parse_traffic(const std::string& text) {
       cur += c;
       continue;
     }
-    if (cur.empty() || cur.size() > 12) throw bad();
+    if (cur.empty()) throw bad();
+    if (cur.size() > 12)  // (more requests or tokens than any card holds: a typo, not a format)
+      throw Error(ErrorKind::invalid_argument, "--traffic: " + cur + " is absurdly large (at most 12 digits)");
     nums.push_back(std::stoull(cur));
     cur.clear();
     if (c == '\n') break;

@@ -492,7 +492,13 @@ class JsonReader {
     if (v->is_number_unsigned()) return v->get<std::uint64_t>();
     if (v->is_number_integer())
       throw error(key, "must not be negative (got " + brief(*v) + ")");
-    if (v->is_number_float()) throw error(key, "must be a whole number (got " + brief(*v) + ")");
+    if (v->is_number_float()) {
+      // (JSON's reader keeps a whole number past 2^64 - 1 as a float)
+      const double d = v->get<double>();
+      if (std::isfinite(d) && d >= 0x1p64 && d == std::floor(d))
+        throw error(key, "is absurdly large (more than 64 bits: " + brief(*v) + ")");
+      throw error(key, "must be a whole number (got " + brief(*v) + ")");
+    }
     throw error(key, "expected a non-negative integer, got " + brief(*v));
   }
 
