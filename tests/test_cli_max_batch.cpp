@@ -113,6 +113,22 @@ TEST_CASE("max-batch: nothing fits exits 1; no device is an error") {
   CHECK(e.out.find("--device") != std::string::npos);
 }
 
+TEST_CASE("sweep --mode infer leaves the training columns empty (they printed the defaults)") {
+  const std::string model = test::source_path("configs/tiny-llama.yaml");
+  const auto csv = test::run_cli("sweep " + model + " --mode infer --batch 1,2 --seq 64");
+  REQUIRE(csv.exit_code == 0);
+  CHECK(csv.out.find("\n1,64,,,") != std::string::npos);
+  CHECK(csv.out.find("amp-bf16") == std::string::npos);
+  const auto js = test::run_cli("sweep " + model + " --mode infer --batch 1 --seq 64 --format json");
+  REQUIRE(js.exit_code == 0);
+  const auto p = nlohmann::json::parse(js.out)["points"][0];
+  CHECK(p["precision"].is_null());
+  CHECK(p["recompute"].is_null());
+  CHECK(p["peak"].is_number_unsigned());
+  const auto train = nlohmann::json::parse(test::run_cli("sweep " + model + " --batch 1 --seq 64 --format json").out);
+  CHECK(train["points"][0]["precision"] == "amp-bf16");  // training keeps them
+}
+
 TEST_CASE("sweep: csv and json over ranges and lists") {
   const std::string model = test::source_path("configs/tiny-llama.yaml");
   const auto r = test::run_cli("sweep " + model + " --batch 1..4 --seq 64,128 --precision amp-bf16,bf16 --device H100");

@@ -98,11 +98,16 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     // every point refused is bad input, as one such point given to predict is (each row names its error)
     if (std::none_of(points.begin(), points.end(), [](const SweepPoint& p) { return p.ok; }))
       set_exit_status(Error(ErrorKind::invalid_job, "").exit_code());
+    // serving reads no precision or recompute: those columns stay empty (they printed the defaults)
+    const bool training = job.mode == Mode::train;
+    auto precision_of = [training](const SweepPoint& p) { return training ? to_string(p.precision) : ""; };
+    auto recompute_of = [training](const SweepPoint& p) { return training ? to_string(p.recompute) : ""; };
     if (format == "json") {
       nlohmann::ordered_json a = nlohmann::ordered_json::array();
       for (const auto& p : points) {
-        nlohmann::ordered_json o = {{"batch", p.batch}, {"seq", p.seq}, {"precision", to_string(p.precision)},
-                                    {"recompute", to_string(p.recompute)}, {"dp", p.dp}, {"fsdp", p.fsdp},
+        const auto training_only = [training](const char* v) { return training ? nlohmann::ordered_json(v) : nlohmann::ordered_json(); };
+        nlohmann::ordered_json o = {{"batch", p.batch}, {"seq", p.seq}, {"precision", training_only(to_string(p.precision))},
+                                    {"recompute", training_only(to_string(p.recompute))}, {"dp", p.dp}, {"fsdp", p.fsdp},
                                     {"tp", p.tp}, {"pp", p.pp}, {"ok", p.ok}};
         if (p.ok) {
           o["peak"] = p.estimate.peak;
@@ -141,18 +146,18 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
         if (p.ok)
           std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s %14s %14s %14s %-22s %s\n",
                         static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
-                        to_string(p.precision), to_string(p.recompute), format_bytes(p.estimate.peak).c_str(),
+                        precision_of(p), recompute_of(p), format_bytes(p.estimate.peak).c_str(),
                         format_bytes(p.estimate.required).c_str(),
                         p.reserved_required ? format_bytes(p.reserved_required).c_str() : "",
                         p.estimate.peak_phase, dev ? (p.fits ? "yes" : "no") : "");
         else
           std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s  error: %s\n", static_cast<unsigned long long>(p.batch),
-                        static_cast<unsigned long long>(p.seq), to_string(p.precision), to_string(p.recompute),
+                        static_cast<unsigned long long>(p.seq), precision_of(p), recompute_of(p),
                         printable(p.error).c_str());
       } else if (p.ok) {
         std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,%llu,%llu,%s,%llu,%llu,%llu,%s,\n",
                       static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
-                      to_string(p.precision), to_string(p.recompute), static_cast<unsigned long long>(p.estimate.peak),
+                      precision_of(p), recompute_of(p), static_cast<unsigned long long>(p.estimate.peak),
                       static_cast<unsigned long long>(p.estimate.required), p.estimate.peak_phase,
                       static_cast<unsigned long long>(p.estimate.terms.model_states),
                       static_cast<unsigned long long>(p.estimate.terms.activations),
@@ -170,7 +175,7 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
           if (c == '"') c = '\'';
         std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,,,,,,,,\"%s\",%llu,%llu,%llu,%llu,,\n",
                       static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
-                      to_string(p.precision), to_string(p.recompute), err.c_str(), ull(p.dp), ull(p.fsdp), ull(p.tp),
+                      precision_of(p), recompute_of(p), err.c_str(), ull(p.dp), ull(p.fsdp), ull(p.tp),
                       ull(p.pp));
       }
       out += line;
