@@ -998,7 +998,17 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
     }
   }
 
-  if (auto p = find_problem(s)) throw Error::field(p->kind, where, p->field, p->what);
+  if (auto p = find_problem(s)) {
+    // named by the config.json key the field was read from, where the two names differ
+    static const std::pair<std::string_view, std::string_view> kKeys[] = {
+        {"num_layers", "num_hidden_layers"},
+        {"num_heads", "num_attention_heads"},
+        {"num_kv_heads", "num_key_value_heads"},
+        {"max_positions", "max_position_embeddings"}};
+    for (const auto& [field, key] : kKeys)
+      if (p->field == field) p->field = key;
+    throw Error::field(p->kind, where, p->field, p->what);
+  }
   return s;
 }
 
