@@ -4,6 +4,8 @@
 // tell ranks apart.
 #include <doctest/doctest.h>
 
+#include <chrono>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -1274,10 +1276,25 @@ TEST_CASE("sweep on the command line takes the layout's own options beside its l
   CHECK(rows[0]["ok"] == false);
   CHECK(rows[0]["error"].get<std::string>().find("--microbatches: applies to pipeline parallelism") != std::string::npos);
   CHECK(rows[1]["ok"] == true);
-  // with no layout of the grid taking it, the option is refused as predict refuses it
+  // with no layout of the grid taking it, every point is a row with the refusal, and the exit is 2
   const auto none = test::run_cli("sweep " + cfg + " -b 1 -s 128 --microbatches 4");
   CHECK(none.exit_code == 2);
   CHECK(none.out.find("--microbatches: applies to pipeline parallelism") != std::string::npos);
+  // a grid past the point limit is refused at once, whatever options ride on it (a search for a
+  // layout that takes them ran over a million layouts first)
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto huge = test::run_cli("sweep " + cfg + " --dp 1..1000 --tp 1..1000 --microbatches 4 -b 1 -s 128");
+  CHECK(huge.exit_code == 2);
+  CHECK(huge.out.find("more than the limit of 100000 points") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  // the TrainingArguments from standard input are read once, whatever the layouts
+  const auto piped = test::run_cli("sweep " + cfg + " -b 1 -s 128 --precision bf16 --pp 1,2 --microbatches 4 --format json --trainer-args - < " +
+                                   test::source_path("tests/data/trainer_args/bf16_fused_checkpointing.json"));
+  REQUIRE(piped.exit_code == 0);
+  const auto piped_rows = nlohmann::json::parse(piped.out)["points"];
+  REQUIRE(piped_rows.size() == 2);
+  CHECK(piped_rows[0]["recompute"] == "full");  // the file's gradient checkpointing, at both points
+  CHECK(piped_rows[1]["recompute"] == "full");
 }
 
 TEST_CASE("the layout flags on the command line: predicted per rank, bad values exit 2 naming the flag") {

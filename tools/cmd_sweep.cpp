@@ -5,9 +5,7 @@
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
-#include <vector>
 
 #include "cli.hpp"
 #include "grid_flags.hpp"
@@ -46,43 +44,20 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     if (!f->fsdp.empty()) grid.fsdps = parse_count_list(f->fsdp, "--fsdp");
     if (!f->tp.empty()) grid.tps = parse_count_list(f->tp, "--tp");
     if (!f->pp.empty()) grid.pps = parse_count_list(f->pp, "--pp");
-    base.batch.clear();
-    base.seq.clear();
+    for (std::string* list : {&base.dp, &base.fsdp, &base.tp, &base.pp, &base.batch, &base.seq, &base.precision, &base.recompute})
+      list->clear();  // (the grid's: each point sets its own)
     const ModelSpec spec = base.model();
-    // The layout's own options (--microbatches, --zero, --sp, --rank, ...) are checked against a
-    // layout and recipe of the grid: the first with which the job is valid (each point is checked
-    // again with its own, and a point that does not take them is a row with its error). Checked with
-    // none, every such option was refused as if its --pp, --dp or --tp had not been given.
-    auto texts = [](const auto& values, auto name) {
-      std::vector<std::string> out;
-      for (const auto& v : values) out.push_back(name(v));
-      if (out.empty()) out.emplace_back();  // not in the grid: the flag not given
-      return out;
-    };
-    auto number = [](std::uint64_t d) { return std::to_string(d); };
-    auto named = [](auto v) { return std::string(to_string(v)); };
-    const auto dps = texts(grid.dps, number), fsdps = texts(grid.fsdps, number), tps = texts(grid.tps, number),
-               pps = texts(grid.pps, number), precisions = texts(grid.precisions, named),
-               recomputes = texts(grid.recomputes, named);
-    std::optional<Job> valid;
-    std::optional<Error> first_error;
-    for (std::size_t i = 0; !valid && i < dps.size() * fsdps.size() * tps.size() * pps.size() * precisions.size() * recomputes.size(); ++i) {
-      std::size_t k = i;
-      auto pick = [&k](const std::vector<std::string>& v) {
-        const std::string& t = v[k % v.size()];
-        k /= v.size();
-        return t;
-      };
-      base.dp = pick(dps), base.fsdp = pick(fsdps), base.tp = pick(tps), base.pp = pick(pps);
-      base.precision = pick(precisions), base.recompute = pick(recomputes);
-      try {
-        valid = base.job(spec, false);  // the grid's sequences are checked below
-      } catch (const Error& e) {
-        if (!first_error) first_error = e;
-      }
-    }
-    if (!valid) throw *first_error;
-    const Job job = *valid;
+    // The layout's own options (--microbatches, --zero, --sp, --rank, ...) cannot be checked before
+    // a point gives the layout (checked with none, each was refused as if its --pp, --dp or --tp had
+    // not been given): the job is checked here without them, and each point with them and its own
+    // layout and recipe (a point that does not take one is a row with its error).
+    const Job job = base.job(spec, false, /*validate=*/false);
+    JobFlags unlaid = base;  // (after base's job: it carries the files base read, read once)
+    for (std::string* option : {&unlaid.pp_schedule, &unlaid.microbatches, &unlaid.virtual_stages, &unlaid.pp_layers,
+                                &unlaid.zero, &unlaid.reshard_after_forward, &unlaid.rank})
+      option->clear();
+    unlaid.ddp_bucket_view = unlaid.sp = unlaid.loss_parallel = unlaid.fsdp_offload = false;
+    (void)unlaid.job(spec, false);  // every other setting checked now (the grid's sequences below)
     const auto dev = f->device_choice();
     const std::string& format = f->format;
     require_one_of(format, "--format", {"csv", "json", "table"});

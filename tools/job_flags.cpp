@@ -178,9 +178,19 @@ const std::string& JobFlags::spec_text() const {
   return spec_file_->second;
 }
 
+const std::string& JobFlags::trainer_args_text() const {
+  // "-" is standard input (a script's `print(args.to_json_string())` piped in), as for oom
+  constexpr std::string_view kWhat = "TrainingArguments JSON";
+  if (!trainer_args_file_ || trainer_args_file_->first != trainer_args)
+    trainer_args_file_.emplace(trainer_args, trainer_args == "-"
+                                                 ? read_input_stream(std::cin, limits::kMaxTrainerArgsBytes, kWhat, "standard input")
+                                                 : read_input_file(trainer_args, limits::kMaxTrainerArgsBytes, kWhat));
+  return trainer_args_file_->second;
+}
+
 ModelSpec JobFlags::model() const { return parse_model(spec_text(), model_path); }
 
-Job JobFlags::job(const ModelSpec& spec, bool warn) const {
+Job JobFlags::job(const ModelSpec& spec, bool warn, bool validate) const {
   // Where each setting not given as a flag was read, for the checks' messages (job_sources.hpp).
   JobSources sources;
   // A check's error, located where the setting it names was read.
@@ -195,15 +205,8 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   // The section's own settings apply to the job it describes (its loss_chunk needs its loss
   // chunked; its mode infer reads no precision); flags given below may then override any of them.
   located([&] { check_options_apply(j, sources.flags()); });
-  if (!trainer_args.empty()) {  // after the spec's job: section, before the flags
-    // "-" is standard input (a script's `print(args.to_json_string())` piped in), as for oom
-    constexpr std::string_view kWhat = "TrainingArguments JSON";
-    const bool from_stdin = trainer_args == "-";
-    const std::string text =
-        from_stdin ? read_input_stream(std::cin, limits::kMaxTrainerArgsBytes, kWhat, "standard input")
-                   : read_input_file(trainer_args, limits::kMaxTrainerArgsBytes, kWhat);
-    j = apply_training_arguments(j, text, from_stdin ? "standard input" : trainer_args, &sources);
-  }
+  if (!trainer_args.empty())  // after the spec's job: section, before the flags
+    j = apply_training_arguments(j, trainer_args_text(), trainer_args == "-" ? "standard input" : trainer_args, &sources);
   if (!batch.empty()) j.batch = parse_count(batch, "--batch");
   if (!seq.empty()) j.seq = parse_count(seq, "--seq");
   if (!mode.empty()) j.mode = parse_mode(mode);
@@ -254,11 +257,12 @@ Job JobFlags::job(const ModelSpec& spec, bool warn) const {
   if (router_aux_loss) j.router_aux_loss = true;
   const std::vector<std::string> flags = given_job_flags();
   for (const std::string& flag : flags) sources.given_as_flag(flag);
-  located([&] {
-    j.validate();
-    check_options_apply(j, flags);
-    check_options_apply_to(spec, j);
-  });
+  if (validate)
+    located([&] {
+      j.validate();
+      check_options_apply(j, flags);
+      check_options_apply_to(spec, j);
+    });
   if (warn) warn_beyond_context(spec, j.seq);
   return j;
 }

@@ -41,7 +41,9 @@ struct JobFlags {
   // the job's mode does not use is refused (check_options_apply), naming the flag and the mode.
   ModelSpec model() const;
   // Warns on stderr when the sequence exceeds the model's max_positions (warn_beyond_context).
-  Job job(const ModelSpec& spec, bool warn = true) const;
+  // `validate` false: the values are parsed (a malformed one is refused) but the job's checks are
+  // left to its caller (sweep checks each point with its own layout).
+  Job job(const ModelSpec& spec, bool warn = true, bool validate = true) const;
   // The card of --device or --device-memory; an empty value is refused, and so is --headroom
   // without a card (nothing would read it).
   std::optional<Device> device_choice() const;
@@ -55,8 +57,11 @@ struct JobFlags {
   // The spec's bytes, read once for the model and its job: section both (a pipe or a FIFO given as
   // the spec cannot be read twice: the second read found nothing, or blocked).
   const std::string& spec_text() const;
+  // The --trainer-args JSON's bytes, read once likewise (standard input for "-").
+  const std::string& trainer_args_text() const;
   const CLI::App* cmd_ = nullptr;  // the subcommand holding the flags, once added
   mutable std::optional<std::pair<std::string, std::string>> spec_file_;  // (path, bytes)
+  mutable std::optional<std::pair<std::string, std::string>> trainer_args_file_;
 };
 
 // A whole number from `min` to `max` written in plain digits, or Error(invalid_argument) naming
