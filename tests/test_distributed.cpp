@@ -4,9 +4,8 @@
 // tell ranks apart.
 #include <doctest/doctest.h>
 
-#include <chrono>
-
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

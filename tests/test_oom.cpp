@@ -426,6 +426,25 @@ TEST_CASE("torchrun's other tags, a timestamp before the tag, and a launcher's l
   REQUIRE(lost.size() == 1);
   CHECK(lost[0].requested == 2 * GiB);
   CHECK(!lost[0].rank);
+  // only the first line tagged, the wrap right after the first sentence: the untagged rest read
+  // alone found a message without its backend; the whole input reads it with its backend
+  const std::string hip =
+      "[rank0]: torch.OutOfMemoryError: HIP out of memory.\nTried to allocate 6.64 GiB. GPU 0 has a total capacity of "
+      "19.92 GiB of which 6.22 GiB is free. Of the allocated memory 5.34 GiB is allocated by PyTorch, and 7.10 GiB is "
+      "reserved by PyTorch but unallocated.\n";
+  const auto first_only = parse_oom_messages(hip);
+  REQUIRE(first_only.size() == 1);
+  CHECK(first_only[0].backend == "HIP");
+  CHECK(first_only[0].line == 1);
+  // one rank whole, another's continuation lines untagged: both read (one went unreported)
+  std::string two_ranks;
+  for (const auto& l : r0) two_ranks += "[rank0]: " + l + "\n";
+  two_ranks += "[rank1]: " + r1[0] + "\n";
+  for (std::size_t i = 1; i < r1.size(); ++i) two_ranks += r1[i] + "\n";
+  const auto both_read = parse_oom_messages(two_ranks);
+  REQUIRE(both_read.size() == 2);
+  CHECK(both_read[0].reserved_unallocated == 9 * GiB);
+  CHECK(both_read[1].requested == 8 * GiB);
   // a bracket that is no tag is text
   const OomReport untagged = parse_oom_message("[rank]: " + gpu0);
   CHECK(!untagged.rank);

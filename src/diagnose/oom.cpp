@@ -7,6 +7,7 @@
 #include <cctype>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "json_out.hpp"
 #include "membudget/input.hpp"
@@ -52,7 +53,8 @@ namespace {
 
 struct Normalized {
   std::string text;
-  std::vector<std::size_t> line_starts;  // offset in `text` where each input line begins
+  std::vector<std::uint32_t> line_starts;  // offset in `text` where each input line begins (the
+                                          // text is at most limits::kMaxOomTextBytes)
 };
 
 bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
@@ -141,7 +143,7 @@ Normalized normalize(std::string_view input) {
     if (end == std::string_view::npos) end = input.size();
     std::string_view line = strip_line_prefix(input.substr(start, end - start));
     if (!n.text.empty() && n.text.back() != ' ') n.text.push_back(' ');
-    n.line_starts.push_back(n.text.size());
+    n.line_starts.push_back(static_cast<std::uint32_t>(n.text.size()));
     for (char c : line) {
       if (is_blank(c)) {
         if (!n.text.empty() && n.text.back() != ' ') n.text.push_back(' ');
@@ -433,7 +435,7 @@ Attempt read_message(std::string_view s, std::size_t start, std::size_t after_an
 }
 
 std::size_t line_of(const Normalized& n, std::size_t offset) {
-  auto it = std::upper_bound(n.line_starts.begin(), n.line_starts.end(), offset);
+  auto it = std::upper_bound(n.line_starts.begin(), n.line_starts.end(), static_cast<std::uint32_t>(offset));
   return static_cast<std::size_t>(it - n.line_starts.begin());  // 1-based
 }
 
@@ -446,32 +448,48 @@ namespace {
 // one worker's), each worker's lines, then the untagged ones, so that each message reads whole.
 struct LineGroup {
   std::string text;
-  std::vector<std::size_t> input_line;  // the 1-based input line of each of `text`'s lines
-  std::optional<LineTag> tag;           // the worker whose lines these are (none: untagged)
+  std::vector<std::uint32_t> input_line;  // the 1-based input line of each of `text`'s lines
+  std::optional<LineTag> tag;             // the worker whose lines these are (none: untagged)
 };
 
 std::vector<LineGroup> line_groups(std::string_view input) {
-  std::vector<std::string_view> lines;
-  for (std::size_t start = 0; start <= input.size();) {
-    std::size_t end = input.find('\n', start);
-    if (end == std::string_view::npos) end = input.size();
-    lines.push_back(input.substr(start, end - start));
-    start = end + 1;
+  auto next_line = [&](std::size_t start) {
+    const std::size_t end = input.find('\n', start);
+    return end == std::string_view::npos ? input.size() : end;
+  };
+  const std::vector<LineGroup> whole{LineGroup{std::string(input), {}, std::nullopt}};
+  // A log no worker tagged is read whole, with nothing kept per line (a log of millions of lines).
+  bool tagged = false;
+  for (std::size_t start = 0; start <= input.size() && !tagged; start = next_line(start) + 1)
+    tagged = line_tag(input.substr(start, next_line(start) - start)).has_value();
+  if (!tagged) return whole;
+  // Each line's group, 4 bytes a line: the workers in order of first appearance, then the untagged.
+  constexpr std::uint32_t kUntagged = ~std::uint32_t{0};
+  constexpr std::size_t kMaxWorkers = 1 << 16;  // more tags than any job has workers: read whole
+  std::vector<std::uint32_t> group_of_line;
+  std::unordered_map<std::string_view, std::uint32_t> group_of_tag;
+  std::vector<LineTag> tags;
+  for (std::size_t start = 0; start <= input.size(); start = next_line(start) + 1) {
+    const auto tag = line_tag(input.substr(start, next_line(start) - start));
+    if (!tag) {
+      group_of_line.push_back(kUntagged);
+      continue;
+    }
+    const auto [at, added] = group_of_tag.emplace(tag->name, static_cast<std::uint32_t>(tags.size()));
+    if (added) {
+      if (tags.size() == kMaxWorkers) return whole;
+      tags.push_back(*tag);
+    }
+    group_of_line.push_back(at->second);
   }
-  std::vector<std::optional<LineTag>> tags;
-  std::unordered_map<std::string_view, std::size_t> group_of_tag;  // in order of first appearance
-  for (std::string_view line : lines) {
-    tags.push_back(line_tag(line));
-    if (tags.back()) group_of_tag.emplace(tags.back()->name, group_of_tag.size());
-  }
-  if (group_of_tag.empty()) return {LineGroup{std::string(input), {}, std::nullopt}};
-  std::vector<LineGroup> groups(group_of_tag.size() + 1);  // each worker's lines, then the untagged ones
-  for (std::size_t l = 0; l < lines.size(); ++l) {
-    LineGroup& g = tags[l] ? groups[group_of_tag.at(tags[l]->name)] : groups.back();
-    if (tags[l]) g.tag = tags[l];
+  std::vector<LineGroup> groups(tags.size() + 1);
+  for (std::size_t g = 0; g < tags.size(); ++g) groups[g].tag = tags[g];
+  std::size_t l = 0;
+  for (std::size_t start = 0; start <= input.size(); start = next_line(start) + 1, ++l) {
+    LineGroup& g = groups[group_of_line[l] == kUntagged ? tags.size() : group_of_line[l]];
     if (!g.input_line.empty()) g.text += '\n';
-    g.text += lines[l];
-    g.input_line.push_back(l + 1);
+    g.text += input.substr(start, next_line(start) - start);
+    g.input_line.push_back(static_cast<std::uint32_t>(l + 1));
   }
   return groups;
 }
@@ -489,11 +507,15 @@ std::vector<OomReport> parse_oom_messages(std::string_view text, bool* stopped_e
   bool found = false;
   int attempts = 0;
   std::vector<LineGroup> groups = line_groups(text);
-  // A second pass reads the input whole where its workers' lines, read apart, held no message (a
-  // message whose continuation lines lost their tag in a copy).
+  // A second pass reads the input whole where a message began in a worker's lines but did not read
+  // whole there, or none read: a copy whose continuation lines lost their tag. The reading with
+  // more messages is kept, the whole one where they tie (interleaved ranks read whole read fewer).
+  bool tagged_miss = false;
+  std::vector<OomReport> read_apart;
   for (int pass = 0; pass < 2; ++pass) {
     if (pass == 1) {
-      if (!reports.empty() || groups.size() == 1) break;
+      if (groups.size() == 1 || (!reports.empty() && !tagged_miss)) break;
+      read_apart = std::exchange(reports, {});
       groups = {LineGroup{std::string(text), {}, std::nullopt}};
     }
     for (const LineGroup& g : groups) {
@@ -512,7 +534,10 @@ std::vector<OomReport> parse_oom_messages(std::string_view text, bool* stopped_e
             a.report->worker = std::string(g.tag->worker);
           }
           reports.push_back(std::move(*a.report));
-        } else if (!found || a.reached - start > best_reach) {
+          return a.reached;
+        }
+        tagged_miss = tagged_miss || g.tag.has_value();
+        if (!found || a.reached - start > best_reach) {
           best_reach = a.reached - start;
           best_line = input_line(start);
           best = std::move(a);
@@ -552,6 +577,7 @@ std::vector<OomReport> parse_oom_messages(std::string_view text, bool* stopped_e
       }
     }
   }
+  if (read_apart.size() > reports.size()) reports = std::move(read_apart);
   if (stopped_early) *stopped_early = attempts >= kMaxAttempts;
   if (!reports.empty()) {
     std::stable_sort(reports.begin(), reports.end(), [](const OomReport& a, const OomReport& b) { return a.line < b.line; });
