@@ -1048,8 +1048,8 @@ TEST_CASE("an input's NUL byte or bidirectional control cannot cut or reorder an
 }
 
 TEST_CASE("a pipeline stage's walk is bounded: layers a rank holds × microbatches") {
-  // 64 layers over 2 stages: 32 a rank; at 128 microbatches 4,096 passes, the limit; at 129 past it
-  // (405B over 2 stages at 256 took 1.5 GB and 2 s, and max-batch 3 GB)
+  // 64 layers over 2 stages: 32 a rank; at kMaxPipelineLayerPasses / 32 microbatches the limit, one
+  // more past it (405B over 2 stages at 256 took 1.5 GB and 2 s, and max-batch 3 GB)
   std::string yaml = kTinyYaml;
   yaml.replace(yaml.find("num_layers: 2"), 13, "num_layers: 64");
   ModelSpec m = parse_model_yaml(yaml, "deep.yaml");
@@ -1058,17 +1058,28 @@ TEST_CASE("a pipeline stage's walk is bounded: layers a rank holds × microbatch
   j.seq = 64;
   j.precision = Precision::bf16;
   j.parallel.pipeline = 2;
-  j.parallel.microbatches = limits::kMaxPipelineLayerPasses / 32;
+  const std::uint64_t at_limit = limits::kMaxPipelineLayerPasses / 32;
+  j.parallel.microbatches = at_limit;
   CHECK(estimate(m, j).peak > 0);
-  j.parallel.microbatches += 1;
+  j.parallel.microbatches = at_limit + 1;
   const std::string past = message_of([&] { (void)estimate(m, j); });
   CAPTURE(past);
-  CHECK(past.find("--microbatches 129 over --pp 2: a stage rank runs 32 of tiny's decoder layers for each of 129 "
-                  "microbatches, more than the 4096 layer passes walked") != std::string::npos);
-  // uneven --pp-layers: the most loaded rank's (here 60 layers × 69 microbatches)
-  j.parallel.microbatches = 69;
+  CHECK(past.find("--microbatches " + std::to_string(at_limit + 1) + " over --pp 2: a stage rank runs 32 of tiny's decoder "
+                  "layers for each of " + std::to_string(at_limit + 1) + " microbatches, more than the " +
+                  std::to_string(limits::kMaxPipelineLayerPasses) + " layer passes walked") != std::string::npos);
+  // uneven --pp-layers: the most loaded rank's (60 layers)
   j.parallel.pp_layers = {60, 4};
+  j.parallel.microbatches = limits::kMaxPipelineLayerPasses / 60 + 1;
   CHECK(message_of([&] { (void)estimate(m, j); }).find("a stage rank runs 60 of") != std::string::npos);
-  j.parallel.microbatches = 68;
+  j.parallel.microbatches = limits::kMaxPipelineLayerPasses / 60;
   CHECK(estimate(m, j).peak > 0);
+  // a sweep's points together: each is simulated at its own shape
+  j.parallel.pp_layers.clear();
+  j.parallel.microbatches = at_limit;
+  SweepGrid g;
+  for (std::uint64_t b = 1; b <= limits::kMaxSweepPipelineLayerPasses / limits::kMaxPipelineLayerPasses + 1; ++b)
+    g.batches.push_back(b);
+  CHECK(message_of([&] { (void)sweep(m, j, g); }).find("pipeline layer passes a sweep walks") != std::string::npos);
+  g.batches.pop_back();
+  CHECK(sweep(m, j, g).size() == g.batches.size());
 }

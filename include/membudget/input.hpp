@@ -53,11 +53,19 @@ inline constexpr std::uint64_t kMaxListValues = kMaxSweepPoints;
 // at 8 microbatches, 24,576: 590 MiB, 4.9 s, and at 32, 98,304: 2.4 GiB, 25 s). DeepSeek-V3 is
 // 256 × 58 = 14,848.
 inline constexpr std::uint64_t kMaxEagerExpertIterations = 32768;
+// --microbatches: the schedule is simulated microbatch by microbatch, every tensor of every
+// microbatch recorded, so time and memory grow with the count (docs/robustness.md has the figures);
+// 256 covers the accumulation steps pipelines run.
+inline constexpr std::uint64_t kMaxMicrobatches = 256;
 // A pipeline stage's walk: the decoder layers one rank holds × the microbatches it runs. Each pass
 // records a layer's tensors, nodes and events (some 90 KiB: Llama 3.1 405B over 2 stages at 256
 // microbatches, 16,128 passes, took 1.5 GB and 2 s; 1,024 layers over 2 stages at 64, 32,768 passes,
-// 3.0 GB and 5 s). 70B over 8 stages at 256 microbatches is 2,560.
-inline constexpr std::uint64_t kMaxPipelineLayerPasses = 4096;
+// 3.0 GB and 5 s; at 4,096, max-batch with full recompute 1.3 GB). 70B over 8 stages at 256
+// microbatches is 2,560.
+inline constexpr std::uint64_t kMaxPipelineLayerPasses = 2048;
+// The same over a sweep's points (each simulated at its own shape): 6 points at 4,096 passes took
+// 4.9 s and 1.6 GB.
+inline constexpr std::uint64_t kMaxSweepPipelineLayerPasses = 8192;
 // --experts eager over a sweep: experts × MoE layers × points. Each point walks the loop at its own
 // shape (the eager loop's iterations follow the routing, so no plan is compiled for it): some 6 µs an
 // iteration for Qwen3-30B-A3B, 40 µs for DeepSeek-V3; 512 points of Qwen3-30B-A3B (3.1 M) took 19 s

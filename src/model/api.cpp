@@ -469,6 +469,20 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
                       " expert iterations a sweep walks (each point walks the eager loop at its own shape); sweep "
                       "fewer points, or grouped_mm or batched_mm, which are modelled at any number");
   }
+  {  // a pipeline point is simulated at its own shape, layer pass by layer pass
+    unsigned __int128 passes = 0;
+    for (std::uint64_t pp : pps) {
+      Parallelism p = base.parallel;
+      p.pipeline = pp;
+      passes += static_cast<unsigned __int128>(detail::pipeline_layer_passes(model, p)) * (points / pps.size());
+    }
+    if (passes > limits::kMaxSweepPipelineLayerPasses)
+      throw Error(ErrorKind::unsupported,
+                  "sweep: its " + std::to_string(points) + " points simulate more than the " +
+                      std::to_string(limits::kMaxSweepPipelineLayerPasses) +
+                      " pipeline layer passes a sweep walks (a stage rank's decoder layers × its microbatches, at "
+                      "each point); sweep fewer points or microbatches");
+  }
   std::vector<SweepPoint> out;
   out.reserve(points);
   Job j = base;

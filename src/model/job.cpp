@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "membudget/bytes.hpp"
+#include "membudget/input.hpp"
 #include "membudget/job.hpp"
 
 namespace membudget {
@@ -283,10 +284,8 @@ void validate_parallel(const Job& j) {
     const std::uint64_t stages = p.pipeline * p.virtual_stages;  // each ≤ 2^20 (world() above, virtual_stages)
     if (stages > (1ull << 20))
       throw bad("--pp × --virtual-stages", std::to_string(stages) + " stages is absurdly large (limit 2^20)");
-    // The schedule is simulated microbatch by microbatch, every tensor of every microbatch
-    // recorded, so time and memory grow with the count (docs/robustness.md has the figures).
-    // 256 covers the accumulation steps pipelines run.
-    constexpr std::uint64_t kMaxMicrobatches = 256;
+    // The schedule is simulated microbatch by microbatch (membudget/input.hpp)
+    using limits::kMaxMicrobatches;
     if (p.microbatches > kMaxMicrobatches)
       throw Error(ErrorKind::unsupported, "--microbatches: " + std::to_string(p.microbatches) + " is more than the " +
                                               std::to_string(kMaxMicrobatches) +

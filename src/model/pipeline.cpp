@@ -30,6 +30,28 @@ std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallel
   return counts;
 }
 
+std::uint64_t most_layers_of_a_stage_rank(const ModelSpec& m, const Parallelism& p) {
+  if (p.pipeline < 2 || p.virtual_stages == 0) return 0;
+  const unsigned __int128 modules = static_cast<unsigned __int128>(p.pipeline) * p.virtual_stages;
+  if (p.pp_layers.empty()) return static_cast<std::uint64_t>((m.num_layers + p.pipeline - 1) / p.pipeline);
+  if (p.pp_layers.size() != modules) return 0;
+  std::uint64_t most = 0;
+  for (std::uint64_t r = 0; r < p.pipeline; ++r) {
+    std::uint64_t layers = 0;
+    for (std::size_t i = static_cast<std::size_t>(r); i < p.pp_layers.size(); i += static_cast<std::size_t>(p.pipeline))
+      layers += std::min<std::uint64_t>(p.pp_layers[i], 1ull << 20);  // (bounded by Job::validate)
+    most = std::max(most, layers);
+  }
+  return most;
+}
+
+std::uint64_t pipeline_layer_passes(const ModelSpec& m, const Parallelism& p) {
+  const std::uint64_t layers = most_layers_of_a_stage_rank(m, p);
+  const std::uint64_t microbatches = p.microbatches ? p.microbatches : p.pipeline;
+  const unsigned __int128 passes = static_cast<unsigned __int128>(layers) * microbatches;
+  return passes > ~std::uint64_t{0} ? ~std::uint64_t{0} : static_cast<std::uint64_t>(passes);
+}
+
 PipelineStage pipeline_stage(const ModelSpec& m, const Job& job, std::uint64_t rank) {
   const Parallelism& p = job.parallel;
   const std::uint64_t stage = rank / ranks_per_stage(p);

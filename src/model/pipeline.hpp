@@ -38,6 +38,13 @@ struct PipelineStage {
 // stages taking one more. Error(invalid_job) when the counts do not add up to the model's layers or
 // a stage would get none.
 std::vector<std::uint64_t> stage_layer_counts(const ModelSpec& m, const Parallelism& p);
+// The decoder layers the most loaded pipeline rank holds (its stage modules' together), rounded up
+// where the layers split unevenly; 0 where the layout is not a pipeline's or is malformed (Job::
+// validate refuses it then). Callable before the job is validated.
+std::uint64_t most_layers_of_a_stage_rank(const ModelSpec& m, const Parallelism& p);
+// Those layers × the microbatches the rank runs: the layer passes its walk simulates (the bound
+// limits::kMaxPipelineLayerPasses is on it); 0 outside a pipeline, 2^64 - 1 past 64 bits.
+std::uint64_t pipeline_layer_passes(const ModelSpec& m, const Parallelism& p);
 // The stage of rank `rank` of a validated pipeline job. The mesh is ("pp", "dp", "tp"), tensor
 // parallelism innermost (torchtitan's order): a stage has D·R·T ranks (FSDP2's D shards or DDP's R
 // replicas, each T tensor-parallel ranks), and rank r runs stage r / (D·R·T).

@@ -33,30 +33,14 @@ void check_options_apply_to(const ModelSpec& m, const Job& job) {
 }
 
 namespace detail {
-// The decoder layers the most loaded pipeline rank holds (its stage modules' together), rounded up
-// where the layers split unevenly; 0 where the layout is not a pipeline's or is malformed (Job::
-// validate refuses it then).
-std::uint64_t most_layers_of_a_stage_rank(const ModelSpec& m, const Parallelism& p) {
-  if (p.pipeline < 2 || p.virtual_stages == 0) return 0;
-  const unsigned __int128 modules = static_cast<unsigned __int128>(p.pipeline) * p.virtual_stages;
-  if (p.pp_layers.empty()) return static_cast<std::uint64_t>((m.num_layers + p.pipeline - 1) / p.pipeline);
-  if (p.pp_layers.size() != modules) return 0;
-  std::uint64_t most = 0;
-  for (std::uint64_t r = 0; r < p.pipeline; ++r) {
-    std::uint64_t layers = 0;
-    for (std::size_t i = static_cast<std::size_t>(r); i < p.pp_layers.size(); i += static_cast<std::size_t>(p.pipeline))
-      layers += std::min<std::uint64_t>(p.pp_layers[i], 1ull << 20);  // (bounded by Job::validate)
-    most = std::max(most, layers);
-  }
-  return most;
-}
-
 void check_simulated(const ModelSpec& m, const Job& job) {
   check_options_apply_to(m, job);
   // A pipeline stage is walked layer by layer for every microbatch it runs (membudget/input.hpp).
-  if (const std::uint64_t layers = most_layers_of_a_stage_rank(m, job.parallel)) {
+  // (more microbatches than modelled at all: Job::validate refuses them by that limit)
+  const std::uint64_t layers = most_layers_of_a_stage_rank(m, job.parallel);
+  if (layers && job.parallel.microbatches <= limits::kMaxMicrobatches) {
     const std::uint64_t microbatches = job.parallel.microbatches ? job.parallel.microbatches : job.parallel.pipeline;
-    if (static_cast<unsigned __int128>(layers) * microbatches > limits::kMaxPipelineLayerPasses)
+    if (pipeline_layer_passes(m, job.parallel) > limits::kMaxPipelineLayerPasses)
       throw Error(ErrorKind::unsupported,
                   "--microbatches " + std::to_string(microbatches) + " over --pp " + std::to_string(job.parallel.pipeline) +
                       ": a stage rank runs " + std::to_string(layers) + " of " + m.display_name() + "'s decoder layers for each of " +
