@@ -913,6 +913,8 @@ TEST_CASE("the CLI: values only too large are called that, --headroom is read st
   refused("serve " + llama + " --device H100 --traffic 99999999999999999999x1", "--traffic: 99999999999999999999 is absurdly large");
   refused("serve " + llama + " --device H100 --traffic 1:1:18446744073709551615", "--traffic: 18446744073709551615 is absurdly large");
   refused("sweep " + llama + " --batch 1..10:0", "--batch: '1..10:0' has a step of 0");
+  refused("sweep " + llama + " --batch 1..10:00", "--batch: '1..10:00' has a step of 0");
+  CHECK(test::run_cli("serve " + llama + " --device H100 --traffic 0000000000064x1").exit_code == 0);  // 64: leading zeros
   CHECK(test::run_cli("serve " + llama + " --device H100 --gpu-memory-utilization .85 --max-num-seqs 64").exit_code == 0);
   const auto r = test::run_cli("predict " + test::source_path("configs/tiny-llama.yaml") + " --seq 64 --device H100 --headroom .2 --format json");
   CHECK(r.exit_code == 0);

@@ -51,7 +51,8 @@ std::vector<std::uint64_t> parse_count_list(const std::string& text, const char*
     std::string rest = item.substr(dots + 2);
     std::uint64_t step = 1;
     if (auto colon = rest.find(':'); colon != std::string::npos) {
-      if (rest.substr(colon + 1) == "0")
+      const std::string step_text = rest.substr(colon + 1);
+      if (!step_text.empty() && step_text.find_first_not_of('0') == std::string::npos)
         throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + item + "' has a step of 0 (give 1 or more)");
       step = number(rest.substr(colon + 1), option, text);
       rest = rest.substr(0, colon);

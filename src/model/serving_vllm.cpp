@@ -304,8 +304,9 @@ Traffic parse_traffic(const std::string& text) {
       continue;
     }
     if (cur.empty()) throw bad();
-    if (cur.size() > 12)  // (more requests or tokens than any card holds: a typo, not a format)
-      throw Error(ErrorKind::invalid_argument, "--traffic: " + cur + " is absurdly large (at most 12 digits)");
+    // (more requests or tokens than any card holds: a typo, not a format; leading zeros are no size)
+    if (cur.size() - std::min(cur.find_first_not_of('0'), cur.size() - 1) > 12)
+      throw Error(ErrorKind::invalid_argument, "--traffic: " + cur + " is absurdly large (more than 12 digits)");
     nums.push_back(std::stoull(cur));
     cur.clear();
     if (c == '\n') break;
