@@ -805,3 +805,22 @@ TEST_CASE("config.json architectures: a causal language model's class, or refuse
   CHECK(message(with(nlohmann::json::array())) == "loaded");
   CHECK(message(with(nullptr)) == "loaded");
 }
+
+TEST_CASE("a config.json field the spec's checks refuse is named by its config.json key") {
+  std::ifstream in(kSource + "/tests/data/hf/llama-3.2-1b.json");
+  const nlohmann::json cfg = nlohmann::json::parse(in);
+  const std::pair<const char*, const char*> keys[] = {{"num_key_value_heads", "num_key_value_heads: must be > 0"},
+                                                      {"num_hidden_layers", "num_hidden_layers: must be > 0"}};
+  for (const auto& k : keys) {
+    nlohmann::json c = cfg;
+    c[k.first] = 0;
+    std::string what;
+    try {
+      (void)parse_hf_config(c.dump(), "config.json");
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    CAPTURE(what);
+    CHECK(what.find(k.second) != std::string::npos);  // (it named num_kv_heads, num_layers: YAML fields)
+  }
+}
