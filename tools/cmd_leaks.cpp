@@ -6,8 +6,8 @@
 // A .pickle is a torch.cuda.memory._dump_snapshot with a trace (membudget/snapshot_leaks.hpp).
 // Exit codes: 0 no leak, 1 leak found, 2 bad input (unreadable CSV or snapshot, a snapshot without
 // trace or step boundaries), 5 the file could not be read.
+#include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -37,21 +37,19 @@ void print_verdict(const LeakReport& r) {
   std::printf("%s\n", r.explanation.c_str());
 }
 
-// Whether the file opens as a pickle (protocol 2 and later: the PROTO opcode 0x80) or as a compressed
-// file or archive (which the pickle reader names), whatever its name: read as a CSV it gave column
-// names of binary.
-bool opens_as_binary_snapshot(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char head[8] = {};
-  in.read(head, sizeof head);
-  const auto got = static_cast<std::size_t>(in.gcount());
-  return (got > 0 && static_cast<unsigned char>(head[0]) == 0x80) ||
-         diagnose::packed_format(std::string_view(head, got)) != nullptr;
+// Whether the bytes open as a pickle (protocol 2 and later: the PROTO opcode 0x80) or as a compressed
+// file or archive (which the pickle reader names), whatever the file's name: read as a CSV it gave
+// column names of binary.
+bool opens_as_binary_snapshot(std::string_view bytes) {
+  return (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80) || diagnose::packed_format(bytes) != nullptr;
 }
 
 void run(const LeaksOptions& o) {
-  if (o.path.ends_with(".pickle") || o.path.ends_with(".pkl") || opens_as_binary_snapshot(o.path)) {
-    const SnapshotLeaks l = snapshot_leaks_file(o.path);
+  // read once, then told apart: a pipe or a FIFO cannot be opened twice (the sniff's read took a
+  // block of a piped CSV, which then lost those rows, silently; a FIFO blocked)
+  std::string bytes = read_input_file(o.path, std::max(limits::kMaxSnapshotBytes, limits::kMaxCsvBytes), "leaks input");
+  if (o.path.ends_with(".pickle") || o.path.ends_with(".pkl") || opens_as_binary_snapshot(bytes)) {
+    const SnapshotLeaks l = snapshot_leaks(std::move(bytes), o.path);
     const LeakReport& r = l.report;
     if (o.format == "json") {
       std::cout << to_json(l, 2) << "\n";  // frames that are not UTF-8 are replaced, not fatal
@@ -69,7 +67,10 @@ void run(const LeaksOptions& o) {
     if (r.leak) set_exit_status(1);
     return;
   }
-  const StepSeries series = read_steps_csv_file(o.path);
+  if (bytes.size() > limits::kMaxCsvBytes)
+    throw Error(ErrorKind::invalid_argument, o.path + ": the steps CSV is larger than " + format_bytes(limits::kMaxCsvBytes) +
+                                                 ", the limit membudget reads (docs/robustness.md)");
+  const StepSeries series = read_steps_csv(bytes, o.path);
   const LeakReport r = detect_leak(series.allocated, series.steps);
   if (o.format == "json") {
     std::cout << to_json(r, 2) << "\n";
