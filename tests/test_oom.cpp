@@ -31,6 +31,33 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
+// Two messages of GPUs 0 and 1, for the logs of several messages and ranks below.
+const std::string gpu0 =
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 100.00 KiB "
+    "is free. Of the allocated memory 70.00 GiB is allocated by PyTorch, and 9.00 GiB is reserved by PyTorch but "
+    "unallocated.";
+const std::string gpu1 =
+    "CUDA out of memory. Tried to allocate 8.00 GiB. GPU 1 has a total capacity of 79.10 GiB of which 100.00 KiB "
+    "is free. Of the allocated memory 78.00 GiB is allocated by PyTorch, and 1.00 GiB is reserved by PyTorch but "
+    "unallocated.";
+// A message hard-wrapped at 60 characters, as a terminal or a log collector cuts it (at 60 these
+// two are cut inside no number).
+std::vector<std::string> wrap(const std::string& m) {
+  std::vector<std::string> lines;
+  for (std::size_t i = 0; i < m.size(); i += 60) lines.push_back(m.substr(i, 60));
+  return lines;
+}
+// Two wrapped messages' lines taking turns, each with its worker's prefix (a's line first).
+std::string interleaved(const std::string& prefix_a, const std::vector<std::string>& a, const std::string& prefix_b,
+                        const std::vector<std::string>& b) {
+  std::string log;
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    if (i < a.size()) log += prefix_a + a[i] + "\n";
+    if (i < b.size()) log += prefix_b + b[i] + "\n";
+  }
+  return log;
+}
+
 }  // namespace
 
 // ---- <= 1.4: "... F free; C cached)" ----
@@ -303,14 +330,6 @@ TEST_CASE("the first complete message wins; a truncated earlier one is skipped")
 }
 
 TEST_CASE("every message is read, in line order; interleaved torchrun ranks are read apart") {
-  const std::string gpu0 =
-      "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 100.00 KiB "
-      "is free. Of the allocated memory 70.00 GiB is allocated by PyTorch, and 9.00 GiB is reserved by PyTorch but "
-      "unallocated.";
-  const std::string gpu1 =
-      "CUDA out of memory. Tried to allocate 8.00 GiB. GPU 1 has a total capacity of 79.10 GiB of which 100.00 KiB "
-      "is free. Of the allocated memory 78.00 GiB is allocated by PyTorch, and 1.00 GiB is reserved by PyTorch but "
-      "unallocated.";
   const auto two = parse_oom_messages(gpu0 + "\nTraceback ...\n" + gpu1 + "\n");
   REQUIRE(two.size() == 2);
   CHECK(two[0].gpu == 0);
@@ -322,11 +341,6 @@ TEST_CASE("every message is read, in line order; interleaved torchrun ranks are 
   CHECK(classify(two[0]).classification == OomClass::fragmentation);
   CHECK(classify(two[1]).classification == OomClass::shortage);
   // torchrun interleaves the ranks' lines, each message wrapped at 60 characters
-  auto wrap = [](const std::string& m) {
-    std::vector<std::string> lines;
-    for (std::size_t i = 0; i < m.size(); i += 60) lines.push_back(m.substr(i, 60));
-    return lines;
-  };
   const auto r0 = wrap(gpu0), r1 = wrap(gpu1);
   std::string log = "W1207 launcher: sending SIGTERM\n";
   for (std::size_t i = 0; i < std::max(r0.size(), r1.size()); ++i) {
@@ -357,26 +371,9 @@ TEST_CASE("every message is read, in line order; interleaved torchrun ranks are 
 }
 
 TEST_CASE("torchrun's other tags, a timestamp before the tag, and a launcher's line inside a message") {
-  const std::string gpu0 =
-      "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 100.00 KiB "
-      "is free. Of the allocated memory 70.00 GiB is allocated by PyTorch, and 9.00 GiB is reserved by PyTorch but "
-      "unallocated.";
-  const std::string gpu1 =
-      "CUDA out of memory. Tried to allocate 8.00 GiB. GPU 1 has a total capacity of 79.10 GiB of which 100.00 KiB "
-      "is free. Of the allocated memory 78.00 GiB is allocated by PyTorch, and 1.00 GiB is reserved by PyTorch but "
-      "unallocated.";
-  auto wrap = [](const std::string& m) {
-    std::vector<std::string> lines;
-    for (std::size_t i = 0; i < m.size(); i += 60) lines.push_back(m.substr(i, 60));  // (no number cut)
-    return lines;
-  };
   const auto r0 = wrap(gpu0), r1 = wrap(gpu1);
   // --tee 3: "[default<local rank>]:", each line taking turns (read as one text, the two mixed)
-  std::string tee;
-  for (std::size_t i = 0; i < std::max(r0.size(), r1.size()); ++i) {
-    if (i < r0.size()) tee += "[default0]:" + r0[i] + "\n";
-    if (i < r1.size()) tee += "[default1]:" + r1[i] + "\n";
-  }
+  const std::string tee = interleaved("[default0]:", r0, "[default1]:", r1);
   const auto workers = parse_oom_messages(tee);
   REQUIRE(workers.size() == 2);
   CHECK(workers[0].worker == "default0");
@@ -386,11 +383,7 @@ TEST_CASE("torchrun's other tags, a timestamp before the tag, and a launcher's l
   CHECK(workers[1].requested == 8 * GiB);
   CHECK(nlohmann::json::parse(to_json(workers[1]))["worker"] == "default1");
   // --tee over init_process_group's excepthook: the worker's tag, then the global rank's
-  std::string both;
-  for (std::size_t i = 0; i < std::max(r0.size(), r1.size()); ++i) {
-    if (i < r0.size()) both += "[default0]:[rank4]: " + r0[i] + "\n";
-    if (i < r1.size()) both += "[default1]:[rank5]: " + r1[i] + "\n";
-  }
+  const std::string both = interleaved("[default0]:[rank4]: ", r0, "[default1]:[rank5]: ", r1);
   const auto tee_ranks = parse_oom_messages(both);
   REQUIRE(tee_ranks.size() == 2);
   CHECK(tee_ranks[0].worker == "default0");
@@ -399,11 +392,8 @@ TEST_CASE("torchrun's other tags, a timestamp before the tag, and a launcher's l
   CHECK(tee_ranks[1].rank == 5);
   CHECK(tee_ranks[1].requested == 8 * GiB);
   // a log collector's timestamp before each tag
-  std::string stamped;
-  for (std::size_t i = 0; i < std::max(r0.size(), r1.size()); ++i) {
-    if (i < r0.size()) stamped += "2026-12-07 12:00:0" + std::to_string(i % 10) + ",123 [rank0]: " + r0[i] + "\n";
-    if (i < r1.size()) stamped += "[2026-12-07T12:00:00.5Z] [rank1]: " + r1[i] + "\n";
-  }
+  const std::string stamped =
+      interleaved("2026-12-07 12:00:01,123 [rank0]: ", r0, "[2026-12-07T12:00:00.5Z] [rank1]: ", r1);
   const auto ranks = parse_oom_messages(stamped);
   REQUIRE(ranks.size() == 2);
   CHECK(ranks[0].rank == 0);
