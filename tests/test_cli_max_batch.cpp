@@ -113,6 +113,17 @@ TEST_CASE("max-batch: nothing fits exits 1; no device is an error") {
   CHECK(e.out.find("--device") != std::string::npos);
 }
 
+TEST_CASE("sweep's table names each row's layout where the grid has layouts (its rows were alike)") {
+  const std::string model = test::source_path("configs/llama-3.2-1b.yaml");
+  const auto t = test::run_cli("sweep " + model + " -b 1 -s 128 --precision bf16 --tp 1,2 --format table");
+  REQUIRE(t.exit_code == 0);
+  CHECK(t.out.find(" layout ") != std::string::npos);
+  CHECK(t.out.find("dp1 fsdp1 tp1 pp1") != std::string::npos);
+  CHECK(t.out.find("dp1 fsdp1 tp2 pp1") != std::string::npos);
+  const auto plain = test::run_cli("sweep " + model + " -b 1 -s 128 --format table");
+  CHECK(plain.out.find("layout") == std::string::npos);  // no layouts in the grid: no column
+}
+
 TEST_CASE("sweep --mode infer leaves the training columns empty (they printed the defaults)") {
   const std::string model = test::source_path("configs/tiny-llama.yaml");
   const auto csv = test::run_cli("sweep " + model + " --mode infer --batch 1,2 --seq 64");

@@ -109,9 +109,19 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     out.reserve(points.size() * 96);
     const bool table = format == "table";
     char line[512];
+    // the table's layout column, where the grid has layouts (its rows were otherwise alike)
+    const bool layouts = !grid.dps.empty() || !grid.fsdps.empty() || !grid.tps.empty() || !grid.pps.empty();
+    auto layout_of = [layouts](const SweepPoint& p) {
+      if (!layouts) return std::string();
+      char cell[96];
+      std::snprintf(cell, sizeof cell, "dp%llu fsdp%llu tp%llu pp%llu", ull(p.dp), ull(p.fsdp), ull(p.tp), ull(p.pp));
+      return std::string(cell);
+    };
+    const int layout_width = layouts ? 26 : 0;
     if (table)
-      std::snprintf(line, sizeof line, "%6s %7s %-12s %-9s %14s %14s %14s %-22s %s\n", "batch", "seq", "precision",
-                    "recompute", "peak", "required", on_reserved ? "reserved_req" : "", "peak_phase", dev ? "fits" : "");
+      std::snprintf(line, sizeof line, "%6s %7s %-12s %-9s %-*s%14s %14s %14s %-22s %s\n", "batch", "seq", "precision",
+                    "recompute", layout_width, layouts ? "layout" : "", "peak", "required",
+                    on_reserved ? "reserved_req" : "", "peak_phase", dev ? "fits" : "");
     else
       std::snprintf(line, sizeof line, "batch,seq,precision,recompute,peak,required,peak_phase,model_states,"
                                        "activations,logits_loss,fits,error,dp,fsdp,tp,pp,basis,reserved_required\n");
@@ -119,16 +129,17 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     for (const auto& p : points) {
       if (table) {
         if (p.ok)
-          std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s %14s %14s %14s %-22s %s\n",
+          std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s %-*s%14s %14s %14s %-22s %s\n",
                         static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
-                        precision_of(p), recompute_of(p), format_bytes(p.estimate.peak).c_str(),
+                        precision_of(p), recompute_of(p), layout_width, layout_of(p).c_str(),
+                        format_bytes(p.estimate.peak).c_str(),
                         format_bytes(p.estimate.required).c_str(),
                         p.reserved_required ? format_bytes(p.reserved_required).c_str() : "",
                         p.estimate.peak_phase, dev ? (p.fits ? "yes" : "no") : "");
         else
-          std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s  error: %s\n", static_cast<unsigned long long>(p.batch),
-                        static_cast<unsigned long long>(p.seq), precision_of(p), recompute_of(p),
-                        printable(p.error).c_str());
+          std::snprintf(line, sizeof line, "%6llu %7llu %-12s %-9s %-*s error: %s\n", static_cast<unsigned long long>(p.batch),
+                        static_cast<unsigned long long>(p.seq), precision_of(p), recompute_of(p), layout_width,
+                        layout_of(p).c_str(), printable(p.error).c_str());
       } else if (p.ok) {
         std::snprintf(line, sizeof line, "%llu,%llu,%s,%s,%llu,%llu,%s,%llu,%llu,%llu,%s,\n",
                       static_cast<unsigned long long>(p.batch), static_cast<unsigned long long>(p.seq),
