@@ -333,6 +333,14 @@ TEST_CASE("config.json MoE fields that would be ignored or mean a dense model ar
       "n_group: is null");
   has(edited("tests/data/hf/moe/deepseek-v3.json", [](nlohmann::json& c) { c["topk_group"] = nullptr; }),
       "topk_group: is null");
+  // a default the config left out is named as one
+  has(edited("tests/data/hf/moe/deepseek-v3.json",
+             [](nlohmann::json& c) {
+               c.erase("n_group");
+               c["n_routed_experts"] = 12;
+             }),
+      "n_group: must divide n_routed_experts (12), with 1 ≤ topk_group ≤ n_group (n_group 8, the config class's default, "
+      "topk_group 4)");
   has(edited("tests/data/hf/moe/deepseek-v2-lite.json", [](nlohmann::json& c) { c["moe_layer_freq"] = nullptr; }),
       "moe_layer_freq: must be at least 1");
 }

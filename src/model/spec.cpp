@@ -946,7 +946,10 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
         e.groups = *groups;
         e.group_top_k = *top;
         if (!e.groups_well_formed())
-          throw r.error("n_group", "must divide n_routed_experts, with 1 ≤ topk_group ≤ n_group");
+          throw r.error("n_group", "must divide n_routed_experts (" + std::to_string(e.experts) + "), with 1 ≤ topk_group ≤ n_group (n_group " +
+                                       std::to_string(e.groups) + (r.has("n_group") ? "" : ", the config class's default") +
+                                       ", topk_group " + std::to_string(e.group_top_k) +
+                                       (r.has("topk_group") ? "" : ", the config class's default") + ")");
       }
     } else {  // qwen2_moe, qwen3_moe, olmoe
       e.experts = r.req_uint("num_experts");
