@@ -134,14 +134,23 @@ std::string_view strip_line_prefix(std::string_view line) {
   }
 }
 
+// Calls visit(line) for each '\n'-separated line of `input` (the last one may be empty), each found
+// once, until visit returns false.
+template <class Visit>
+void for_each_line(std::string_view input, Visit visit) {
+  for (std::size_t start = 0; start <= input.size();) {
+    std::size_t end = input.find('\n', start);
+    if (end == std::string_view::npos) end = input.size();
+    if (!visit(input.substr(start, end - start))) return;
+    start = end + 1;
+  }
+}
+
 Normalized normalize(std::string_view input) {
   Normalized n;
   n.text.reserve(input.size());
-  std::size_t start = 0;
-  while (start <= input.size()) {
-    std::size_t end = input.find('\n', start);
-    if (end == std::string_view::npos) end = input.size();
-    std::string_view line = strip_line_prefix(input.substr(start, end - start));
+  for_each_line(input, [&n](std::string_view raw) {
+    const std::string_view line = strip_line_prefix(raw);
     if (!n.text.empty() && n.text.back() != ' ') n.text.push_back(' ');
     n.line_starts.push_back(static_cast<std::uint32_t>(n.text.size()));
     for (char c : line) {
@@ -151,8 +160,8 @@ Normalized normalize(std::string_view input) {
         n.text.push_back(c);
       }
     }
-    start = end + 1;
-  }
+    return true;
+  });
   return n;
 }
 
@@ -453,15 +462,10 @@ struct LineGroup {
 };
 
 std::vector<LineGroup> line_groups(std::string_view input) {
-  auto next_line = [&](std::size_t start) {
-    const std::size_t end = input.find('\n', start);
-    return end == std::string_view::npos ? input.size() : end;
-  };
   const std::vector<LineGroup> whole{LineGroup{std::string(input), {}, std::nullopt}};
   // A log no worker tagged is read whole, with nothing kept per line (a log of millions of lines).
   bool tagged = false;
-  for (std::size_t start = 0; start <= input.size() && !tagged; start = next_line(start) + 1)
-    tagged = line_tag(input.substr(start, next_line(start) - start)).has_value();
+  for_each_line(input, [&tagged](std::string_view line) { return !(tagged = line_tag(line).has_value()); });
   if (!tagged) return whole;
   // Each line's group, 4 bytes a line: the workers in order of first appearance, then the untagged.
   constexpr std::uint32_t kUntagged = ~std::uint32_t{0};
@@ -469,28 +473,30 @@ std::vector<LineGroup> line_groups(std::string_view input) {
   std::vector<std::uint32_t> group_of_line;
   std::unordered_map<std::string_view, std::uint32_t> group_of_tag;
   std::vector<LineTag> tags;
-  for (std::size_t start = 0; start <= input.size(); start = next_line(start) + 1) {
-    const auto tag = line_tag(input.substr(start, next_line(start) - start));
+  bool too_many = false;
+  for_each_line(input, [&](std::string_view line) {
+    const auto tag = line_tag(line);
     if (!tag) {
       group_of_line.push_back(kUntagged);
-      continue;
+      return true;
     }
     const auto [at, added] = group_of_tag.emplace(tag->name, static_cast<std::uint32_t>(tags.size()));
-    if (added) {
-      if (tags.size() == kMaxWorkers) return whole;
-      tags.push_back(*tag);
-    }
+    if (added && (too_many = tags.size() == kMaxWorkers)) return false;
+    if (added) tags.push_back(*tag);
     group_of_line.push_back(at->second);
-  }
+    return true;
+  });
+  if (too_many) return whole;
   std::vector<LineGroup> groups(tags.size() + 1);
   for (std::size_t g = 0; g < tags.size(); ++g) groups[g].tag = tags[g];
   std::size_t l = 0;
-  for (std::size_t start = 0; start <= input.size(); start = next_line(start) + 1, ++l) {
+  for_each_line(input, [&](std::string_view line) {
     LineGroup& g = groups[group_of_line[l] == kUntagged ? tags.size() : group_of_line[l]];
     if (!g.input_line.empty()) g.text += '\n';
-    g.text += input.substr(start, next_line(start) - start);
-    g.input_line.push_back(static_cast<std::uint32_t>(l + 1));
-  }
+    g.text += line;
+    g.input_line.push_back(static_cast<std::uint32_t>(++l));
+    return true;
+  });
   return groups;
 }
 
