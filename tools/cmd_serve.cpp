@@ -184,7 +184,7 @@ Registrar reg("serve", 20, [](CLI::App& app) {
   cmd->add_option("--format", f->format, "table (default) | json");
   cmd->callback([f, cmd] {
     // (read once: a pipe or a FIFO given as the spec cannot be read twice)
-    const std::string spec_text = read_input_file(f->model_path, limits::kMaxSpecBytes, "model spec");
+    const std::string spec_text = read_spec_file(f->model_path);
     const ModelSpec spec = parse_model(spec_text, f->model_path);
     // A YAML spec's job: section is the training (or predict) job, none of whose settings is a vLLM
     // option; it is checked as predict checks it, so that one file is valid for both commands, and

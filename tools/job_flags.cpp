@@ -174,7 +174,7 @@ void JobFlags::add_allocator_conf(CLI::App* cmd) {
 
 const std::string& JobFlags::spec_text() const {
   if (!spec_file_ || spec_file_->first != model_path)
-    spec_file_.emplace(model_path, read_input_file(model_path, limits::kMaxSpecBytes, "model spec"));
+    spec_file_.emplace(model_path, read_spec_file(model_path));
   return spec_file_->second;
 }
 

@@ -232,6 +232,9 @@ struct ModelSpec {
 // Loads a spec from our YAML schema or a Hugging Face config.json (recognised by its contents,
 // not its extension). Throws Error(invalid_spec / parse / io) naming file, line and field.
 ModelSpec load_model(const std::string& path);
+// A spec file's bytes, as every reader of one reads them (limits::kMaxSpecBytes; Error(io) when
+// unreadable).
+std::string read_spec_file(const std::string& path);
 // The same from the spec's text, read once by a caller that reads its job: section too (a pipe or a
 // FIFO cannot be read twice); `path` names it in messages and names a model whose spec does not.
 ModelSpec parse_model(std::string_view text, const std::string& path);

@@ -4,11 +4,12 @@
 
 #include "job_yaml_internal.hpp"
 #include "membudget/input.hpp"
+#include "membudget/spec.hpp"
 
 namespace membudget {
 
 Job load_job_section(const std::string& path, Job job, JobSources* sources) {
-  return parse_job_section(read_input_file(path, limits::kMaxSpecBytes, "model spec"), path, job, sources);
+  return parse_job_section(read_spec_file(path), path, job, sources);
 }
 
 Job parse_job_section(std::string_view spec_text, const std::string& path, Job job, JobSources* sources) {

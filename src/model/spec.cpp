@@ -1019,9 +1019,9 @@ ModelSpec parse_hf_config(std::string_view json_text, const std::string& where) 
 // Files
 // ------------------------------------------------------------------------------------------------
 
-ModelSpec load_model(const std::string& path) {
-  return parse_model(read_input_file(path, limits::kMaxSpecBytes, "model spec"), path);
-}
+std::string read_spec_file(const std::string& path) { return read_input_file(path, limits::kMaxSpecBytes, "model spec"); }
+
+ModelSpec load_model(const std::string& path) { return parse_model(read_spec_file(path), path); }
 
 ModelSpec parse_model(std::string_view bytes, const std::string& path) {
   const std::string_view text = strip_bom(bytes);  // editors on Windows write one
