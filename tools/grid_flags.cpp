@@ -54,7 +54,7 @@ std::vector<std::uint64_t> parse_count_list(const std::string& text, const char*
       const std::string step_text = rest.substr(colon + 1);
       if (!step_text.empty() && step_text.find_first_not_of('0') == std::string::npos)
         throw Error(ErrorKind::invalid_argument, std::string(option) + ": '" + item + "' has a step of 0 (give 1 or more)");
-      step = number(rest.substr(colon + 1), option, text);
+      step = number(step_text, option, text);
       rest = rest.substr(0, colon);
     }
     const std::uint64_t a = number(item.substr(0, dots), option, text), b = number(rest, option, text);

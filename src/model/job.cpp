@@ -144,8 +144,9 @@ DType parse_dtype(std::string_view s, std::string_view o) {
   return parse_in(kDTypes, s, o);
 }
 DType parse_kv_dtype(std::string_view s, std::string_view o) {
-  if (const auto alias = dtype_alias(lower(s))) return *alias;
-  if (lower(s) == "int4") require_kv_dtype(DType::int4, o);  // named, rather than listed as unknown
+  const std::string k = lower(s);
+  if (const auto alias = dtype_alias(k)) return *alias;
+  if (k == "int4") require_kv_dtype(DType::int4, o);  // named, rather than listed as unknown
   return parse_in(kKvDTypes, s, o);
 }
 void require_kv_dtype(DType d, std::string_view o) {
