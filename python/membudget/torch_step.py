@@ -34,7 +34,7 @@ Examples:
 
 Matrix file: {"defaults": {...}, "cases": [{"name": ..., "config": ..., "batch": ...,
 "seq": ..., "precision": ..., "optimizer": ..., "optimizer_impl": foreach|fused|for-loop,
-"recompute": ..., "attention": ...,
+"recompute": ..., "attention": ..., "grad_accum": micro-batches per step,
 "overrides": {config.json keys}}, ...]}. All cases run in one process; consecutive cases
 with the same config, overrides, parameter dtype and attention reuse one model, and each case
 gets a fresh optimizer. Results are rewritten to --output after every case.
@@ -57,10 +57,10 @@ except ImportError:
 
 CASE_KEYS = ("config", "batch", "seq", "precision", "optimizer", "optimizer_impl", "recompute",
              "attention", "steps", "warmup", "overrides", "use_cache", "name", "lora",
-             "experts_implementation")
+             "experts_implementation", "grad_accum")
 DEFAULTS = {"precision": "amp-bf16", "optimizer": "adamw", "optimizer_impl": None, "recompute": "none",
             "attention": "flash", "steps": 4, "warmup": 2, "overrides": None,
-            "use_cache": None, "experts_implementation": None}
+            "use_cache": None, "experts_implementation": None, "grad_accum": 1}
 
 
 def parse_args(argv=None):
@@ -81,6 +81,8 @@ def parse_args(argv=None):
                    help="full = HF gradient checkpointing of every decoder layer (non-reentrant)")
     p.add_argument("--attention", choices=("flash", "math"), default="flash",
                    help="flash = attn_implementation 'sdpa', math = 'eager'")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step (the Trainer's gradient_accumulation_steps; default 1)")
     p.add_argument("--steps", type=int, default=4, help="total steps measured (default 4)")
     p.add_argument("--warmup", type=int, default=2,
                    help="steps before the steady state (default 2); the steady state is the last step")
@@ -124,7 +126,7 @@ def cases_from_args(args):
         "precision": args.precision, "optimizer": args.optimizer,
         "optimizer_impl": args.optimizer_impl, "recompute": args.recompute,
         "attention": args.attention, "steps": args.steps, "warmup": args.warmup,
-        "overrides": _overrides_from_args(args.override) or None, "use_cache": uc,
+        "grad_accum": args.grad_accum, "overrides": _overrides_from_args(args.override) or None, "use_cache": uc,
     }]
 
 
@@ -275,8 +277,18 @@ def _snapshot(rec, phase, begin):
         rec["snapshot"] = SNAPSHOT["path"]
 
 
-def run_step(model, opt, x, amp, rec, use_cache):
-    """One training step; fills `rec` phase by phase (so a failure leaves partial data)."""
+def run_step(model, opt, x, amp, rec, use_cache, grad_accum=1):
+    """One training step; fills `rec` phase by phase (so a failure leaves partial data).
+
+    With grad_accum = k the step runs k micro-batches (forward, backward each, as the Trainer's
+    gradient_accumulation_steps does; the loss is not divided, as the Trainer leaves it for models
+    that take num_items_in_batch) before optimizer.step(): the gradients of the first stay
+    allocated through the later forwards. forward_peak and backward_peak are the highest over the
+    micro-batches (each one's in forward_peaks / backward_peaks); after_forward and after_backward
+    are the last micro-batch's. A DistributedDataParallel model runs every micro-batch but the
+    last inside model.no_sync(), forward and backward, as accelerate's accumulate() does."""
+    import contextlib
+
     import torch
 
     cuda = torch.cuda
@@ -288,36 +300,45 @@ def run_step(model, opt, x, amp, rec, use_cache):
     rec["floor"] = cuda.memory_allocated()
     rec["reserved_at_start"] = cuda.memory_reserved()
     cuda.reset_peak_memory_stats()
+    rec["forward_peaks"], rec["backward_peaks"] = [], []
+    t_forward = t_backward = 0.0
+    for micro in range(grad_accum):
+        no_sync = micro + 1 < grad_accum and hasattr(model, "no_sync")
+        with model.no_sync() if no_sync else contextlib.nullcontext():
+            rec["phase"] = "forward"
+            _snapshot(rec, "forward", True)
+            t0 = time.perf_counter()
+            if amp:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(**kwargs).loss
+            else:
+                loss = model(**kwargs).loss
+            cuda.synchronize()
+            t1 = time.perf_counter()
+            _snapshot(rec, "forward", False)
+            rec["forward_peaks"].append(cuda.max_memory_allocated())
+            rec["after_forward"] = cuda.memory_allocated()
+            rec["reserved_after_forward"] = cuda.memory_reserved()
+            cuda.reset_peak_memory_stats()
 
-    rec["phase"] = "forward"
-    _snapshot(rec, "forward", True)
-    t0 = time.perf_counter()
-    if amp:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(**kwargs).loss
-    else:
-        loss = model(**kwargs).loss
-    cuda.synchronize()
-    t1 = time.perf_counter()
-    _snapshot(rec, "forward", False)
-    rec["forward_peak"] = cuda.max_memory_allocated()
-    rec["after_forward"] = cuda.memory_allocated()
-    rec["reserved_after_forward"] = cuda.memory_reserved()
-    cuda.reset_peak_memory_stats()
-
-    rec["phase"] = "backward"
-    _snapshot(rec, "backward", True)
-    loss.backward()
-    cuda.synchronize()
+            rec["phase"] = "backward"
+            _snapshot(rec, "backward", True)
+            loss.backward()
+            cuda.synchronize()
+            t2 = time.perf_counter()
+            _snapshot(rec, "backward", False)
+            rec["backward_peaks"].append(cuda.max_memory_allocated())
+            rec["after_backward"] = cuda.memory_allocated()
+            rec["reserved_after_backward"] = cuda.memory_reserved()
+            rec["loss"] = float(loss.detach().float().item())
+            del loss
+            cuda.synchronize()
+            cuda.reset_peak_memory_stats()
+        t_forward += t1 - t0
+        t_backward += t2 - t1
+    rec["forward_peak"] = max(rec["forward_peaks"])
+    rec["backward_peak"] = max(rec["backward_peaks"])
     t2 = time.perf_counter()
-    _snapshot(rec, "backward", False)
-    rec["backward_peak"] = cuda.max_memory_allocated()
-    rec["after_backward"] = cuda.memory_allocated()
-    rec["reserved_after_backward"] = cuda.memory_reserved()
-    rec["loss"] = float(loss.detach().float().item())
-    del loss
-    cuda.synchronize()
-    cuda.reset_peak_memory_stats()
 
     rec["phase"] = "optimizer"
     opt.step()
@@ -333,8 +354,8 @@ def run_step(model, opt, x, amp, rec, use_cache):
     rec["device_used"] = rd["device_used"]
     rec["num_alloc_retries"] = rd["num_alloc_retries"]
     rec["num_ooms"] = rd["num_ooms"]
-    rec["time_forward_s"] = t1 - t0
-    rec["time_backward_s"] = t2 - t1
+    rec["time_forward_s"] = t_forward
+    rec["time_backward_s"] = t_backward
     rec["time_optimizer_s"] = t3 - t2
     rec["phase"] = "done"
 
@@ -399,7 +420,7 @@ def run_case(model, mstats, case, cfgd):
         for i in range(int(case["steps"])):
             rec = {"step": i}
             steps.append(rec)
-            run_step(model, opt, x, amp, rec, case.get("use_cache"))
+            run_step(model, opt, x, amp, rec, case.get("use_cache"), int(case.get("grad_accum") or 1))
             if whole_run and i == SNAPSHOT["step"]:
                 torch.cuda.synchronize()
                 torch.cuda.memory._dump_snapshot(SNAPSHOT["path"])
@@ -440,7 +461,7 @@ def run_case(model, mstats, case, cfgd):
         res["steady_max"] = {k: max(s[k] for s in steady) for k in PHASE_FIELDS}
         tot = sum(steady[-1][k] for k in ("time_forward_s", "time_backward_s", "time_optimizer_s"))
         res["steady_step_time_s"] = tot
-        res["tokens_per_s"] = case["batch"] * case["seq"] / tot if tot > 0 else None
+        res["tokens_per_s"] = case["batch"] * case["seq"] * int(case.get("grad_accum") or 1) / tot if tot > 0 else None
     return res
 
 
