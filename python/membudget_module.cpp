@@ -205,12 +205,14 @@ PYBIND11_MODULE(_core, m) {
         out["optimizer"] = to_string(j.optimizer);
         if (j.optimizer_impl) out["optimizer_impl"] = to_string(*j.optimizer_impl);
         out["recompute"] = to_string(j.recompute);
+        if (j.grad_accum_steps > 1) out["grad_accum_steps"] = j.grad_accum_steps;
         return out;
       },
       py::arg("model"), py::arg("args"),
       "The job a Hugging Face Trainer runs with these TrainingArguments (the object, its to_dict() or its JSON), as "
       "predict()'s keyword arguments: predict(model, seq=2048, **from_training_arguments(model, args)). Settings that "
-      "change memory in a way not modelled (gradient accumulation, fp16, fsdp, ...) raise membudget.Error naming the field.");
+      "change memory in a way not modelled (fp16, fsdp, ...) raise membudget.Error naming the field; "
+      "gradient_accumulation_steps above 1 is grad_accum_steps.");
 
   m.def(
       "predict",

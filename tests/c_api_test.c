@@ -71,6 +71,17 @@ int main(int argc, char** argv) {
   CHECK(mb_job_set(fused, "optimizer-impl", "vectorized") == MB_INVALID_JOB);
   mb_job_free(fused);
 
+  /* gradient accumulation: the first micro-batch's gradients stay through the second's forward */
+  mb_job* accum = mb_job_clone(job);
+  mb_estimate e1, e2;
+  CHECK(mb_predict(model, accum, &e1) == MB_OK);
+  CHECK(mb_job_set(accum, "grad-accum-steps", "2") == MB_OK);
+  CHECK(mb_predict(model, accum, &e2) == MB_OK);
+  CHECK(e2.peak > e1.peak);
+  CHECK(mb_job_set(accum, "grad-accum-steps", "0") == MB_OK);
+  CHECK(mb_predict(model, accum, &e2) == MB_INVALID_JOB && strstr(mb_last_error(), "--grad-accum-steps") != NULL);
+  mb_job_free(accum);
+
   /* errors: typed status and a message */
   CHECK(mb_job_set(job, "precision", "fp64") == MB_INVALID_JOB);
   CHECK(strstr(mb_last_error(), "--precision") != NULL);

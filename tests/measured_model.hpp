@@ -39,6 +39,7 @@ inline membudget::Job job_as_measured(const nlohmann::json& j) {
   if (j.contains("experts_implementation") && !j["experts_implementation"].is_null())
     job.experts = parse_experts_impl(j["experts_implementation"].get<std::string>());
   if (j.contains("lora") && !j["lora"].is_null()) job.lora_rank = j["lora"].get<std::uint64_t>();
+  if (j.contains("grad_accum") && !j["grad_accum"].is_null()) job.grad_accum_steps = j["grad_accum"].get<std::uint64_t>();
   return job;
 }
 

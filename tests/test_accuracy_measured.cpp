@@ -375,3 +375,10 @@ TEST_CASE("four more models no earlier run measured, held out, land within 1% to
               {"smollm2-135m/fp32/", Phase::optimizer_peak, -0.03, 0.0},
               {"qwen2.5-3b/bf16/", Phase::floor, 0.0, 0.015}});
 }
+
+// Gradient accumulation (Job::grad_accum_steps): eleven single-GPU steps of 2 to 4 micro-batches
+// (and one of 1, the measuring script's control), each alone in a fresh process on an H100
+// (tools/device/alone_run.sh with tools/matrices/grad_accum_h200.json, tests/data/grad_accum/).
+TEST_CASE("gradient accumulation lands within 1% too") {
+  check_file("tests/data/grad_accum/torch_train_grad_accum_h100.json", 11);
+}

@@ -108,11 +108,13 @@ TEST_CASE("worked example on an L40S: ranked cheapest first, the first fix that 
   REQUIRE(mb->job);
   CHECK(mb->job->batch < 4);
   CHECK(4 % mb->job->batch == 0);
-  CHECK(mb->change == "--batch " + std::to_string(mb->job->batch) + " with " + std::to_string(4 / mb->job->batch) +
-                          " gradient-accumulation steps");
+  CHECK(mb->change == "--batch " + std::to_string(mb->job->batch) + " --grad-accum-steps " + std::to_string(4 / mb->job->batch));
+  // predicted with its accumulation steps: the first micro-batch's gradients stay through the rest
+  CHECK(mb->job->grad_accum_steps == 4 / mb->job->batch);
   if (mb->fits && mb->job->batch * 2 < 4) {
     Job j = job;
     j.batch = mb->job->batch * 2;
+    j.grad_accum_steps = 4 / j.batch;
     CHECK_FALSE(check_fit(predict(spec, j), dev).fits);
   }
 }

@@ -85,6 +85,7 @@ Job job_of(const nlohmann::json& j) {
     p.loss_parallel = j.value("loss_parallel", false);
   }
   p.rank = j.value("rank", 0);
+  job.grad_accum_steps = j.value("grad_accum", std::uint64_t{1});
   if (j.contains("optimizer_impl") && j["optimizer_impl"].is_string())
     job.optimizer_impl = parse_optimizer_impl(j["optimizer_impl"].get<std::string>());
   return job;

@@ -1149,3 +1149,13 @@ TEST_CASE("reserved_peak of four more models no earlier run measured, held out")
   CHECK(fresh.size() == 9);
   CHECK(count_within(fresh, 0.001, 0.0005) == 9);
 }
+
+// Gradient accumulation's steps (test_accuracy_measured.cpp has their phases): reserved memory
+// after the steady step of 2 to 4 micro-batches, each step alone in a fresh process on an H100
+// (tests/data/grad_accum/).
+TEST_CASE("reserved_peak of steps with gradient accumulation measured alone") {
+  const auto errs = reserved_errors("tests/data/grad_accum/torch_train_grad_accum_h100.json");
+  CHECK(errs.size() == 11);
+  // 2026-12-07, predicted before the run: all eleven within 0.01%
+  CHECK(count_within(errs, 0.03, 0.001) == 11);
+}

@@ -54,7 +54,11 @@ TEST_CASE("TrainingArguments as transformers writes them become the job the Trai
   CHECK(s.batch == 1);
   // what changes memory in a way not modelled is refused by field
   refused("fp16_adamw_torch", "fp16");
-  refused("bf16_adamw_8bit_accumulation", "gradient_accumulation_steps");
+  // gradient accumulation: the micro-batches before each optimizer step (Job::grad_accum_steps)
+  const Job a = from_fixture("bf16_adamw_8bit_accumulation");
+  CHECK(a.grad_accum_steps == 4);
+  CHECK(a.optimizer == Optimizer::adamw_8bit);
+  CHECK(d.grad_accum_steps == 1);
   refused("fsdp_full_shard", "fsdp");
 }
 

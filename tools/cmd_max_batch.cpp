@@ -118,12 +118,17 @@ Registrar reg("max-batch", 20, [](CLI::App& app) {
         if (r.at_limit)
           std::cout << "  (the search's limit: every micro-batch up to " << r.max_micro_batch
                     << " fits, and a larger one may too; raise it with --max)\n";
-        if (f->global_batch)
+        if (f->global_batch && r.accum_micro_batch)
           std::cout << "  global batch " << f->global_batch << " = micro-batch " << r.accum_micro_batch << " × "
                     << r.grad_accum_steps << " accumulation steps × " << r.data_parallel << " data-parallel ranks\n";
+        else if (f->global_batch)
+          std::cout << "  global batch " << f->global_batch << ": no micro-batch dividing its " << f->global_batch / r.data_parallel
+                    << " sequences per rank fits with the accumulation steps it needs (the first micro-batch's gradients "
+                       "stay allocated through the rest)\n";
       }
     }
-    if (r.max_micro_batch == 0) set_exit_status(1);
+    // nothing fits: no micro-batch, or none that reaches the global batch
+    if (r.max_micro_batch == 0 || (f->global_batch && r.accum_micro_batch == 0)) set_exit_status(1);
   });
 });
 

@@ -51,6 +51,9 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
                   "a Hugging Face TrainingArguments JSON file (to_json_string(); - reads standard input): batch, "
                   "precision, optim, gradient checkpointing (flags given override it)");
   cmd->add_option("--lora", lora, "LoRA rank on every decoder linear, base frozen (peft; default 0: full fine-tune)");
+  cmd->add_option("--grad-accum-steps", grad_accum_steps,
+                  "micro-batches per optimizer step (gradient accumulation; default 1): the first's gradients stay "
+                  "through the later forwards");
   cmd->add_option("--profile", profile, "torch (default: transformers 5 on PyTorch 2.11) | harness");
   cmd->add_option("--overhead", overhead, "memory outside the allocator, e.g. 800MiB (default: docs/model.md)");
   cmd->add_option("--kv-dtype", kv_dtype, "KV cache dtype when serving: bf16 | fp16 | fp8 | int8 | fp32");
@@ -104,6 +107,7 @@ constexpr StringFlag kStringFlags[] = {
     {"--attention", &JobFlags::attention, true},   {"--loss", &JobFlags::loss, true},
     {"--loss-chunk", &JobFlags::loss_chunk, true}, {"--activations", &JobFlags::activations, true},
     {"--lora", &JobFlags::lora, true},             {"--profile", &JobFlags::profile, true},
+    {"--grad-accum-steps", &JobFlags::grad_accum_steps, true},
     {"--overhead", &JobFlags::overhead, true},     {"--kv-dtype", &JobFlags::kv_dtype, true},
     {"--weights", &JobFlags::weights, true},       {"--group-size", &JobFlags::group_size, true},
     {"--optimizer-impl", &JobFlags::optimizer_impl, true}, {"--allocator-conf", &JobFlags::allocator_conf, true},
@@ -230,6 +234,7 @@ Job JobFlags::job(const ModelSpec& spec, bool warn, bool validate) const {
   if (!weights.empty()) j.weights = parse_dtype(weights, "--weights");
   if (!group_size.empty()) j.group_size = parse_count(group_size, "--group-size");
   if (!lora.empty()) j.lora_rank = lora == "0" ? 0 : parse_count(lora, "--lora");
+  if (!grad_accum_steps.empty()) j.grad_accum_steps = parse_count(grad_accum_steps, "--grad-accum-steps");
   Parallelism& p = j.parallel;
   if (!dp.empty()) p.data = parse_count(dp, "--dp");
   if (!fsdp.empty()) p.fsdp = parse_count(fsdp, "--fsdp");

@@ -103,8 +103,11 @@ struct MaxBatchResult {
   bool at_limit = false;
   Estimate at_max;                    // the estimate at max_micro_batch (at 1 when it is 0)
   bytes_t limit = 0;                  // capacity · (1 − headroom)
-  // With global_batch: the largest micro-batch ≤ max_micro_batch dividing global_batch / data_parallel,
-  // and the accumulation steps it needs (global_batch = micro_batch · steps · data_parallel).
+  // With global_batch: the largest micro-batch ≤ max_micro_batch dividing global_batch / data_parallel
+  // that fits with the accumulation steps it needs (global_batch = micro_batch · steps ·
+  // data_parallel; predicted with Job::grad_accum_steps = steps, the first micro-batch's gradients
+  // kept through the rest); 0 (both) where none fits with its steps. A job given with
+  // grad_accum_steps > 1 and a global batch is refused.
   std::uint64_t accum_micro_batch = 0;
   std::uint64_t grad_accum_steps = 0;
   std::uint64_t data_parallel = 1;    // the data-parallel ranks the global batch was divided over

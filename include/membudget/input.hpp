@@ -57,6 +57,11 @@ inline constexpr std::uint64_t kMaxEagerExpertIterations = 32768;
 // microbatch recorded, so time and memory grow with the count (docs/robustness.md has the figures);
 // 256 covers the accumulation steps pipelines run.
 inline constexpr std::uint64_t kMaxMicrobatches = 256;
+// --grad-accum-steps: the walk runs at most kWalkedAccumSteps micro-batches whatever the count
+// (from the second on each finds the same live set and makes the same tensors; the third lets the
+// reserved replay's layout settle: simulated_accum_steps in inventory.hpp), so the count costs
+// nothing; past 2^20 it is a typo.
+inline constexpr std::uint64_t kMaxGradAccumSteps = 1ull << 20;
 // A pipeline stage's walk: the decoder layers one rank holds × the microbatches it runs. Each pass
 // records a layer's tensors, nodes and events (some 90 KiB: Llama 3.1 405B over 2 stages at 256
 // microbatches, 16,128 passes, took 1.5 GB and 2 s; 1,024 layers over 2 stages at 64, 32,768 passes,

@@ -185,6 +185,11 @@ struct Job {
   // LoRA (training): rank r adapters (peft: fp32, alpha 2r, no dropout) on every decoder linear
   // (q, k, v, o, gate, up, down); the base model is frozen. 0: full fine-tuning.
   std::uint64_t lora_rank = 0;
+  // Gradient accumulation (training; --grad-accum-steps, Hugging Face's gradient_accumulation_steps):
+  // micro-batches of `batch` sequences run forward and backward before each optimizer step. From
+  // the second on, the first one's gradients stay allocated through the forward (docs/model.md,
+  // "Gradient accumulation"). 1: none.
+  std::uint64_t grad_accum_steps = 1;
   Profile profile = Profile::torch;
   Parallelism parallel;
   // Mixture-of-experts models (ignored by none: a dense model refuses a setting other than these

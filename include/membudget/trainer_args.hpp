@@ -15,9 +15,9 @@ namespace membudget {
 // parameters under autocast, as the Trainer runs a model loaded in fp32), neither bf16 nor fp16 (the
 // default) → fp32; optim (adamw_torch_fused) adamw_torch / adamw_torch_fused / sgd / adamw_bnb_8bit
 // (adamw_8bit) → --optimizer and --optimizer-impl; gradient_checkpointing (false) → --recompute full
-// (non-reentrant, transformers' default) or none. A key that is not a 5.17 field is an error, as in
+// (non-reentrant, transformers' default) or none; gradient_accumulation_steps (1) → --grad-accum-steps. A key that is not a 5.17 field is an error, as in
 // TrainingArguments(**json). Fields that change memory in a way not modelled are errors naming the
-// field: gradient_accumulation_steps > 1, fp16, fsdp, deepspeed and parallelism_config (the world size
+// field: fp16, fsdp, deepspeed and parallelism_config (the world size
 // is not in the JSON: give --fsdp N), torch_compile, use_cpu, optim_args, optim_target_modules,
 // torch_empty_cache_steps, label_smoothing_factor, neftune_noise_alpha, use_cache, use_reentrant true,
 // any other optim. The sequence length is not a TrainingArguments field. `where` names the source in

@@ -526,13 +526,19 @@ std::vector<FixRow> fix_table(const Context& c) {
        .skip = job.batch <= 1 ? "micro-batch is already 1 (shorten --seq, or use the fixes above)" : "",
        .sizes = smaller_divisors(job.batch).size(),
        .at_size =
-           [batch = job.batch, divisors = smaller_divisors(job.batch)](FixRow& row, std::uint64_t i) {
-             const std::uint64_t b = divisors[i], accum = batch / b;
-             row.fix.change = "--batch " + std::to_string(b) + " with " + std::to_string(accum) +
-                              " gradient-accumulation steps";
-             row.fix.cost = "same tokens per optimizer step (" + std::to_string(batch) +
+           [batch = job.batch, steps = job.grad_accum_steps, divisors = smaller_divisors(job.batch)](FixRow& row,
+                                                                                                    std::uint64_t i) {
+             // predicted with its accumulation steps: from the second micro-batch on, the
+             // gradients stay allocated through the forward (Job::grad_accum_steps)
+             const std::uint64_t b = divisors[i], accum = steps * (batch / b);
+             row.fix.change = "--batch " + std::to_string(b) + " --grad-accum-steps " + std::to_string(accum);
+             row.fix.cost = "same tokens per optimizer step (" + std::to_string(batch * steps) +
                             " sequences); smaller matmuls use the GPU less efficiently (~+10% time), more steps per update";
-             row.apply.job = [b](Job j) { j.batch = b; return j; };
+             row.apply.job = [b, accum](Job j) {
+               j.batch = b;
+               j.grad_accum_steps = accum;
+               return j;
+             };
            },
        .fits_note = "the largest micro-batch that fits",
        .fails_note = "does not fit even at micro-batch 1"},

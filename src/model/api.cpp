@@ -335,6 +335,10 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
     throw Error(ErrorKind::invalid_argument, "--global-batch: " + std::to_string(o.global_batch) +
                                                  " is not a multiple of the data-parallel size " +
                                                  std::to_string(r.data_parallel));
+  if (o.global_batch && job.grad_accum_steps > 1)
+    throw Error(ErrorKind::invalid_argument, "--grad-accum-steps " + std::to_string(job.grad_accum_steps) +
+                                                 " with --global-batch: the accumulation steps follow from the global batch "
+                                                 "(give one or the other)");
   std::uint64_t hi_limit = o.limit ? o.limit : 65536;
   if (job.seq) hi_limit = std::min<std::uint64_t>(hi_limit, std::max<std::uint64_t>(1, (1ull << 32) / job.seq));
   std::uint64_t lo = largest_that_fits(
@@ -377,13 +381,39 @@ MaxBatchResult max_micro_batch(const ModelSpec& model, Job job, const Device& de
   r.max_micro_batch = lo;
   r.at_limit = lo == hi_limit;
   if (lo && o.global_batch) {
-    // The largest divisor of the rank's share that fits. Reserved memory need not grow with the
-    // batch (its segments round: Qwen2.5 0.5B at 2,048 tokens reserves less at batch 9 than at 8),
-    // so on reserved memory each divisor below the answer is predicted, not assumed to fit.
+    // The largest divisor of the rank's share that fits with the accumulation steps it needs. From
+    // the second micro-batch on the first's gradients stay allocated (Job::grad_accum_steps), so a
+    // divisor below the share is predicted with its steps, not taken from the search above; and
+    // reserved memory need not grow with the batch (its segments round: Qwen2.5 0.5B at 2,048
+    // tokens reserves less at batch 9 than at 8), so on reserved memory each divisor below the
+    // answer is predicted too.
     const std::uint64_t per_rank = o.global_batch / r.data_parallel;
+    auto fits_with_steps = [&](std::uint64_t mb) {
+      Job j = job;
+      j.batch = mb;
+      j.grad_accum_steps = per_rank / mb;
+      try {
+        if (!o.reserved) {
+          ++r.evaluations;
+          return estimate(model, j).required <= r.limit;
+        }
+        ++r.reserved_evaluations;
+        const bytes_t need = reserved_required(model, j, o.allocator_conf);
+        return (need ? need : estimate(model, j).required) <= r.limit;
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::unsupported) throw;
+        // the layout's accumulation is not modelled: say which plan needed it
+        throw Error(ErrorKind::unsupported, "--global-batch " + std::to_string(o.global_batch) + ": micro-batch " +
+                                                std::to_string(mb) + " needs " + std::to_string(j.grad_accum_steps) +
+                                                " accumulation steps per rank; " + e.what());
+      }
+    };
     for (std::uint64_t mb = std::min(lo, per_rank); mb >= 1; --mb) {
       if (per_rank % mb) continue;
-      if (o.reserved && mb != lo && required(mb) > r.limit) continue;
+      // the share without accumulation is known to fit on allocated memory (it is at most the
+      // answer), and on reserved memory where it is the answer
+      const bool known = mb == per_rank && (!o.reserved || mb == lo);
+      if (!known && !fits_with_steps(mb)) continue;
       r.accum_micro_batch = mb;
       r.grad_accum_steps = per_rank / mb;
       break;
@@ -459,13 +489,18 @@ std::vector<SweepPoint> sweep(const ModelSpec& model, const Job& base, const Swe
                       " layouts, more than the limit of " + std::to_string(limits::kMaxSweepPoints) +
                       " points; split it into smaller sweeps");
   if (base.experts == ExpertsImpl::eager && model.moe.enabled()) {
-    const unsigned __int128 iterations =
-        static_cast<unsigned __int128>(model.moe.local_experts()) * model.moe_layers() * points;
+    unsigned __int128 iterations = 0;  // each point walks the loop at its own layout
+    for (std::uint64_t pp : pps) {
+      Job j = base;
+      j.parallel.pipeline = pp;
+      iterations += detail::eager_expert_iterations(model, j) * (points / pps.size());
+    }
     if (iterations > limits::kMaxSweepEagerIterations)
       throw Error(ErrorKind::unsupported,
-                  "sweep --experts eager: " + std::to_string(points) + " points × " + model.display_name() + "'s " +
+                  "sweep --experts eager: " + std::to_string(points) + " points of " + model.display_name() + "'s " +
                       std::to_string(model.moe.local_experts()) + " experts × " + std::to_string(model.moe_layers()) +
-                      " MoE layers is more than the " + std::to_string(limits::kMaxSweepEagerIterations) +
+                      " MoE layers (each micro-batch a point walks) is more than the " +
+                      std::to_string(limits::kMaxSweepEagerIterations) +
                       " expert iterations a sweep walks (each point walks the eager loop at its own shape); sweep "
                       "fewer points, or grouped_mm or batched_mm, which are modelled at any number");
   }
@@ -561,12 +596,13 @@ void set_job_option(Job& j, std::string_view key, std::string_view value) {
   else if (k == "weights") j.weights = parse_dtype(v, "--weights");
   else if (k == "group-size") j.group_size = count("--group-size");
   else if (k == "lora") j.lora_rank = v == "0" ? 0 : count("--lora");
+  else if (k == "grad-accum-steps") j.grad_accum_steps = count("--grad-accum-steps");
   else if (set_parallel_option(j, k, v, k) || set_moe_option(j, k, v, "--" + k)) {
   } else
     throw Error(ErrorKind::invalid_argument,
                 "unknown job option '" + std::string(key) +
                     "' (batch, seq, mode, precision, optimizer, optimizer-impl, recompute, attention, loss, loss-chunk, activations, "
-                    "profile, overhead, kv-dtype, weights, group-size, lora, dp, fsdp, zero, reshard-after-forward, "
+                    "profile, overhead, kv-dtype, weights, group-size, lora, grad-accum-steps, dp, fsdp, zero, reshard-after-forward, "
                     "ddp-bucket-view, rank, tp, pp, sp, experts, routing, router-aux-loss)");
 }
 

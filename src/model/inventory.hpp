@@ -1,6 +1,7 @@
 // src/model/inventory.hpp: the inventory activation models (internal).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -28,6 +29,16 @@ struct TorchStepResult {
 struct SimTrace;
 TorchStepResult simulate_torch_train(const ModelSpec& m, const Job& job, bool explain,
                                      const ModelSpec* sizing = nullptr, std::array<SimTrace, 2>* traces = nullptr);
+
+// The micro-batches a training step's walk runs of job.grad_accum_steps: at most three. The first
+// makes the gradients; every later one finds them allocated (and its inputs, activations and
+// gradient temporaries the same) and adds into them in place, so from the second on each makes the
+// same allocations on the same live set, and the third runs on the allocator's layout the second
+// left (the reserved replay's). The allocated phases are exact for any count; the reserved ones
+// take the third micro-batch's as every later one's, as the steady step stands for every later step.
+inline std::uint64_t simulated_accum_steps(const Job& job) noexcept {
+  return job.mode == Mode::train ? std::min<std::uint64_t>(job.grad_accum_steps, 3) : 1;
+}
 
 // Whether the step runs SDPA with a materialised sliding-window mask (a different allocation
 // stream: the step plan compiles it as its own regime).

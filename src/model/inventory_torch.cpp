@@ -2387,22 +2387,46 @@ class TrainPass {
     collect_gradients();
   }
 
-  void forward() {
-    sim_.begin_phase(Phase::floor);
-    floor_ = sim_.live();
-    sim_.begin_phase(Phase::forward_peak);
-    if (!steady_) cublas_workspace_at_first_matmul();  // the forward thread's handle, in step 0
-    loss_ = membudget::detail::forward(st_, checkpointed());
-    if (steady_) note_after_forward();
+  // The step's micro-batches (Job::grad_accum_steps; simulated_accum_steps of them are walked),
+  // each a forward and a backward of its own graph: from the second on, the gradients the first
+  // made are allocated through the forward, and the backward adds into them in place
+  // (AutogradSim::grad_contribution's AccumulateGrad). The phases are each one's highest over the
+  // micro-batches (AutogradSim::take_phases), as max_memory_allocated() over the phase would read.
+  // Under DDP every micro-batch but the last runs in no_sync(): the reducer leaves the gradients
+  // in .grad (with gradient_as_bucket_view, the last one's hooks move them into the buckets).
+  void micro_batches() {
+    const std::uint64_t n = simulated_accum_steps(st_.job);
+    dp_.set_microbatch_backwards(n > 1);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      dp_.set_last_microbatch(i + 1 == n);
+      // (the first graph from node 0, as a step without accumulation walks it)
+      const std::size_t first_node = i == 0 ? 0 : sim_.node_count();
+      forward(i == 0);
+      backward({first_node, sim_.node_count()}, i == 0);
+    }
+    dp_.set_microbatch_backwards(false);
+    collect_gradients();
   }
 
-  void backward() {
+  void forward(bool first_micro_batch) {
+    if (first_micro_batch) {
+      sim_.begin_phase(Phase::floor);
+      floor_ = sim_.live();
+    }
+    sim_.begin_phase(Phase::forward_peak);
+    if (!steady_ && first_micro_batch) cublas_workspace_at_first_matmul();  // the forward thread's handle, in step 0
+    loss_ = membudget::detail::forward(st_, checkpointed());
+    // what a forward leaves for backward: the first micro-batch's (the later ones' are the same
+    // tensors, beside the gradients)
+    if (steady_ && first_micro_batch) note_after_forward();
+  }
+
+  void backward(AutogradSim::Graph graph, bool first_micro_batch) {
     sim_.begin_phase(Phase::backward_peak);
-    if (!steady_) cublas_workspace_at_first_matmul();  // the autograd thread's handle, in step 0
-    dp_.install_backward_hooks(st_.d.L);
-    sim_.backward(loss_, checkpointed() ? recompute_layer : nullptr, &st_);
+    if (!steady_ && first_micro_batch) cublas_workspace_at_first_matmul();  // the autograd thread's handle, in step 0
+    if (first_micro_batch) dp_.install_backward_hooks(st_.d.L);
+    sim_.backward(loss_, graph, checkpointed() ? recompute_layer : nullptr, &st_);
     sim_.drop(loss_);
-    collect_gradients();
   }
 
   // The parameters' gradients the optimizer steps (and zero_grad frees).
@@ -2563,12 +2587,8 @@ TorchStepResult simulate_torch_train(const ModelSpec& full, const Job& job, bool
     TrainPass step(m, job, sizing, steady, explain, traces ? &(*traces)[pass] : nullptr, res, stage);
     step.load_model_and_batch();
     if (steady) step.allocate_persistent_state();
-    if (stage) {
-      step.pipeline_schedule();
-    } else {
-      step.forward();
-      step.backward();
-    }
+    if (stage) step.pipeline_schedule();
+    else step.micro_batches();
     step.optimizer_step();
     step.finish();
   }

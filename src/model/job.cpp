@@ -466,6 +466,40 @@ bool set_moe_option(Job& job, std::string_view key, std::string_view value, std:
   return true;
 }
 
+namespace {
+// Gradient accumulation is walked on one GPU's step, on a DDP or ZeRO-1 rank (every micro-batch but
+// the last under no_sync()) and on a tensor-parallel rank (inventory_torch.cpp,
+// TrainPass::micro_batches); the layouts whose collectives between micro-batches are a framework's
+// choice (FSDP2 reduce-scatters each one, or keeps unsharded gradients under
+// set_requires_gradient_sync(False)), or not measured with it (context, expert parallelism), are
+// refused by name.
+void validate_grad_accum(const Job& j) {
+  const std::string flag = "--grad-accum-steps";
+  if (j.grad_accum_steps == 0) throw Error(ErrorKind::invalid_job, flag + ": must be at least 1");
+  if (j.grad_accum_steps > limits::kMaxGradAccumSteps)
+    throw Error(ErrorKind::invalid_job, flag + ": " + std::to_string(j.grad_accum_steps) + " is absurdly large (limit " +
+                                            std::to_string(limits::kMaxGradAccumSteps) + ")");
+  if (j.grad_accum_steps == 1) return;
+  const std::string given = flag + " " + std::to_string(j.grad_accum_steps);
+  if (j.mode != Mode::train)
+    throw Error(ErrorKind::invalid_job, given + ": applies to training; --mode infer (serving) does not use it");
+  if (j.profile == Profile::harness)
+    throw Error(ErrorKind::unsupported, given + ": the harness runs one micro-batch per step; use --profile torch");
+  if (j.parallel.pipeline > 1)
+    throw Error(ErrorKind::unsupported, given + " with --pp: a pipeline accumulates over its microbatches; give --microbatches");
+  const Parallelism& p = j.parallel;
+  const char* layout = p.fsdp > 1 || p.zero_stage >= 2 ? "FSDP2 (--fsdp, --zero 2 or 3)"
+                       : p.context > 1                 ? "--cp"
+                       : p.expert > 1                  ? "--ep"
+                                                       : nullptr;
+  if (layout)
+    throw Error(ErrorKind::unsupported,
+                given + " with " + layout + ": accumulation is modelled on one GPU, on DDP or ZeRO-1 ranks (--dp, "
+                        "no_sync() before the last micro-batch) and on tensor-parallel ranks (--tp); what stays allocated "
+                        "between this layout's micro-batches is not modelled yet");
+}
+}  // namespace
+
 void Job::validate() const {
   auto bad = [](const char* field, const std::string& what) {
     return Error(ErrorKind::invalid_job, std::string(field) + ": " + what);
@@ -505,6 +539,7 @@ void Job::validate() const {
   if (overhead && *overhead > kMaxOverhead)
     throw bad("--overhead", format_bytes(*overhead) + " is more than any GPU holds (limit 1 PiB); check the value for a typo");
   validate_parallel(*this);
+  validate_grad_accum(*this);
   if (group_size == 0) throw bad("--group-size", "must be at least 1");
   if (lora_rank > 65536) throw bad("--lora", "rank " + std::to_string(lora_rank) + " is absurdly large (limit 65536)");
   if (lora_rank && mode == Mode::train && profile == Profile::harness)
@@ -552,7 +587,7 @@ void check_options_apply(const Job& job, const std::vector<std::string>& given) 
     const std::string flag = "--" + name;
     auto refuse = [&](const std::string& why) { throw Error(ErrorKind::invalid_job, flag + ": " + why); };
     static const char* const kTrainOnly[] = {"precision", "optimizer", "optimizer-impl", "recompute", "attention", "trainer-args",
-                                             "loss",      "loss-chunk", "activations",    "lora",  "dp", "fsdp", "zero",
+                                             "loss",      "loss-chunk", "activations",    "lora",  "grad-accum-steps", "dp", "fsdp", "zero",
                                              "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "cp", "sp", "pp-schedule",
                                              "microbatches", "virtual-stages", "pp-layers", "loss-parallel", "fsdp-offload",
                                              "router-aux-loss"};

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "inventory.hpp"
 #include "membudget/job.hpp"
 #include "membudget/spec.hpp"
 
@@ -63,7 +64,10 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   put(q.fused_qkv | (q.fused_gate_up << 1) | (q.norm_weight_offset << 2) | (q.embedding_scale << 3) |
       (q.partial_rotary << 4) | (q.complex_rotary << 5) | (q.interleaved_rotary << 6) | (q.unused_sliding_mask << 7));
   put(j.lora_rank);
-  put(static_cast<std::uint64_t>(j.experts) | (static_cast<std::uint64_t>(j.routing) << 8) | (std::uint64_t{j.router_aux_loss} << 16));
+  // the accumulation steps walked, not given: every count from three on has the same figures
+  // (simulated_accum_steps), so they share plans and answers
+  put(static_cast<std::uint64_t>(j.experts) | (static_cast<std::uint64_t>(j.routing) << 8) | (std::uint64_t{j.router_aux_loss} << 16) |
+      (simulated_accum_steps(j) << 24));
   // 0: torch.optim's default for the optimizer (a different answer from an explicit impl only where
   // they differ, but kept apart: the key is the job as given)
   put(j.optimizer_impl ? 1 + static_cast<std::uint64_t>(*j.optimizer_impl) : 0);

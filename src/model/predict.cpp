@@ -33,6 +33,13 @@ void check_options_apply_to(const ModelSpec& m, const Job& job) {
 }
 
 namespace detail {
+unsigned __int128 eager_expert_iterations(const ModelSpec& m, const Job& job) {
+  const std::uint64_t stages = std::max<std::uint64_t>(1, job.parallel.pipeline);
+  const std::uint64_t microbatches =
+      stages == 1 ? simulated_accum_steps(job) : job.parallel.microbatches ? job.parallel.microbatches : stages;
+  return static_cast<unsigned __int128>(m.moe.local_experts()) * m.moe_layers() * microbatches / stages;
+}
+
 void check_simulated(const ModelSpec& m, const Job& job) {
   check_options_apply_to(m, job);
   // A pipeline stage is walked layer by layer for every microbatch it runs (membudget/input.hpp).
@@ -56,13 +63,13 @@ void check_simulated(const ModelSpec& m, const Job& job) {
     using limits::kMaxEagerExpertIterations;
     const std::uint64_t stages = std::max<std::uint64_t>(1, job.parallel.pipeline);
     const std::uint64_t microbatches = stages == 1 ? 1 : job.parallel.microbatches ? job.parallel.microbatches : stages;
-    const unsigned __int128 iterations =
-        static_cast<unsigned __int128>(m.moe.local_experts()) * m.moe_layers() * microbatches / stages;
-    if (iterations > kMaxEagerExpertIterations)
+    const std::uint64_t accumulated = simulated_accum_steps(job);
+    if (eager_expert_iterations(m, job) > kMaxEagerExpertIterations)
       throw Error(ErrorKind::unsupported,
                   "--experts eager: " + m.display_name() + "'s " + std::to_string(m.moe.local_experts()) + " experts × " +
                       std::to_string(m.moe_layers()) + " MoE layers" +
-                      (stages == 1 ? std::string()
+                      (stages == 1 ? accumulated > 1 ? " × " + std::to_string(accumulated) + " accumulation micro-batches walked"
+                                                     : std::string()
                                    : " × " + std::to_string(microbatches) + " microbatches over " + std::to_string(stages) +
                                          " stages") +
                       " is more than the " + std::to_string(kMaxEagerExpertIterations) +

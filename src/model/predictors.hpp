@@ -17,6 +17,10 @@ namespace membudget::detail {
 // with quantised weights. MoE training is the torch inventory's (check_torch_coverage says which
 // MoE jobs), the harness refuses MoE, and vLLM's sizing refuses it (fused MoE kernels).
 void check_simulated(const ModelSpec& m, const Job& job);
+// --experts eager: the expert iterations one walk of the step runs (experts × MoE layers × the
+// micro-batches walked: a pipeline rank's share of the microbatches, or simulated_accum_steps), in
+// 128 bits (the counts are not validated yet where it is asked).
+unsigned __int128 eager_expert_iterations(const ModelSpec& m, const Job& job);
 
 // Serving (mode infer) with the torch profile: docs/serving.md.
 void predict_infer(Budget& b, const PredictOptions& options);

@@ -58,6 +58,7 @@ ordered_json job_json(const Job& j) {
   else o["optimizer_impl"] = nullptr;
   if (j.loss == Loss::chunked) o["loss_chunk"] = j.loss_chunk;
   if (j.mode == Mode::train && j.lora_rank) o["lora_rank"] = j.lora_rank;
+  if (j.mode == Mode::train && j.grad_accum_steps > 1) o["grad_accum_steps"] = j.grad_accum_steps;
   if (!j.parallel.single()) {
     const Parallelism& p = j.parallel;
     ordered_json par = {{"dp", p.data}, {"fsdp", p.fsdp}, {"zero", p.zero_stage}, {"tp", p.tensor}, {"pp", p.pipeline},
@@ -308,7 +309,8 @@ std::string render(const Budget& b, const std::optional<Fit>& fit, const ReportO
         << (b.job.optimizer_impl ? std::string(" (") + to_string(*b.job.optimizer_impl) + ")" : std::string())
         << " · recompute " << to_string(b.job.recompute) << " · "
         << to_string(b.job.attention) << " attention · " << to_string(b.job.loss) << " loss"
-        << (b.job.lora_rank ? " · LoRA rank " + std::to_string(b.job.lora_rank) + " (base frozen)" : std::string());
+        << (b.job.lora_rank ? " · LoRA rank " + std::to_string(b.job.lora_rank) + " (base frozen)" : std::string())
+        << (b.job.grad_accum_steps > 1 ? " · " + std::to_string(b.job.grad_accum_steps) + " accumulation steps" : std::string());
   if (!b.job.parallel.single())
     out << "\n" << layout_label(b.job.parallel) << " · rank " << b.rank << " of " << b.world
         << (b.job.parallel.rank ? "" : " (the most loaded)")

@@ -108,15 +108,14 @@ Job apply_training_arguments(Job job, std::string_view json_text, std::string_vi
     job.batch = 8;
   }
   read_as("--batch", "per_device_train_batch_size");
+  job.grad_accum_steps = 1;
   if (j.contains("gradient_accumulation_steps") && !j["gradient_accumulation_steps"].is_null()) {
     const json& g = j["gradient_accumulation_steps"];
     if (!g.is_number_unsigned() || g.get<std::uint64_t>() == 0)
       throw field_error(where, "gradient_accumulation_steps", "is not a whole number ≥ 1", ErrorKind::invalid_job);
-    if (g.get<std::uint64_t>() > 1)
-      refuse("gradient_accumulation_steps", std::to_string(g.get<std::uint64_t>()) +
-                                                ": the gradients stay allocated between the micro-batches of an "
-                                                "accumulation; not modelled yet (1 is)");
+    job.grad_accum_steps = g.get<std::uint64_t>();
   }
+  read_as("--grad-accum-steps", "gradient_accumulation_steps");
   if (boolean("fp16")) refuse("fp16", "fp16 mixed precision with a GradScaler is not modelled (bf16 is)");
   job.precision = boolean("bf16") ? Precision::amp_bf16 : Precision::fp32;
   read_as("--precision", "bf16");

@@ -85,11 +85,12 @@ Job apply_yaml_job_section(std::string_view text, const std::string& path, Job j
       else if (key == "profile") job.profile = parse_profile(text_of(), where);
       else if (key == "overhead") job.overhead = parse_bytes(text_of(), where);
       else if (key == "lora") job.lora_rank = count_of();
+      else if (key == "grad_accum_steps") job.grad_accum_steps = count_of();
       else if (set_moe_option(job, key, text_of(), where)) {
       } else
         throw Error(ErrorKind::invalid_job, where + ": unknown job key (known: batch, seq, mode, precision, optimizer, "
                                                     "optimizer_impl, recompute, attention, loss, loss_chunk, activations, profile, overhead, "
-                                                    "lora, experts, routing, router_aux_loss, parallel)");
+                                                    "lora, grad_accum_steps, experts, routing, router_aux_loss, parallel)");
     } catch (const YAML::Exception& e) {
       throw Error(ErrorKind::invalid_job, where + ": " + e.msg);
     }

@@ -193,7 +193,12 @@ def test_from_training_arguments_maps_what_transformers_writes():
     b = membudget.predict(LLAMA_1B, seq=1024, **kw)
     assert b["job"]["recompute"] == "full" and b["job"]["batch"] == 4
     with open(os.path.join(here, "bf16_adamw_8bit_accumulation.json")) as f:
-        with pytest.raises(membudget.Error, match="gradient_accumulation_steps"):
+        accumulated = membudget.from_training_arguments(LLAMA_1B, f.read())
+    assert accumulated["grad_accum_steps"] == 4 and accumulated["optimizer"] == "adamw-8bit"
+    one = membudget.predict(LLAMA_1B, seq=1024, **dict(accumulated, grad_accum_steps=1))
+    assert membudget.predict(LLAMA_1B, seq=1024, **accumulated)["peak"] > one["peak"]
+    with open(os.path.join(here, "fp16_adamw_torch.json")) as f:
+        with pytest.raises(membudget.Error, match="fp16"):
             membudget.from_training_arguments(LLAMA_1B, f.read())
     with pytest.raises(membudget.Error):
         membudget.from_training_arguments(LLAMA_1B, 42)
