@@ -10,7 +10,9 @@ and sequence of the first batch the model sees), or takes `prediction`, a `membu
 of each step as membudget measures them (floor at the forward's start; forward_peak, backward_peak
 and optimizer_peak as the peak of each phase) and compares the steady steps (from the third on)
 with the prediction: a phase more than `tolerance` above it is logged as a warning, and with
-action="stop" the training stops there. `readings` keeps every step's figures.
+action="stop" the training stops there. `readings` keeps every step's figures. Under
+gradient_accumulation_steps the step is all its micro-batches (predicted with them): the floor is
+read at the first one's forward, and forward_peak and backward_peak are the highest over them.
 
 This module imports without torch and transformers; the callback class is made when first asked
 for, and says so clearly when transformers is missing.
@@ -106,22 +108,27 @@ def _make_callback_class():
                 return None  # evaluation, or a forward outside a training step
             if self.prediction is None:
                 self.prediction = self._predict(module, args, kwargs)
+            if "floor" in self._current:  # a later micro-batch: what ran since was the last one's backward
+                self._read("backward_peak")
+                return None
             torch.cuda.synchronize()
             self._current["floor"] = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
             return None
 
         def _forward_ends(self, module, args, output):
-            if self._current is not None and "floor" in self._current and "forward_peak" not in self._current:
+            if self._current is not None and "floor" in self._current:
                 self._read("forward_peak")
 
         def _read(self, phase):
+            """The peak since the last reading, as `phase` (the highest of the step's readings of it)."""
             import torch
 
             if self._current is None:
                 return
             torch.cuda.synchronize()
-            self._current[phase] = torch.cuda.max_memory_allocated()
+            peak = torch.cuda.max_memory_allocated()
+            self._current[phase] = max(peak, self._current.get(phase, 0))
             torch.cuda.reset_peak_memory_stats()
 
         def _predict(self, module, args, kwargs):

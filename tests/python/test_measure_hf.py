@@ -114,3 +114,46 @@ def test_the_callback_needs_transformers_only_when_asked_for():
         with pytest.raises(ImportError, match="needs transformers"):
             hf.MemoryCheckCallback  # noqa: B018
     assert hasattr(hf, "predict_trainer_step")
+
+
+def test_the_callback_reads_a_step_of_several_micro_batches_as_one(monkeypatch):
+    """Under gradient_accumulation_steps the Trainer calls on_step_begin once, then each micro-batch's
+    forward and backward, then the optimizer: the floor is the first forward's, the forward and
+    backward peaks the highest over the micro-batches (a fake torch and transformers stand in)."""
+    import types
+
+    class Cuda:
+        allocated = peak = 0
+
+        @classmethod
+        def to(cls, n, peak=None):  # memory_allocated() becomes n, after rising to `peak`
+            cls.peak = max(cls.peak, peak or n, n)
+            cls.allocated = n
+
+        synchronize = staticmethod(lambda: None)
+        memory_allocated = classmethod(lambda cls: cls.allocated)
+        max_memory_allocated = classmethod(lambda cls: cls.peak)
+
+        @classmethod
+        def reset_peak_memory_stats(cls):
+            cls.peak = cls.allocated
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=Cuda, is_grad_enabled=lambda: True))
+    monkeypatch.setitem(sys.modules, "transformers", types.SimpleNamespace(TrainerCallback=object))
+    prediction = {"phases": {"floor": 100, "forward_peak": 170, "backward_peak": 180, "optimizer_peak": 140}}
+    cb = hf._make_callback_class()(prediction=prediction, steady_from=0)
+    module = types.SimpleNamespace(training=True)
+    Cuda.to(100)
+    cb.on_step_begin(None, None, None)
+    for first in (True, False):
+        grads = 0 if first else 20  # the first micro-batch's gradients stay through the second
+        cb._forward_begins(module, (), {})
+        Cuda.to(130 + grads, peak=150 + grads)  # forward: activations kept for backward
+        cb._forward_ends(module, (), None)
+        Cuda.to(120, peak=160 + grads)  # backward: activations freed, gradients made (20)
+    cb.on_pre_optimizer_step(None, None, None)
+    Cuda.to(100, peak=140)  # optimizer step, then zero_grad
+    cb.on_optimizer_step(None, None, None)
+    cb.on_step_end(None, None, types.SimpleNamespace(should_training_stop=False))
+    assert cb.readings == [{"step": 0, "floor": 100, "forward_peak": 170, "backward_peak": 180, "optimizer_peak": 140}]
+    assert cb.violations == []
