@@ -54,7 +54,7 @@ Registrar reg("sweep", 30, [](CLI::App& app) {
     const Job job = base.job(spec, false, /*validate=*/false);
     JobFlags unlaid = base;  // (after base's job: it carries the files base read, read once)
     for (std::string* option : {&unlaid.pp_schedule, &unlaid.microbatches, &unlaid.virtual_stages, &unlaid.pp_layers,
-                                &unlaid.zero, &unlaid.reshard_after_forward, &unlaid.rank})
+                                &unlaid.zero, &unlaid.reshard_after_forward, &unlaid.rank, &unlaid.fsdp_grad_sync})
       option->clear();
     unlaid.ddp_bucket_view = unlaid.sp = unlaid.loss_parallel = unlaid.fsdp_offload = false;
     (void)unlaid.job(spec, false);  // every other setting checked now (the grid's sequences below)

@@ -64,6 +64,9 @@ void JobFlags::add_job_options(CLI::App* cmd, bool with_batch_seq) {
   cmd->add_option("--zero", zero, "ZeRO stage over --dp ranks: 1 ZeroRedundancyOptimizer, 2 FSDP2 without, 3 with reshard after forward");
   cmd->add_option("--reshard-after-forward", reshard_after_forward, "FSDP2 reshard_after_forward: true (default) | false");
   cmd->add_flag("--ddp-bucket-view", ddp_bucket_view, "DDP with gradient_as_bucket_view=True");
+  cmd->add_option("--fsdp-grad-sync", fsdp_grad_sync,
+                  "FSDP2 with --grad-accum-steps: every (default: each micro-batch reduce-scattered, as torchtitan) | last "
+                  "(set_requires_gradient_sync(False) before the last, as accelerate 1.11+ and the Trainer)");
   cmd->add_flag("--fsdp-offload", fsdp_offload, "FSDP2's CPUOffloadPolicy: shards, gradients and optimizer state on the host (JSON: host)");
   cmd->add_option("--rank", rank, "the rank predicted (default: the most loaded one)");
   cmd->add_option("--tp", tp, "tensor-parallel ranks: DTensor's Llama plan (docs/distributed.md)");
@@ -118,6 +121,7 @@ constexpr StringFlag kStringFlags[] = {
     {"--pp", &JobFlags::pp, true},                 {"--experts", &JobFlags::experts, true},
     {"--cp", &JobFlags::cp, true},                 {"--ep", &JobFlags::ep, true},
     {"--pp-schedule", &JobFlags::pp_schedule, true}, {"--microbatches", &JobFlags::microbatches, true},
+    {"--fsdp-grad-sync", &JobFlags::fsdp_grad_sync, true},
     {"--virtual-stages", &JobFlags::virtual_stages, true}, {"--pp-layers", &JobFlags::pp_layers, true},
     {"--routing", &JobFlags::routing, true},
     {"--device", &JobFlags::device, false},        {"--device-memory", &JobFlags::device_memory, false},
@@ -243,7 +247,8 @@ Job JobFlags::job(const ModelSpec& spec, bool warn, bool validate) const {
   if (!cp.empty()) p.context = parse_count(cp, "--cp");
   if (!ep.empty()) p.expert = parse_count(ep, "--ep");
   const std::pair<const char*, const std::string*> pipeline_keys[] = {
-      {"pp-schedule", &pp_schedule}, {"microbatches", &microbatches}, {"virtual-stages", &virtual_stages}, {"pp-layers", &pp_layers}};
+      {"pp-schedule", &pp_schedule}, {"microbatches", &microbatches}, {"virtual-stages", &virtual_stages}, {"pp-layers", &pp_layers},
+      {"fsdp-grad-sync", &fsdp_grad_sync}};
   for (const auto& [key, value] : pipeline_keys)
     if (!value->empty()) set_parallel_option(j, key, *value, std::string("--") + key);
   if (!zero.empty()) {

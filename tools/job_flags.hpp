@@ -15,7 +15,7 @@ namespace membudget::cli {
 struct JobFlags {
   std::string model_path;
   std::string batch, seq, mode, precision, optimizer, optimizer_impl, recompute, attention, loss, loss_chunk, activations, profile;
-  std::string overhead, kv_dtype, weights, group_size, lora, grad_accum_steps;
+  std::string overhead, kv_dtype, weights, group_size, lora, grad_accum_steps, fsdp_grad_sync;
   std::string device, device_memory;
   double headroom = 0.05;
   std::string format = "table";

@@ -17,7 +17,8 @@ import tempfile
 FLAGS = {"batch": "-b", "seq": "-s", "precision": "--precision", "recompute": "--recompute",
          "attention": "--attention", "optimizer": "--optimizer", "optimizer_impl": "--optimizer-impl",
          "lora": "--lora", "allocator_conf": "--allocator-conf",
-         "experts_implementation": "--experts", "grad_accum": "--grad-accum-steps"}
+         "experts_implementation": "--experts", "grad_accum": "--grad-accum-steps",
+         "fsdp_grad_sync": "--fsdp-grad-sync"}
 KNOWN = set(FLAGS) | {"name", "config", "overrides", "steps", "warmup", "snapshot"}
 # torch_profile_dist.py's fields, read by parallel_flags
 DIST = {"strategy", "world", "rank", "replicate", "reshard", "bucket_view", "sp", "loss_parallel", "tp"}

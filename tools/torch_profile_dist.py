@@ -436,7 +436,8 @@ def run_case(case, snapshot_dir):
             steps.append(rec)
             step.SNAPSHOT["phase"] = None  # the whole step is recorded here, not one phase
             run_step(model, opts, x, amp, rec, snap, bool(case.get("loss_parallel")),
-                     case.get("cp_rotate") if case["strategy"] == "cp" else None, int(case.get("grad_accum") or 1))
+                     case.get("cp_rotate") if case["strategy"] == "cp" else None, int(case.get("grad_accum") or 1),
+                     case.get("fsdp_grad_sync") or "every")
             if i == 0:
                 res["optimizer_state_bytes"] = state_bytes(opt_list)
             if case.get("offload"):  # after zero_grad: the gradients' host blocks show in the pinned allocator only
@@ -466,7 +467,7 @@ def run_case(case, snapshot_dir):
     return res
 
 
-def run_step(model, opts, x, amp, rec, snap, loss_parallel=False, cp_rotate=None, grad_accum=1):
+def run_step(model, opts, x, amp, rec, snap, loss_parallel=False, cp_rotate=None, grad_accum=1, fsdp_grad_sync="every"):
     """tools/torch_profile_step.py's step, with a snapshot of the whole step when asked. Under
     context parallelism (cp_rotate: "allgather" or "alltoall") the step runs inside
     context_parallel(mesh, buffers=[x], buffer_seq_dims=[1]): x (input_ids and labels) is this
@@ -494,7 +495,7 @@ def run_step(model, opts, x, amp, rec, snap, loss_parallel=False, cp_rotate=None
         torch.cuda.synchronize()
         torch.cuda.memory._record_memory_history(max_entries=1000000, stacks="python")
     with ctx:
-        step.run_step(model, opts, x, amp, rec, None, grad_accum)
+        step.run_step(model, opts, x, amp, rec, None, grad_accum, fsdp_grad_sync)
     if stop:
         torch.cuda.synchronize()
         torch.cuda.memory._dump_snapshot(step.SNAPSHOT["path"])

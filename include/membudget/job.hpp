@@ -141,6 +141,12 @@ struct Parallelism {
   bool loss_parallel = false;          // --loss-parallel: lm_head's output kept sharded, loss_parallel() (with --sp)
   bool reshard_after_forward = true;   // --reshard-after-forward (FSDP2)
   bool fsdp_offload = false;           // --fsdp-offload: FSDP2's CPUOffloadPolicy(pin_memory=True)
+  // --fsdp-grad-sync every|last: FSDP2 under gradient accumulation (Job::grad_accum_steps).
+  // every (false, FSDP2's default and torchtitan's loop): each micro-batch's backward
+  // reduce-scatters, the sharded gradients add in place; last (true, accelerate 1.11+'s
+  // accumulate(), the Trainer's): the micro-batches before the last run under
+  // set_requires_gradient_sync(False), the unsharded gradients kept between them.
+  bool fsdp_grad_sync_last = false;
   bool ddp_bucket_view = false;        // --ddp-bucket-view: DDP's gradient_as_bucket_view=True
   // --rank: the rank predicted; unset: the most loaded one (ranks differ under ZeRO-1's partition
   // and FSDP2's uneven shards).

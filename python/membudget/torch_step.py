@@ -277,7 +277,7 @@ def _snapshot(rec, phase, begin):
         rec["snapshot"] = SNAPSHOT["path"]
 
 
-def run_step(model, opt, x, amp, rec, use_cache, grad_accum=1):
+def run_step(model, opt, x, amp, rec, use_cache, grad_accum=1, fsdp_grad_sync="every"):
     """One training step; fills `rec` phase by phase (so a failure leaves partial data).
 
     With grad_accum = k the step runs k micro-batches (forward, backward each, as the Trainer's
@@ -286,7 +286,11 @@ def run_step(model, opt, x, amp, rec, use_cache, grad_accum=1):
     allocated through the later forwards. forward_peak and backward_peak are the highest over the
     micro-batches (each one's in forward_peaks / backward_peaks); after_forward and after_backward
     are the last micro-batch's. A DistributedDataParallel model runs every micro-batch but the
-    last inside model.no_sync(), forward and backward, as accelerate's accumulate() does."""
+    last inside model.no_sync(), forward and backward, as accelerate's accumulate() does. An FSDP2
+    model reduce-scatters every micro-batch's gradients (fsdp_grad_sync "every", FSDP2's default and
+    torchtitan's loop), or with "last" runs the ones before the last under
+    set_requires_gradient_sync(False), keeping unsharded gradients, as accelerate 1.11+ (the
+    Trainer's) does."""
     import contextlib
 
     import torch
@@ -304,6 +308,8 @@ def run_step(model, opt, x, amp, rec, use_cache, grad_accum=1):
     t_forward = t_backward = 0.0
     for micro in range(grad_accum):
         no_sync = micro + 1 < grad_accum and hasattr(model, "no_sync")
+        if grad_accum > 1 and fsdp_grad_sync == "last" and hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(micro + 1 == grad_accum)
         with model.no_sync() if no_sync else contextlib.nullcontext():
             rec["phase"] = "forward"
             _snapshot(rec, "forward", True)

@@ -202,6 +202,8 @@ void DataParallelSim::accumulate(std::size_t g) {
   // added into it and freed (accumulate_unsharded_grad_if_needed). Without the cast the gradients
   // accumulate in .grad, as autograd accumulates them.
   Group& gr = groups_[g];
+  if (reshard_between_microbatches_ && unsharded(g))  // reshard_after_backward, not turned off
+    for (const auto& [id, t] : gr.params) sim_.release_storage(id);
   if (reduce_ == compute_) return;
   gr.accumulated.resize(gr.params.size(), kNone);
   for (std::size_t i = 0; i < gr.params.size(); ++i) {
@@ -234,6 +236,10 @@ void DataParallelSim::post_backward(std::size_t g) {
   if (microbatches_) return accumulate(g);
   if (unsharded(g))
     for (const auto& [id, t] : gr.params) sim_.release_storage(id);
+  // accumulate_unsharded_grad_if_needed: a gradient with an fp32 accumulator is added into it and
+  // freed before the reduction reads the accumulator
+  for (std::size_t i = 0; i < gr.accumulated.size(); ++i)
+    if (gr.accumulated[i] != kNone && sim_.grad_of(gr.params[i].first) != kNone) sim_.drop_grad(gr.params[i].first);
   sim_.drop(held_reduce_scatter_);
   held_reduce_scatter_ = sim_.make("FSDP2 reduce-scatter input", times(l_.shard, gr.shard_elems, reduce_), Term::other,
                                    Role::communication, "foreach_reduce", "", "", false);
@@ -261,7 +267,14 @@ void DataParallelSim::post_backward(std::size_t g) {
   sim_.set_stream(out, AllocStream::reduce_scatter);  // the input is the compute stream's
   if (root) drop_accumulators();
   if (last_grad != kNone) sim_.drop_grad(last_grad);
+  if (gr.sharded_grad != kNone) {
+    // a later micro-batch's reduction (gradient accumulation, --fsdp-grad-sync every): foreach_reduce
+    // adds its output into the sharded gradients in place, and nothing keeps it
+    sim_.drop(out);
+    return;
+  }
   if (!l_.offload) {
+    gr.sharded_grad = out;
     rs_outputs_.push_back(out);
     return;
   }

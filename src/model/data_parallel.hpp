@@ -57,7 +57,13 @@ class DataParallelSim {
   // is perform_reduce_grad after the last: every group's post-backward with the reduction on.
   // DDP within a stage runs every microbatch's backward but the last under no_sync(): the reducer
   // (and gradient_as_bucket_view's hook) acts only in the last (`last_microbatch`).
-  void set_microbatch_backwards(bool on) { microbatches_ = on; }
+  // `reshard_after_backward`: gradient accumulation outside a pipeline (--fsdp-grad-sync last,
+  // accelerate's set_requires_gradient_sync(False) alone): the parameters are resharded after each
+  // backward as usual, the unsharded gradients kept.
+  void set_microbatch_backwards(bool on, bool reshard_after_backward = false) {
+    microbatches_ = on;
+    reshard_between_microbatches_ = reshard_after_backward;
+  }
   void set_last_microbatch(bool last) { last_microbatch_ = last; }
   void reduce_grads();
   // What the step keeps after backward as the parameters' gradients: FSDP2's reduce-scatter outputs
@@ -73,6 +79,7 @@ class DataParallelSim {
     std::uint64_t shard_elems = 0;  // Σ padded shard elements: the all-gather input per rank
     TensorId prefetched = kNone;    // all-gather output issued by the backward prefetch
     std::vector<TensorId> accumulated;  // per parameter: its unsharded_accumulated_grad (microbatch backwards)
+    TensorId sharded_grad = kNone;      // the reduce-scatter output its sharded gradients are views of
   };
   static void on_section(AutogradSim& sim, void* ctx, int from, int to);
   static void on_grad_ready(AutogradSim& sim, void* ctx, TensorId param);
@@ -91,6 +98,7 @@ class DataParallelSim {
   std::vector<Group> groups_;
   std::uint64_t layers_ = 0;
   bool microbatches_ = false;
+  bool reshard_between_microbatches_ = false;
   bool last_microbatch_ = false;
   TensorId held_all_gather_ = kNone;      // forward: the last all-gather output, until the next copy-out
   TensorId held_reduce_scatter_ = kNone;  // the last reduce-scatter input, until the next group's

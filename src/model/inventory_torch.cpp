@@ -2394,11 +2394,16 @@ class TrainPass {
   // micro-batches (AutogradSim::take_phases), as max_memory_allocated() over the phase would read.
   // Under DDP every micro-batch but the last runs in no_sync(): the reducer leaves the gradients
   // in .grad (with gradient_as_bucket_view, the last one's hooks move them into the buckets).
+  // FSDP2 reduce-scatters every micro-batch, the later ones adding into the first's sharded
+  // gradients, or (--fsdp-grad-sync last) keeps the unsharded gradients until the last reduces them.
   void micro_batches() {
     const std::uint64_t n = simulated_accum_steps(st_.job);
-    dp_.set_microbatch_backwards(n > 1);
+    const bool fsdp_sync_last = dp_.fsdp() && st_.job.parallel.fsdp_grad_sync_last;
     for (std::uint64_t i = 0; i < n; ++i) {
-      dp_.set_last_microbatch(i + 1 == n);
+      const bool last = i + 1 == n;
+      dp_.set_last_microbatch(last);
+      if (dp_.fsdp()) dp_.set_microbatch_backwards(fsdp_sync_last && !last, /*reshard_after_backward=*/true);
+      else dp_.set_microbatch_backwards(n > 1);
       // (the first graph from node 0, as a step without accumulation walks it)
       const std::size_t first_node = i == 0 ? 0 : sim_.node_count();
       forward(i == 0);
@@ -2424,7 +2429,7 @@ class TrainPass {
   void backward(AutogradSim::Graph graph, bool first_micro_batch) {
     sim_.begin_phase(Phase::backward_peak);
     if (!steady_ && first_micro_batch) cublas_workspace_at_first_matmul();  // the autograd thread's handle, in step 0
-    if (first_micro_batch) dp_.install_backward_hooks(st_.d.L);
+    dp_.install_backward_hooks(st_.d.L);
     sim_.backward(loss_, graph, checkpointed() ? recompute_layer : nullptr, &st_);
     sim_.drop(loss_);
   }

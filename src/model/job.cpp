@@ -329,6 +329,8 @@ void validate_parallel(const Job& j) {
   const bool fsdp = p.fsdp > 1 || p.zero_stage >= 2 || p.context > 1;
   const bool ddp = p.data > 1 && !fsdp;
   if (p.fsdp_offload && !fsdp) throw bad("--fsdp-offload", "applies to FSDP2 (--fsdp N, or --dp N --zero 2 / 3)");
+  if (p.fsdp_grad_sync_last && !(fsdp && j.grad_accum_steps > 1))
+    throw bad("--fsdp-grad-sync", "applies to FSDP2 (--fsdp N, or --dp N --zero 2 / 3) with --grad-accum-steps above 1");
   if (p.ddp_bucket_view && !ddp) throw bad("--ddp-bucket-view", "applies to DistributedDataParallel (--dp N without --fsdp or --zero 2/3)");
   if (!p.reshard_after_forward && !fsdp && p.zero_stage != 2)
     throw bad("--reshard-after-forward", "applies to FSDP2 (--fsdp N)");
@@ -400,7 +402,7 @@ std::string parallel_flag(std::string_view key) {
   for (const auto& [alias, name] : kAliases)
     if (k == alias) k = name;
   static constexpr std::string_view kFlags[] = {"dp", "fsdp", "cp", "tp", "ep", "pp", "zero", "reshard-after-forward",
-                                                "ddp-bucket-view", "sp", "loss-parallel", "fsdp-offload", "pp-schedule",
+                                                "ddp-bucket-view", "sp", "loss-parallel", "fsdp-offload", "fsdp-grad-sync", "pp-schedule",
                                                 "microbatches", "virtual-stages", "pp-layers", "rank"};
   for (const std::string_view f : kFlags)
     if (k == f) return "--" + k;
@@ -433,6 +435,10 @@ bool set_parallel_option(Job& job, std::string_view key, std::string_view value,
   else if (k == "sp") p.sequence_parallel = boolean();
   else if (k == "loss-parallel") p.loss_parallel = boolean();
   else if (k == "fsdp-offload") p.fsdp_offload = boolean();
+  else if (k == "fsdp-grad-sync") {
+    if (v != "every" && v != "last") throw fail("is not every or last");
+    p.fsdp_grad_sync_last = v == "last";
+  }
   else if (k == "pp-schedule") p.pp_schedule = parse_pipeline_schedule(v, where);
   else if (k == "microbatches") p.microbatches = count(kRanks, 1);  // (0, the field's "as many as stages", is no count to give)
   else if (k == "virtual-stages") p.virtual_stages = count(kRanks);
@@ -468,10 +474,9 @@ bool set_moe_option(Job& job, std::string_view key, std::string_view value, std:
 
 namespace {
 // Gradient accumulation is walked on one GPU's step, on a DDP or ZeRO-1 rank (every micro-batch but
-// the last under no_sync()) and on a tensor-parallel rank (inventory_torch.cpp,
-// TrainPass::micro_batches); the layouts whose collectives between micro-batches are a framework's
-// choice (FSDP2 reduce-scatters each one, or keeps unsharded gradients under
-// set_requires_gradient_sync(False)), or not measured with it (context, expert parallelism), are
+// the last under no_sync()), on a tensor-parallel rank and on an FSDP2 rank either way its loop runs
+// it (--fsdp-grad-sync) (inventory_torch.cpp, TrainPass::micro_batches); the layouts not measured
+// with it (context and expert parallelism, FSDP2 with CPU offload, HSDP, FSDP2 with TP) are
 // refused by name.
 void validate_grad_accum(const Job& j) {
   const std::string flag = "--grad-accum-steps";
@@ -488,15 +493,19 @@ void validate_grad_accum(const Job& j) {
   if (j.parallel.pipeline > 1)
     throw Error(ErrorKind::unsupported, given + " with --pp: a pipeline accumulates over its microbatches; give --microbatches");
   const Parallelism& p = j.parallel;
-  const char* layout = p.fsdp > 1 || p.zero_stage >= 2 ? "FSDP2 (--fsdp, --zero 2 or 3)"
-                       : p.context > 1                 ? "--cp"
+  const bool fsdp = p.fsdp > 1 || p.zero_stage >= 2;
+  const char* layout = p.context > 1                   ? "--cp"
                        : p.expert > 1                  ? "--ep"
+                       : fsdp && p.fsdp_offload        ? "--fsdp-offload"
+                       : fsdp && p.data > 1 && p.fsdp > 1 ? "HSDP (--dp with --fsdp)"
+                       : fsdp && p.tensor > 1          ? "FSDP2 with --tp"
                                                        : nullptr;
   if (layout)
     throw Error(ErrorKind::unsupported,
                 given + " with " + layout + ": accumulation is modelled on one GPU, on DDP or ZeRO-1 ranks (--dp, "
-                        "no_sync() before the last micro-batch) and on tensor-parallel ranks (--tp); what stays allocated "
-                        "between this layout's micro-batches is not modelled yet");
+                        "no_sync() before the last micro-batch), on tensor-parallel ranks (--tp) and on FSDP2 ranks "
+                        "(--fsdp, --zero 2 or 3; --fsdp-grad-sync every or last); what stays allocated between this "
+                        "layout's micro-batches is not modelled yet");
 }
 }  // namespace
 
@@ -590,7 +599,7 @@ void check_options_apply(const Job& job, const std::vector<std::string>& given) 
                                              "loss",      "loss-chunk", "activations",    "lora",  "grad-accum-steps", "dp", "fsdp", "zero",
                                              "reshard-after-forward", "ddp-bucket-view", "rank", "tp", "pp", "cp", "sp", "pp-schedule",
                                              "microbatches", "virtual-stages", "pp-layers", "loss-parallel", "fsdp-offload",
-                                             "router-aux-loss"};
+                                             "fsdp-grad-sync", "router-aux-loss"};
     static const char* const kServeOnly[] = {"kv-dtype", "weights", "group-size"};
     for (const char* t : kTrainOnly)
       if (!train && name == t) refuse("applies to training; --mode infer (serving) does not use it");

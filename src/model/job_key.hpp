@@ -72,7 +72,7 @@ inline Key key_of(const ModelSpec& m, const Job& j) {
   // they differ, but kept apart: the key is the job as given)
   put(j.optimizer_impl ? 1 + static_cast<std::uint64_t>(*j.optimizer_impl) : 0);
   put(static_cast<std::uint64_t>(j.parallel.pp_schedule) | (std::uint64_t{j.parallel.loss_parallel} << 4) |
-      (std::uint64_t{j.parallel.fsdp_offload} << 5) |
+      (std::uint64_t{j.parallel.fsdp_offload} << 5) | (std::uint64_t{j.parallel.fsdp_grad_sync_last} << 6) |
       (j.parallel.virtual_stages << 8));
   put(j.parallel.microbatches);
   put(list_number(j.parallel.pp_layers));

@@ -72,6 +72,8 @@ ordered_json job_json(const Job& j) {
     if (p.ddp_bucket_view) par["ddp_bucket_view"] = true;
     if (p.sequence_parallel) par["sp"] = true;
     if (p.fsdp_offload) par["fsdp_offload"] = true;
+    if ((p.fsdp > 1 || p.zero_stage >= 2) && j.mode == Mode::train && j.grad_accum_steps > 1)
+      par["fsdp_grad_sync"] = p.fsdp_grad_sync_last ? "last" : "every";
     if (p.loss_parallel) par["loss_parallel"] = true;
     par["rank"] = p.rank ? ordered_json(*p.rank) : ordered_json(nullptr);
     o["parallel"] = par;
