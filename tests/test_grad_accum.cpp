@@ -282,6 +282,13 @@ TEST_CASE("--grad-accum-steps, job.grad_accum_steps, the C ABI key and TrainingA
   const auto bad = test::run_cli("predict " + spec + " --grad-accum-steps x");
   CHECK(bad.exit_code != 0);
   CHECK(bad.out.find("--grad-accum-steps") != std::string::npos);
+  // a parallel layout's rank is predicted, not yet measured: the answer says so on stderr
+  CHECK(flag.out.find("not yet measured") == std::string::npos);
+  const auto ddp = test::run_cli("predict " + spec + " --batch 1 --seq 1024 --precision bf16 --dp 2 --grad-accum-steps 2 "
+                                 "2>&1 >/dev/null");
+  CHECK(ddp.exit_code == 0);
+  CHECK(ddp.out.find("note: --grad-accum-steps on a parallel layout's rank is predicted, not yet measured") !=
+        std::string::npos);
   const auto serving = test::run_cli("predict " + spec + " --mode infer --grad-accum-steps 2");
   CHECK(serving.exit_code != 0);
   CHECK(serving.out.find("applies to training") != std::string::npos);

@@ -78,5 +78,7 @@ void refuse_given(const CLI::App& cmd, std::initializer_list<const char*> flags,
 // A sequence beyond the model's max_positions is predicted (memory does not care whether the
 // positions were trained); the CLI says so on stderr.
 void warn_beyond_context(const ModelSpec& spec, std::uint64_t seq);
+// Notes on stderr that gradient accumulation on a parallel layout's rank is not yet measured.
+void warn_unmeasured_accumulation(const Job& j);
 
 }  // namespace membudget::cli
