@@ -15,6 +15,7 @@
 #include "membudget/job_yaml.hpp"
 #include "membudget/spec.hpp"
 #include "membudget/trainer_args.hpp"
+#include "model/step_plan.hpp"
 
 using namespace membudget;
 
@@ -157,6 +158,8 @@ TEST_CASE("gradient accumulation: the compiled plan and the reserved replay answ
       CAPTURE(steps);
       CAPTURE(to_string(p));
       const Budget walked = simulated(m, j, steps);
+      // the plan compiles for accumulation (else estimate() would walk the step too)
+      REQUIRE(detail::StepPlan::compile(m, j) != nullptr);
       const Estimate e = estimate(m, j);  // from the plan compiled for the job
       CHECK(e.peak == walked.peak);
       REQUIRE(e.n_phases == 4);
